@@ -1,0 +1,95 @@
+"""`mqtt-bridge` / `python -m bridge`: run one bridge node."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from bridge import __version__
+from bridge.config import ENV_PREFIX, SETTINGS, Config, ConfigError, load_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; every setting can also come from a TOML file or the environment."""
+    defaults = Config()
+    epilog_lines = ["settings (TOML key, env var MQTT_BRIDGE_<NAME>, default):"]
+    for name, doc in SETTINGS.items():
+        epilog_lines.append(f"  {name:<26} {doc} [default: {getattr(defaults, name)}]")
+    parser = argparse.ArgumentParser(
+        prog="mqtt-bridge",
+        description="MQTT-Bridge: an MQTT 3.1.1 broker node with durable storage.",
+        epilog="\n".join(epilog_lines),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML file ([bridge] table or top level)")
+    parser.add_argument(
+        "--listen", metavar="HOST:PORT", action="append", help="listener; repeatable"
+    )
+    parser.add_argument("--data-dir", metavar="DIR", help="directory of the embedded store")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--node-id", help="this node's id")
+    parser.add_argument(
+        "--set",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="any other setting, e.g. --set max_inflight=64; repeatable",
+    )
+    parser.add_argument("--print-config", action="store_true", help="print the settings and exit")
+    parser.add_argument("--version", action="version", version=f"mqtt-bridge {__version__}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, configure logging, run the server until SIGTERM/SIGINT."""
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, object] = {
+        "listen": args.listen,
+        "data_dir": args.data_dir,
+        "log_level": args.log_level,
+        "node_id": args.node_id,
+    }
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep:
+            print(f"mqtt-bridge: error: --set expects NAME=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        overrides[name.strip().replace("-", "_")] = value
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"mqtt-bridge: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        for name in SETTINGS:
+            print(f"{name} = {getattr(config, name)!r}")
+        return 0
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from bridge.server import Server
+
+    async def run() -> None:
+        await Server(config).serve()
+
+    try:
+        import uvloop
+
+        uvloop.run(run())
+    except ImportError:  # pragma: no cover - uvloop is a dependency; fall back for odd platforms
+        asyncio.run(run())
+    except OSError as exc:
+        logging.getLogger("bridge").error("cannot start: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+__all__ = ["ENV_PREFIX", "main"]

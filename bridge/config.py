@@ -1,0 +1,205 @@
+"""Settings of a bridge node: defaults, a TOML file, `MQTT_BRIDGE_*` environment variables and the
+command line, applied in that order (later wins).
+
+`Config` is plain data; `SETTINGS` documents every field (the README's configuration table is
+generated from it, so the two cannot drift).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+MiB = 1024 * 1024
+
+
+@dataclass(slots=True)
+class Config:
+    """Every setting of a bridge node, with its default."""
+
+    listen: list[str] = field(default_factory=lambda: ["0.0.0.0:1883"])
+    data_dir: str = "./data"
+    log_level: str = "info"
+    node_id: str = ""
+    store: str = "filelog"
+    fsync: bool = True
+    store_qos0: bool = True
+    segment_bytes: int = 64 * MiB
+    retention_bytes: int = 1024 * MiB
+    retention_seconds: float = 7 * 24 * 3600.0
+    max_packet_size: int = 1 * MiB
+    max_topic_length: int = 4096
+    max_topic_levels: int = 128
+    max_inflight: int = 32
+    max_inbound_pending: int = 1000
+    max_queued_messages: int = 10000
+    max_queued_bytes: int = 64 * MiB
+    session_expiry_seconds: float = 7 * 24 * 3600.0
+    max_keepalive: int = 0
+    connect_timeout: float = 10.0
+    allow_zero_length_clientid: bool = True
+    max_connections: int = 0
+    write_buffer_high: int = 4 * MiB
+    slow_consumer_timeout: float = 30.0
+    offset_flush_interval: float = 0.2
+    drain_timeout: float = 5.0
+
+    def resolved_node_id(self) -> str:
+        """The node id, defaulting to `<hostname>-<first listener port>`."""
+        if self.node_id:
+            return self.node_id
+        port = self.listen[0].rsplit(":", 1)[-1] if self.listen else "0"
+        return f"{socket.gethostname()}-{port}"
+
+
+SETTINGS: dict[str, str] = {
+    "listen": "TCP listener `HOST:PORT`; repeatable (`--listen`), comma-separated in the env var",
+    "data_dir": "directory of the embedded store (log segments, snapshot)",
+    "log_level": "`debug`, `info`, `warning` or `error`",
+    "node_id": "this node's id in message properties and logs (default `<hostname>-<port>`)",
+    "store": "message store backend: `filelog` (embedded; RocketMQ arrives with its issue)",
+    "fsync": "fsync each group commit before PUBACK/PUBREC; `false` is NOT durable (benchmarks)",
+    "store_qos0": "also write QoS 0 messages to the store (not awaited), for analytics",
+    "segment_bytes": "size at which a log segment file is closed and a new one started",
+    "retention_bytes": "total log size kept; oldest segments are deleted beyond it",
+    "retention_seconds": "age after which a segment is deleted",
+    "max_packet_size": "largest MQTT packet accepted, in bytes; larger ones close the connection",
+    "max_topic_length": "longest topic name or filter, in UTF-8 bytes",
+    "max_topic_levels": "most `/`-separated levels in a topic name or filter",
+    "max_inflight": "unacknowledged QoS 1/2 messages in flight to one client",
+    "max_inbound_pending": "QoS 1/2 publishes of one client awaiting storage before reading pauses",
+    "max_queued_messages": "messages queued for one session (offline or slow) before oldest drop",
+    "max_queued_bytes": "bytes queued for one session before the oldest messages drop",
+    "session_expiry_seconds": "a persistent session offline this long is discarded",
+    "max_keepalive": "largest keepalive granted, in seconds (0: whatever the client asks)",
+    "connect_timeout": "seconds a new connection has to send CONNECT",
+    "allow_zero_length_clientid": "accept an empty ClientId with clean session (an id is assigned)",
+    "max_connections": "connections accepted by this node (0: unlimited); beyond it CONNACK 3",
+    "write_buffer_high": "bytes buffered for a client's socket before QoS 0 messages to it drop",
+    "slow_consumer_timeout": "seconds a client may keep its buffer over the limit before it is cut",
+    "offset_flush_interval": "seconds between writes of acknowledged delivery offsets",
+    "drain_timeout": "seconds to wait for pending writes on shutdown",
+}
+
+ENV_PREFIX = "MQTT_BRIDGE_"
+
+
+class ConfigError(Exception):
+    """A setting has a bad name or value; the message says which and why."""
+
+
+def _coerce(name: str, raw: Any, template: Any) -> Any:
+    if isinstance(template, bool):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}: expected true/false, got {raw!r}")
+    if isinstance(template, int):
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+    if isinstance(template, float):
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
+    if isinstance(template, list):
+        if isinstance(raw, str):
+            return [part.strip() for part in raw.split(",") if part.strip()]
+        if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+            return list(raw)
+        raise ConfigError(f"{name}: expected a list of strings, got {raw!r}")
+    if not isinstance(raw, str):
+        raise ConfigError(f"{name}: expected a string, got {raw!r}")
+    return raw
+
+
+def load_config(
+    file: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Config:
+    """Build a Config from defaults < TOML file < environment < explicit overrides, validated."""
+    config = Config()
+    defaults = {f.name: getattr(config, f.name) for f in fields(Config)}
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if file is not None:
+        try:
+            with open(file, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+        section = data.get("bridge", data)
+        layers.append((f"file {file}", {k.replace("-", "_"): v for k, v in section.items()}))
+    env = os.environ if env is None else env
+    from_env = {
+        key[len(ENV_PREFIX) :].lower(): value
+        for key, value in env.items()
+        if key.startswith(ENV_PREFIX)
+    }
+    layers.append(("environment", from_env))
+    if overrides:
+        layers.append(("command line", {k: v for k, v in overrides.items() if v is not None}))
+    for origin, values in layers:
+        for name, raw in values.items():
+            if name not in defaults:
+                raise ConfigError(f"unknown setting {name!r} (from {origin})")
+            setattr(config, name, _coerce(name, raw, defaults[name]))
+    validate(config)
+    return config
+
+
+def parse_listen(address: str) -> tuple[str, int]:
+    """Split `HOST:PORT` (IPv6 as `[::1]:1883`) into host and port, or raise ConfigError."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ConfigError(f"listen: {address!r} is not HOST:PORT")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"listen: port {port} out of range")
+    return host.strip("[]") or "0.0.0.0", port
+
+
+def validate(config: Config) -> None:
+    """Raise ConfigError for values that cannot work."""
+    if not config.listen:
+        raise ConfigError("listen: at least one listener is required")
+    for address in config.listen:
+        parse_listen(address)
+    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
+    if config.store != "filelog":
+        raise ConfigError(f"store: unknown backend {config.store!r} (known: filelog)")
+    positive = (
+        "segment_bytes",
+        "retention_bytes",
+        "max_packet_size",
+        "max_topic_length",
+        "max_topic_levels",
+        "max_inflight",
+        "max_inbound_pending",
+        "max_queued_messages",
+        "max_queued_bytes",
+        "write_buffer_high",
+    )
+    for name in positive:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name}: must be positive, got {getattr(config, name)}")
+    if config.max_inflight > 65535:
+        raise ConfigError("max_inflight: at most 65535 (the packet id space)")
+    if config.max_packet_size > 268_435_460:
+        raise ConfigError("max_packet_size: at most 268435460 (the MQTT maximum)")
+    for name in ("connect_timeout", "offset_flush_interval", "session_expiry_seconds"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name}: must be positive")

@@ -1,0 +1,224 @@
+"""MQTT control packets as plain data.
+
+Every packet is a small slotted dataclass. The codec (`bridge.mqtt.codec`) turns bytes into these
+and back; nothing here does I/O. Fields that only MQTT 5.0 uses (`properties`, reason codes) are
+present already, so 5.0 support extends the codec without changing the shape of the packets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+
+class PacketType(IntEnum):
+    """The control packet type, the high nibble of the fixed header's first byte."""
+
+    CONNECT = 1
+    CONNACK = 2
+    PUBLISH = 3
+    PUBACK = 4
+    PUBREC = 5
+    PUBREL = 6
+    PUBCOMP = 7
+    SUBSCRIBE = 8
+    SUBACK = 9
+    UNSUBSCRIBE = 10
+    UNSUBACK = 11
+    PINGREQ = 12
+    PINGRESP = 13
+    DISCONNECT = 14
+
+
+class ProtocolLevel(IntEnum):
+    """The protocol level byte of CONNECT."""
+
+    MQTT_3_1 = 3
+    MQTT_3_1_1 = 4
+    MQTT_5 = 5
+
+
+class ConnackCode(IntEnum):
+    """CONNACK return codes of MQTT 3.1.1 (section 3.2.2.3)."""
+
+    ACCEPTED = 0
+    UNACCEPTABLE_PROTOCOL_VERSION = 1
+    IDENTIFIER_REJECTED = 2
+    SERVER_UNAVAILABLE = 3
+    BAD_USERNAME_OR_PASSWORD = 4
+    NOT_AUTHORIZED = 5
+
+
+SUBACK_FAILURE = 0x80
+"""The SUBACK return code for a refused subscription (MQTT-3.9.3)."""
+
+Properties = dict[int, Any]
+"""MQTT 5.0 properties by identifier; always empty for 3.1.1."""
+
+
+@dataclass(slots=True)
+class Will:
+    """The will message carried in CONNECT."""
+
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Connect:
+    """CONNECT: the first packet a client sends."""
+
+    client_id: str
+    clean_session: bool = True
+    keepalive: int = 60
+    username: str | None = None
+    password: bytes | None = None
+    will: Will | None = None
+    protocol_level: int = ProtocolLevel.MQTT_3_1_1
+    protocol_name: str = "MQTT"
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Connack:
+    """CONNACK: the server's answer to CONNECT."""
+
+    return_code: int = ConnackCode.ACCEPTED
+    session_present: bool = False
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Publish:
+    """PUBLISH, in either direction. `packet_id` is None exactly when `qos` is 0."""
+
+    topic: str
+    payload: bytes = b""
+    qos: int = 0
+    retain: bool = False
+    dup: bool = False
+    packet_id: int | None = None
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Puback:
+    """PUBACK: acknowledges a QoS 1 PUBLISH."""
+
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Pubrec:
+    """PUBREC: first answer to a QoS 2 PUBLISH."""
+
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Pubrel:
+    """PUBREL: the publisher releases a QoS 2 packet id."""
+
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Pubcomp:
+    """PUBCOMP: completes a QoS 2 exchange."""
+
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Subscription:
+    """One topic filter and its requested QoS (plus the 5.0 options, zero for 3.1.1)."""
+
+    topic_filter: str
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+
+
+@dataclass(slots=True)
+class Subscribe:
+    """SUBSCRIBE: one or more filters."""
+
+    packet_id: int
+    subscriptions: list[Subscription]
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Suback:
+    """SUBACK: one return code per requested filter (granted QoS or 0x80)."""
+
+    packet_id: int
+    return_codes: list[int]
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Unsubscribe:
+    """UNSUBSCRIBE: one or more filters."""
+
+    packet_id: int
+    topic_filters: list[str]
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Unsuback:
+    """UNSUBACK (3.1.1 has no payload; 5.0 adds reason codes)."""
+
+    packet_id: int
+    reason_codes: list[int] = field(default_factory=list)
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Pingreq:
+    """PINGREQ: keepalive from the client."""
+
+
+@dataclass(slots=True)
+class Pingresp:
+    """PINGRESP: the server's answer to PINGREQ."""
+
+
+@dataclass(slots=True)
+class Disconnect:
+    """DISCONNECT: a clean end of the connection (5.0 adds a reason code)."""
+
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+
+
+Packet = (
+    Connect
+    | Connack
+    | Publish
+    | Puback
+    | Pubrec
+    | Pubrel
+    | Pubcomp
+    | Subscribe
+    | Suback
+    | Unsubscribe
+    | Unsuback
+    | Pingreq
+    | Pingresp
+    | Disconnect
+)

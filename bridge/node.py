@@ -1,0 +1,813 @@
+"""The bridge node: owns the subscription tables, the sessions, the store and the retained messages.
+
+Connections (`bridge.connection`) hand decoded packets to the node; the node decides, writes to the
+store and answers through the connection. Everything runs on one event loop, so the node's tables
+need no locks; every `await` is a point where another client may have changed them, and the code
+re-checks what it relies on after each one.
+
+How a PUBLISH travels is described in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import uuid
+from base64 import b64decode, b64encode
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from bridge.config import Config
+from bridge.delivery import Delivery
+from bridge.metrics import Metrics
+from bridge.mqtt import codec
+from bridge.mqtt.errors import MQTTProtocolError
+from bridge.mqtt.packets import (
+    SUBACK_FAILURE,
+    Connack,
+    ConnackCode,
+    Connect,
+    Publish,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_filter
+from bridge.router.shared import SharedSubscriptions
+from bridge.router.trie import SubscriptionTrie
+from bridge.session import Session, client_queue, filter_queue
+from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.connection import Connection
+
+log = logging.getLogger("bridge.node")
+
+KIND_SESSION = "session"
+KIND_OFFSETS = "offsets"
+KIND_RETAINED = "retained"
+KIND_ONLINE = "online"
+KIND_QOS2_IN = "q2in"
+
+RETAINED_DELIVERY = "mqtt.retained-delivery"
+SHARED_QUEUE_PREFIX = "s:"
+
+
+def shared_queue(share_filter: str, client_id: str) -> str:
+    """The queue of one member of a shared subscription: messages picked for it."""
+    return f"{SHARED_QUEUE_PREFIX}{share_filter}\x00{client_id}"
+
+
+def encode_message(message: Message) -> bytes:
+    """A message as a small JSON record (retained messages, wills)."""
+    return json.dumps(
+        {
+            "t": message.topic,
+            "p": b64encode(message.payload).decode(),
+            "q": message.qos,
+            "r": message.retain,
+            "pub": message.publisher,
+            "k": message.key,
+            "ts": message.timestamp_ms,
+            "n": message.node,
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_message(data: bytes) -> Message:
+    """Inverse of `encode_message`."""
+    raw = json.loads(data)
+    return Message(
+        topic=raw["t"],
+        payload=b64decode(raw["p"]),
+        qos=int(raw["q"]),
+        retain=bool(raw["r"]),
+        publisher=raw.get("pub", ""),
+        key=raw.get("k", ""),
+        timestamp_ms=int(raw.get("ts", 0)),
+        node=raw.get("n", ""),
+    )
+
+
+class Node:
+    """One MQTT-Bridge node: the broker logic between connections and the store."""
+
+    def __init__(self, config: Config, store: MessageStore) -> None:
+        self.config = config
+        self.node_id = config.resolved_node_id()
+        self.store = store
+        self.metrics = Metrics()
+        self.trie = SubscriptionTrie()
+        self.shared = SharedSubscriptions()
+        self.sessions: dict[str, Session] = {}
+        self.connections: dict[str, Connection] = {}
+        self.retained: dict[str, Message] = {}
+        self.deliveries: dict[str, Delivery] = {}
+        self._key_counter = itertools.count(1)
+        self._key_prefix = f"{self.node_id}-{uuid.uuid4().hex[:8]}-"
+        self._dirty_offsets: set[str] = set()
+        self._trimming: set[str] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._housekeeping: asyncio.Task[None] | None = None
+        self.connection_count = 0
+        self.accepting = True
+
+    # -- start-up and shutdown ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store, restore persistent sessions and retained messages, publish the wills of
+        clients that were connected when the node last stopped without a clean shutdown."""
+        await self.store.open()
+        for topic, data in self.store.meta(KIND_RETAINED).items():
+            self.retained[topic] = decode_message(data)
+        offsets = self.store.meta(KIND_OFFSETS)
+        for client_id, subs in self.store.meta(KIND_SESSION).items():
+            session = Session.restore(client_id, subs, offsets.get(client_id))
+            session.disconnected_at = time.time()
+            self.sessions[client_id] = session
+            self._subscribe_tables(session)
+        for key in list(self.store.meta(KIND_QOS2_IN)):
+            client_id, _, packet_id = key.rpartition("\x00")
+            session = self.sessions.get(client_id)
+            if session is not None:
+                session.inbound_qos2[int(packet_id)] = None
+        stale = [
+            k for k in self.store.meta(KIND_QOS2_IN) if k.rpartition("\x00")[0] not in self.sessions
+        ]
+        if stale:
+            await self.store.put_meta([MetaUpdate(KIND_QOS2_IN, k, None) for k in stale])
+        orphans = dict(self.store.meta(KIND_ONLINE))
+        for client_id, data in orphans.items():
+            will = json.loads(data).get("will")
+            if will is not None:
+                log.info("publishing the will of %s, connected when the node stopped", client_id)
+                await self._publish_will(client_id, decode_message(will.encode()))
+            else:
+                await self.store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)])
+        log.info(
+            "node %s ready: %d persistent sessions, %d retained messages restored",
+            self.node_id,
+            len(self.sessions),
+            len(self.retained),
+        )
+        self._housekeeping = asyncio.get_running_loop().create_task(self._housekeeping_loop())
+
+    async def stop(self) -> None:
+        """Flush offsets and close the store (connections are closed by the server first)."""
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        for task in list(self._background):
+            task.cancel()
+        for delivery in list(self.deliveries.values()):
+            delivery.stop()
+        await self._flush_offsets(durable=True)
+        await self.store.close()
+
+    def _subscribe_tables(self, session: Session) -> None:
+        for topic_filter, qos in session.subscriptions.items():
+            self.trie.subscribe(topic_filter, session.client_id, qos)
+        for share_filter, qos in session.shared.items():
+            parsed = parse_shared(share_filter)
+            if parsed is not None:
+                group, inner = parsed
+                self.shared.subscribe(share_filter, group, inner, session.client_id, qos)
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run a background coroutine whose exceptions are logged, never lost."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+        return task
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception())
+
+    def next_key(self) -> str:
+        """A message key unique across nodes and restarts."""
+        return f"{self._key_prefix}{next(self._key_counter)}"
+
+    # -- CONNECT / DISCONNECT -------------------------------------------------------------------
+
+    async def connect(self, conn: Connection, packet: Connect) -> Session | None:
+        """Validate CONNECT, take over or create the session, answer CONNACK. None if refused."""
+        cfg = self.config
+        if (packet.protocol_name, packet.protocol_level) not in (("MQIsdp", 3), ("MQTT", 4)):
+            self._refuse(
+                conn,
+                ConnackCode.UNACCEPTABLE_PROTOCOL_VERSION,
+                f"protocol level {packet.protocol_level} not supported (MQTT-3.1.2-2)",
+            )
+            return None
+        client_id = packet.client_id
+        if not client_id:
+            if not packet.clean_session:
+                self._refuse(
+                    conn,
+                    ConnackCode.IDENTIFIER_REJECTED,
+                    "empty ClientId with clean session 0 (MQTT-3.1.3-8)",
+                )
+                return None
+            if not cfg.allow_zero_length_clientid:
+                self._refuse(
+                    conn,
+                    ConnackCode.IDENTIFIER_REJECTED,
+                    "empty ClientId not allowed by configuration",
+                )
+                return None
+            client_id = f"auto-{uuid.uuid4().hex}"
+        elif packet.protocol_level == 3 and len(client_id) > 23:
+            self._refuse(
+                conn, ConnackCode.IDENTIFIER_REJECTED, "MQTT 3.1 ClientId longer than 23 characters"
+            )
+            return None
+        if "\x00" in client_id or len(client_id.encode()) > cfg.max_topic_length:
+            self._refuse(conn, ConnackCode.IDENTIFIER_REJECTED, "ClientId too long")
+            return None
+        if not self.accepting or (
+            cfg.max_connections and self.connection_count > cfg.max_connections
+        ):
+            self._refuse(
+                conn, ConnackCode.SERVER_UNAVAILABLE, "node is draining or at max_connections"
+            )
+            return None
+        if packet.will is not None:
+            error = self.check_topic_limits(packet.will.topic)
+            if error:
+                conn.close(f"will topic rejected: {error}")
+                return None
+        conn.client_id = client_id
+
+        old = self.connections.get(client_id)
+        if old is not None and old is not conn:
+            log.info(
+                "client %s: taken over by a new connection from %s (MQTT-3.1.4-2)",
+                client_id,
+                conn.peer,
+            )
+            old.close("session taken over by a new connection", taken_over=True)
+            self.disconnected(old, graceful=False)
+
+        session = self.sessions.get(client_id)
+        updates: list[MetaUpdate] = []
+        session_present = False
+        if packet.clean_session:
+            if session is not None:
+                self._discard_session(session, updates)
+            session = Session(client_id=client_id, persistent=False)
+        elif session is not None and session.persistent:
+            session_present = True
+        else:
+            if session is not None:
+                self._discard_session(session, updates)
+            session = Session(client_id=client_id, persistent=True)
+            updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
+        session.start_queue(client_queue(client_id), self.store.end_offset(client_queue(client_id)))
+        self.sessions[client_id] = session
+        session.connected = True
+        conn.session = session
+        conn.will = packet.will
+        self.connections[client_id] = conn
+        self.metrics.inc("connections_accepted")
+        updates.append(MetaUpdate(KIND_ONLINE, client_id, self._online_record(conn, packet.will)))
+        try:
+            await self.store.put_meta(updates, durable=True)
+        except StoreUnavailable as exc:
+            log.error("client %s: store unavailable during CONNECT: %s", client_id, exc)
+            self._refuse(conn, ConnackCode.SERVER_UNAVAILABLE, "store unavailable")
+            self.disconnected(conn, graceful=True)
+            return None
+        if conn.closed or conn.session is not session:
+            return None
+        conn.send(codec.encode(Connack(ConnackCode.ACCEPTED, session_present)))
+        log.debug(
+            "client %s connected from %s (clean=%s, present=%s)",
+            client_id,
+            conn.peer,
+            packet.clean_session,
+            session_present,
+        )
+        delivery = Delivery(self, session, conn)
+        self.deliveries[client_id] = delivery
+        delivery.resend_inflight()
+        delivery.wake()
+        return session
+
+    def _online_record(self, conn: Connection, will: Will | None) -> bytes:
+        record: dict[str, Any] = {"peer": conn.peer, "at": time.time(), "node": self.node_id}
+        if will is not None:
+            record["will"] = encode_message(self._will_message(conn.client_id, will)).decode()
+        return json.dumps(record, separators=(",", ":")).encode()
+
+    def _will_message(self, client_id: str, will: Will) -> Message:
+        return Message(
+            topic=will.topic,
+            payload=will.payload,
+            qos=will.qos,
+            retain=will.retain,
+            publisher=client_id,
+            key=self.next_key(),
+            timestamp_ms=int(time.time() * 1000),
+            node=self.node_id,
+        )
+
+    def _refuse(self, conn: Connection, code: int, reason: str) -> None:
+        log.warning("client %r from %s refused: %s", conn.client_id or "", conn.peer, reason)
+        self.metrics.inc("connections_refused")
+        conn.send(codec.encode(Connack(code, False)))
+        conn.close(reason, log_it=False)
+
+    def disconnected(self, conn: Connection, graceful: bool) -> None:
+        """The connection ended: DISCONNECT received (`graceful`) or the network/peer failed."""
+        session = conn.session
+        if session is None or conn.detached:
+            return
+        conn.detached = True
+        client_id = session.client_id
+        delivery = self.deliveries.get(client_id)
+        if delivery is not None and delivery.conn is conn:
+            delivery.stop()
+            del self.deliveries[client_id]
+        if self.connections.get(client_id) is not conn:
+            return  # taken over: the new connection owns the session now
+        del self.connections[client_id]
+        session.connected = False
+        session.disconnected_at = time.time()
+        will = conn.will
+        if not graceful and will is not None:
+            self.spawn(self._publish_will(client_id, self._will_message(client_id, will)))
+        else:
+            self.spawn(self.store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)]))
+        self._redispatch_shared(session)
+        if not session.persistent:
+            updates: list[MetaUpdate] = []
+            self._discard_session(session, updates)
+            if updates:
+                self.spawn(self.store.put_meta(updates, durable=False))
+        else:
+            self._dirty_offsets.add(client_id)
+
+    async def _publish_will(self, client_id: str, message: Message) -> None:
+        """Publish a will once: the online record is deleted in the same atomic append."""
+        self.metrics.inc("wills_published")
+        log.info("client %s: publishing will to %r", client_id, message.topic)
+        meta = [MetaUpdate(KIND_ONLINE, client_id, None)]
+        if message.retain:
+            meta.extend(self._retain_updates(message))
+        try:
+            await self.route(message, meta=meta)
+        except StoreUnavailable as exc:
+            log.error("client %s: will not stored, store unavailable: %s", client_id, exc)
+
+    def _discard_session(self, session: Session, updates: list[MetaUpdate]) -> None:
+        """Forget a session entirely (clean session, expiry, replaced by a clean one)."""
+        client_id = session.client_id
+        for topic_filter in session.subscriptions:
+            self.trie.unsubscribe(topic_filter, client_id)
+        for share_filter in session.shared:
+            self.shared.unsubscribe(share_filter, client_id)
+        if self.sessions.get(client_id) is session:
+            del self.sessions[client_id]
+        self._dirty_offsets.discard(client_id)
+        if session.persistent:
+            updates.append(MetaUpdate(KIND_SESSION, client_id, None))
+            updates.append(MetaUpdate(KIND_OFFSETS, client_id, None))
+            for packet_id in session.inbound_qos2:
+                updates.append(MetaUpdate(KIND_QOS2_IN, f"{client_id}\x00{packet_id}", None))
+
+    # -- PUBLISH --------------------------------------------------------------------------------
+
+    def check_topic_limits(self, topic: str) -> str | None:
+        """The configured limits on a topic name or filter; a message naming the fault, or None."""
+        if len(topic.encode()) > self.config.max_topic_length:
+            return f"topic longer than max_topic_length={self.config.max_topic_length}"
+        if topic.count("/") + 1 > self.config.max_topic_levels:
+            return f"topic has more than max_topic_levels={self.config.max_topic_levels} levels"
+        return None
+
+    def publish_qos0(self, session: Session, packet: Publish) -> None:
+        """A QoS 0 PUBLISH from a client: deliver to online subscribers at once, store unawaited."""
+        message = Message(
+            topic=packet.topic,
+            payload=packet.payload,
+            qos=0,
+            retain=packet.retain,
+            publisher=session.client_id,
+            key=self.next_key(),
+            timestamp_ms=int(time.time() * 1000),
+            node=self.node_id,
+        )
+        self.metrics.inc("messages_in_qos0")
+        meta = self._retain_updates(message) if packet.retain else ()
+        if self.config.store_qos0 or meta:
+            future = self.store.submit(message, (), meta=meta)
+            future.add_done_callback(_ignore_result)
+        self._deliver_qos0(message)
+
+    def _deliver_qos0(self, message: Message) -> None:
+        subscribers = self.trie.match_subscribers(message.topic)
+        data = codec.encode_publish(message.topic, message.payload, 0)
+        connections = self.connections
+        for client_id in subscribers:
+            conn = connections.get(client_id)
+            if conn is not None:
+                conn.send_droppable(data)
+        if self.shared:
+            for _share_filter, group in self.shared.match(message.topic):
+                member = group.pick(connections.__contains__)
+                if member is not None:
+                    connections[member].send_droppable(data)
+                else:
+                    self.metrics.inc("dropped_no_shared_member")
+
+    def publish(self, session: Session, packet: Publish) -> asyncio.Future[int]:
+        """A QoS 1/2 PUBLISH from a client. Returns a future that resolves once the message is
+        durable (then the caller acknowledges) or fails with StoreUnavailable (then it must not).
+
+        Synchronous up to the store's submit, so calls made in packet order keep that order.
+        """
+        message = Message(
+            topic=packet.topic,
+            payload=packet.payload,
+            qos=packet.qos,
+            retain=packet.retain,
+            publisher=session.client_id,
+            key=self.next_key(),
+            timestamp_ms=int(time.time() * 1000),
+            node=self.node_id,
+        )
+        self.metrics.inc("messages_in_qos1" if packet.qos == 1 else "messages_in_qos2")
+        meta: list[MetaUpdate] = []
+        if packet.retain:
+            meta.extend(self._retain_updates(message))
+        if packet.qos == 2 and session.persistent:
+            meta.append(MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet.packet_id}", b""))
+        future = self.route_submit(message, meta)
+        if packet.qos == 2 and packet.packet_id is not None:
+            session.inbound_qos2[packet.packet_id] = future
+        return future
+
+    async def route(self, message: Message, meta: Iterable[MetaUpdate] = ()) -> int:
+        """Route and store a message (wills, system messages); returns its seq once durable."""
+        return await self.route_submit(message, meta)
+
+    def route_submit(
+        self, message: Message, meta: Iterable[MetaUpdate] = ()
+    ) -> asyncio.Future[int]:
+        """Store a QoS>0 message on the queues of every matching subscription and wake their
+        readers once it is durable. QoS 0 messages (wills) are delivered directly and stored."""
+        queues: list[str] = []
+        woken: list[str] = []
+        if message.qos == 0:
+            self._deliver_qos0(message)
+        else:
+            for topic_filter, subscribers in self.trie.match(message.topic):
+                queues.append(filter_queue(topic_filter))
+                woken.extend(subscribers)
+            if self.shared:
+                for share_filter, group in self.shared.match(message.topic):
+                    member = group.pick(self.connections.__contains__) or group.pick()
+                    if member is None:
+                        continue
+                    if min(group.members.get(member, 0), message.qos) == 0:
+                        conn = self.connections.get(member)
+                        if conn is not None:
+                            conn.send_droppable(
+                                codec.encode_publish(message.topic, message.payload, 0)
+                            )
+                        continue
+                    queues.append(shared_queue(share_filter, member))
+                    woken.append(member)
+        future = self.store.submit(message, queues, meta=tuple(meta))
+        if woken:
+            future.add_done_callback(lambda f: self._wake_readers(f, woken))
+        return future
+
+    def _wake_readers(self, future: asyncio.Future[int], client_ids: list[str]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        deliveries = self.deliveries
+        for client_id in client_ids:
+            delivery = deliveries.get(client_id)
+            if delivery is not None:
+                delivery.wake()
+            else:
+                self._check_backlog(client_id)
+
+    def _retain_updates(self, message: Message) -> list[MetaUpdate]:
+        """Set or clear the retained message of a topic (empty payload clears, MQTT-3.3.1-10)."""
+        if message.payload:
+            self.retained[message.topic] = message
+            return [MetaUpdate(KIND_RETAINED, message.topic, encode_message(message))]
+        self.retained.pop(message.topic, None)
+        return [MetaUpdate(KIND_RETAINED, message.topic, None)]
+
+    async def release_qos2(self, session: Session, packet_id: int) -> None:
+        """PUBREL from the publisher: forget the packet id durably before PUBCOMP."""
+        if session.inbound_qos2.pop(packet_id, None) is None and not session.persistent:
+            return
+        if session.persistent:
+            await self.store.put_meta(
+                [MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet_id}", None)],
+                durable=True,
+            )
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------
+
+    def subscribe(self, conn: Connection, session: Session, packet: Subscribe) -> None:
+        """Apply the filters at once (so a PUBLISH that follows is routed by them), then, in the
+        background, make them durable for a persistent session, answer SUBACK and send the
+        matching retained messages."""
+        codes: list[int] = []
+        retained_for: list[tuple[str, int]] = []
+        for sub in packet.subscriptions:
+            topic_filter = sub.topic_filter
+            try:
+                validate_topic_filter(topic_filter)
+                error = self.check_topic_limits(topic_filter)
+                if error:
+                    raise MQTTProtocolError("limit", error)
+            except MQTTProtocolError as exc:
+                log.warning(
+                    "client %s: SUBSCRIBE %r refused (0x80): %s",
+                    session.client_id,
+                    topic_filter,
+                    exc,
+                )
+                self.metrics.inc("subscriptions_refused")
+                codes.append(SUBACK_FAILURE)
+                continue
+            granted = min(sub.qos, 2)
+            parsed = parse_shared(topic_filter)
+            if parsed is not None:
+                group, inner = parsed
+                self.shared.subscribe(topic_filter, group, inner, session.client_id, granted)
+                session.shared[topic_filter] = granted
+                queue = shared_queue(topic_filter, session.client_id)
+                session.start_queue(queue, self.store.end_offset(queue))
+            else:
+                self.trie.subscribe(topic_filter, session.client_id, granted)
+                session.subscriptions[topic_filter] = granted
+                queue = filter_queue(topic_filter)
+                session.start_queue(queue, self.store.end_offset(queue))
+                retained_for.append((topic_filter, granted))
+            codes.append(granted)
+        self.spawn(self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for))
+
+    async def _finish_subscribe(
+        self,
+        conn: Connection,
+        session: Session,
+        packet_id: int,
+        codes: list[int],
+        retained_for: list[tuple[str, int]],
+    ) -> None:
+        if session.persistent:
+            await self.store.put_meta(
+                [
+                    MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
+                    MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
+                ],
+                durable=True,
+            )
+        if conn.closed:
+            return
+        conn.send(codec.encode(Suback(packet_id, codes)))
+        await self._send_retained(conn, session, retained_for)
+
+    async def _send_retained(
+        self, conn: Connection, session: Session, filters: list[tuple[str, int]]
+    ) -> None:
+        """Retained messages for new subscriptions, with RETAIN=1 (MQTT-3.3.1-6, -8)."""
+        if not filters or not self.retained:
+            return
+        queued = False
+        for topic, message in list(self.retained.items()):
+            best = -1
+            for topic_filter, granted in filters:
+                if granted > best and topic_matches(topic_filter, topic):
+                    best = granted
+            if best < 0:
+                continue
+            qos = min(best, message.qos)
+            if qos == 0:
+                conn.send(codec.encode_publish(topic, message.payload, 0, retain=True))
+                continue
+            copy = Message(
+                topic=topic,
+                payload=message.payload,
+                qos=message.qos,
+                retain=True,
+                publisher=message.publisher,
+                key=self.next_key(),
+                timestamp_ms=message.timestamp_ms,
+                node=self.node_id,
+                properties={RETAINED_DELIVERY: str(qos)},
+            )
+            await self.store.submit(copy, [client_queue(session.client_id)])
+            queued = True
+        if queued:
+            delivery = self.deliveries.get(session.client_id)
+            if delivery is not None:
+                delivery.wake()
+
+    def unsubscribe(self, conn: Connection, session: Session, packet: Unsubscribe) -> None:
+        """Remove the filters at once; make it durable for a persistent session, then UNSUBACK."""
+        for topic_filter in packet.topic_filters:
+            if topic_filter in session.subscriptions:
+                del session.subscriptions[topic_filter]
+                self.trie.unsubscribe(topic_filter, session.client_id)
+                session.forget_queue(filter_queue(topic_filter))
+            elif topic_filter in session.shared:
+                del session.shared[topic_filter]
+                self.shared.unsubscribe(topic_filter, session.client_id)
+                session.forget_queue(shared_queue(topic_filter, session.client_id))
+        self.spawn(self._finish_unsubscribe(conn, session, packet.packet_id))
+
+    async def _finish_unsubscribe(self, conn: Connection, session: Session, packet_id: int) -> None:
+        if session.persistent:
+            await self.store.put_meta(
+                [
+                    MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
+                    MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
+                ],
+                durable=True,
+            )
+        if not conn.closed:
+            conn.send(codec.encode(Unsuback(packet_id)))
+
+    # -- shared subscriptions --------------------------------------------------------------------
+
+    def _redispatch_shared(self, session: Session) -> None:
+        """A member left: its unacknowledged and unread shared messages go to other members."""
+        if not session.shared:
+            return
+        self.spawn(self._redispatch_shared_async(session))
+
+    async def _redispatch_shared_async(self, session: Session) -> None:
+        for share_filter in list(session.shared):
+            queue = shared_queue(share_filter, session.client_id)
+            group = self.shared.group(share_filter)
+            if group is None:
+                continue
+            start = session.committed(queue)
+            end = self.store.end_offset(queue)
+            moved = 0
+            while start < end:
+                result = await self.store.read(queue, start, 256)
+                if not result.messages:
+                    break
+                for stored in result.messages:
+                    member = group.pick(lambda m: m != session.client_id and m in self.connections)
+                    if member is None:
+                        return  # nobody else online: the messages wait for this member
+                    await self.store.submit(stored.message, [shared_queue(share_filter, member)])
+                    moved += 1
+                    delivery = self.deliveries.get(member)
+                    if delivery is not None:
+                        delivery.wake()
+                start = result.next_offset
+            for packet_id, out in list(session.inflight.items()):
+                if out.queue == queue:
+                    del session.inflight[packet_id]
+            session.cursors[queue] = end
+            self._dirty_offsets.add(session.client_id)
+            if moved:
+                log.info(
+                    "client %s left %s: %d unacknowledged messages moved to other members",
+                    session.client_id,
+                    share_filter,
+                    moved,
+                )
+
+    # -- queue limits and expiry -----------------------------------------------------------------
+
+    def backlog(self, session: Session) -> tuple[int, int]:
+        """(messages, bytes) waiting for a session beyond what was already sent."""
+        count = size = 0
+        for queue, cursor in session.cursors.items():
+            queued, queued_bytes = self.store.backlog(queue, cursor)
+            count += queued
+            size += queued_bytes
+        return count, size
+
+    def _check_backlog(self, client_id: str) -> None:
+        session = self.sessions.get(client_id)
+        if session is None or client_id in self._trimming:
+            return
+        count, size = self.backlog(session)
+        if count > self.config.max_queued_messages or size > self.config.max_queued_bytes:
+            self._trimming.add(client_id)
+            self.spawn(self.trim_backlog(session))
+
+    async def trim_backlog(self, session: Session) -> None:
+        """Drop a session's oldest queued messages until it is within 90% of its limits."""
+        try:
+            limit_count = self.config.max_queued_messages
+            limit_bytes = self.config.max_queued_bytes
+            count, size = self.backlog(session)
+            if count <= limit_count and size <= limit_bytes:
+                return
+            target_count = int(limit_count * 0.9)
+            target_bytes = int(limit_bytes * 0.9)
+            heads: dict[str, list[tuple[int, int, int]]] = {}
+            excess = max(count - target_count, 1)
+            for queue, cursor in session.cursors.items():
+                result = await self.store.read(queue, cursor, min(excess, 4096))
+                heads[queue] = [(s.seq, s.offset, s.size) for s in result.messages]
+            merged = sorted(
+                (seq, queue, offset, msg_size)
+                for queue, entries in heads.items()
+                for seq, offset, msg_size in entries
+            )
+            dropped = 0
+            for _seq, queue, offset, msg_size in merged:
+                if count <= target_count and size <= target_bytes:
+                    break
+                if queue in session.cursors and session.cursors[queue] <= offset:
+                    session.cursors[queue] = offset + 1
+                count -= 1
+                size -= msg_size
+                dropped += 1
+            if dropped:
+                session.dropped_queue_full += dropped
+                self.metrics.inc("dropped_queue_full", dropped)
+                self._dirty_offsets.add(session.client_id)
+                log.warning(
+                    "client %s: queue over its limit (%d messages / %d bytes): dropped the %d "
+                    "oldest messages (%d dropped so far)",
+                    session.client_id,
+                    limit_count,
+                    limit_bytes,
+                    dropped,
+                    session.dropped_queue_full,
+                )
+        finally:
+            self._trimming.discard(session.client_id)
+
+    async def _housekeeping_loop(self) -> None:
+        interval = self.config.offset_flush_interval
+        next_expiry_check = 0.0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._flush_offsets(durable=False)
+                now = time.time()
+                if now >= next_expiry_check:
+                    next_expiry_check = now + min(60.0, self.config.session_expiry_seconds / 4)
+                    await self._expire_sessions(now)
+            except StoreUnavailable as exc:
+                log.error("housekeeping: store unavailable: %s", exc)
+
+    async def _flush_offsets(self, durable: bool) -> None:
+        if not self._dirty_offsets:
+            return
+        updates = []
+        for client_id in self._dirty_offsets:
+            session = self.sessions.get(client_id)
+            if session is not None and session.persistent:
+                updates.append(MetaUpdate(KIND_OFFSETS, client_id, session.encode_offsets()))
+        self._dirty_offsets.clear()
+        if updates:
+            await self.store.put_meta(updates, durable=durable)
+
+    def mark_offsets_dirty(self, session: Session) -> None:
+        """A session's acknowledged position moved; it is written with the next flush."""
+        if session.persistent:
+            self._dirty_offsets.add(session.client_id)
+
+    async def _expire_sessions(self, now: float) -> None:
+        limit = self.config.session_expiry_seconds
+        expired = [
+            s
+            for s in self.sessions.values()
+            if s.persistent and not s.connected and now - s.disconnected_at > limit
+        ]
+        if not expired:
+            return
+        updates: list[MetaUpdate] = []
+        for session in expired:
+            count, size = self.backlog(session)
+            self.metrics.inc("sessions_expired")
+            self.metrics.inc("dropped_session_expired", count)
+            log.warning(
+                "session %s expired after %.0f s offline: %d queued messages (%d bytes) dropped",
+                session.client_id,
+                now - session.disconnected_at,
+                count,
+                size,
+            )
+            self._discard_session(session, updates)
+        await self.store.put_meta(updates, durable=True)
+
+
+def _ignore_result(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("QoS 0 message not stored: %s", future.exception())

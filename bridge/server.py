@@ -1,0 +1,96 @@
+"""Start-up, the main loop and shutdown of one bridge node, in a clear order.
+
+Start: open the store and restore state (node), then listen. Stop (SIGTERM/SIGINT): stop
+accepting, close client connections (their queued bytes are flushed), wait for pending store
+writes up to `drain_timeout`, then close the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+from bridge.config import Config, parse_listen
+from bridge.connection import Connection
+from bridge.node import KIND_ONLINE, Node
+from bridge.storage.base import MessageStore, MetaUpdate
+
+log = logging.getLogger("bridge.server")
+
+
+def make_store(config: Config) -> MessageStore:
+    """The storage backend named by `config.store`."""
+    if config.store == "filelog":
+        from bridge.storage.filelog import FileLogStore
+
+        return FileLogStore(
+            Path(config.data_dir),
+            segment_bytes=config.segment_bytes,
+            retention_bytes=config.retention_bytes,
+            retention_seconds=config.retention_seconds,
+            fsync=config.fsync,
+        )
+    raise ValueError(f"unknown store {config.store!r}")
+
+
+class Server:
+    """Owns the node and its listeners."""
+
+    def __init__(self, config: Config, store: MessageStore | None = None) -> None:
+        self.config = config
+        self.node = Node(config, store if store is not None else make_store(config))
+        self.listeners: list[asyncio.base_events.Server] = []
+        self._stop = asyncio.Event()
+
+    async def start(self) -> None:
+        """Restore state, then accept connections on every configured listener."""
+        if not self.config.fsync:
+            log.warning("fsync is OFF: acknowledged messages can be lost on power failure")
+        await self.node.start()
+        loop = asyncio.get_running_loop()
+        for address in self.config.listen:
+            host, port = parse_listen(address)
+            listener = await loop.create_server(
+                lambda: Connection(self.node), host, port, backlog=4096, reuse_address=True
+            )
+            self.listeners.append(listener)
+            for sock in listener.sockets:
+                log.info("listening for MQTT on %s:%s", *sock.getsockname()[:2])
+
+    def request_stop(self) -> None:
+        """Begin an orderly shutdown (signal handlers call this)."""
+        self._stop.set()
+
+    async def serve(self) -> None:
+        """Run until `request_stop`, then shut down."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        await self.start()
+        await self._stop.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stop accepting, close clients, flush and close the store."""
+        log.info("shutting down")
+        node = self.node
+        node.accepting = False
+        for listener in self.listeners:
+            listener.close()
+        # A node shutting down is not a client failing: no wills, and no "online" records left
+        # behind for the next start to treat as crashed clients.
+        online = list(node.connections)
+        for conn in list(node.connections.values()):
+            conn.will = None
+            conn.close("server shutting down", log_it=False)
+        if online:
+            await node.store.put_meta([MetaUpdate(KIND_ONLINE, cid, None) for cid in online])
+        for listener in self.listeners:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(listener.wait_closed(), self.config.drain_timeout)
+        await node.stop()
+        log.info("stopped")

@@ -1,0 +1,186 @@
+"""Per-client session state: subscriptions, read positions, messages in flight, QoS 2 handshakes.
+
+Pure bookkeeping, no I/O. The node persists what `snapshot()` returns and rebuilds a session with
+`Session.restore()`.
+
+Outbound packet ids are derived from the message's store-wide `seq` (`packet_id_for`). That makes
+them the same after a crash without writing anything before a send: a QoS 2 PUBLISH resent after a
+restart carries the id the client already knows, so the client treats it as a duplicate. Only the
+move to the PUBREL phase is written durably (the client may forget the id once it has PUBCOMPed, so
+we must never send that PUBLISH again); see docs/design.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+PACKET_ID_SPACE = 65535
+
+
+def packet_id_for(seq: int) -> int:
+    """The outbound packet id of the message at store position `seq` (1..65535)."""
+    return seq % PACKET_ID_SPACE + 1
+
+
+def filter_queue(topic_filter: str) -> str:
+    """The store queue that holds every QoS>0 message matching a (non-shared) topic filter."""
+    return "f:" + topic_filter
+
+
+def client_queue(client_id: str) -> str:
+    """A client's private queue: retained deliveries and shared-subscription picks."""
+    return "c:" + client_id
+
+
+class Phase(Enum):
+    """Where an outbound QoS>0 message stands."""
+
+    AWAITING_ACK = 1
+    """PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)."""
+    AWAITING_PUBCOMP = 2
+    """PUBREL sent (QoS 2); waiting for PUBCOMP."""
+
+
+@dataclass(slots=True)
+class Outbound:
+    """A message sent to the client and not yet fully acknowledged."""
+
+    packet_id: int
+    queue: str
+    offset: int
+    seq: int
+    qos: int
+    topic: str
+    payload: bytes
+    retain: bool
+    phase: Phase = Phase.AWAITING_ACK
+
+
+@dataclass(slots=True)
+class Session:
+    """The state the broker keeps for one ClientId, connected or not."""
+
+    client_id: str
+    persistent: bool
+    subscriptions: dict[str, int] = field(default_factory=dict)
+    """Non-shared topic filter -> granted QoS."""
+    shared: dict[str, int] = field(default_factory=dict)
+    """`$share/{group}/{filter}` -> granted QoS."""
+    cursors: dict[str, int] = field(default_factory=dict)
+    """Queue -> next offset to read."""
+    resend_below: dict[str, int] = field(default_factory=dict)
+    """Queue -> offset below which messages may have been sent before (DUP=1 on resend)."""
+    inflight: dict[int, Outbound] = field(default_factory=dict)
+    """Packet id -> outbound message, in send order."""
+    released: set[int] = field(default_factory=set)
+    """Seqs of QoS 2 messages whose PUBREC arrived (PUBREL phase), durable when persistent."""
+    inbound_qos2: dict[int, Any] = field(default_factory=dict)
+    """Inbound QoS 2 packet ids received and not yet released by PUBREL."""
+    connected: bool = False
+    disconnected_at: float = 0.0
+    dropped_queue_full: int = 0
+    dropped_retention: int = 0
+
+    # -- queues and offsets -------------------------------------------------------------------
+
+    def queues(self) -> Iterator[str]:
+        """Every queue this session reads: its private queue, then one per filter."""
+        yield client_queue(self.client_id)
+        for topic_filter in self.subscriptions:
+            yield filter_queue(topic_filter)
+
+    def committed(self, queue: str) -> int:
+        """The lowest offset of `queue` not yet acknowledged: where a restart resumes."""
+        lowest = self.cursors.get(queue, 0)
+        for out in self.inflight.values():
+            if out.queue == queue and out.offset < lowest:
+                lowest = out.offset
+        return lowest
+
+    def start_queue(self, queue: str, end_offset: int) -> None:
+        """Begin reading `queue` at `end_offset` (new messages only) unless already reading it."""
+        self.cursors.setdefault(queue, end_offset)
+
+    def forget_queue(self, queue: str) -> None:
+        """Stop reading `queue` (after UNSUBSCRIBE); messages in flight stay until acknowledged."""
+        self.cursors.pop(queue, None)
+        self.resend_below.pop(queue, None)
+
+    # -- outbound QoS -------------------------------------------------------------------------
+
+    def window_free(self, max_inflight: int) -> int:
+        """How many more QoS>0 messages may be sent now."""
+        return max_inflight - len(self.inflight)
+
+    def track(self, out: Outbound) -> None:
+        """Record a QoS>0 message as sent."""
+        self.inflight[out.packet_id] = out
+
+    def on_puback(self, packet_id: int) -> Outbound | None:
+        """PUBACK: the QoS 1 message is done. None if the id is unknown or not QoS 1."""
+        out = self.inflight.get(packet_id)
+        if out is None or out.qos != 1:
+            return None
+        del self.inflight[packet_id]
+        return out
+
+    def on_pubrec(self, packet_id: int) -> Outbound | None:
+        """PUBREC: the QoS 2 message moves to the PUBREL phase (a repeated PUBREC is harmless)."""
+        out = self.inflight.get(packet_id)
+        if out is None or out.qos != 2:
+            return None
+        out.phase = Phase.AWAITING_PUBCOMP
+        self.released.add(out.seq)
+        return out
+
+    def on_pubcomp(self, packet_id: int) -> Outbound | None:
+        """PUBCOMP: the QoS 2 message is done."""
+        out = self.inflight.get(packet_id)
+        if out is None or out.phase is not Phase.AWAITING_PUBCOMP:
+            return None
+        del self.inflight[packet_id]
+        self.released.discard(out.seq)
+        return out
+
+    def forget_inflight(self) -> list[Outbound]:
+        """Drop everything in flight (clean session end); returns what was dropped."""
+        dropped = list(self.inflight.values())
+        self.inflight.clear()
+        return dropped
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def encode_subscriptions(self) -> bytes:
+        """The durable part that changes on SUBSCRIBE/UNSUBSCRIBE."""
+        return json.dumps(
+            {"subs": self.subscriptions, "shared": self.shared}, separators=(",", ":")
+        ).encode()
+
+    def encode_offsets(self) -> bytes:
+        """Read positions, committed positions and the QoS 2 PUBREL-phase set."""
+        committed = {queue: self.committed(queue) for queue in self.cursors}
+        sent = dict(self.cursors)
+        return json.dumps(
+            {"c": committed, "s": sent, "rel": sorted(self.released)}, separators=(",", ":")
+        ).encode()
+
+    @classmethod
+    def restore(cls, client_id: str, subscriptions: bytes, offsets: bytes | None) -> Session:
+        """Rebuild a persistent session from its durable records (after a restart)."""
+        subs = json.loads(subscriptions)
+        session = cls(
+            client_id=client_id,
+            persistent=True,
+            subscriptions={str(k): int(v) for k, v in subs.get("subs", {}).items()},
+            shared={str(k): int(v) for k, v in subs.get("shared", {}).items()},
+        )
+        if offsets:
+            data = json.loads(offsets)
+            session.cursors = {str(k): int(v) for k, v in data.get("c", {}).items()}
+            session.resend_below = {str(k): int(v) for k, v in data.get("s", {}).items()}
+            session.released = {int(s) for s in data.get("rel", [])}
+        return session

@@ -1,0 +1,125 @@
+"""The storage contract every backend fulfils.
+
+A bridge stores three things: messages (each appended once to its topic's log and referenced from
+every queue it must reach), consumers' positions in those queues, and small keyed records
+("meta": sessions, retained messages, QoS 2 state). A backend promises:
+
+* `append(..., durable=True)` returns only when the message, its queue entries and the meta
+  updates passed with it are on stable storage, all or nothing;
+* a queue's offsets are dense and increase by one per message (0, 1, 2, ...), and never change;
+* `seq` is unique and increasing across the whole store (like RocketMQ's commit-log offset);
+* `read` never returns a message twice for one offset and reports what retention removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class Message:
+    """An application message as stored: MQTT topic, payload and the MQTT header fields."""
+
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    publisher: str = ""
+    """ClientId of the publisher ("" for messages the bridge makes itself, e.g. wills of a node)."""
+    key: str = ""
+    """Unique message key: node id + counter; backends index it, consumers use it to deduplicate."""
+    timestamp_ms: int = 0
+    node: str = ""
+    properties: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Stored:
+    """A message as read back from a queue."""
+
+    offset: int
+    """The message's offset in the queue it was read from."""
+    seq: int
+    """Store-wide position of the message: unique, increasing, the same in every queue."""
+    message: Message
+    queues: tuple[str, ...]
+    """Every queue the message was dispatched to (lets a reader of several queues deliver once)."""
+    size: int = 0
+    """Bytes the message occupies (payload + topic), for backlog accounting."""
+
+
+@dataclass(slots=True)
+class ReadResult:
+    """What one `read` returns."""
+
+    messages: list[Stored]
+    next_offset: int
+    """The offset to read from next (after the last message returned, or after a gap)."""
+    lost: int = 0
+    """Messages between the requested offset and the first retained one, removed by retention."""
+
+
+@dataclass(slots=True, frozen=True)
+class MetaUpdate:
+    """Set (`value` is bytes) or delete (`value` is None) one keyed record of a kind."""
+
+    kind: str
+    key: str
+    value: bytes | None
+
+
+class StoreUnavailable(Exception):
+    """The backend cannot take or give data now (disk full, broker down). Nothing was acked."""
+
+
+class MessageStore(Protocol):
+    """The storage backend of a bridge. See the module docstring for the promises."""
+
+    async def open(self) -> None:
+        """Recover and load the store; after this, `meta` and queue ends reflect durable data."""
+
+    async def close(self) -> None:
+        """Flush everything pending and release files/connections."""
+
+    async def append(
+        self,
+        message: Message,
+        queues: Sequence[str],
+        *,
+        durable: bool = True,
+        meta: Sequence[MetaUpdate] = (),
+    ) -> int:
+        """Store `message` once, enqueue it on every queue in `queues` and apply `meta`, atomically.
+
+        Returns the message's `seq`. With `durable=False` the call returns once the data is
+        accepted in memory; it becomes durable with the next group commit.
+        """
+
+    def submit(
+        self, message: Message, queues: Sequence[str], *, meta: Sequence[MetaUpdate] = ()
+    ) -> asyncio.Future[int]:
+        """Synchronous form of `append(durable=True)` for the broker's hot path.
+
+        Assigns queue offsets and applies `meta` in memory before it returns (so calls made in
+        order keep their order) and returns a future that resolves to the `seq` once the record is
+        durable, or fails with StoreUnavailable. Queue entries become visible to `read` and
+        `end_offset` only when durable, so nothing is delivered that a crash could take back.
+        """
+
+    async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
+        """Up to `limit` messages of `queue` from `offset` on, in offset order."""
+
+    def end_offset(self, queue: str) -> int:
+        """The offset the next message appended to `queue` will get (0 for an unknown queue)."""
+
+    def backlog(self, queue: str, offset: int) -> tuple[int, int]:
+        """(messages, bytes) in `queue` at or after `offset`."""
+
+    async def put_meta(self, updates: Sequence[MetaUpdate], *, durable: bool = True) -> None:
+        """Apply keyed-record updates atomically; with `durable`, return after they are stable."""
+
+    def meta(self, kind: str) -> dict[str, bytes]:
+        """All records of `kind` as they stand (a live view the caller must not modify)."""

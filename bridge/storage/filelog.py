@@ -1,0 +1,633 @@
+"""FileLogStore: the embedded message store, one append-only commit log for every topic.
+
+See docs/storage-format.md for the on-disk format and the design. In short: every append becomes
+one framed record at the end of the log (its byte position is its `seq`); queues are in-memory
+indexes rebuilt from the log at `open`; a single flusher writes and fsyncs whatever accumulated
+while the previous write was running (group commit); meta records live in memory and in a
+snapshot file that makes old segments deletable.
+
+Threading: every method runs on the event loop thread. Blocking I/O (batch write + fsync, reads
+of records no longer cached, snapshot writes, file deletion) runs in the store's own executors.
+Objects handed to a worker are not touched by the loop until the worker is done with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import os
+import struct
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bridge.storage.base import Message, MetaUpdate, ReadResult, Stored, StoreUnavailable
+from bridge.storage.filelog_files import (
+    Recovered,
+    Segment,
+    read_records,
+    recover,
+    remove_files,
+    segment_path,
+    truncate_log,
+    write_all,
+    write_batch,
+    write_snapshot,
+)
+from bridge.storage.filelog_index import HOLE, CacheEntry, QueueIndex, RecordCache
+from bridge.storage.records import encode_message, encode_meta
+
+log = logging.getLogger("bridge.storage")
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+SNAPSHOT_NAME = "meta.snapshot"
+_MAX_READ_RUN = 4 * MiB
+_MISSING: Any = object()
+
+_NEW, _OPEN, _CLOSING, _CLOSED = range(4)
+
+# Undo information of a record not yet written: its seq, the queue indexes it was added to, and
+# for each meta update (record dict, key, previous value or _MISSING).
+_Undo = tuple[int, list[QueueIndex], list[tuple[dict[str, bytes], str, Any]] | None]
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    """Write all of `data` to `fd` (module level so tests can make it fail)."""
+    write_all(fd, data)
+
+
+class FileLogStore:
+    """A `MessageStore` keeping everything in one local append-only log. See the module doc."""
+
+    retention_check_interval = 1.0
+    """Seconds between the cheap checks (after commits) whether retention has work to do."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        segment_bytes: int = 64 * MiB,
+        retention_bytes: int = 1 * GiB,
+        retention_seconds: float = 7 * 24 * 3600.0,
+        fsync: bool = True,
+        cache_bytes: int = 64 * MiB,
+        snapshot_every_bytes: int = 16 * MiB,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if segment_bytes <= 0 or retention_bytes < 0 or retention_seconds < 0 or cache_bytes < 0:
+            raise ValueError("sizes and durations must not be negative")
+        self.data_dir = Path(data_dir)
+        self.log_dir = self.data_dir / "log"
+        self.segment_bytes = segment_bytes
+        self.retention_bytes = retention_bytes
+        self.retention_seconds = retention_seconds
+        self.fsync = fsync
+        self.snapshot_every_bytes = snapshot_every_bytes
+        self._loop_arg = loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wexec: ThreadPoolExecutor | None = None
+        self._rexec: ThreadPoolExecutor | None = None
+        self._state = _NEW
+        self._broken: BaseException | None = None
+
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._pos = 0  # seq of the next record
+        self._durable = 0  # everything below is written (and fsynced when `fsync`)
+        self._log_bytes = 0
+        self._queues: dict[str, QueueIndex] = {}
+        self._meta: dict[str, dict[str, bytes]] = {}
+        self._cache = RecordCache(cache_bytes)
+
+        self._pending: list[tuple[Segment, bytearray]] = []
+        self._pending_bytes = 0
+        self._waiters: list[tuple[asyncio.Future[Any], int | None]] = []
+        self._inflight: list[tuple[asyncio.Future[Any], int | None]] | None = None
+        self._undo: list[_Undo] = []
+        self._flush_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._snapshot_lock = asyncio.Lock()
+        self._retention_lock = asyncio.Lock()
+        self._snapshot_pos = 0
+        self._last_retention_check = 0.0
+        self._stats: dict[str, float] = dict.fromkeys(
+            (
+                "appends",
+                "commits",
+                "fsyncs",
+                "committed_bytes",
+                "last_commit_seconds",
+                "last_commit_records",
+                "snapshots",
+                "segments_deleted",
+                "write_errors",
+                "disk_reads",
+            ),
+            0,
+        )
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._state != _NEW:
+            raise RuntimeError("a FileLogStore can be opened once; make a new one to reopen")
+        loop = self._loop = self._loop_arg or asyncio.get_running_loop()
+        self._wexec = ThreadPoolExecutor(1, thread_name_prefix="filelog-write")
+        self._rexec = ThreadPoolExecutor(2, thread_name_prefix="filelog-io")
+        try:
+            rec: Recovered = await loop.run_in_executor(
+                self._wexec, recover, self.data_dir, self.log_dir, SNAPSHOT_NAME, self.fsync
+            )
+        except OSError as exc:
+            self._shutdown_executors()
+            self._state = _CLOSED
+            raise StoreUnavailable(f"cannot open the log in {self.data_dir}: {exc}") from exc
+        self._segments = rec.segments
+        self._bases = [seg.base for seg in rec.segments]
+        self._queues = rec.queues
+        self._meta = rec.meta
+        self._snapshot_pos = rec.snapshot_pos
+        last = self._segments[-1]
+        self._pos = self._durable = last.base + last.size
+        self._log_bytes = sum(seg.size for seg in self._segments)
+        self._last_retention_check = loop.time()
+        self._state = _OPEN
+
+    async def close(self) -> None:
+        if self._state == _NEW:
+            self._state = _CLOSED
+        if self._state != _OPEN:
+            return
+        self._state = _CLOSING
+        try:
+            while self._flush_task is not None:
+                await asyncio.shield(self._flush_task)
+            while self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._broken is None:
+                await self._snapshot()
+        finally:
+            for seg in self._segments:
+                seg.deleted = True
+                if seg.pins == 0 and seg.fd is not None:
+                    os.close(seg.fd)
+                    seg.fd = None
+            self._shutdown_executors()
+            self._state = _CLOSED
+
+    def _shutdown_executors(self) -> None:
+        for executor in (self._wexec, self._rexec):
+            if executor is not None:
+                executor.shutdown(wait=False)
+
+    def _check_usable(self) -> None:
+        if self._state != _OPEN:
+            raise StoreUnavailable("the store is not open")
+        if self._broken is not None:
+            raise StoreUnavailable(f"the store failed and must be reopened: {self._broken}")
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    async def append(
+        self,
+        message: Message,
+        queues: Sequence[str],
+        *,
+        durable: bool = True,
+        meta: Sequence[MetaUpdate] = (),
+    ) -> int:
+        if durable:
+            return await self.submit(message, queues, meta=meta)
+        return self._enqueue(message, queues, meta)
+
+    def submit(
+        self, message: Message, queues: Sequence[str], *, meta: Sequence[MetaUpdate] = ()
+    ) -> asyncio.Future[int]:
+        """See `MessageStore.submit`; an unusable store gives a future failed with
+        StoreUnavailable (invalid messages raise ValueError at once)."""
+        loop = self._loop or asyncio.get_running_loop()
+        waiter: asyncio.Future[int] = loop.create_future()
+        try:
+            seq = self._enqueue(message, queues, meta)
+        except StoreUnavailable as exc:
+            waiter.set_exception(exc)
+            return waiter
+        self._waiters.append((waiter, seq))
+        return waiter
+
+    def _enqueue(self, message: Message, queues: Sequence[str], meta: Sequence[MetaUpdate]) -> int:
+        """Assign offsets, apply `meta` and queue the record for the next group commit."""
+        self._check_usable()
+        names = list(dict.fromkeys(queues)) if len(queues) > 1 else list(queues)
+        index = self._queues
+        qlist = []
+        for name in names:
+            q = index.get(name)
+            qlist.append(QueueIndex() if q is None else q)
+        topic = message.topic.encode()
+        try:
+            header, body = encode_message(
+                message, topic, [(n, q.end) for n, q in zip(names, qlist, strict=True)], meta
+            )
+        except struct.error as exc:
+            raise ValueError(f"message field out of range: {exc}") from None
+        # Nothing has changed yet; from here on nothing can fail.
+        for name, q in zip(names, qlist, strict=True):
+            if name not in index:
+                index[name] = q
+        payload = bytes(message.payload)
+        length = len(header) + len(body)
+        size = len(payload) + len(topic)
+        seq = self._add_record(header, body)
+        for q in qlist:
+            q.add(seq, length, size)
+        undo_meta = self._apply_meta(meta) if meta else None
+        stored = Message(
+            message.topic,
+            payload,
+            message.qos,
+            bool(message.retain),
+            message.publisher,
+            message.key,
+            message.timestamp_ms,
+            message.node,
+            dict(message.properties),
+        )
+        self._cache.add(seq, length, (stored, tuple(names), size), self._durable)
+        self._undo.append((seq, qlist, undo_meta))
+        self._stats["appends"] += 1
+        return seq
+
+    async def put_meta(self, updates: Sequence[MetaUpdate], *, durable: bool = True) -> None:
+        self._check_usable()
+        if not updates:
+            return
+        try:
+            header, body = encode_meta(updates)
+        except struct.error as exc:
+            raise ValueError(f"meta update out of range: {exc}") from None
+        seq = self._add_record(header, body)
+        self._undo.append((seq, [], self._apply_meta(updates)))
+        if durable:
+            waiter: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
+            self._waiters.append((waiter, None))
+            await waiter
+
+    def _apply_meta(self, updates: Sequence[MetaUpdate]) -> list[tuple[dict[str, bytes], str, Any]]:
+        undo = []
+        meta = self._meta
+        for update in updates:
+            records = meta.get(update.kind)
+            if records is None:
+                records = meta[update.kind] = {}
+            old = records.get(update.key, _MISSING)
+            if update.value is None:
+                if old is not _MISSING:
+                    del records[update.key]
+            else:
+                records[update.key] = bytes(update.value)
+            undo.append((records, update.key, old))
+        return undo
+
+    def _add_record(self, header: bytes, body: bytes) -> int:
+        """Queue a framed record for the next group commit; returns its seq."""
+        n = len(header) + len(body)
+        seg = self._segments[-1]
+        if seg.size and seg.size + n > self.segment_bytes:
+            seg = Segment(self._pos, segment_path(self.log_dir, self._pos), None, 0, 0.0)
+            self._segments.append(seg)
+            self._bases.append(seg.base)
+        seq = self._pos
+        pending = self._pending
+        if pending and pending[-1][0] is seg:
+            buf = pending[-1][1]
+        else:
+            buf = bytearray()
+            pending.append((seg, buf))
+        buf += header
+        buf += body
+        seg.size += n
+        seg.newest = time.time()
+        self._pos += n
+        self._log_bytes += n
+        self._pending_bytes += n
+        if self._flush_task is None:
+            self._flush_task = self._loop.create_task(self._flusher())  # type: ignore[union-attr]
+        return seq
+
+    def _barrier(self) -> asyncio.Future[Any]:
+        """A future done once everything appended so far is durable (or failed)."""
+        fut: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
+        if self._pending:
+            self._waiters.append((fut, None))
+        elif self._inflight is not None:
+            self._inflight.append((fut, None))
+        else:
+            fut.set_result(None)
+        return fut
+
+    async def _flusher(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            while self._pending and self._broken is None:
+                chunks, waiters = self._pending, self._waiters
+                start, end, records = self._durable, self._pos, len(self._undo)
+                self._pending, self._waiters, self._pending_bytes = [], [], 0
+                self._inflight = waiters
+                try:
+                    seconds, fsyncs = await loop.run_in_executor(
+                        self._wexec, write_batch, chunks, self.log_dir, self.fsync, _write_all
+                    )
+                except Exception as exc:
+                    await self._write_failed(start, exc)
+                    continue
+                self._inflight = None
+                self._durable = end
+                undo = self._undo
+                for i in range(records):
+                    for q in undo[i][1]:
+                        q.visible += 1
+                del undo[:records]
+                self._cache.evict(end)
+                stats = self._stats
+                stats["commits"] += 1
+                stats["fsyncs"] += fsyncs
+                stats["committed_bytes"] += end - start
+                stats["last_commit_seconds"] = seconds
+                stats["last_commit_records"] = records
+                for waiter, result in waiters:
+                    if not waiter.done():
+                        waiter.set_result(result)
+                self._after_commit()
+            if self._broken is not None:
+                self._fail_pending(self._broken)
+        finally:
+            self._flush_task = None
+
+    async def _write_failed(self, start: int, exc: BaseException) -> None:
+        """Undo everything from `start` on, in memory and on disk, and fail its waiters."""
+        self._stats["write_errors"] += 1
+        log.error("log write at position %d failed: %s; rolling back", start, exc)
+        waiters = (self._inflight or []) + self._waiters
+        self._inflight, self._pending, self._waiters, self._pending_bytes = None, [], [], 0
+        for _seq, qlist, undo_meta in reversed(self._undo):
+            for q in qlist:
+                q.pop()
+            for records, key, old in reversed(undo_meta or ()):
+                if old is _MISSING:
+                    records.pop(key, None)
+                else:
+                    records[key] = old
+        self._undo.clear()
+        self._cache.drop_from(start)
+        removed = []
+        while len(self._segments) > 1 and self._segments[-1].base >= start:
+            removed.append(self._segments.pop())
+            self._bases.pop()
+        last = self._segments[-1]
+        keep = start - last.base
+        self._log_bytes -= sum(seg.size for seg in removed) + last.size - keep
+        last.size = keep
+        self._pos = start
+        for waiter, _ in waiters:
+            if not waiter.done():
+                waiter.set_exception(StoreUnavailable(f"writing the log failed: {exc}"))
+        try:
+            await self._loop.run_in_executor(  # type: ignore[union-attr]
+                self._wexec, truncate_log, removed, last, keep, self.log_dir, self.fsync
+            )
+        except OSError as exc2:
+            log.critical("cannot roll the log back after a failed write: %s", exc2)
+            self._broken = exc2
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        waiters, self._waiters, self._pending = self._waiters, [], []
+        for waiter, _ in waiters:
+            if not waiter.done():
+                waiter.set_exception(StoreUnavailable(f"the store failed: {exc}"))
+
+    def _after_commit(self) -> None:
+        if self._durable - self._snapshot_pos >= self.snapshot_every_bytes:
+            self._spawn(self._snapshot(), "snapshot")
+        now = self._loop.time()  # type: ignore[union-attr]
+        if now - self._last_retention_check >= self.retention_check_interval:
+            self._last_retention_check = now
+            if self._retention_victims():
+                self._spawn(self._retention(), "retention")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        for task in self._tasks:
+            if task.get_name() == name:
+                coro.close()
+                return
+        task = self._loop.create_task(coro, name=name)  # type: ignore[union-attr]
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background %s failed", task.get_name(), exc_info=task.exception())
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def end_offset(self, queue: str) -> int:
+        q = self._queues.get(queue)
+        return q.visible if q is not None else 0
+
+    def backlog(self, queue: str, offset: int) -> tuple[int, int]:
+        q = self._queues.get(queue)
+        return q.backlog(offset) if q is not None else (0, 0)
+
+    def meta(self, kind: str) -> dict[str, bytes]:
+        records = self._meta.get(kind)
+        if records is None:
+            records = self._meta[kind] = {}
+        return records
+
+    async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
+        self._check_usable()
+        if offset < 0 or limit < 0:
+            raise ValueError("offset and limit must not be negative")
+        q = self._queues.get(queue)
+        if q is None or limit == 0:
+            return ReadResult([], offset)
+        lost = 0
+        if offset < q.first:
+            lost = q.first - offset
+            offset = q.first
+        end = q.visible
+        while offset < end and q.seqs[offset - q.base] == HOLE:
+            lost += 1
+            offset += 1
+        wanted: list[tuple[int, int, int, int]] = []
+        o = offset
+        stop = min(end, offset + limit)
+        while o < stop:
+            seq, length, size = q.entry(o)
+            if seq == HOLE:
+                break
+            wanted.append((o, seq, length, size))
+            o += 1
+        cache = self._cache
+        found: dict[int, CacheEntry] = {}
+        misses = []
+        for _, seq, length, size in wanted:
+            entry = cache.get(seq)
+            if entry is None:
+                misses.append((seq, length, size))
+            else:
+                found[seq] = entry
+        if misses:
+            found.update(await self._read_disk(misses))
+        messages = []
+        for off, seq, _, size in wanted:
+            message, queues, _ = found[seq]
+            messages.append(Stored(off, seq, message, queues, size))
+        return ReadResult(messages, o, lost)
+
+    async def _read_disk(self, misses: list[tuple[int, int, int]]) -> dict[int, CacheEntry]:
+        """Read records below the durable position from their segment files (worker thread)."""
+        runs: list[tuple[int, int, list[tuple[int, int]]]] = []
+        pinned: list[Segment] = []
+        run_seg = None
+        run_end = -1
+        for seq, length, _ in misses:
+            seg = self._segments[bisect.bisect_right(self._bases, seq) - 1]
+            if seg.fd is None:
+                raise StoreUnavailable(f"segment of record {seq} is not readable")
+            fd_pos = seq - seg.base
+            if seg is run_seg and seq == run_end and fd_pos + length - runs[-1][1] <= _MAX_READ_RUN:
+                runs[-1][2].append((seq, length))
+            else:
+                if seg is not run_seg:
+                    seg.pins += 1
+                    pinned.append(seg)
+                runs.append((seg.fd, fd_pos, [(seq, length)]))
+                run_seg = seg
+            run_end = seq + length
+        self._stats["disk_reads"] += len(runs)
+        try:
+            return await self._loop.run_in_executor(  # type: ignore[union-attr]
+                self._rexec, read_records, runs
+            )
+        except (OSError, ValueError) as exc:
+            raise StoreUnavailable(f"reading the log failed: {exc}") from exc
+        finally:
+            for seg in pinned:
+                seg.pins -= 1
+                if seg.pins == 0 and seg.deleted and seg.fd is not None:
+                    os.close(seg.fd)
+                    seg.fd = None
+
+    # --- snapshot and retention ------------------------------------------------------------------
+
+    async def _snapshot(self) -> bool:
+        """Write the meta snapshot as of now (once that position is durable). True on success."""
+        async with self._snapshot_lock:
+            position = self._pos
+            if position == self._snapshot_pos:
+                return True
+            meta = {kind: dict(records) for kind, records in self._meta.items()}
+            ends = {name: q.end for name, q in self._queues.items()}
+            try:
+                await self._barrier()
+                await self._loop.run_in_executor(  # type: ignore[union-attr]
+                    self._rexec,
+                    write_snapshot,
+                    self.data_dir,
+                    SNAPSHOT_NAME,
+                    position,
+                    meta,
+                    ends,
+                    self.fsync,
+                )
+            except (StoreUnavailable, OSError) as exc:
+                log.error("meta snapshot at position %d failed: %s", position, exc)
+                return False
+            self._snapshot_pos = max(self._snapshot_pos, position)
+            self._stats["snapshots"] += 1
+            return True
+
+    def _retention_victims(self) -> list[Segment]:
+        """The oldest whole segments retention would delete now (never the active one)."""
+        too_old = time.time() - self.retention_seconds
+        total = self._log_bytes
+        victims = []
+        for seg in self._segments[:-1]:
+            if seg.base + seg.size > self._durable:
+                break
+            if total > self.retention_bytes or seg.newest < too_old:
+                victims.append(seg)
+                total -= seg.size
+            else:
+                break
+        return victims
+
+    async def enforce_retention(self) -> int:
+        """Delete the segments retention allows to delete now; returns how many were deleted.
+
+        Runs by itself after commits (at most every `retention_check_interval` seconds); call it
+        to apply retention to an idle store.
+        """
+        self._check_usable()
+        return await self._retention()
+
+    async def _retention(self) -> int:
+        async with self._retention_lock:
+            victims = self._retention_victims()
+            if not victims or not await self._snapshot():
+                return 0
+            count = len(victims)
+            if self._segments[:count] != victims:
+                return 0
+            boundary = self._segments[count].base
+            del self._segments[:count]
+            del self._bases[:count]
+            for q in self._queues.values():
+                q.trim_below(boundary)
+            self._cache.drop_below(boundary)
+            self._log_bytes -= sum(seg.size for seg in victims)
+            to_close = []
+            for seg in victims:
+                seg.deleted = True
+                if seg.pins == 0 and seg.fd is not None:
+                    to_close.append(seg.fd)
+                    seg.fd = None
+            self._stats["segments_deleted"] += count
+            log.info("retention deleted %d segment(s) below position %d", count, boundary)
+            try:
+                await self._loop.run_in_executor(  # type: ignore[union-attr]
+                    self._rexec,
+                    remove_files,
+                    self.log_dir,
+                    [seg.path for seg in victims],
+                    to_close,
+                    self.fsync,
+                )
+            except OSError as exc:
+                log.error("deleting old segments failed: %s", exc)
+            return count
+
+    # --- introspection ---------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        """Counters and gauges: sizes in bytes, `last_commit_seconds` is write+fsync time."""
+        out = dict(self._stats)
+        out.update(
+            segments=len(self._segments),
+            bytes_on_disk=self._log_bytes - (self._pos - self._durable),
+            log_position=self._pos,
+            durable_position=self._durable,
+            snapshot_position=self._snapshot_pos,
+            pending_bytes=self._pending_bytes,
+            queues=len(self._queues),
+            cache_bytes=self._cache.bytes,
+        )
+        return out

@@ -1,0 +1,158 @@
+"""In-memory indexes of the file-log store: per-queue offset index and the recent-record cache."""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+
+from bridge.storage.base import Message
+
+HOLE = -1
+"""`seq` of an offset whose record was lost to corruption (read reports it as `lost`)."""
+
+_COMPACT_MIN = 4096
+
+
+class QueueIndex:
+    """Dense offsets of one queue: for each offset the record's seq, frame length and size.
+
+    Array slot `i` holds offset `base + i`; slots below `head` were trimmed by retention and are
+    dropped lazily. `cum[i]` is the running total of message sizes up to slot `i` inclusive, so
+    the bytes of any suffix are one subtraction. Offsets from `visible` to `end` are assigned
+    to records not yet durable: readers do not see them.
+    """
+
+    __slots__ = ("base", "cum", "cum_base", "head", "lens", "seqs", "visible")
+
+    def __init__(self, base: int = 0) -> None:
+        self.base = base
+        self.head = 0
+        self.visible = base
+        self.seqs = array("q")
+        self.lens = array("q")
+        self.cum = array("q")
+        self.cum_base = 0
+
+    @property
+    def first(self) -> int:
+        """The first retained offset."""
+        return self.base + self.head
+
+    @property
+    def end(self) -> int:
+        """The offset the next appended message gets (durable or not)."""
+        return self.base + len(self.seqs)
+
+    def add(self, seq: int, length: int, size: int) -> None:
+        cum = self.cum
+        self.seqs.append(seq)
+        self.lens.append(length)
+        cum.append((cum[-1] if cum else self.cum_base) + size)
+
+    def add_holes(self, count: int) -> None:
+        for _ in range(count):
+            self.add(HOLE, 0, 0)
+
+    def reset(self, end: int) -> None:
+        """Drop everything; the queue continues at `end`."""
+        self.base = end
+        self.head = 0
+        self.visible = end
+        self.seqs = array("q")
+        self.lens = array("q")
+        self.cum = array("q")
+        self.cum_base = 0
+
+    def pop(self) -> None:
+        """Remove the newest entry, not yet visible (rollback of an append whose write failed)."""
+        self.seqs.pop()
+        self.lens.pop()
+        self.cum.pop()
+
+    def entry(self, offset: int) -> tuple[int, int, int]:
+        """(seq, frame length, size) of a retained offset."""
+        i = offset - self.base
+        before = self.cum[i - 1] if i > 0 else self.cum_base
+        return self.seqs[i], self.lens[i], self.cum[i] - before
+
+    def backlog(self, offset: int) -> tuple[int, int]:
+        """(messages, bytes) visible at or after `offset`."""
+        first = self.base + self.head
+        end = self.visible
+        if offset < first:
+            offset = first
+        if offset >= end:
+            return 0, 0
+        cum = self.cum
+        i = offset - self.base
+        before = cum[i - 1] if i > 0 else self.cum_base
+        return end - offset, cum[end - self.base - 1] - before
+
+    def trim_below(self, seq_limit: int) -> None:
+        """Drop the oldest entries whose record lies below `seq_limit` (deleted segments)."""
+        seqs = self.seqs
+        head = self.head
+        n = self.visible - self.base
+        while head < n and seqs[head] < seq_limit:
+            head += 1
+        self.head = head
+        if head and (head == len(seqs) or (head >= _COMPACT_MIN and 2 * head >= n)):
+            self.cum_base = self.cum[head - 1]
+            del seqs[:head]
+            del self.lens[:head]
+            del self.cum[:head]
+            self.base += head
+            self.head = 0
+
+
+CacheEntry = tuple[Message, tuple[str, ...], int]
+
+
+class RecordCache:
+    """Recently appended records by seq, oldest evicted first, bounded by frame bytes.
+
+    Records not yet durable (seq >= `pinned_from`) are never evicted: subscribers read them as
+    soon as they become durable, the hot path.
+    """
+
+    __slots__ = ("budget", "bytes", "entries", "order")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.bytes = 0
+        self.entries: dict[int, CacheEntry] = {}
+        self.order: deque[tuple[int, int]] = deque()
+
+    def get(self, seq: int) -> CacheEntry | None:
+        return self.entries.get(seq)
+
+    def add(self, seq: int, length: int, entry: CacheEntry, pinned_from: int) -> None:
+        self.entries[seq] = entry
+        self.order.append((seq, length))
+        self.bytes += length
+        if self.bytes > self.budget:
+            self.evict(pinned_from)
+
+    def evict(self, pinned_from: int) -> None:
+        order = self.order
+        entries = self.entries
+        while self.bytes > self.budget and order and order[0][0] < pinned_from:
+            seq, length = order.popleft()
+            del entries[seq]
+            self.bytes -= length
+
+    def drop_from(self, seq: int) -> None:
+        """Forget records at or after `seq` (rollback)."""
+        order = self.order
+        while order and order[-1][0] >= seq:
+            old, length = order.pop()
+            self.entries.pop(old, None)
+            self.bytes -= length
+
+    def drop_below(self, seq: int) -> None:
+        """Forget records below `seq` (retention)."""
+        order = self.order
+        while order and order[0][0] < seq:
+            old, length = order.popleft()
+            self.entries.pop(old, None)
+            self.bytes -= length

@@ -1,0 +1,319 @@
+"""Binary formats of the file-log store: record framing, record bodies and the meta snapshot.
+
+Everything is big-endian. docs/storage-format.md describes the layout byte by byte (external
+readers such as the Spark job parse these files directly), so change both together and bump
+`VERSION` for any incompatible change.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+
+from bridge.storage.base import Message, MetaUpdate
+
+HEADER = struct.Struct(">II")
+"""Record frame header: body length, CRC-32 (zlib.crc32) of the body."""
+HEADER_SIZE = HEADER.size
+
+TYPE_MESSAGE = 1
+TYPE_META = 2
+VERSION = 1
+
+MAX_BODY = 512 * 1024 * 1024
+"""Largest body accepted; a longer length field at recovery is treated as corruption."""
+
+SNAPSHOT_MAGIC = b"MBSN"
+SNAPSHOT_VERSION = 1
+
+_U8 = struct.Struct(">B")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_MSG_FIXED = struct.Struct(">BBqBB")  # type, version, timestamp_ms, qos, flags
+_META_FIXED = struct.Struct(">BB")  # type, version
+_SNAP_FIXED = struct.Struct(">4sBQ")  # magic, version, position
+
+_FLAG_RETAIN = 0x01
+_NO_VALUE = b"\x00"
+_HAS_VALUE = b"\x01"
+
+
+class RecordError(ValueError):
+    """A record or snapshot that cannot be decoded (corrupt, truncated or of an unknown version)."""
+
+
+# --- encoding ------------------------------------------------------------------------------------
+
+
+def _put_bytes(parts: list[bytes], data: bytes) -> None:
+    parts.append(_U32.pack(len(data)))
+    parts.append(data)
+
+
+def _put_meta(parts: list[bytes], meta: Sequence[MetaUpdate]) -> None:
+    parts.append(_U32.pack(len(meta)))
+    for update in meta:
+        _put_bytes(parts, update.kind.encode())
+        _put_bytes(parts, update.key.encode())
+        if update.value is None:
+            parts.append(_NO_VALUE)
+        else:
+            parts.append(_HAS_VALUE)
+            _put_bytes(parts, update.value)
+
+
+def _frame(parts: list[bytes]) -> tuple[bytes, bytes]:
+    body = b"".join(parts)
+    if len(body) > MAX_BODY:
+        raise ValueError(f"record of {len(body)} bytes exceeds the limit of {MAX_BODY}")
+    return HEADER.pack(len(body), zlib.crc32(body)), body
+
+
+def encode_message(
+    message: Message,
+    topic: bytes,
+    queue_offsets: Iterable[tuple[str, int]],
+    meta: Sequence[MetaUpdate],
+) -> tuple[bytes, bytes]:
+    """Frame header and body of a MESSAGE record. `topic` is the message's UTF-8 topic."""
+    parts = [
+        _MSG_FIXED.pack(
+            TYPE_MESSAGE,
+            VERSION,
+            message.timestamp_ms,
+            message.qos,
+            _FLAG_RETAIN if message.retain else 0,
+        ),
+        _U32.pack(len(topic)),
+        topic,
+    ]
+    _put_bytes(parts, message.publisher.encode())
+    _put_bytes(parts, message.key.encode())
+    _put_bytes(parts, message.node.encode())
+    props = message.properties
+    parts.append(_U32.pack(len(props)))
+    for name, value in props.items():
+        _put_bytes(parts, name.encode())
+        _put_bytes(parts, value.encode())
+    queue_parts = []
+    for name, offset in queue_offsets:
+        encoded = name.encode()
+        queue_parts.append(_U32.pack(len(encoded)))
+        queue_parts.append(encoded)
+        queue_parts.append(_U64.pack(offset))
+    parts.append(_U32.pack(len(queue_parts) // 3))
+    parts.extend(queue_parts)
+    _put_meta(parts, meta)
+    _put_bytes(parts, message.payload)
+    return _frame(parts)
+
+
+def encode_meta(meta: Sequence[MetaUpdate]) -> tuple[bytes, bytes]:
+    """Frame header and body of a META record."""
+    parts = [_META_FIXED.pack(TYPE_META, VERSION)]
+    _put_meta(parts, meta)
+    return _frame(parts)
+
+
+# --- decoding ------------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Sequential reader over a body (bytes or memoryview) with bounds checks."""
+
+    __slots__ = ("buf", "end", "pos")
+
+    def __init__(self, buf: bytes | memoryview, pos: int = 0) -> None:
+        self.buf = buf
+        self.pos = pos
+        self.end = len(buf)
+
+    def u8(self) -> int:
+        if self.pos >= self.end:
+            raise RecordError("truncated record")
+        value = self.buf[self.pos]
+        self.pos += 1
+        return value
+
+    def u32(self) -> int:
+        if self.pos + 4 > self.end:
+            raise RecordError("truncated record")
+        (value,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(value)
+
+    def u64(self) -> int:
+        if self.pos + 8 > self.end:
+            raise RecordError("truncated record")
+        (value,) = _U64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return int(value)
+
+    def raw(self) -> memoryview | bytes:
+        n = self.u32()
+        start = self.pos
+        stop = start + n
+        if stop > self.end:
+            raise RecordError("length field points past the end of the record")
+        self.pos = stop
+        return self.buf[start:stop]
+
+    def bytes(self) -> bytes:
+        return bytes(self.raw())
+
+    def str(self) -> str:
+        try:
+            return str(self.raw(), "utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"invalid UTF-8: {exc}") from None
+
+    def meta(self, count: int) -> list[MetaUpdate]:
+        updates = []
+        for _ in range(count):
+            kind = self.str()
+            key = self.str()
+            flag = self.u8()
+            if flag == 0:
+                value = None
+            elif flag == 1:
+                value = self.bytes()
+            else:
+                raise RecordError(f"bad meta value flag {flag}")
+            updates.append(MetaUpdate(kind, key, value))
+        return updates
+
+
+class Decoded:
+    """One decoded record body."""
+
+    __slots__ = ("message", "meta", "queues", "size", "type")
+
+    def __init__(
+        self,
+        type_: int,
+        message: Message | None,
+        queues: list[tuple[str, int]],
+        meta: list[MetaUpdate],
+        size: int,
+    ) -> None:
+        self.type = type_
+        self.message = message
+        self.queues = queues
+        self.meta = meta
+        self.size = size
+
+
+def decode_body(body: bytes | memoryview, *, payload: bool = True) -> Decoded:
+    """Decode a record body whose CRC has been checked.
+
+    With `payload=False` the payload is not copied (the message gets b"") but `size` is still
+    exact; recovery uses this to rebuild indexes cheaply.
+    """
+    if len(body) < 2:
+        raise RecordError("record body too short")
+    type_, version = body[0], body[1]
+    if version != VERSION:
+        raise RecordError(f"unknown record version {version}")
+    try:
+        if type_ == TYPE_MESSAGE:
+            return _decode_message(body, payload)
+        if type_ == TYPE_META:
+            reader = _Reader(body, 2)
+            meta = reader.meta(reader.u32())
+            if reader.pos != reader.end:
+                raise RecordError("trailing bytes after META record")
+            return Decoded(TYPE_META, None, [], meta, 0)
+    except struct.error as exc:
+        raise RecordError(str(exc)) from None
+    raise RecordError(f"unknown record type {type_}")
+
+
+def _decode_message(body: bytes | memoryview, with_payload: bool) -> Decoded:
+    if len(body) < _MSG_FIXED.size:
+        raise RecordError("truncated MESSAGE record")
+    _, _, timestamp_ms, qos, flags = _MSG_FIXED.unpack_from(body, 0)
+    reader = _Reader(body, _MSG_FIXED.size)
+    topic_raw = reader.raw()
+    try:
+        topic = str(topic_raw, "utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"invalid UTF-8 topic: {exc}") from None
+    publisher = reader.str()
+    key = reader.str()
+    node = reader.str()
+    properties = {}
+    for _ in range(reader.u32()):
+        name = reader.str()
+        properties[name] = reader.str()
+    queues = []
+    for _ in range(reader.u32()):
+        name = reader.str()
+        queues.append((name, reader.u64()))
+    meta = reader.meta(reader.u32())
+    payload_raw = reader.raw()
+    if reader.pos != reader.end:
+        raise RecordError("trailing bytes after MESSAGE record")
+    message = Message(
+        topic=topic,
+        payload=bytes(payload_raw) if with_payload else b"",
+        qos=qos,
+        retain=bool(flags & _FLAG_RETAIN),
+        publisher=publisher,
+        key=key,
+        timestamp_ms=timestamp_ms,
+        node=node,
+        properties=properties,
+    )
+    return Decoded(TYPE_MESSAGE, message, queues, meta, len(payload_raw) + len(topic_raw))
+
+
+# --- snapshot ------------------------------------------------------------------------------------
+
+
+def encode_snapshot(
+    position: int, meta: Mapping[str, Mapping[str, bytes]], queue_ends: Mapping[str, int]
+) -> bytes:
+    """The meta snapshot file: position, every meta record, every queue's end offset, CRC."""
+    parts = [_SNAP_FIXED.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, position)]
+    parts.append(_U32.pack(len(meta)))
+    for kind, records in meta.items():
+        _put_bytes(parts, kind.encode())
+        parts.append(_U32.pack(len(records)))
+        for key, value in records.items():
+            _put_bytes(parts, key.encode())
+            _put_bytes(parts, value)
+    parts.append(_U32.pack(len(queue_ends)))
+    for name, end in queue_ends.items():
+        _put_bytes(parts, name.encode())
+        parts.append(_U64.pack(end))
+    data = b"".join(parts)
+    return data + _U32.pack(zlib.crc32(data))
+
+
+def decode_snapshot(data: bytes) -> tuple[int, dict[str, dict[str, bytes]], dict[str, int]]:
+    """(position, meta, queue ends) of a snapshot file; RecordError if it is damaged."""
+    if len(data) < _SNAP_FIXED.size + 4:
+        raise RecordError("snapshot too short")
+    (crc,) = _U32.unpack_from(data, len(data) - 4)
+    content = memoryview(data)[:-4]
+    if zlib.crc32(content) != crc:
+        raise RecordError("snapshot CRC mismatch")
+    magic, version, position = _SNAP_FIXED.unpack_from(content, 0)
+    if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
+        raise RecordError(f"not a version {SNAPSHOT_VERSION} snapshot")
+    reader = _Reader(content, _SNAP_FIXED.size)
+    meta: dict[str, dict[str, bytes]] = {}
+    for _ in range(reader.u32()):
+        kind = reader.str()
+        records = meta.setdefault(kind, {})
+        for _ in range(reader.u32()):
+            key = reader.str()
+            records[key] = reader.bytes()
+    ends = {}
+    for _ in range(reader.u32()):
+        name = reader.str()
+        ends[name] = reader.u64()
+    if reader.pos != reader.end:
+        raise RecordError("trailing bytes in snapshot")
+    return position, meta, ends

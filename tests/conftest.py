@@ -1,0 +1,40 @@
+"""Shared fixtures: real bridge processes on loopback ports, cleaned up after every test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.clients import close_all_raw_clients
+from tests.support.processes import BridgeProcess
+
+
+@pytest.fixture(autouse=True)
+def _close_raw_clients() -> Iterator[None]:
+    yield
+    close_all_raw_clients()
+
+
+@pytest.fixture
+def bridge_factory(tmp_path: Path) -> Iterator[Callable[..., BridgeProcess]]:
+    """Start bridge nodes (`factory(*settings, data_dir=None)`); all are killed at the end."""
+    started: list[BridgeProcess] = []
+
+    def factory(
+        *settings: str, data_dir: Path | None = None, port: int | None = None, start: bool = True
+    ) -> BridgeProcess:
+        node = BridgeProcess(data_dir or tmp_path / f"node{len(started)}", *settings, port=port)
+        started.append(node)
+        return node.start() if start else node
+
+    yield factory
+    for node in started:
+        node.kill()
+
+
+@pytest.fixture
+def bridge(bridge_factory: Callable[..., BridgeProcess]) -> BridgeProcess:
+    """One running bridge node with default settings."""
+    return bridge_factory()

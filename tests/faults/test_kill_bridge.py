@@ -1,0 +1,231 @@
+"""kill -9 of a bridge under QoS 1/2 traffic loses no acknowledged message and never delivers a
+QoS 2 message twice. The clients here behave as the spec requires of a client (they resend
+unacknowledged PUBLISHes with DUP and PUBRELs after reconnecting, and keep QoS 2 receive state),
+so what is tested is the bridge's half of the contract."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
+from tests.support.clients import RawClient
+
+pytestmark = pytest.mark.fault
+
+
+class ReliablePublisher:
+    """Publishes numbered messages, tracking each one's handshake like a real client."""
+
+    def __init__(self, port: int, client_id: str) -> None:
+        self.port = port
+        self.client_id = client_id
+        self.acked: set[str] = set()  # PUBACKed (QoS 1) or PUBCOMPed (QoS 2)
+        self.unacked: dict[int, tuple[str, int]] = {}  # packet id -> (payload, qos) sent
+        self.released: set[int] = set()  # QoS 2 packet ids PUBREC'd, PUBREL pending
+
+    def _client(self) -> RawClient:
+        client = RawClient(self.port)
+        client.connect(self.client_id, clean_session=False)
+        return client
+
+    def _complete(self, client: RawClient, packet_id: int) -> None:
+        payload, qos = self.unacked[packet_id]
+        while True:
+            packet = client.recv()
+            if qos == 1 and isinstance(packet, Puback) and packet.packet_id == packet_id:
+                break
+            if qos == 2 and isinstance(packet, Pubrec) and packet.packet_id == packet_id:
+                self.released.add(packet_id)
+                client.send(Pubrel(packet_id))
+            elif qos == 2 and isinstance(packet, Pubcomp) and packet.packet_id == packet_id:
+                break
+        self.acked.add(payload)
+        del self.unacked[packet_id]
+        self.released.discard(packet_id)
+
+    def publish_all(self, messages: list[tuple[str, int]]) -> None:
+        """Publish until the connection breaks (ConnectionError/TimeoutError propagate)."""
+        client = self._client()
+        try:
+            for index, (payload, qos) in enumerate(messages):
+                packet_id = index % 60000 + 1
+                self.unacked[packet_id] = (payload, qos)
+                client.send(
+                    Publish("plant/line1/press", payload.encode(), qos, packet_id=packet_id)
+                )
+                self._complete(client, packet_id)
+        finally:
+            client.close()
+
+    def resume(self) -> None:
+        """After a reconnect: PUBREL what was PUBREC'd, resend the rest with DUP=1."""
+        client = self._client()
+        try:
+            for packet_id in sorted(self.unacked):
+                payload, qos = self.unacked[packet_id]
+                if packet_id in self.released:
+                    client.send(Pubrel(packet_id))
+                else:
+                    client.send(
+                        Publish(
+                            "plant/line1/press",
+                            payload.encode(),
+                            qos,
+                            dup=True,
+                            packet_id=packet_id,
+                        )
+                    )
+                self._complete(client, packet_id)
+        finally:
+            client.disconnect()
+
+
+class ExactlyOnceSubscriber:
+    """Receives like a spec-compliant client: QoS 2 packet ids remembered until PUBREL."""
+
+    def __init__(self, port: int, client_id: str) -> None:
+        self.port = port
+        self.client_id = client_id
+        self.delivered: Counter[str] = Counter()
+        self.awaiting_pubrel: set[int] = set()
+
+    def connect(self) -> RawClient:
+        client = RawClient(self.port)
+        client.connect(self.client_id, clean_session=False)
+        return client
+
+    def receive(self, client: RawClient, until: int, timeout: float = 10.0) -> None:
+        """Process packets until `until` distinct messages were delivered or the link breaks."""
+        deadline = time.monotonic() + timeout
+        while len(self.delivered) < until and time.monotonic() < deadline:
+            try:
+                packet = client.recv(1.0)
+            except TimeoutError:
+                continue
+            if isinstance(packet, Publish):
+                if packet.qos == 2:
+                    if packet.packet_id not in self.awaiting_pubrel:
+                        self.delivered[packet.payload.decode()] += 1
+                        self.awaiting_pubrel.add(packet.packet_id)
+                    client.send(Pubrec(packet.packet_id))
+                else:
+                    self.delivered[packet.payload.decode()] += 1
+                    if packet.qos == 1:
+                        client.send(Puback(packet.packet_id))
+            elif isinstance(packet, Pubrel):
+                self.awaiting_pubrel.discard(packet.packet_id)
+                client.send(Pubcomp(packet.packet_id))
+
+
+def make_messages(count: int) -> list[tuple[str, int]]:
+    return [(f"q{1 + i % 2}-{i}", 1 + i % 2) for i in range(count)]
+
+
+def test_kill_9_while_publishing_to_an_offline_persistent_subscriber_loses_nothing(bridge):
+    subscriber = ExactlyOnceSubscriber(bridge.port, "offline-sub")
+    sub_client = subscriber.connect()
+    assert sub_client.subscribe("plant/#", 2) == [2]
+    sub_client.disconnect()
+
+    messages = make_messages(600)
+    publisher = ReliablePublisher(bridge.port, "publisher")
+    killer = threading.Timer(0.0, lambda: None)
+
+    def kill_when_busy() -> None:
+        deadline = time.monotonic() + 30
+        while len(publisher.acked) < 250 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        bridge.kill()
+
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    with pytest.raises((ConnectionError, TimeoutError, OSError)):
+        publisher.publish_all(messages)
+    killer.join()
+    acked_before_kill = set(publisher.acked)
+    assert 250 <= len(acked_before_kill) < len(messages)
+
+    bridge.start()
+    publisher.resume()  # finish the handshake that was cut
+    remaining = messages[len(publisher.acked) + len(publisher.unacked) :]
+    publisher.publish_all(remaining)
+    assert publisher.acked == {payload for payload, _ in messages}
+
+    sub_client = subscriber.connect()
+    subscriber.receive(sub_client, until=len(messages), timeout=30)
+    sub_client.disconnect()
+    missing = acked_before_kill - set(subscriber.delivered)
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+    assert set(subscriber.delivered) == {payload for payload, _ in messages}
+    duplicated_qos2 = [p for p, n in subscriber.delivered.items() if p.startswith("q2") and n > 1]
+    assert not duplicated_qos2, f"QoS 2 delivered twice: {duplicated_qos2[:5]}"
+
+
+def test_kill_9_while_delivering_qos2_delivers_each_message_exactly_once(bridge):
+    subscriber = ExactlyOnceSubscriber(bridge.port, "online-sub")
+    sub_client = subscriber.connect()
+    sub_client.subscribe("plant/#", 2)
+    messages = [(f"q2-{i}", 2) for i in range(300)]
+    publisher = ReliablePublisher(bridge.port, "publisher")
+    publisher.publish_all(messages)
+
+    receiver_error: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            subscriber.receive(sub_client, until=len(messages), timeout=30)
+        except (ConnectionError, OSError) as exc:
+            receiver_error.append(exc)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while len(subscriber.delivered) < 100 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    bridge.kill()
+    thread.join(35)
+    assert receiver_error, "the subscriber should have seen the connection break"
+    assert len(subscriber.delivered) < len(messages)
+
+    bridge.start()
+    sub_client = subscriber.connect()
+    subscriber.receive(sub_client, until=len(messages), timeout=30)
+    # let any stray redelivery arrive before judging
+    subscriber.receive(sub_client, until=len(messages) + 1, timeout=1.5)
+    sub_client.disconnect()
+    assert set(subscriber.delivered) == {payload for payload, _ in messages}
+    twice = [p for p, n in subscriber.delivered.items() if n > 1]
+    assert not twice, f"QoS 2 delivered more than once: {twice[:5]}"
+
+
+def test_qos2_publish_resent_after_a_crash_that_ate_the_pubrec_is_stored_once(bridge):
+    """The bridge crashes after storing a QoS 2 message but before the publisher saw PUBREC;
+    the publisher resends it with DUP=1 after reconnecting: it must not be stored twice."""
+    subscriber = ExactlyOnceSubscriber(bridge.port, "sub")
+    sub_client = subscriber.connect()
+    sub_client.subscribe("plant/#", 2)
+    sub_client.disconnect()
+
+    publisher = RawClient(bridge.port)
+    publisher.connect("pub", clean_session=False)
+    publisher.send(Publish("plant/x", b"only-once", 2, packet_id=42))
+    assert isinstance(publisher.recv(), Pubrec)  # durable now; pretend the PUBREC was lost
+    bridge.kill()
+    publisher.close()
+    bridge.start()
+
+    publisher = RawClient(bridge.port)
+    assert publisher.connect("pub", clean_session=False).session_present is True
+    publisher.send(Publish("plant/x", b"only-once", 2, dup=True, packet_id=42))
+    assert isinstance(publisher.recv(), Pubrec)
+    publisher.send(Pubrel(42))
+    assert isinstance(publisher.recv(), Pubcomp)
+    publisher.disconnect()
+
+    sub_client = subscriber.connect()
+    subscriber.receive(sub_client, until=2, timeout=2.0)
+    assert subscriber.delivered == Counter({"only-once": 1})

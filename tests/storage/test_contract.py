@@ -1,0 +1,271 @@
+"""The MessageStore contract (bridge/storage/base.py): every backend must pass all of it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bridge.storage import Message, MessageStore, MetaUpdate, Stored
+from tests.storage.conftest import Run, StoreFactory
+
+
+def msg(i: int = 0, topic: str = "t/a", payload: bytes | None = None, **fields: Any) -> Message:
+    return Message(
+        topic=topic,
+        payload=f"payload-{i}".encode() if payload is None else payload,
+        key=f"k{i}",
+        **fields,
+    )
+
+
+async def read_all(store: MessageStore, queue: str, offset: int = 0) -> list[Stored]:
+    out: list[Stored] = []
+    while True:
+        result = await store.read(queue, offset, 100)
+        if not result.messages:
+            return out
+        out.extend(result.messages)
+        offset = result.next_offset
+
+
+def test_append_and_read_back_every_field(store: MessageStore, run: Run[Any]) -> None:
+    message = Message(
+        topic="sensors/t1/temp",
+        payload=b"\x00\x01binary\xff",
+        qos=2,
+        retain=True,
+        publisher="client-7",
+        key="node1-42",
+        timestamp_ms=1_700_000_000_123,
+        node="node1",
+        properties={"content-type": "text/plain", "x": ""},
+    )
+    seq = run(store.append(message, ["q"]))
+    result = run(store.read("q", 0, 10))
+    assert result.lost == 0
+    assert result.next_offset == 1
+    [stored] = result.messages
+    assert stored.offset == 0
+    assert stored.seq == seq
+    assert stored.queues == ("q",)
+    assert stored.size == len(message.payload) + len(message.topic.encode())
+    assert stored.message == message
+
+
+def test_offsets_are_dense_per_queue(store: MessageStore, run: Run[Any]) -> None:
+    async def body() -> None:
+        seqs = []
+        for i in range(10):
+            queues = ["a"] if i % 2 else ["a", "b"]
+            seqs.append(await store.append(msg(i), queues))
+        assert seqs == sorted(set(seqs))
+        assert store.end_offset("a") == 10
+        assert store.end_offset("b") == 5
+        a = await read_all(store, "a")
+        b = await read_all(store, "b")
+        assert [s.offset for s in a] == list(range(10))
+        assert [s.offset for s in b] == list(range(5))
+        assert [s.message.key for s in b] == [f"k{i}" for i in range(0, 10, 2)]
+        assert [s.seq for s in a] == seqs
+
+    run(body())
+
+
+def test_message_in_several_queues_has_one_seq(store: MessageStore, run: Run[Any]) -> None:
+    async def body() -> None:
+        await store.append(msg(0), ["x"])
+        seq = await store.append(msg(1), ["x", "y", "z"])
+        results = [await store.read(q, 0, 10) for q in ("x", "y", "z")]
+        found = [r.messages[-1] for r in results]
+        assert {s.seq for s in found} == {seq}
+        assert [s.offset for s in found] == [1, 0, 0]
+        assert all(s.queues == ("x", "y", "z") for s in found)
+        assert all(s.message.key == "k1" for s in found)
+
+    run(body())
+
+
+def test_read_from_the_middle_and_limit(store: MessageStore, run: Run[Any]) -> None:
+    async def body() -> None:
+        for i in range(20):
+            await store.append(msg(i), ["q"], durable=i == 19)
+        result = await store.read("q", 7, 5)
+        assert [s.offset for s in result.messages] == [7, 8, 9, 10, 11]
+        assert [s.message.key for s in result.messages] == [f"k{i}" for i in range(7, 12)]
+        assert result.next_offset == 12
+        tail = await store.read("q", 18, 100)
+        assert [s.offset for s in tail.messages] == [18, 19]
+        assert tail.next_offset == 20
+        none = await store.read("q", 3, 0)
+        assert none.messages == [] and none.next_offset == 3
+
+    run(body())
+
+
+def test_reading_beyond_the_end(store: MessageStore, run: Run[Any]) -> None:
+    async def body() -> None:
+        await store.append(msg(0), ["q"])
+        for queue, offset in (("q", 1), ("q", 50), ("unknown", 0), ("unknown", 9)):
+            result = await store.read(queue, offset, 10)
+            assert result.messages == []
+            assert result.next_offset == offset
+            assert result.lost == 0
+
+    run(body())
+
+
+def test_end_offset_and_backlog(store: MessageStore, run: Run[Any]) -> None:
+    async def body() -> None:
+        assert store.end_offset("nobody") == 0
+        assert store.backlog("nobody", 0) == (0, 0)
+        sizes = []
+        for i in range(6):
+            m = msg(i, topic="t/é", payload=b"x" * i)
+            sizes.append(len(m.payload) + len(m.topic.encode()))
+            await store.append(m, ["q"])
+        assert store.end_offset("q") == 6
+        assert store.backlog("q", 0) == (6, sum(sizes))
+        assert store.backlog("q", 4) == (2, sum(sizes[4:]))
+        assert store.backlog("q", 6) == (0, 0)
+        assert store.backlog("q", 60) == (0, 0)
+
+    run(body())
+
+
+def test_meta_set_delete_and_kinds(store: MessageStore, run: Run[Any]) -> None:
+    async def body() -> None:
+        assert store.meta("session") == {}
+        await store.put_meta([MetaUpdate("session", "c1", b"one"), MetaUpdate("retain", "t", b"")])
+        await store.put_meta([MetaUpdate("session", "c2", b"two")])
+        await store.put_meta([MetaUpdate("session", "c1", None), MetaUpdate("session", "c2", b"2")])
+        await store.put_meta([MetaUpdate("session", "missing", None)])
+        assert store.meta("session") == {"c2": b"2"}
+        assert store.meta("retain") == {"t": b""}
+
+    run(body())
+
+
+def test_meta_with_message_is_applied_with_it(store: MessageStore, run: Run[Any]) -> None:
+    async def body() -> None:
+        await store.append(
+            msg(0, retain=True),
+            ["q"],
+            meta=[MetaUpdate("retain", "t/a", b"k0"), MetaUpdate("qos2", "c\x001", b"")],
+        )
+        assert store.meta("retain") == {"t/a": b"k0"}
+        assert store.meta("qos2") == {"c\x001": b""}
+        await store.append(msg(1), [], meta=[MetaUpdate("retain", "t/a", None)])
+        assert store.meta("retain") == {}
+
+    run(body())
+
+
+def test_submit_orders_and_resolves_when_durable(store: MessageStore, run: Run[Any]) -> None:
+    async def body() -> None:
+        futures = [store.submit(msg(i), ["q"]) for i in range(5)]
+        futures.append(store.submit(msg(5), ["q"], meta=[MetaUpdate("m", "k", b"v")]))
+        assert store.meta("m") == {"k": b"v"}  # meta applies in memory at once
+        seqs = await asyncio.gather(*futures)
+        assert seqs == sorted(seqs)
+        assert store.end_offset("q") == 6
+        stored = await read_all(store, "q")
+        assert [s.seq for s in stored] == seqs
+        assert [s.message.key for s in stored] == [f"k{i}" for i in range(6)]
+
+    run(body())
+
+
+def test_non_durable_appends_become_durable(
+    store_factory: StoreFactory, store: MessageStore, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        for i in range(30):
+            await store.append(msg(i), ["q"], durable=False)
+        await store.put_meta([MetaUpdate("m", "x", b"1")], durable=False)
+        reopened = await store_factory.reopen()
+        assert [s.message.key for s in await read_all(reopened, "q")] == [
+            f"k{i}" for i in range(30)
+        ]
+        assert reopened.meta("m") == {"x": b"1"}
+
+    run(body())
+
+
+def test_everything_survives_reopen(
+    store_factory: StoreFactory, store: MessageStore, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        expected: dict[str, list[tuple[int, int, str]]] = {}
+        for i in range(40):
+            queues = [f"q{j}" for j in range(4) if i % (j + 1) == 0]
+            seq = await store.append(
+                msg(i, properties={"i": str(i)}),
+                queues,
+                meta=[MetaUpdate("session", f"c{i % 7}", str(i).encode())],
+            )
+            for q in queues:
+                expected.setdefault(q, []).append((len(expected.get(q, [])), seq, f"k{i}"))
+        await store.put_meta([MetaUpdate("session", "c0", None)])
+        meta_before = dict(store.meta("session"))
+        ends_before = {q: store.end_offset(q) for q in expected}
+        backlog_before = {q: store.backlog(q, 1) for q in expected}
+
+        reopened = await store_factory.reopen()
+        assert dict(reopened.meta("session")) == meta_before
+        assert "c0" not in meta_before
+        assert {q: reopened.end_offset(q) for q in expected} == ends_before
+        assert {q: reopened.backlog(q, 1) for q in expected} == backlog_before
+        for q, entries in expected.items():
+            stored = await read_all(reopened, q)
+            assert [(s.offset, s.seq, s.message.key) for s in stored] == entries
+            assert all(s.message.properties["i"] == s.message.key[1:] for s in stored)
+        # appending after the restart continues the sequences
+        seq = await reopened.append(msg(99), ["q0", "new"])
+        assert seq > max(e[1] for entries in expected.values() for e in entries)
+        assert reopened.end_offset("q0") == ends_before["q0"] + 1
+        assert reopened.end_offset("new") == 1
+
+    run(body())
+
+
+def test_unicode_empty_and_large_payloads(
+    store_factory: StoreFactory, store: MessageStore, run: Run[Any]
+) -> None:
+    big = bytes(range(256)) * 4096  # 1 MiB
+    messages = [
+        msg(0, topic="温度/室内/🌡", payload=b"", publisher="клиент", properties={"ключ": "値"}),
+        msg(1, topic="big", payload=big),
+        msg(2, topic="", payload=b"z"),
+    ]
+
+    async def body() -> None:
+        for m in messages:
+            await store.append(m, ["ü-queue"])
+        current = store
+        for _ in range(2):
+            stored = await read_all(current, "ü-queue")
+            assert [s.message for s in stored] == messages
+            assert stored[1].size == len(big) + 3
+            assert current.backlog("ü-queue", 0) == (
+                3,
+                sum(len(m.payload) + len(m.topic.encode()) for m in messages),
+            )
+            current = await store_factory.reopen()
+
+    run(body())
+
+
+def test_concurrent_appends_keep_offsets_dense(store: MessageStore, run: Run[Any]) -> None:
+    async def writer(w: int) -> list[int]:
+        return [await store.append(msg(w * 100 + i), ["shared", f"own{w}"]) for i in range(20)]
+
+    async def body() -> None:
+        results = await asyncio.gather(*(writer(w) for w in range(10)))
+        stored = await read_all(store, "shared")
+        assert [s.offset for s in stored] == list(range(200))
+        assert [s.seq for s in stored] == sorted(seq for seqs in results for seq in seqs)
+        for w, seqs in enumerate(results):
+            own = await read_all(store, f"own{w}")
+            assert [s.seq for s in own] == seqs
+
+    run(body())

@@ -1,0 +1,150 @@
+"""Start and stop real server processes for tests: bridge nodes and Mosquitto.
+
+Every process is started in its own process group and killed by PID when the test ends; tests
+never leave servers behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
+    """Block until 127.0.0.1:port accepts a connection, or raise with the reason."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
+
+
+class BridgeProcess:
+    """One `python -m bridge` node on a loopback port, with its data dir and log file."""
+
+    def __init__(self, data_dir: Path, *settings: str, port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.settings = list(settings)
+        self.log_path = data_dir.parent / f"bridge-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> BridgeProcess:
+        """Start the node and wait until it accepts connections."""
+        args = [
+            sys.executable,
+            "-m",
+            "bridge",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--data-dir",
+            str(self.data_dir),
+            "--log-level",
+            "debug",
+        ]
+        for setting in self.settings:
+            args += ["--set", setting]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        self.proc = subprocess.Popen(
+            args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        wait_for_port(self.port, proc=self.proc)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL: the node dies with no chance to flush anything."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM and wait for an orderly shutdown (SIGKILL after 10 s)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log_text(self) -> str:
+        """Everything the node has logged so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_for_log(self, needle: str, timeout: float = 5.0) -> str:
+        """Wait until the node's log contains `needle`; return the log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_text()
+            if needle in text:
+                return text
+            time.sleep(0.05)
+        raise AssertionError(f"{needle!r} not in bridge log:\n{self.log_text()[-3000:]}")
+
+
+class MosquittoProcess:
+    """Debian's mosquitto broker on a loopback port with its own config and persistence dir."""
+
+    def __init__(self, work_dir: Path, port: int | None = None) -> None:
+        self.work_dir = work_dir
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> MosquittoProcess:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.work_dir / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+            f"persistence true\npersistence_location {self.work_dir}/\n"
+            f"log_dest file {self.work_dir}/mosquitto.log\n"
+        )
+        binary = "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else "mosquitto"
+        self.proc = subprocess.Popen(
+            [binary, "-c", str(conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_for_port(self.port, proc=self.proc)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()

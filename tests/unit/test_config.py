@@ -1,0 +1,101 @@
+"""Configuration: layering, validation and the README's table of settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge.config import SETTINGS, Config, ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_setting_is_documented_in_code_and_in_the_readme():
+    names = set(Config.__dataclass_fields__)
+    assert names == set(SETTINGS)
+    readme = (REPO / "README.md").read_text()
+    for name in names:
+        assert f"`MQTT_BRIDGE_{name.upper()}`" in readme, name
+
+
+def test_file_then_environment_then_overrides_win_in_that_order(tmp_path):
+    conf = tmp_path / "b.toml"
+    conf.write_text('[bridge]\nmax_inflight = 10\nlog_level = "debug"\nfsync = true\n')
+    config = load_config(
+        conf,
+        env={"MQTT_BRIDGE_MAX_INFLIGHT": "20", "MQTT_BRIDGE_FSYNC": "false"},
+        overrides={"max_inflight": "30", "listen": ["127.0.0.1:1"]},
+    )
+    assert config.max_inflight == 30
+    assert config.fsync is False
+    assert config.log_level == "debug"
+    assert config.listen == ["127.0.0.1:1"]
+
+
+def test_env_list_is_comma_separated():
+    config = load_config(env={"MQTT_BRIDGE_LISTEN": "127.0.0.1:1883, 127.0.0.1:1884"})
+    assert config.listen == ["127.0.0.1:1883", "127.0.0.1:1884"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MQTT_BRIDGE_MAX_INFLIGHT": "many"}, "max_inflight: expected an integer"),
+        ({"MQTT_BRIDGE_MAX_INFLIGHT": "0"}, "max_inflight: must be positive"),
+        ({"MQTT_BRIDGE_FSYNC": "maybe"}, "fsync: expected true/false"),
+        ({"MQTT_BRIDGE_LISTEN": "nohost"}, "is not HOST:PORT"),
+        ({"MQTT_BRIDGE_NO_SUCH": "1"}, "unknown setting 'no_such'"),
+        ({"MQTT_BRIDGE_STORE": "tape"}, "unknown backend"),
+    ],
+)
+def test_bad_values_are_refused_with_a_message_naming_the_setting(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(env=env)
+
+
+def test_invalid_toml_is_reported(tmp_path):
+    conf = tmp_path / "bad.toml"
+    conf.write_text("max_inflight = = 3")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(conf, env={})
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+    )
+
+
+def test_cli_help_lists_every_setting():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for name in SETTINGS:
+        assert name in result.stdout
+
+
+def test_cli_bad_setting_exits_nonzero_with_a_message_and_no_traceback():
+    result = run_cli("--set", "max_inflight=lots", "--print-config")
+    assert result.returncode == 2
+    assert "max_inflight: expected an integer" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_missing_config_file_is_an_error_not_a_traceback():
+    result = run_cli("--config", "/nonexistent/bridge.toml")
+    assert result.returncode == 2
+    assert "cannot read config file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_print_config_shows_overrides():
+    result = run_cli("--listen", "127.0.0.1:1999", "--data-dir", "/tmp/x", "--print-config")
+    assert result.returncode == 0
+    assert "listen = ['127.0.0.1:1999']" in result.stdout
+    assert "data_dir = '/tmp/x'" in result.stdout

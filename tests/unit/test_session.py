@@ -1,0 +1,93 @@
+"""The session state machine: packet ids, in-flight phases, committed offsets, persistence."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridge.session import (
+    PACKET_ID_SPACE,
+    Outbound,
+    Phase,
+    Session,
+    client_queue,
+    filter_queue,
+    packet_id_for,
+)
+
+
+def outbound(packet_id: int, queue: str, offset: int, qos: int, seq: int | None = None) -> Outbound:
+    return Outbound(
+        packet_id, queue, offset, seq if seq is not None else offset, qos, "t", b"", False
+    )
+
+
+@given(st.integers(min_value=0, max_value=2**63))
+def test_packet_id_for_any_seq_is_a_valid_nonzero_id_MQTT_2_3_1_1(seq):
+    assert 1 <= packet_id_for(seq) <= PACKET_ID_SPACE
+
+
+def test_consecutive_seqs_get_distinct_packet_ids_across_a_full_id_space():
+    ids = {packet_id_for(seq) for seq in range(1000, 1000 + PACKET_ID_SPACE)}
+    assert len(ids) == PACKET_ID_SPACE
+
+
+def test_qos1_message_is_done_on_puback_only():
+    session = Session("c", persistent=True)
+    session.track(outbound(5, "f:a", 0, 1))
+    assert session.on_pubrec(5) is None
+    assert session.on_pubcomp(5) is None
+    assert session.on_puback(5) is not None
+    assert session.inflight == {}
+    assert session.on_puback(5) is None
+
+
+def test_qos2_message_moves_to_pubrel_phase_then_done_on_pubcomp():
+    session = Session("c", persistent=True)
+    session.track(outbound(9, "f:a", 3, 2, seq=100))
+    assert session.on_puback(9) is None
+    assert session.on_pubcomp(9) is None  # PUBCOMP before PUBREC is ignored
+    out = session.on_pubrec(9)
+    assert out is not None and out.phase is Phase.AWAITING_PUBCOMP
+    assert 100 in session.released
+    assert session.on_pubrec(9) is out  # repeated PUBREC is harmless
+    assert session.on_pubcomp(9) is out
+    assert session.inflight == {} and session.released == set()
+
+
+def test_committed_offset_is_the_lowest_unacknowledged_per_queue():
+    session = Session("c", persistent=True)
+    session.cursors = {"f:a": 10, "f:b": 4}
+    session.track(outbound(1, "f:a", 6, 1))
+    session.track(outbound(2, "f:a", 8, 1))
+    assert session.committed("f:a") == 6
+    assert session.committed("f:b") == 4
+    session.on_puback(1)
+    assert session.committed("f:a") == 8
+    session.on_puback(2)
+    assert session.committed("f:a") == 10
+
+
+def test_start_queue_keeps_an_existing_cursor():
+    session = Session("c", persistent=True)
+    session.start_queue("f:a", 5)
+    session.start_queue("f:a", 9)
+    assert session.cursors["f:a"] == 5
+
+
+def test_queues_are_the_private_queue_then_one_per_filter():
+    session = Session("dev", persistent=False, subscriptions={"a/#": 1, "b": 0})
+    assert list(session.queues()) == [client_queue("dev"), filter_queue("a/#"), filter_queue("b")]
+
+
+def test_restore_round_trips_subscriptions_offsets_and_pubrel_phase():
+    session = Session("dev", persistent=True, subscriptions={"a/+": 2}, shared={"$share/g/x": 1})
+    session.cursors = {"f:a/+": 12, "c:dev": 3}
+    session.track(outbound(7, "f:a/+", 9, 2, seq=777))
+    session.on_pubrec(7)
+    restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
+    assert restored.subscriptions == {"a/+": 2}
+    assert restored.shared == {"$share/g/x": 1}
+    assert restored.cursors == {"f:a/+": 9, "c:dev": 3}  # resumes at the unacknowledged one
+    assert restored.resend_below == {"f:a/+": 12, "c:dev": 3}
+    assert restored.released == {777}
