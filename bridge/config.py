@@ -43,7 +43,7 @@ class Config:
     connect_timeout: float = 10.0
     allow_zero_length_clientid: bool = True
     max_connections: int = 0
-    write_buffer_high: int = 4 * MiB
+    write_buffer_high: int = 16 * MiB
     slow_consumer_timeout: float = 30.0
     offset_flush_interval: float = 0.2
     drain_timeout: float = 5.0

@@ -405,10 +405,15 @@ class Node:
             node=self.node_id,
         )
         self.metrics.inc("messages_in_qos0")
-        meta = self._retain_updates(message) if packet.retain else ()
-        if self.config.store_qos0 or meta:
-            future = self.store.submit(message, (), meta=meta)
+        if packet.retain:
+            future = self.store.submit(message, (), meta=self._retain_updates(message))
             future.add_done_callback(_ignore_result)
+        elif self.config.store_qos0:
+            try:
+                self.store.append_unqueued(message)
+            except StoreUnavailable as exc:
+                self.metrics.inc("qos0_not_stored")
+                log.debug("QoS 0 message not stored: %s", exc)
         self._deliver_qos0(message)
 
     def _deliver_qos0(self, message: Message) -> None:

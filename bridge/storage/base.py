@@ -109,6 +109,10 @@ class MessageStore(Protocol):
         `end_offset` only when durable, so nothing is delivered that a crash could take back.
         """
 
+    def append_unqueued(self, message: Message) -> None:
+        """Store a message no queue references (QoS 0 kept for analytics): not awaited, not
+        kept in memory, durable with the next group commit."""
+
     async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
         """Up to `limit` messages of `queue` from `offset` on, in offset order."""
 

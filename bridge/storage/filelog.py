@@ -32,13 +32,14 @@ from bridge.storage.filelog_files import (
     recover,
     remove_files,
     segment_path,
+    sync_file,
     truncate_log,
     write_all,
     write_batch,
     write_snapshot,
 )
 from bridge.storage.filelog_index import HOLE, CacheEntry, QueueIndex, RecordCache
-from bridge.storage.records import encode_message, encode_meta
+from bridge.storage.records import encode_message, encode_meta, encode_plain_message
 
 log = logging.getLogger("bridge.storage")
 
@@ -109,6 +110,7 @@ class FileLogStore:
         self._waiters: list[tuple[asyncio.Future[Any], int | None]] = []
         self._inflight: list[tuple[asyncio.Future[Any], int | None]] | None = None
         self._undo: list[_Undo] = []
+        self._last_written: Segment | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._snapshot_lock = asyncio.Lock()
@@ -174,6 +176,9 @@ class FileLogStore:
         finally:
             for seg in self._segments:
                 seg.deleted = True
+                if seg.unsynced and seg.fd is not None and self.fsync:
+                    sync_file(seg.fd)
+                    seg.unsynced = False
                 if seg.pins == 0 and seg.fd is not None:
                     os.close(seg.fd)
                     seg.fd = None
@@ -220,45 +225,52 @@ class FileLogStore:
         self._waiters.append((waiter, seq))
         return waiter
 
-    def _enqueue(self, message: Message, queues: Sequence[str], meta: Sequence[MetaUpdate]) -> int:
-        """Assign offsets, apply `meta` and queue the record for the next group commit."""
+    def append_unqueued(self, message: Message) -> None:
+        """See `MessageStore.append_unqueued`: no queue entry, no cache entry, no waiter."""
         self._check_usable()
-        names = list(dict.fromkeys(queues)) if len(queues) > 1 else list(queues)
+        if message.properties:
+            self._enqueue(message, (), ())
+            return
+        try:
+            record = encode_plain_message(message, message.topic.encode())
+        except struct.error as exc:
+            raise ValueError(f"message field out of range: {exc}") from None
+        self._add_record(record, b"")
+        self._stats["appends"] += 1
+
+    def _enqueue(self, message: Message, queues: Sequence[str], meta: Sequence[MetaUpdate]) -> int:
+        """Assign offsets, apply `meta` and queue the record for the next group commit.
+
+        The store keeps a reference to `message` (for readers of the recent-record cache), so
+        callers must not modify a message once they have handed it over.
+        """
+        if self._state != _OPEN or self._broken is not None:
+            self._check_usable()
+        names: tuple[str, ...] = tuple(dict.fromkeys(queues)) if len(queues) > 1 else tuple(queues)
         index = self._queues
         qlist = []
+        offsets = []
         for name in names:
             q = index.get(name)
-            qlist.append(QueueIndex() if q is None else q)
+            if q is None:
+                q = QueueIndex()
+            qlist.append(q)
+            offsets.append((name, q.end))
         topic = message.topic.encode()
         try:
-            header, body = encode_message(
-                message, topic, [(n, q.end) for n, q in zip(names, qlist, strict=True)], meta
-            )
+            header, body = encode_message(message, topic, offsets, meta)
         except struct.error as exc:
             raise ValueError(f"message field out of range: {exc}") from None
         # Nothing has changed yet; from here on nothing can fail.
         for name, q in zip(names, qlist, strict=True):
-            if name not in index:
-                index[name] = q
-        payload = bytes(message.payload)
+            index.setdefault(name, q)
         length = len(header) + len(body)
-        size = len(payload) + len(topic)
+        size = len(message.payload) + len(topic)
         seq = self._add_record(header, body)
         for q in qlist:
             q.add(seq, length, size)
         undo_meta = self._apply_meta(meta) if meta else None
-        stored = Message(
-            message.topic,
-            payload,
-            message.qos,
-            bool(message.retain),
-            message.publisher,
-            message.key,
-            message.timestamp_ms,
-            message.node,
-            dict(message.properties),
-        )
-        self._cache.add(seq, length, (stored, tuple(names), size), self._durable)
+        self._cache.add(seq, length, (message, names, size), self._durable)
         self._undo.append((seq, qlist, undo_meta))
         self._stats["appends"] += 1
         return seq
@@ -340,14 +352,23 @@ class FileLogStore:
                 start, end, records = self._durable, self._pos, len(self._undo)
                 self._pending, self._waiters, self._pending_bytes = [], [], 0
                 self._inflight = waiters
+                need_sync = bool(waiters) or any(u[1] for u in self._undo[:records])
                 try:
                     seconds, fsyncs = await loop.run_in_executor(
-                        self._wexec, write_batch, chunks, self.log_dir, self.fsync, _write_all
+                        self._wexec,
+                        write_batch,
+                        chunks,
+                        self.log_dir,
+                        self.fsync,
+                        _write_all,
+                        need_sync,
+                        self._last_written,
                     )
                 except Exception as exc:
                     await self._write_failed(start, exc)
                     continue
                 self._inflight = None
+                self._last_written = chunks[-1][0]
                 self._durable = end
                 undo = self._undo
                 for i in range(records):
@@ -395,9 +416,7 @@ class FileLogStore:
         self._log_bytes -= sum(seg.size for seg in removed) + last.size - keep
         last.size = keep
         self._pos = start
-        for waiter, _ in waiters:
-            if not waiter.done():
-                waiter.set_exception(StoreUnavailable(f"writing the log failed: {exc}"))
+        self._last_written = None
         try:
             await self._loop.run_in_executor(  # type: ignore[union-attr]
                 self._wexec, truncate_log, removed, last, keep, self.log_dir, self.fsync
@@ -405,6 +424,10 @@ class FileLogStore:
         except OSError as exc2:
             log.critical("cannot roll the log back after a failed write: %s", exc2)
             self._broken = exc2
+        # Waiters learn of the failure only once the rollback is done.
+        for waiter, _ in waiters:
+            if not waiter.done():
+                waiter.set_exception(StoreUnavailable(f"writing the log failed: {exc}"))
 
     def _fail_pending(self, exc: BaseException) -> None:
         waiters, self._waiters, self._pending = self._waiters, [], []

@@ -34,7 +34,7 @@ _SCAN_CHUNK = 4 * 1024 * 1024
 class Segment:
     """One log file `{base:020d}.log`; `size` counts every byte appended, pending included."""
 
-    __slots__ = ("base", "deleted", "fd", "newest", "path", "pins", "size")
+    __slots__ = ("base", "deleted", "fd", "newest", "path", "pins", "size", "unsynced")
 
     def __init__(self, base: int, path: Path, fd: int | None, size: int, newest: float) -> None:
         self.base = base
@@ -47,6 +47,8 @@ class Segment:
         self.pins = 0
         """Reads in flight; a deleted segment's descriptor is closed when this drops to 0."""
         self.deleted = False
+        self.unsynced = False
+        """Written without fsync (a batch nobody waited for); synced before any later segment."""
 
 
 @dataclass
@@ -85,14 +87,26 @@ def write_batch(
     log_dir: Path,
     fsync: bool,
     write: Callable[[int, bytearray], None] = write_all,
+    need_sync: bool = True,
+    previous: Segment | None = None,
 ) -> tuple[float, int]:
     """Write (and fsync) one group commit, segment by segment, in order.
 
+    With `need_sync` False (nothing in the batch is waited for: QoS 0 records, lazy offsets) the
+    last segment is left unsynced; the next synced batch covers it. A segment is always synced
+    before a later one is written, so a crash leaves a prefix of the log, never a hole; `previous`
+    is the segment the last batch wrote, which may still be unsynced.
     Returns (seconds taken, fsyncs done). Creates the file of a new segment on first use.
     """
     t0 = time.perf_counter()
     fsyncs = 0
-    for seg, data in chunks:
+    last = len(chunks) - 1
+    for i, (seg, data) in enumerate(chunks):
+        if fsync and previous is not None and previous is not seg and previous.unsynced:
+            if previous.fd is not None:
+                sync_file(previous.fd)
+                fsyncs += 1
+            previous.unsynced = False
         if seg.fd is None:
             flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
             seg.fd = os.open(seg.path, flags, 0o644)
@@ -100,9 +114,13 @@ def write_batch(
                 fsync_dir(log_dir)
         write(seg.fd, data)
         if fsync:
-            # Before touching the next segment: a crash must leave a prefix, never a hole.
-            sync_file(seg.fd)
-            fsyncs += 1
+            if need_sync or i < last:
+                sync_file(seg.fd)
+                fsyncs += 1
+                seg.unsynced = False
+            else:
+                seg.unsynced = True
+        previous = seg
     return time.perf_counter() - t0, fsyncs
 
 

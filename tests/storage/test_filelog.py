@@ -11,10 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.storage import FileLogStore, MetaUpdate, StoreUnavailable, filelog
+from bridge.storage.base import Message
 from bridge.storage.filelog_files import write_all
-from bridge.storage.records import HEADER_SIZE
+from bridge.storage.records import (
+    HEADER,
+    HEADER_SIZE,
+    Decoded,
+    decode_body,
+    encode_message,
+    encode_plain_message,
+)
 from tests.storage.conftest import Run
 from tests.storage.test_contract import msg, read_all
 
@@ -424,3 +434,54 @@ def test_append_path_is_cheap(tmp_path: Path, run: Run[Any]) -> None:
         assert elapsed < 5.0
 
     run(body())
+
+
+# --- QoS 0 records kept for analytics -----------------------------------------------------------
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    topic=_text.filter(bool),
+    payload=st.binary(max_size=300),
+    qos=st.integers(0, 2),
+    retain=st.booleans(),
+    publisher=_text,
+    key=_text,
+    node=_text,
+    timestamp=st.integers(0, 2**62),
+)
+def test_plain_record_encoder_gives_the_same_bytes_as_the_general_one(
+    topic, payload, qos, retain, publisher, key, node, timestamp
+):
+    message = Message(topic, payload, qos, retain, publisher, key, timestamp, node)
+    header, body = encode_message(message, topic.encode(), [], ())
+    assert encode_plain_message(message, topic.encode()) == header + body
+
+
+def _log_records(data_dir: Path) -> list[Decoded]:
+    out = []
+    for segment in sorted((data_dir / "log").glob("*.log")):
+        data = segment.read_bytes()
+        pos = 0
+        while pos + HEADER_SIZE <= len(data):
+            length, _crc = HEADER.unpack_from(data, pos)
+            out.append(decode_body(data[pos + HEADER_SIZE : pos + HEADER_SIZE + length]))
+            pos += HEADER_SIZE + length
+    return out
+
+
+def test_unqueued_messages_reach_the_log_without_a_queue_entry(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = FileLogStore(tmp_path)
+        await store.open()
+        for i in range(50):
+            store.append_unqueued(Message(f"telemetry/{i}", b"p%d" % i, 0, key=f"k{i}"))
+        await store.close()
+
+    asyncio.run(scenario())
+    records = [r for r in _log_records(tmp_path) if r.message is not None]
+    assert [r.message.topic for r in records] == [f"telemetry/{i}" for i in range(50)]
+    assert records[7].message.payload == b"p7"
+    assert all(not r.queues for r in records)

@@ -1,0 +1,11 @@
+module mqtt-bridge/tests/bench/loadgen
+
+go 1.24.0
+
+require github.com/eclipse/paho.mqtt.golang v1.5.1
+
+require (
+	github.com/gorilla/websocket v1.5.3 // indirect
+	golang.org/x/net v0.44.0 // indirect
+	golang.org/x/sync v0.17.0 // indirect
+)
