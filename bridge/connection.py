@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from bridge.mqtt import codec
-from bridge.mqtt.codec import Decoder
+from bridge.mqtt.codec import Decoder, encode_puback, encode_pubrec
 from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
 from bridge.mqtt.packets import (
     Connect,
@@ -316,10 +316,13 @@ class Connection(asyncio.Protocol):
             if pending is None or pending.done():
                 self.send(codec.encode(Pubrec(packet_id)))
             else:
-                pending.add_done_callback(lambda f: self._acknowledge(f, 2, packet_id))
+                pending.add_done_callback(lambda f: self._acknowledge_future(f, packet_id))
             return
+        qos = packet.qos
         try:
-            future = node.publish(session, packet)
+            node.publish(
+                session, packet, lambda _s, error: self._acknowledge(error, qos, packet_id, True)
+            )
         except StoreUnavailable as exc:
             self.close(f"store unavailable, PUBLISH not acknowledged: {exc}")
             return
@@ -328,11 +331,11 @@ class Connection(asyncio.Protocol):
             self._paused_reading = True
             if self.transport is not None:
                 self.transport.pause_reading()
-        future.add_done_callback(lambda f: self._acknowledge(f, packet.qos, packet_id, True))
 
     def _acknowledge(
-        self, future: asyncio.Future[int], qos: int, packet_id: int, counted: bool = False
+        self, error: BaseException | None, qos: int, packet_id: int, counted: bool = False
     ) -> None:
+        """The PUBLISH is durable (or failed): PUBACK/PUBREC it (or close so the client resends)."""
         if counted:
             self._pending_in -= 1
             if (
@@ -342,13 +345,14 @@ class Connection(asyncio.Protocol):
                 self._paused_reading = False
                 if self.transport is not None and not self.closed:
                     self.transport.resume_reading()
-        if future.cancelled():
+        if error is not None:
+            self.close(f"message not stored, so not acknowledged ({error}); the client will resend")
             return
-        exc = future.exception()
-        if exc is not None:
-            self.close(f"message not stored, so not acknowledged ({exc}); the client will resend")
-            return
-        self.send(codec.encode(Puback(packet_id) if qos == 1 else Pubrec(packet_id)))
+        self.send(encode_puback(packet_id) if qos == 1 else encode_pubrec(packet_id))
+
+    def _acknowledge_future(self, future: asyncio.Future[int], packet_id: int) -> None:
+        error = asyncio.CancelledError() if future.cancelled() else future.exception()
+        self._acknowledge(error, 2, packet_id)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         session = self.session
@@ -417,7 +421,10 @@ class Connection(asyncio.Protocol):
         self.node.mark_offsets_dirty(session)
         delivery = self.node.deliveries.get(session.client_id)
         if delivery is not None and delivery.blocked_on_window:
-            delivery.wake()
+            # Refill the window in batches, not one message per acknowledgement.
+            max_inflight = self.node.config.max_inflight
+            if max_inflight - len(session.inflight) >= max(1, max_inflight // 4):
+                delivery.wake()
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         assert self.session is not None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Pubrel
-from bridge.session import Outbound, Phase, Session, packet_id_for
+from bridge.session import PACKET_ID_SPACE, Outbound, Phase, Session
 
 if TYPE_CHECKING:
     from bridge.connection import Connection
@@ -165,11 +165,11 @@ class Delivery:
         conn = self.conn
         if qos == 0:
             conn.send(codec.encode_publish(message.topic, message.payload, 0, retain))
-            self.node.metrics.inc("messages_out_qos0")
+            self.node.metrics.counters["messages_out_qos0"] += 1
             return True
-        if session.window_free(self.node.config.max_inflight) <= 0:
+        if len(session.inflight) >= self.node.config.max_inflight:
             return None
-        packet_id = packet_id_for(stored.seq)
+        packet_id = stored.seq % PACKET_ID_SPACE + 1  # packet_id_for, inlined: hot path
         if packet_id in session.inflight:
             return None  # id collision with an older message still in flight: wait for it
         out = Outbound(
@@ -182,5 +182,5 @@ class Delivery:
             return True
         dup = stored.offset < session.resend_below.get(queue, -1)
         conn.send(codec.encode_publish(message.topic, message.payload, qos, retain, dup, packet_id))
-        self.node.metrics.inc("messages_out_qos1" if qos == 1 else "messages_out_qos2")
+        self.node.metrics.counters["messages_out_qos1" if qos == 1 else "messages_out_qos2"] += 1
         return True

@@ -17,8 +17,8 @@ import logging
 import time
 import uuid
 from base64 import b64decode, b64encode
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 from bridge.config import Config
 from bridge.delivery import Delivery
@@ -46,7 +46,10 @@ from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavaila
 if TYPE_CHECKING:
     from bridge.connection import Connection
 
+DurableCallback = Callable[[int | None, BaseException | None], None]
+
 log = logging.getLogger("bridge.node")
+_now = time.time
 
 KIND_SESSION = "session"
 KIND_OFFSETS = "offsets"
@@ -395,16 +398,16 @@ class Node:
     def publish_qos0(self, session: Session, packet: Publish) -> None:
         """A QoS 0 PUBLISH from a client: deliver to online subscribers at once, store unawaited."""
         message = Message(
-            topic=packet.topic,
-            payload=packet.payload,
-            qos=0,
-            retain=packet.retain,
-            publisher=session.client_id,
-            key=self.next_key(),
-            timestamp_ms=int(time.time() * 1000),
-            node=self.node_id,
+            packet.topic,
+            packet.payload,
+            0,
+            packet.retain,
+            session.client_id,
+            f"{self._key_prefix}{next(self._key_counter)}",
+            int(_now() * 1000),
+            self.node_id,
         )
-        self.metrics.inc("messages_in_qos0")
+        self.metrics.counters["messages_in_qos0"] += 1
         if packet.retain:
             future = self.store.submit(message, (), meta=self._retain_updates(message))
             future.add_done_callback(_ignore_result)
@@ -432,42 +435,75 @@ class Node:
                 else:
                     self.metrics.inc("dropped_no_shared_member")
 
-    def publish(self, session: Session, packet: Publish) -> asyncio.Future[int]:
-        """A QoS 1/2 PUBLISH from a client. Returns a future that resolves once the message is
-        durable (then the caller acknowledges) or fails with StoreUnavailable (then it must not).
+    def publish(
+        self,
+        session: Session,
+        packet: Publish,
+        on_durable: DurableCallback | None = None,
+    ) -> asyncio.Future[int] | None:
+        """A QoS 1/2 PUBLISH from a client. `on_durable(seq, None)` is called once the message is
+        durable (then the caller acknowledges) or `on_durable(None, error)` if it could not be
+        stored (then it must not). Returns the store's future for QoS 2 (the connection keeps it
+        to answer a resent PUBLISH), None for QoS 1 given a callback.
 
         Synchronous up to the store's submit, so calls made in packet order keep that order.
         """
+        qos = packet.qos
         message = Message(
-            topic=packet.topic,
-            payload=packet.payload,
-            qos=packet.qos,
-            retain=packet.retain,
-            publisher=session.client_id,
-            key=self.next_key(),
-            timestamp_ms=int(time.time() * 1000),
-            node=self.node_id,
+            packet.topic,
+            packet.payload,
+            qos,
+            packet.retain,
+            session.client_id,
+            f"{self._key_prefix}{next(self._key_counter)}",
+            int(_now() * 1000),
+            self.node_id,
         )
-        self.metrics.inc("messages_in_qos1" if packet.qos == 1 else "messages_in_qos2")
-        meta: list[MetaUpdate] = []
+        self.metrics.counters["messages_in_qos1" if qos == 1 else "messages_in_qos2"] += 1
+        meta: list[MetaUpdate] | tuple[()] = ()
         if packet.retain:
-            meta.extend(self._retain_updates(message))
-        if packet.qos == 2 and session.persistent:
-            meta.append(MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet.packet_id}", b""))
+            meta = self._retain_updates(message)
+        if qos == 2 and session.persistent:
+            meta = [
+                *meta,
+                MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet.packet_id}", b""),
+            ]
+        if qos == 1 and on_durable is not None:
+            self.route_submit(message, meta, on_durable)
+            return None
         future = self.route_submit(message, meta)
-        if packet.qos == 2 and packet.packet_id is not None:
+        if qos == 2 and packet.packet_id is not None:
             session.inbound_qos2[packet.packet_id] = future
+        if on_durable is not None:
+            future.add_done_callback(lambda f: on_durable(*_outcome(f)))
         return future
 
     async def route(self, message: Message, meta: Iterable[MetaUpdate] = ()) -> int:
         """Route and store a message (wills, system messages); returns its seq once durable."""
-        return await self.route_submit(message, meta)
+        future = self.route_submit(message, tuple(meta))
+        assert future is not None
+        return await future
+
+    @overload
+    def route_submit(
+        self, message: Message, meta: Sequence[MetaUpdate] = ..., on_durable: None = ...
+    ) -> asyncio.Future[int]: ...
+
+    @overload
+    def route_submit(
+        self, message: Message, meta: Sequence[MetaUpdate], on_durable: DurableCallback
+    ) -> None: ...
 
     def route_submit(
-        self, message: Message, meta: Iterable[MetaUpdate] = ()
-    ) -> asyncio.Future[int]:
+        self,
+        message: Message,
+        meta: Sequence[MetaUpdate] = (),
+        on_durable: DurableCallback | None = None,
+    ) -> asyncio.Future[int] | None:
         """Store a QoS>0 message on the queues of every matching subscription and wake their
-        readers once it is durable. QoS 0 messages (wills) are delivered directly and stored."""
+        readers once it is durable. With `on_durable`, that is called next (no future is made);
+        without, the store's future is returned. QoS 0 messages (wills) are delivered directly
+        and stored."""
         queues: list[str] = []
         woken: list[str] = []
         if message.qos == 0:
@@ -490,14 +526,24 @@ class Node:
                         continue
                     queues.append(shared_queue(share_filter, member))
                     woken.append(member)
-        future = self.store.submit(message, queues, meta=tuple(meta))
+        if on_durable is not None:
+
+            def durable(seq: int | None, error: BaseException | None) -> None:
+                if woken and error is None:
+                    self._wake_readers(woken)
+                on_durable(seq, error)
+
+            self.store.submit(message, queues, meta=meta, callback=durable)
+            return None
+        future = self.store.submit(message, queues, meta=meta)
+        assert future is not None
         if woken:
-            future.add_done_callback(lambda f: self._wake_readers(f, woken))
+            future.add_done_callback(
+                lambda f: self._wake_readers(woken) if _outcome(f)[1] is None else None
+            )
         return future
 
-    def _wake_readers(self, future: asyncio.Future[int], client_ids: list[str]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return
+    def _wake_readers(self, client_ids: list[str]) -> None:
         deliveries = self.deliveries
         for client_id in client_ids:
             delivery = deliveries.get(client_id)
@@ -811,6 +857,14 @@ class Node:
             )
             self._discard_session(session, updates)
         await self.store.put_meta(updates, durable=True)
+
+
+def _outcome(future: asyncio.Future[int]) -> tuple[int | None, BaseException | None]:
+    """(seq, None) or (None, error) of a finished store future."""
+    if future.cancelled():
+        return None, asyncio.CancelledError()
+    error = future.exception()
+    return (None, error) if error is not None else (future.result(), None)
 
 
 def _ignore_result(future: asyncio.Future[Any]) -> None:

@@ -14,7 +14,7 @@ every queue it must reach), consumers' positions in those queues, and small keye
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -99,14 +99,21 @@ class MessageStore(Protocol):
         """
 
     def submit(
-        self, message: Message, queues: Sequence[str], *, meta: Sequence[MetaUpdate] = ()
-    ) -> asyncio.Future[int]:
+        self,
+        message: Message,
+        queues: Sequence[str],
+        *,
+        meta: Sequence[MetaUpdate] = (),
+        callback: Callable[[int | None, BaseException | None], None] | None = None,
+    ) -> asyncio.Future[int] | None:
         """Synchronous form of `append(durable=True)` for the broker's hot path.
 
         Assigns queue offsets and applies `meta` in memory before it returns (so calls made in
-        order keep their order) and returns a future that resolves to the `seq` once the record is
-        durable, or fails with StoreUnavailable. Queue entries become visible to `read` and
-        `end_offset` only when durable, so nothing is delivered that a crash could take back.
+        order keep their order). Without `callback` it returns a future that resolves to the
+        `seq` once the record is durable, or fails with StoreUnavailable. With `callback` it
+        returns None and calls `callback(seq, None)` or `callback(None, error)` instead, in
+        submission order, without a future per message. Queue entries become visible to `read`
+        and `end_offset` only when durable, so nothing is delivered that a crash could take back.
         """
 
     def append_unqueued(self, message: Message) -> None:

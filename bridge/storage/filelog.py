@@ -19,7 +19,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,30 @@ from bridge.storage.filelog_index import HOLE, CacheEntry, QueueIndex, RecordCac
 from bridge.storage.records import encode_message, encode_meta, encode_plain_message
 
 log = logging.getLogger("bridge.storage")
+
+DurableCallback = Callable[[int | None, BaseException | None], None]
+Waiter = asyncio.Future[Any] | DurableCallback
+
+
+def _resolve(waiters: list[tuple[Waiter, int | None]], error: BaseException | None) -> None:
+    """Complete every waiter of a commit: futures get the seq or the error, callbacks are
+    called at once (no scheduling round trip: this is every QoS 1 acknowledgement)."""
+    for waiter, result in waiters:
+        if isinstance(waiter, asyncio.Future):
+            if not waiter.done():
+                if error is None:
+                    waiter.set_result(result)
+                else:
+                    waiter.set_exception(error)
+        else:
+            try:
+                if error is None:
+                    waiter(result, None)
+                else:
+                    waiter(None, error)
+            except Exception:
+                log.exception("a durability callback failed")
+
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -107,8 +131,8 @@ class FileLogStore:
 
         self._pending: list[tuple[Segment, bytearray]] = []
         self._pending_bytes = 0
-        self._waiters: list[tuple[asyncio.Future[Any], int | None]] = []
-        self._inflight: list[tuple[asyncio.Future[Any], int | None]] | None = None
+        self._waiters: list[tuple[Waiter, int | None]] = []
+        self._inflight: list[tuple[Waiter, int | None]] | None = None
         self._undo: list[_Undo] = []
         self._last_written: Segment | None = None
         self._flush_task: asyncio.Task[None] | None = None
@@ -211,10 +235,23 @@ class FileLogStore:
         return self._enqueue(message, queues, meta)
 
     def submit(
-        self, message: Message, queues: Sequence[str], *, meta: Sequence[MetaUpdate] = ()
-    ) -> asyncio.Future[int]:
+        self,
+        message: Message,
+        queues: Sequence[str],
+        *,
+        meta: Sequence[MetaUpdate] = (),
+        callback: DurableCallback | None = None,
+    ) -> asyncio.Future[int] | None:
         """See `MessageStore.submit`; an unusable store gives a future failed with
         StoreUnavailable (invalid messages raise ValueError at once)."""
+        if callback is not None:
+            try:
+                seq = self._enqueue(message, queues, meta)
+            except StoreUnavailable as exc:
+                callback(None, exc)
+                return None
+            self._waiters.append((callback, seq))
+            return None
         loop = self._loop or asyncio.get_running_loop()
         waiter: asyncio.Future[int] = loop.create_future()
         try:
@@ -382,9 +419,7 @@ class FileLogStore:
                 stats["committed_bytes"] += end - start
                 stats["last_commit_seconds"] = seconds
                 stats["last_commit_records"] = records
-                for waiter, result in waiters:
-                    if not waiter.done():
-                        waiter.set_result(result)
+                _resolve(waiters, None)
                 self._after_commit()
             if self._broken is not None:
                 self._fail_pending(self._broken)
@@ -425,15 +460,11 @@ class FileLogStore:
             log.critical("cannot roll the log back after a failed write: %s", exc2)
             self._broken = exc2
         # Waiters learn of the failure only once the rollback is done.
-        for waiter, _ in waiters:
-            if not waiter.done():
-                waiter.set_exception(StoreUnavailable(f"writing the log failed: {exc}"))
+        _resolve(waiters, StoreUnavailable(f"writing the log failed: {exc}"))
 
     def _fail_pending(self, exc: BaseException) -> None:
         waiters, self._waiters, self._pending = self._waiters, [], []
-        for waiter, _ in waiters:
-            if not waiter.done():
-                waiter.set_exception(StoreUnavailable(f"the store failed: {exc}"))
+        _resolve(waiters, StoreUnavailable(f"the store failed: {exc}"))
 
     def _after_commit(self) -> None:
         if self._durable - self._snapshot_pos >= self.snapshot_every_bytes:
