@@ -30,7 +30,8 @@ from bridge.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from bridge.storage.base import StoreUnavailable
+from bridge.state import KIND_OFFSETS
+from bridge.storage.base import MetaUpdate, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.node import Node
@@ -394,9 +395,6 @@ class Connection(asyncio.Protocol):
         self.node.spawn(self._persist_then_pubrel(session, packet.packet_id))
 
     async def _persist_then_pubrel(self, session: Session, packet_id: int) -> None:
-        from bridge.node import KIND_OFFSETS
-        from bridge.storage.base import MetaUpdate
-
         try:
             await self.node.store.put_meta(
                 [MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets())],

@@ -89,9 +89,9 @@ class Delivery:
         store = node.store
         max_inflight = node.config.max_inflight
         self.blocked_on_window = False
-        count, size = node.backlog(session)
+        count, size = node.housekeeper.backlog(session)
         if count > node.config.max_queued_messages or size > node.config.max_queued_bytes:
-            await node.trim_backlog(session)
+            await node.housekeeper.trim_backlog(session)
         for queue in list(session.cursors):
             while not self._stopped:
                 cursor = session.cursors.get(queue)

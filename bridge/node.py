@@ -16,12 +16,12 @@ import json
 import logging
 import time
 import uuid
-from base64 import b64decode, b64encode
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from bridge.config import Config
 from bridge.delivery import Delivery
+from bridge.housekeeping import Housekeeper
 from bridge.metrics import Metrics
 from bridge.mqtt import codec
 from bridge.mqtt.errors import MQTTProtocolError
@@ -41,6 +41,17 @@ from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_filte
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session, client_queue, filter_queue
+from bridge.state import (
+    KIND_OFFSETS,
+    KIND_ONLINE,
+    KIND_QOS2_IN,
+    KIND_RETAINED,
+    KIND_SESSION,
+    RETAINED_DELIVERY,
+    decode_message,
+    encode_message,
+    shared_queue,
+)
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -50,52 +61,6 @@ DurableCallback = Callable[[int | None, BaseException | None], None]
 
 log = logging.getLogger("bridge.node")
 _now = time.time
-
-KIND_SESSION = "session"
-KIND_OFFSETS = "offsets"
-KIND_RETAINED = "retained"
-KIND_ONLINE = "online"
-KIND_QOS2_IN = "q2in"
-
-RETAINED_DELIVERY = "mqtt.retained-delivery"
-SHARED_QUEUE_PREFIX = "s:"
-
-
-def shared_queue(share_filter: str, client_id: str) -> str:
-    """The queue of one member of a shared subscription: messages picked for it."""
-    return f"{SHARED_QUEUE_PREFIX}{share_filter}\x00{client_id}"
-
-
-def encode_message(message: Message) -> bytes:
-    """A message as a small JSON record (retained messages, wills)."""
-    return json.dumps(
-        {
-            "t": message.topic,
-            "p": b64encode(message.payload).decode(),
-            "q": message.qos,
-            "r": message.retain,
-            "pub": message.publisher,
-            "k": message.key,
-            "ts": message.timestamp_ms,
-            "n": message.node,
-        },
-        separators=(",", ":"),
-    ).encode()
-
-
-def decode_message(data: bytes) -> Message:
-    """Inverse of `encode_message`."""
-    raw = json.loads(data)
-    return Message(
-        topic=raw["t"],
-        payload=b64decode(raw["p"]),
-        qos=int(raw["q"]),
-        retain=bool(raw["r"]),
-        publisher=raw.get("pub", ""),
-        key=raw.get("k", ""),
-        timestamp_ms=int(raw.get("ts", 0)),
-        node=raw.get("n", ""),
-    )
 
 
 class Node:
@@ -114,8 +79,7 @@ class Node:
         self.deliveries: dict[str, Delivery] = {}
         self._key_counter = itertools.count(1)
         self._key_prefix = f"{self.node_id}-{uuid.uuid4().hex[:8]}-"
-        self._dirty_offsets: set[str] = set()
-        self._trimming: set[str] = set()
+        self.housekeeper = Housekeeper(self)
         self._background: set[asyncio.Task[Any]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
         self.connection_count = 0
@@ -159,7 +123,7 @@ class Node:
             len(self.sessions),
             len(self.retained),
         )
-        self._housekeeping = asyncio.get_running_loop().create_task(self._housekeeping_loop())
+        self._housekeeping = asyncio.get_running_loop().create_task(self.housekeeper.run())
 
     async def stop(self) -> None:
         """Flush offsets and close the store (connections are closed by the server first)."""
@@ -169,7 +133,7 @@ class Node:
             task.cancel()
         for delivery in list(self.deliveries.values()):
             delivery.stop()
-        await self._flush_offsets(durable=True)
+        await self.housekeeper.flush_offsets(durable=True)
         await self.store.close()
 
     def _subscribe_tables(self, session: Session) -> None:
@@ -196,6 +160,10 @@ class Node:
     def next_key(self) -> str:
         """A message key unique across nodes and restarts."""
         return f"{self._key_prefix}{next(self._key_counter)}"
+
+    def mark_offsets_dirty(self, session: Session) -> None:
+        """A session's acknowledged position moved; it is written with the next flush."""
+        self.housekeeper.mark_offsets_dirty(session)
 
     # -- CONNECT / DISCONNECT -------------------------------------------------------------------
 
@@ -263,13 +231,13 @@ class Node:
         session_present = False
         if packet.clean_session:
             if session is not None:
-                self._discard_session(session, updates)
+                self.discard_session(session, updates)
             session = Session(client_id=client_id, persistent=False)
         elif session is not None and session.persistent:
             session_present = True
         else:
             if session is not None:
-                self._discard_session(session, updates)
+                self.discard_session(session, updates)
             session = Session(client_id=client_id, persistent=True)
             updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
         session.start_queue(client_queue(client_id), self.store.end_offset(client_queue(client_id)))
@@ -351,11 +319,11 @@ class Node:
         self._redispatch_shared(session)
         if not session.persistent:
             updates: list[MetaUpdate] = []
-            self._discard_session(session, updates)
+            self.discard_session(session, updates)
             if updates:
                 self.spawn(self.store.put_meta(updates, durable=False))
         else:
-            self._dirty_offsets.add(client_id)
+            self.housekeeper.mark_offsets_dirty(session)
 
     async def _publish_will(self, client_id: str, message: Message) -> None:
         """Publish a will once: the online record is deleted in the same atomic append."""
@@ -369,7 +337,7 @@ class Node:
         except StoreUnavailable as exc:
             log.error("client %s: will not stored, store unavailable: %s", client_id, exc)
 
-    def _discard_session(self, session: Session, updates: list[MetaUpdate]) -> None:
+    def discard_session(self, session: Session, updates: list[MetaUpdate]) -> None:
         """Forget a session entirely (clean session, expiry, replaced by a clean one)."""
         client_id = session.client_id
         for topic_filter in session.subscriptions:
@@ -378,7 +346,7 @@ class Node:
             self.shared.unsubscribe(share_filter, client_id)
         if self.sessions.get(client_id) is session:
             del self.sessions[client_id]
-        self._dirty_offsets.discard(client_id)
+        self.housekeeper.forget(client_id)
         if session.persistent:
             updates.append(MetaUpdate(KIND_SESSION, client_id, None))
             updates.append(MetaUpdate(KIND_OFFSETS, client_id, None))
@@ -550,7 +518,7 @@ class Node:
             if delivery is not None:
                 delivery.wake()
             else:
-                self._check_backlog(client_id)
+                self.housekeeper.check_backlog(client_id)
 
     def _retain_updates(self, message: Message) -> list[MetaUpdate]:
         """Set or clear the retained message of a topic (empty payload clears, MQTT-3.3.1-10)."""
@@ -729,7 +697,7 @@ class Node:
                 if out.queue == queue:
                     del session.inflight[packet_id]
             session.cursors[queue] = end
-            self._dirty_offsets.add(session.client_id)
+            self.housekeeper.mark_offsets_dirty(session)
             if moved:
                 log.info(
                     "client %s left %s: %d unacknowledged messages moved to other members",
@@ -737,126 +705,6 @@ class Node:
                     share_filter,
                     moved,
                 )
-
-    # -- queue limits and expiry -----------------------------------------------------------------
-
-    def backlog(self, session: Session) -> tuple[int, int]:
-        """(messages, bytes) waiting for a session beyond what was already sent."""
-        count = size = 0
-        for queue, cursor in session.cursors.items():
-            queued, queued_bytes = self.store.backlog(queue, cursor)
-            count += queued
-            size += queued_bytes
-        return count, size
-
-    def _check_backlog(self, client_id: str) -> None:
-        session = self.sessions.get(client_id)
-        if session is None or client_id in self._trimming:
-            return
-        count, size = self.backlog(session)
-        if count > self.config.max_queued_messages or size > self.config.max_queued_bytes:
-            self._trimming.add(client_id)
-            self.spawn(self.trim_backlog(session))
-
-    async def trim_backlog(self, session: Session) -> None:
-        """Drop a session's oldest queued messages until it is within 90% of its limits."""
-        try:
-            limit_count = self.config.max_queued_messages
-            limit_bytes = self.config.max_queued_bytes
-            count, size = self.backlog(session)
-            if count <= limit_count and size <= limit_bytes:
-                return
-            target_count = int(limit_count * 0.9)
-            target_bytes = int(limit_bytes * 0.9)
-            heads: dict[str, list[tuple[int, int, int]]] = {}
-            excess = max(count - target_count, 1)
-            for queue, cursor in session.cursors.items():
-                result = await self.store.read(queue, cursor, min(excess, 4096))
-                heads[queue] = [(s.seq, s.offset, s.size) for s in result.messages]
-            merged = sorted(
-                (seq, queue, offset, msg_size)
-                for queue, entries in heads.items()
-                for seq, offset, msg_size in entries
-            )
-            dropped = 0
-            for _seq, queue, offset, msg_size in merged:
-                if count <= target_count and size <= target_bytes:
-                    break
-                if queue in session.cursors and session.cursors[queue] <= offset:
-                    session.cursors[queue] = offset + 1
-                count -= 1
-                size -= msg_size
-                dropped += 1
-            if dropped:
-                session.dropped_queue_full += dropped
-                self.metrics.inc("dropped_queue_full", dropped)
-                self._dirty_offsets.add(session.client_id)
-                log.warning(
-                    "client %s: queue over its limit (%d messages / %d bytes): dropped the %d "
-                    "oldest messages (%d dropped so far)",
-                    session.client_id,
-                    limit_count,
-                    limit_bytes,
-                    dropped,
-                    session.dropped_queue_full,
-                )
-        finally:
-            self._trimming.discard(session.client_id)
-
-    async def _housekeeping_loop(self) -> None:
-        interval = self.config.offset_flush_interval
-        next_expiry_check = 0.0
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self._flush_offsets(durable=False)
-                now = time.time()
-                if now >= next_expiry_check:
-                    next_expiry_check = now + min(60.0, self.config.session_expiry_seconds / 4)
-                    await self._expire_sessions(now)
-            except StoreUnavailable as exc:
-                log.error("housekeeping: store unavailable: %s", exc)
-
-    async def _flush_offsets(self, durable: bool) -> None:
-        if not self._dirty_offsets:
-            return
-        updates = []
-        for client_id in self._dirty_offsets:
-            session = self.sessions.get(client_id)
-            if session is not None and session.persistent:
-                updates.append(MetaUpdate(KIND_OFFSETS, client_id, session.encode_offsets()))
-        self._dirty_offsets.clear()
-        if updates:
-            await self.store.put_meta(updates, durable=durable)
-
-    def mark_offsets_dirty(self, session: Session) -> None:
-        """A session's acknowledged position moved; it is written with the next flush."""
-        if session.persistent:
-            self._dirty_offsets.add(session.client_id)
-
-    async def _expire_sessions(self, now: float) -> None:
-        limit = self.config.session_expiry_seconds
-        expired = [
-            s
-            for s in self.sessions.values()
-            if s.persistent and not s.connected and now - s.disconnected_at > limit
-        ]
-        if not expired:
-            return
-        updates: list[MetaUpdate] = []
-        for session in expired:
-            count, size = self.backlog(session)
-            self.metrics.inc("sessions_expired")
-            self.metrics.inc("dropped_session_expired", count)
-            log.warning(
-                "session %s expired after %.0f s offline: %d queued messages (%d bytes) dropped",
-                session.client_id,
-                now - session.disconnected_at,
-                count,
-                size,
-            )
-            self._discard_session(session, updates)
-        await self.store.put_meta(updates, durable=True)
 
 
 def _outcome(future: asyncio.Future[int]) -> tuple[int | None, BaseException | None]:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from bridge.config import Config, parse_listen
 from bridge.connection import Connection
-from bridge.node import KIND_ONLINE, Node
+from bridge.node import Node
+from bridge.state import KIND_ONLINE
 from bridge.storage.base import MessageStore, MetaUpdate
 
 log = logging.getLogger("bridge.server")

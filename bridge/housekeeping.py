@@ -1,0 +1,157 @@
+"""Housekeeping of sessions: queue limits, offset flushing, expiry of offline sessions.
+
+Owned by the node. Runs in the background (`run`) and on demand from the publish path (a
+subscriber's queue grew) and from deliveries (a client fell behind). Whatever it drops is counted
+in the node's metrics and logged with the client's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from bridge.state import KIND_OFFSETS
+from bridge.storage.base import MetaUpdate, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.node import Node
+    from bridge.session import Session
+
+log = logging.getLogger("bridge.housekeeping")
+
+
+class Housekeeper:
+    """Keeps every session within its limits and writes acknowledged offsets."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._dirty_offsets: set[str] = set()
+        self._trimming: set[str] = set()
+
+    def backlog(self, session: Session) -> tuple[int, int]:
+        """(messages, bytes) waiting for a session beyond what was already sent."""
+        count = size = 0
+        for queue, cursor in session.cursors.items():
+            queued, queued_bytes = self.node.store.backlog(queue, cursor)
+            count += queued
+            size += queued_bytes
+        return count, size
+
+    def check_backlog(self, client_id: str) -> None:
+        """Trim the session of `client_id` in the background if it is over its limits."""
+        session = self.node.sessions.get(client_id)
+        if session is None or client_id in self._trimming:
+            return
+        count, size = self.backlog(session)
+        if count > self.node.config.max_queued_messages or size > self.node.config.max_queued_bytes:
+            self._trimming.add(client_id)
+            self.node.spawn(self.trim_backlog(session))
+
+    async def trim_backlog(self, session: Session) -> None:
+        """Drop a session's oldest queued messages until it is within 90% of its limits."""
+        try:
+            limit_count = self.node.config.max_queued_messages
+            limit_bytes = self.node.config.max_queued_bytes
+            count, size = self.backlog(session)
+            if count <= limit_count and size <= limit_bytes:
+                return
+            target_count = int(limit_count * 0.9)
+            target_bytes = int(limit_bytes * 0.9)
+            heads: dict[str, list[tuple[int, int, int]]] = {}
+            excess = max(count - target_count, 1)
+            for queue, cursor in session.cursors.items():
+                result = await self.node.store.read(queue, cursor, min(excess, 4096))
+                heads[queue] = [(s.seq, s.offset, s.size) for s in result.messages]
+            merged = sorted(
+                (seq, queue, offset, msg_size)
+                for queue, entries in heads.items()
+                for seq, offset, msg_size in entries
+            )
+            dropped = 0
+            for _seq, queue, offset, msg_size in merged:
+                if count <= target_count and size <= target_bytes:
+                    break
+                if queue in session.cursors and session.cursors[queue] <= offset:
+                    session.cursors[queue] = offset + 1
+                count -= 1
+                size -= msg_size
+                dropped += 1
+            if dropped:
+                session.dropped_queue_full += dropped
+                self.node.metrics.inc("dropped_queue_full", dropped)
+                self._dirty_offsets.add(session.client_id)
+                log.warning(
+                    "client %s: queue over its limit (%d messages / %d bytes): dropped the %d "
+                    "oldest messages (%d dropped so far)",
+                    session.client_id,
+                    limit_count,
+                    limit_bytes,
+                    dropped,
+                    session.dropped_queue_full,
+                )
+        finally:
+            self._trimming.discard(session.client_id)
+
+    async def run(self) -> None:
+        """Flush offsets every `offset_flush_interval`; expire sessions every so often."""
+        interval = self.node.config.offset_flush_interval
+        next_expiry_check = 0.0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.flush_offsets(durable=False)
+                now = time.time()
+                if now >= next_expiry_check:
+                    next_expiry_check = now + min(60.0, self.node.config.session_expiry_seconds / 4)
+                    await self.expire_sessions(now)
+            except StoreUnavailable as exc:
+                log.error("housekeeping: store unavailable: %s", exc)
+
+    async def flush_offsets(self, durable: bool) -> None:
+        """Write the offsets of every session whose acknowledged position moved."""
+        if not self._dirty_offsets:
+            return
+        updates = []
+        for client_id in self._dirty_offsets:
+            session = self.node.sessions.get(client_id)
+            if session is not None and session.persistent:
+                updates.append(MetaUpdate(KIND_OFFSETS, client_id, session.encode_offsets()))
+        self._dirty_offsets.clear()
+        if updates:
+            await self.node.store.put_meta(updates, durable=durable)
+
+    def mark_offsets_dirty(self, session: Session) -> None:
+        """A session's acknowledged position moved; it is written with the next flush."""
+        if session.persistent:
+            self._dirty_offsets.add(session.client_id)
+
+    def forget(self, client_id: str) -> None:
+        """The session is gone: nothing of it to flush."""
+        self._dirty_offsets.discard(client_id)
+
+    async def expire_sessions(self, now: float) -> None:
+        """Discard persistent sessions offline longer than `session_expiry_seconds`."""
+        limit = self.node.config.session_expiry_seconds
+        expired = [
+            s
+            for s in self.node.sessions.values()
+            if s.persistent and not s.connected and now - s.disconnected_at > limit
+        ]
+        if not expired:
+            return
+        updates: list[MetaUpdate] = []
+        for session in expired:
+            count, size = self.backlog(session)
+            self.node.metrics.inc("sessions_expired")
+            self.node.metrics.inc("dropped_session_expired", count)
+            log.warning(
+                "session %s expired after %.0f s offline: %d queued messages (%d bytes) dropped",
+                session.client_id,
+                now - session.disconnected_at,
+                count,
+                size,
+            )
+            self.node.discard_session(session, updates)
+        await self.node.store.put_meta(updates, durable=True)
