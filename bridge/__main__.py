@@ -70,10 +70,17 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from bridge.auth import AuthConfigError
     from bridge.server import Server
 
     async def run() -> None:
         await Server(config).serve()
+
+    try:
+        Server.check(config)
+    except AuthConfigError as exc:
+        print(f"mqtt-bridge: configuration error: {exc}", file=sys.stderr)
+        return 2
 
     try:
         import uvloop

@@ -26,6 +26,8 @@ class Config:
     log_level: str = "info"
     node_id: str = ""
     store: str = "filelog"
+    password_file: str = ""
+    allow_anonymous: bool = True
     fsync: bool = True
     store_qos0: bool = True
     segment_bytes: int = 64 * MiB
@@ -62,6 +64,8 @@ SETTINGS: dict[str, str] = {
     "log_level": "`debug`, `info`, `warning` or `error`",
     "node_id": "this node's id in message properties and logs (default `<hostname>-<port>`)",
     "store": "message store backend: `filelog` (embedded; RocketMQ arrives with its issue)",
+    "password_file": "file of `user:scrypt-hash` lines (`python -m bridge.passwd`); empty: no auth",
+    "allow_anonymous": "with a password_file, accept CONNECT without user name (false: CONNACK 5)",
     "fsync": "fsync each group commit before PUBACK/PUBREC; `false` is NOT durable (benchmarks)",
     "store_qos0": "also write QoS 0 messages to the store (not awaited), for analytics",
     "segment_bytes": "size at which a log segment file is closed and a new one started",
@@ -179,6 +183,8 @@ def validate(config: Config) -> None:
         parse_listen(address)
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
+    if not config.allow_anonymous and not config.password_file:
+        raise ConfigError("allow_anonymous: false needs a password_file")
     if config.store != "filelog":
         raise ConfigError(f"store: unknown backend {config.store!r} (known: filelog)")
     positive = (

@@ -17,8 +17,10 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, overload
 
+from bridge.auth import AllowAll, AuthResult, make_authenticator
 from bridge.config import Config
 from bridge.delivery import Delivery
 from bridge.housekeeping import Housekeeper
@@ -80,6 +82,9 @@ class Node:
         self._key_counter = itertools.count(1)
         self._key_prefix = f"{self.node_id}-{uuid.uuid4().hex[:8]}-"
         self.housekeeper = Housekeeper(self)
+        self.authenticator = make_authenticator(config.password_file, config.allow_anonymous)
+        # scrypt is slow on purpose and releases the GIL: a small pool bounds its CPU and memory.
+        self._auth_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="auth")
         self._background: set[asyncio.Task[Any]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
         self.connection_count = 0
@@ -135,6 +140,7 @@ class Node:
             delivery.stop()
         await self.housekeeper.flush_offsets(durable=True)
         await self.store.close()
+        self._auth_pool.shutdown(wait=False)
 
     def _subscribe_tables(self, session: Session) -> None:
         for topic_filter, qos in session.subscriptions.items():
@@ -213,6 +219,23 @@ class Node:
             error = self.check_topic_limits(packet.will.topic)
             if error:
                 conn.close(f"will topic rejected: {error}")
+                return None
+        if not isinstance(self.authenticator, AllowAll):
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._auth_pool,
+                self.authenticator.authenticate,
+                client_id,
+                packet.username,
+                packet.password,
+            )
+            if conn.closed:
+                return None
+            if result is not AuthResult.ACCEPTED:
+                self._refuse(
+                    conn,
+                    result.connack_code,
+                    f"authentication failed ({result.name}) for user {packet.username!r}",
+                )
                 return None
         conn.client_id = client_id
 

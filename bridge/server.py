@@ -13,6 +13,7 @@ import logging
 import signal
 from pathlib import Path
 
+from bridge.auth import AuthConfigError, make_authenticator
 from bridge.config import Config, parse_listen
 from bridge.connection import Connection
 from bridge.node import Node
@@ -61,6 +62,12 @@ class Server:
             for sock in listener.sockets:
                 log.info("listening for MQTT on %s:%s", *sock.getsockname()[:2])
 
+    @staticmethod
+    def check(config: Config) -> None:
+        """Fail early, before anything starts, on settings that only load at run time
+        (raises the loader's error, e.g. AuthConfigError for a bad password file)."""
+        make_authenticator(config.password_file, config.allow_anonymous)
+
     def request_stop(self) -> None:
         """Begin an orderly shutdown (signal handlers call this)."""
         self._stop.set()
@@ -71,9 +78,19 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
         await self.start()
         await self._stop.wait()
         await self.shutdown()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the password file; a bad file keeps the old users in force."""
+        try:
+            self.node.authenticator.reload()
+            log.info("reloaded the password file")
+        except AuthConfigError as exc:
+            log.error("password file not reloaded, the previous users stay in force: %s", exc)
 
     async def shutdown(self) -> None:
         """Stop accepting, close clients, flush and close the store."""

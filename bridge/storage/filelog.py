@@ -6,6 +6,10 @@ indexes rebuilt from the log at `open`; a single flusher writes and fsyncs whate
 while the previous write was running (group commit); meta records live in memory and in a
 snapshot file that makes old segments deletable.
 
+This module holds the store's lifecycle, write path (group commit, rollback) and read path.
+Snapshots and retention (`LogMaintenance`) are in bridge/storage/filelog_maintenance.py, file
+I/O run in worker threads in filelog_files.py, the in-memory indexes in filelog_index.py.
+
 Threading: every method runs on the event loop thread. Blocking I/O (batch write + fsync, reads
 of records no longer cached, snapshot writes, file deletion) runs in the store's own executors.
 Objects handed to a worker are not touched by the loop until the worker is done with them.
@@ -30,15 +34,14 @@ from bridge.storage.filelog_files import (
     Segment,
     read_records,
     recover,
-    remove_files,
     segment_path,
     sync_file,
     truncate_log,
     write_all,
     write_batch,
-    write_snapshot,
 )
 from bridge.storage.filelog_index import HOLE, CacheEntry, QueueIndex, RecordCache
+from bridge.storage.filelog_maintenance import SNAPSHOT_NAME, LogMaintenance
 from bridge.storage.records import encode_message, encode_meta, encode_plain_message
 
 log = logging.getLogger("bridge.storage")
@@ -70,7 +73,6 @@ def _resolve(waiters: list[tuple[Waiter, int | None]], error: BaseException | No
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
-SNAPSHOT_NAME = "meta.snapshot"
 _MAX_READ_RUN = 4 * MiB
 _MISSING: Any = object()
 
@@ -86,8 +88,11 @@ def _write_all(fd: int, data: bytes | bytearray) -> None:
     write_all(fd, data)
 
 
-class FileLogStore:
-    """A `MessageStore` keeping everything in one local append-only log. See the module doc."""
+class FileLogStore(LogMaintenance):
+    """A `MessageStore` keeping everything in one local append-only log. See the module doc.
+
+    Snapshot and retention methods (`enforce_retention` among them) come from `LogMaintenance`.
+    """
 
     retention_check_interval = 1.0
     """Seconds between the cheap checks (after commits) whether retention has work to do."""
@@ -466,28 +471,7 @@ class FileLogStore:
         waiters, self._waiters, self._pending = self._waiters, [], []
         _resolve(waiters, StoreUnavailable(f"the store failed: {exc}"))
 
-    def _after_commit(self) -> None:
-        if self._durable - self._snapshot_pos >= self.snapshot_every_bytes:
-            self._spawn(self._snapshot(), "snapshot")
-        now = self._loop.time()  # type: ignore[union-attr]
-        if now - self._last_retention_check >= self.retention_check_interval:
-            self._last_retention_check = now
-            if self._retention_victims():
-                self._spawn(self._retention(), "retention")
-
-    def _spawn(self, coro: Any, name: str) -> None:
-        for task in self._tasks:
-            if task.get_name() == name:
-                coro.close()
-                return
-        task = self._loop.create_task(coro, name=name)  # type: ignore[union-attr]
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background %s failed", task.get_name(), exc_info=task.exception())
+    # After each commit `_after_commit` (LogMaintenance) schedules snapshots and retention.
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -579,95 +563,6 @@ class FileLogStore:
                 if seg.pins == 0 and seg.deleted and seg.fd is not None:
                     os.close(seg.fd)
                     seg.fd = None
-
-    # --- snapshot and retention ------------------------------------------------------------------
-
-    async def _snapshot(self) -> bool:
-        """Write the meta snapshot as of now (once that position is durable). True on success."""
-        async with self._snapshot_lock:
-            position = self._pos
-            if position == self._snapshot_pos:
-                return True
-            meta = {kind: dict(records) for kind, records in self._meta.items()}
-            ends = {name: q.end for name, q in self._queues.items()}
-            try:
-                await self._barrier()
-                await self._loop.run_in_executor(  # type: ignore[union-attr]
-                    self._rexec,
-                    write_snapshot,
-                    self.data_dir,
-                    SNAPSHOT_NAME,
-                    position,
-                    meta,
-                    ends,
-                    self.fsync,
-                )
-            except (StoreUnavailable, OSError) as exc:
-                log.error("meta snapshot at position %d failed: %s", position, exc)
-                return False
-            self._snapshot_pos = max(self._snapshot_pos, position)
-            self._stats["snapshots"] += 1
-            return True
-
-    def _retention_victims(self) -> list[Segment]:
-        """The oldest whole segments retention would delete now (never the active one)."""
-        too_old = time.time() - self.retention_seconds
-        total = self._log_bytes
-        victims = []
-        for seg in self._segments[:-1]:
-            if seg.base + seg.size > self._durable:
-                break
-            if total > self.retention_bytes or seg.newest < too_old:
-                victims.append(seg)
-                total -= seg.size
-            else:
-                break
-        return victims
-
-    async def enforce_retention(self) -> int:
-        """Delete the segments retention allows to delete now; returns how many were deleted.
-
-        Runs by itself after commits (at most every `retention_check_interval` seconds); call it
-        to apply retention to an idle store.
-        """
-        self._check_usable()
-        return await self._retention()
-
-    async def _retention(self) -> int:
-        async with self._retention_lock:
-            victims = self._retention_victims()
-            if not victims or not await self._snapshot():
-                return 0
-            count = len(victims)
-            if self._segments[:count] != victims:
-                return 0
-            boundary = self._segments[count].base
-            del self._segments[:count]
-            del self._bases[:count]
-            for q in self._queues.values():
-                q.trim_below(boundary)
-            self._cache.drop_below(boundary)
-            self._log_bytes -= sum(seg.size for seg in victims)
-            to_close = []
-            for seg in victims:
-                seg.deleted = True
-                if seg.pins == 0 and seg.fd is not None:
-                    to_close.append(seg.fd)
-                    seg.fd = None
-            self._stats["segments_deleted"] += count
-            log.info("retention deleted %d segment(s) below position %d", count, boundary)
-            try:
-                await self._loop.run_in_executor(  # type: ignore[union-attr]
-                    self._rexec,
-                    remove_files,
-                    self.log_dir,
-                    [seg.path for seg in victims],
-                    to_close,
-                    self.fsync,
-                )
-            except OSError as exc:
-                log.error("deleting old segments failed: %s", exc)
-            return count
 
     # --- introspection ---------------------------------------------------------------------------
 

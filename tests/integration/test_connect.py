@@ -218,3 +218,83 @@ def test_topic_longer_than_limit_closes_connection(bridge_factory):
     client.send(Publish("a" * 17, b"x", 0))
     client.expect_closed()
     node.wait_for_log("max_topic_length=16")
+
+
+@pytest.fixture
+def password_file(tmp_path):
+    from bridge.auth import hash_password
+
+    path = tmp_path / "passwords"
+    path.write_text(f"device-7:{hash_password('s3cret', n=2**10)}\n")
+    path.chmod(0o600)
+    return path
+
+
+def connect_with(port: int, username: str | None, password: bytes | None) -> Connack:
+    client = RawClient(port)
+    client.send(Connect("auth-test", username=username, password=password))
+    connack = client.recv()
+    assert isinstance(connack, Connack)
+    return connack
+
+
+def test_password_file_accepts_the_right_password(bridge_factory, password_file):
+    node = bridge_factory(f"password_file={password_file}")
+    assert connect_with(node.port, "device-7", b"s3cret").return_code == ConnackCode.ACCEPTED
+
+
+def test_wrong_password_gets_return_code_4_bad_user_name_or_password(bridge_factory, password_file):
+    node = bridge_factory(f"password_file={password_file}")
+    connack = connect_with(node.port, "device-7", b"guess")
+    assert connack.return_code == ConnackCode.BAD_USERNAME_OR_PASSWORD
+    assert connect_with(node.port, "nobody", b"s3cret").return_code == 4
+    node.wait_for_log("authentication failed (BAD_CREDENTIALS) for user 'nobody'")
+    assert "s3cret" not in node.log_text()
+
+
+def test_client_without_credentials_gets_return_code_5_when_anonymous_is_off(
+    bridge_factory, password_file
+):
+    node = bridge_factory(f"password_file={password_file}", "allow_anonymous=false")
+    connack = connect_with(node.port, None, None)
+    assert connack.return_code == ConnackCode.NOT_AUTHORIZED
+
+
+def test_sighup_reloads_the_password_file(bridge_factory, password_file):
+    import os
+    import signal
+
+    from bridge.auth import hash_password
+
+    node = bridge_factory(f"password_file={password_file}")
+    assert connect_with(node.port, "device-8", b"new").return_code == 4
+    with password_file.open("a") as fh:
+        fh.write(f"device-8:{hash_password('new', n=2**10)}\n")
+    os.kill(node.pid, signal.SIGHUP)
+    node.wait_for_log("reloaded the password file")
+    assert connect_with(node.port, "device-8", b"new").return_code == 0
+
+
+def test_bad_password_file_is_refused_at_start_with_a_message(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad"
+    bad.write_text("no-colon-here\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bridge",
+            "--listen",
+            "127.0.0.1:0",
+            "--set",
+            f"password_file={bad}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "configuration error" in result.stderr and f"{bad}:1" in result.stderr
+    assert "Traceback" not in result.stderr

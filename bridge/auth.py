@@ -1,0 +1,367 @@
+"""Client authentication: who may CONNECT.
+
+An `Authenticator` turns the ClientId, user name and password of a CONNECT into an `AuthResult`,
+whose value is the MQTT 3.1.1 CONNACK return code to answer with. Two implementations live here:
+
+* `AllowAll` accepts everyone (authentication off; the default).
+* `PasswordFile` checks user names and passwords against a file of scrypt hashes, one
+  `username:hash` per line (see `python -m bridge.passwd` to maintain it).
+
+Hashes use the standard library's `hashlib.scrypt` (memory-hard, no extra dependency) and are
+stored as `scrypt$N$r$p$<salt base64>$<hash base64>`. The default cost, N=2**14, r=8, p=1, needs
+128 * r * N = 16 MiB of memory and about 10-50 ms of CPU per verification: expensive enough to make
+offline guessing of a stolen file slow, cheap enough for a broker. Because that cost would be paid
+again by every reconnect of every client (a reconnect storm after a network blip means thousands at
+once), `PasswordFile` remembers successful verifications for `cache_ttl` seconds.
+
+`authenticate` is synchronous and, on a cache miss, CPU-bound for tens of milliseconds; callers on
+an event loop should run it in a small dedicated thread pool (`hashlib.scrypt` releases the GIL).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Protocol
+
+from bridge.mqtt.packets import ConnackCode
+
+log = logging.getLogger(__name__)
+
+SCHEME = "scrypt"
+DEFAULT_N = 2**14
+DEFAULT_R = 8
+DEFAULT_P = 1
+SALT_BYTES = 16
+HASH_BYTES = 32
+# Limits on the cost parameters accepted from a file: a typo such as N=2**30 must not make every
+# CONNECT allocate gigabytes. 128 MiB per verification is eight times the default.
+MAX_SCRYPT_MEMORY = 128 * 1024 * 1024
+MAX_P = 16
+DEFAULT_CACHE_TTL = 60.0
+DEFAULT_CACHE_SIZE = 100_000
+
+
+class AuthConfigError(ValueError):
+    """A password file or stored hash is unusable; the message says where and why."""
+
+
+class AuthResult(Enum):
+    """The outcome of authenticating a CONNECT; the value is its MQTT 3.1.1 CONNACK return code."""
+
+    ACCEPTED = ConnackCode.ACCEPTED
+    BAD_CREDENTIALS = ConnackCode.BAD_USERNAME_OR_PASSWORD
+    NOT_AUTHORIZED = ConnackCode.NOT_AUTHORIZED
+
+    @property
+    def connack_code(self) -> ConnackCode:
+        """The CONNACK return code to send (0 accepted, 4 bad user name or password, 5 not
+        authorized)."""
+        return ConnackCode(self.value)
+
+
+class Authenticator(Protocol):
+    """Decides whether a CONNECT may proceed. Implementations must not raise for any input."""
+
+    def authenticate(
+        self, client_id: str, username: str | None, password: bytes | None
+    ) -> AuthResult:
+        """Check the credentials of a CONNECT from `client_id`."""
+        ...
+
+
+class AllowAll:
+    """Accepts every client, with or without credentials (authentication off)."""
+
+    def authenticate(
+        self, client_id: str, username: str | None, password: bytes | None
+    ) -> AuthResult:
+        """Always ACCEPTED."""
+        return AuthResult.ACCEPTED
+
+    def reload(self) -> None:
+        """Nothing to reload."""
+
+
+# -- hashes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScryptHash:
+    """A parsed `scrypt$N$r$p$salt$hash` string."""
+
+    n: int
+    r: int
+    p: int
+    salt: bytes
+    digest: bytes
+
+    def encode(self) -> str:
+        """The storage form, `scrypt$N$r$p$<salt b64>$<hash b64>`."""
+        salt = base64.b64encode(self.salt).decode("ascii")
+        digest = base64.b64encode(self.digest).decode("ascii")
+        return f"{SCHEME}${self.n}${self.r}${self.p}${salt}${digest}"
+
+
+def _check_cost(n: int, r: int, p: int) -> None:
+    if n < 2 or n & (n - 1):
+        raise AuthConfigError(f"scrypt N must be a power of two >= 2, got {n}")
+    if r < 1 or not 1 <= p <= MAX_P:
+        raise AuthConfigError(f"scrypt r must be >= 1 and p within 1..{MAX_P}, got r={r} p={p}")
+    if _scrypt_memory(n, r, p) > MAX_SCRYPT_MEMORY:
+        raise AuthConfigError(
+            f"scrypt cost N={n} r={r} p={p} needs more than "
+            f"{MAX_SCRYPT_MEMORY // (1024 * 1024)} MiB per verification"
+        )
+
+
+def _scrypt_memory(n: int, r: int, p: int) -> int:
+    # What OpenSSL allocates: the V array (128 * r * (N + 2)) plus the B blocks (128 * r * p).
+    return 128 * r * (n + 2) + 128 * r * p
+
+
+def _b64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise AuthConfigError(f"{what} is not valid base64") from None
+
+
+def parse_hash(stored: str) -> ScryptHash:
+    """Parse and validate a stored hash, or raise AuthConfigError saying what is wrong."""
+    parts = stored.strip().split("$")
+    if len(parts) != 6 or parts[0] != SCHEME:
+        raise AuthConfigError("hash is not in the form scrypt$N$r$p$<salt>$<hash>")
+    if not all(part.isascii() and part.isdigit() and len(part) <= 10 for part in parts[1:4]):
+        raise AuthConfigError("scrypt N, r and p must be decimal integers")
+    n, r, p = (int(part) for part in parts[1:4])
+    _check_cost(n, r, p)
+    salt = _b64(parts[4], "salt")
+    digest = _b64(parts[5], "hash")
+    if len(salt) < 8:
+        raise AuthConfigError(f"salt is too short ({len(salt)} bytes, at least 8)")
+    if not 16 <= len(digest) <= 64:
+        raise AuthConfigError(f"hash length {len(digest)} bytes is not within 16..64")
+    return ScryptHash(n, r, p, salt, digest)
+
+
+def _scrypt(password: bytes, salt: bytes, n: int, r: int, p: int, dklen: int) -> bytes:
+    """The one place scrypt runs (tests count calls by replacing this function)."""
+    maxmem = _scrypt_memory(n, r, p) + 1024 * 1024
+    return hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, maxmem=maxmem, dklen=dklen)
+
+
+def hash_password(
+    password: str | bytes, *, n: int = DEFAULT_N, r: int = DEFAULT_R, p: int = DEFAULT_P
+) -> str:
+    """Hash `password` (str is UTF-8 encoded) with a fresh random salt, in the storage form.
+
+    The defaults (N=2**14, r=8, p=1: 16 MiB, ~10-50 ms) suit a broker; raise N for more
+    resistance to offline guessing at the price of slower cache misses on CONNECT.
+    """
+    _check_cost(n, r, p)
+    secret = password.encode("utf-8") if isinstance(password, str) else password
+    salt = secrets.token_bytes(SALT_BYTES)
+    return ScryptHash(n, r, p, salt, _scrypt(secret, salt, n, r, p, HASH_BYTES)).encode()
+
+
+def _verify(stored: ScryptHash, password: bytes) -> bool:
+    computed = _scrypt(password, stored.salt, stored.n, stored.r, stored.p, len(stored.digest))
+    return hmac.compare_digest(computed, stored.digest)
+
+
+def verify_password(stored: str, password: bytes) -> bool:
+    """True if `password` matches the stored hash (constant-time comparison).
+
+    Raises AuthConfigError (a ValueError) if `stored` is not a valid hash at all.
+    """
+    return _verify(parse_hash(stored), password)
+
+
+# -- password file ---------------------------------------------------------------------------
+
+
+def _is_skipped(line: str) -> bool:
+    text = line.strip()
+    return not text or text.startswith("#")
+
+
+def parse_line(line: str) -> tuple[str, ScryptHash] | None:
+    """Parse one password file line: None for a blank line or comment, else (username, hash).
+
+    The user name is everything before the last `:` (hashes contain none), whitespace-stripped.
+    Raises AuthConfigError (without a location) for a malformed line.
+    """
+    if _is_skipped(line):
+        return None
+    username, sep, stored = line.rpartition(":")
+    username = username.strip()
+    if not sep:
+        raise AuthConfigError("expected username:hash")
+    if not username:
+        raise AuthConfigError("empty user name")
+    return username, parse_hash(stored)
+
+
+def parse_password_file(path: str | os.PathLike[str]) -> dict[str, ScryptHash]:
+    """Read a password file into {username: hash}; AuthConfigError names `file:line` on errors."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise AuthConfigError(f"cannot read password file {path}: {exc.strerror}") from None
+    users: dict[str, ScryptHash] = {}
+    first_seen: dict[str, int] = {}
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+            entry = parse_line(line)
+        except UnicodeDecodeError:
+            raise AuthConfigError(f"{path}:{number}: not valid UTF-8") from None
+        except AuthConfigError as exc:
+            raise AuthConfigError(f"{path}:{number}: {exc}") from None
+        if entry is None:
+            continue
+        username, stored = entry
+        if username in users:
+            first = first_seen[username]
+            raise AuthConfigError(
+                f"{path}:{number}: duplicate user {username!r} (first on line {first})"
+            )
+        users[username] = stored
+        first_seen[username] = number
+    return users
+
+
+class PasswordFile:
+    """Authenticates user name and password against a file of scrypt hashes.
+
+    * no user name: ACCEPTED if `allow_anonymous`, else NOT_AUTHORIZED;
+    * a user name without a password, an unknown user name or a wrong password: BAD_CREDENTIALS
+      (also when `allow_anonymous`: credentials that are given must be right).
+
+    The file is read by the constructor and by `reload()`; a malformed file raises AuthConfigError
+    then, never during `authenticate`. Successful verifications are cached for `cache_ttl` seconds
+    (0 disables the cache), keyed by user name and a keyed SHA-256 of the password, so repeated
+    CONNECTs of a client skip scrypt; `reload()` empties the cache. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        allow_anonymous: bool = False,
+        cache_ttl: float = DEFAULT_CACHE_TTL,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self.allow_anonymous = allow_anonymous
+        self.cache_ttl = cache_ttl
+        self.cache_size = cache_size
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Cache keys hold an HMAC of the password under a per-process key, not a plain SHA-256,
+        # so a memory dump does not yield unsalted password hashes.
+        self._cache_key = secrets.token_bytes(32)
+        self._cache: dict[tuple[str, bytes], float] = {}
+        self._users: dict[str, ScryptHash] = {}
+        self._decoy: ScryptHash | None = None
+        self.reload()
+
+    @property
+    def usernames(self) -> list[str]:
+        """The user names in the file, in file order."""
+        return list(self._users)
+
+    def reload(self) -> None:
+        """Re-read the file and empty the cache. On AuthConfigError the previous users stay."""
+        users = parse_password_file(self.path)
+        _warn_if_exposed(self.path)
+        first = next(iter(users.values()), None)
+        cost = (first.n, first.r, first.p) if first else (DEFAULT_N, DEFAULT_R, DEFAULT_P)
+        # Unknown users are checked against this decoy so that they take as long as known ones.
+        decoy = ScryptHash(*cost, secrets.token_bytes(SALT_BYTES), secrets.token_bytes(HASH_BYTES))
+        with self._lock:
+            self._users = users
+            self._decoy = decoy
+            self._cache.clear()
+        log.info("password file %s: %d users", self.path, len(users))
+
+    def authenticate(
+        self, client_id: str, username: str | None, password: bytes | None
+    ) -> AuthResult:
+        """Check a CONNECT's credentials (see the class docstring for the rules)."""
+        if username is None:
+            if password is not None:  # MQTT-3.1.2-22; the codec rejects it before 5.0
+                return AuthResult.BAD_CREDENTIALS
+            return AuthResult.ACCEPTED if self.allow_anonymous else AuthResult.NOT_AUTHORIZED
+        if password is None:
+            return AuthResult.BAD_CREDENTIALS
+        key = (username, hmac.digest(self._cache_key, password, "sha256"))
+        now = self._clock()
+        with self._lock:
+            users = self._users
+            expires = self._cache.get(key)
+            if expires is not None:
+                if now < expires:
+                    return AuthResult.ACCEPTED
+                del self._cache[key]
+            stored = users.get(username)
+            decoy = self._decoy
+        if stored is None:
+            if decoy is not None:
+                _verify(decoy, password)
+            return AuthResult.BAD_CREDENTIALS
+        if not _verify(stored, password):
+            return AuthResult.BAD_CREDENTIALS
+        if self.cache_ttl > 0:
+            with self._lock:
+                if self._users is users:  # not reloaded meanwhile
+                    if len(self._cache) >= self.cache_size:
+                        self._evict(now)
+                    self._cache[key] = self._clock() + self.cache_ttl
+        return AuthResult.ACCEPTED
+
+    def _evict(self, now: float) -> None:
+        expired = [key for key, expires in self._cache.items() if expires <= now]
+        for key in expired:
+            del self._cache[key]
+        while len(self._cache) >= self.cache_size:
+            del self._cache[next(iter(self._cache))]  # oldest first (insertion order)
+
+
+def _warn_if_exposed(path: str | os.PathLike[str]) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_IMODE(mode) & 0o077:
+        log.warning(
+            "password file %s is accessible to group/others (mode %o); chmod 600 it",
+            path,
+            stat.S_IMODE(mode),
+        )
+
+
+def make_authenticator(password_file: str, allow_anonymous: bool = True) -> AllowAll | PasswordFile:
+    """The authenticator for the settings `password_file` and `allow_anonymous`.
+
+    An empty `password_file` turns authentication off (AllowAll); with it, `allow_anonymous=False`
+    would be contradictory and raises AuthConfigError. Raises AuthConfigError for a bad file.
+    """
+    if not password_file:
+        if not allow_anonymous:
+            raise AuthConfigError("allow_anonymous = false needs a password_file")
+        return AllowAll()
+    return PasswordFile(password_file, allow_anonymous=allow_anonymous)
