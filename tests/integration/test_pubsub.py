@@ -433,3 +433,72 @@ def test_mosquitto_pub_and_sub_interoperate(bridge):
             sub.kill()
             sub.wait()
     assert out.splitlines() == [f"interop/{i} hello {i}" for i in range(3)]
+
+
+def test_will_is_published_when_a_takeover_closes_the_old_connection(bridge):
+    watcher = RawClient(bridge.port)
+    watcher.connect("watcher")
+    watcher.subscribe("wills/#", 0)
+    first = RawClient(bridge.port)
+    first.connect("twin", will=Will("wills/twin", b"replaced", 0, False))
+    second = RawClient(bridge.port)
+    second.connect("twin")
+    assert recv_publish(watcher).payload == b"replaced"
+    first.expect_closed()
+
+
+def test_orderly_shutdown_keeps_sessions_and_publishes_no_wills(bridge):
+    sub = RawClient(bridge.port)
+    sub.connect("survivor", clean_session=False, will=Will("wills/survivor", b"x", 1, True))
+    sub.subscribe("keep/#", 1)
+    bridge.stop()  # SIGTERM
+    bridge.wait_for_log("stopped")
+    bridge.start()
+    pub = RawClient(bridge.port)
+    pub.connect("pub")
+    pub.publish("keep/1", b"after restart", 1, packet_id=1)
+    watcher = RawClient(bridge.port)
+    watcher.connect("watcher")
+    watcher.subscribe("wills/#", 1)
+    assert_nothing(watcher)  # no retained will: the node shut down, the client did not fail
+    sub = RawClient(bridge.port)
+    assert sub.connect("survivor", clean_session=False).session_present is True
+    assert recv_publish(sub).payload == b"after restart"
+
+
+def test_messages_removed_by_retention_are_counted_and_logged_for_the_reader(bridge_factory):
+    node = bridge_factory("segment_bytes=4096", "retention_bytes=16384")
+    sub = RawClient(node.port)
+    sub.connect("late-reader", clean_session=False)
+    sub.subscribe("bulk", 1)
+    sub.disconnect()
+    pub = RawClient(node.port)
+    pub.connect("pub")
+    for i in range(200):
+        pub.publish("bulk", b"%05d" % i + b"." * 200, 1, packet_id=i % 100 + 1)
+        if i == 150:
+            time.sleep(1.2)  # retention runs at most once a second, after a commit
+    sub = RawClient(node.port)
+    sub.connect("late-reader", clean_session=False)
+    received = []
+    while True:
+        try:
+            message = recv_publish(sub, timeout=1.0)
+        except TimeoutError:
+            break
+        received.append(int(message.payload[:5]))
+        sub.send(Puback(message.packet_id))
+    node.wait_for_log("removed by retention before delivery")
+    assert received and received[-1] == 199
+    assert received == sorted(received)
+    assert len(received) < 200
+
+
+def test_console_script_is_installed_and_answers_help():
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "mqtt-bridge"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0
+    assert "--listen HOST:PORT" in result.stdout
