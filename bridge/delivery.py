@@ -103,7 +103,8 @@ class Delivery:
                     return
                 if not self.conn.writable:
                     return  # resume_writing wakes us
-                result = await store.read(queue, cursor, READ_BATCH)
+                # Read about what the window can take: messages read and not sent are read again.
+                result = await store.read(queue, cursor, min(READ_BATCH, max(free, 8)))
                 if self._stopped or session.cursors.get(queue) != cursor:
                     break
                 next_offset = cursor

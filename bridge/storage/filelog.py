@@ -504,9 +504,27 @@ class FileLogStore(LogMaintenance):
         while offset < end and q.seqs[offset - q.base] == HOLE:
             lost += 1
             offset += 1
-        wanted: list[tuple[int, int, int, int]] = []
-        o = offset
         stop = min(end, offset + limit)
+        # Fast path: a reader that keeps up finds everything in the cache.
+        messages: list[Stored] = []
+        entries = self._cache.entries
+        seqs = q.seqs
+        base = q.base
+        o = offset
+        while o < stop:
+            seq = seqs[o - base]
+            if seq == HOLE:
+                return ReadResult(messages, o, lost)
+            entry = entries.get(seq)
+            if entry is None:
+                break
+            messages.append(Stored(o, seq, entry[0], entry[1], entry[2]))
+            o += 1
+        else:
+            return ReadResult(messages, o, lost)
+        if messages:
+            return ReadResult(messages, o, lost)  # the rest comes with the next read
+        wanted: list[tuple[int, int, int, int]] = []
         while o < stop:
             seq, length, size = q.entry(o)
             if seq == HOLE:
@@ -524,7 +542,6 @@ class FileLogStore(LogMaintenance):
                 found[seq] = entry
         if misses:
             found.update(await self._read_disk(misses))
-        messages = []
         for off, seq, _, size in wanted:
             message, queues, _ = found[seq]
             messages.append(Stored(off, seq, message, queues, size))
