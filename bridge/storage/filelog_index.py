@@ -115,10 +115,14 @@ class RecordCache:
     soon as they become durable, the hot path.
     """
 
-    __slots__ = ("budget", "bytes", "entries", "order")
+    __slots__ = ("budget", "bytes", "entries", "max_entries", "order")
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, max_entries: int = 20_000) -> None:
         self.budget = budget
+        self.max_entries = max_entries
+        """Also bounded in entries: every entry is a few objects the garbage collector scans,
+        and a cache of hundreds of thousands of small messages makes full collections pause
+        the event loop for 100 ms and more."""
         self.bytes = 0
         self.entries: dict[int, CacheEntry] = {}
         self.order: deque[tuple[int, int]] = deque()
@@ -130,13 +134,17 @@ class RecordCache:
         self.entries[seq] = entry
         self.order.append((seq, length))
         self.bytes += length
-        if self.bytes > self.budget:
+        if self.bytes > self.budget or len(self.entries) > self.max_entries:
             self.evict(pinned_from)
 
     def evict(self, pinned_from: int) -> None:
         order = self.order
         entries = self.entries
-        while self.bytes > self.budget and order and order[0][0] < pinned_from:
+        while (
+            (self.bytes > self.budget or len(entries) > self.max_entries)
+            and order
+            and order[0][0] < pinned_from
+        ):
             seq, length = order.popleft()
             del entries[seq]
             self.bytes -= length
