@@ -132,43 +132,11 @@ def encode_message(
     return _frame(parts)
 
 
-_PLAIN_TAIL = b"\x00\x00\x00\x00" * 3  # no properties, no queues, no meta updates
-
-
 def encode_plain_message(message: Message, topic: bytes) -> bytes:
-    """A whole framed MESSAGE record (header + body) for a message with no properties, queues
-    or meta updates: the same bytes `encode_message` would give, built in one join. This is the
-    QoS 0 hot path, so it avoids the general encoder's many small parts."""
-    publisher = message.publisher.encode()
-    key = message.key.encode()
-    node = message.node.encode()
-    payload = message.payload
-    pack = _U32.pack
-    body = b"".join(
-        (
-            _MSG_FIXED.pack(
-                TYPE_MESSAGE,
-                VERSION,
-                message.timestamp_ms,
-                message.qos,
-                _FLAG_RETAIN if message.retain else 0,
-            ),
-            pack(len(topic)),
-            topic,
-            pack(len(publisher)),
-            publisher,
-            pack(len(key)),
-            key,
-            pack(len(node)),
-            node,
-            _PLAIN_TAIL,
-            pack(len(payload)),
-            payload,
-        )
-    )
-    if len(body) > MAX_BODY:
-        raise ValueError(f"record of {len(body)} bytes exceeds the limit of {MAX_BODY}")
-    return HEADER.pack(len(body), zlib.crc32(body)) + body
+    """A whole framed MESSAGE record (header + body) with no queue entries or meta updates: a
+    QoS 0 message kept for analytics (`append_unqueued`)."""
+    header, body = encode_message(message, topic, (), ())
+    return header + body
 
 
 def encode_meta(meta: Sequence[MetaUpdate]) -> tuple[bytes, bytes]:

@@ -7,12 +7,12 @@ what the spec asks of a client on reconnection. Every message is counted at the 
 from __future__ import annotations
 
 import random
-from collections import Counter
 
 import pytest
 
 from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from tests.support.clients import RawClient
+from tests.support.qos import ExactlyOnceReceiver
 
 pytestmark = pytest.mark.fault
 
@@ -56,59 +56,21 @@ class FlakyPublisher:
         assert isinstance(comp, Pubcomp) and comp.packet_id == packet_id
 
 
-class FlakySubscriber:
-    """Receives like a compliant client and drops the connection at chosen handshake steps."""
+class FlakySubscriber(ExactlyOnceReceiver):
+    """Drops its connection at random handshake steps (15% of the time) and reconnects."""
 
     def __init__(self, port: int, rng: random.Random) -> None:
-        self.port = port
+        super().__init__(port, "flaky-sub")
         self.rng = rng
-        self.delivered: Counter[str] = Counter()
-        self.awaiting_pubrel: set[int] = set()
         self.drops = 0
-        self.client = self._connect()
+        self.connect()
 
-    def _connect(self) -> RawClient:
-        client = RawClient(self.port)
-        client.connect("flaky-sub", clean_session=False)
-        return client
-
-    def _maybe_drop(self) -> bool:
+    def drop(self, step: str) -> bool:
         if self.rng.random() < 0.15:
             self.drops += 1
-            self.client.close()
-            self.client = self._connect()
+            self.connect()
             return True
         return False
-
-    def run(self, expected: int, rounds: int = 5000) -> None:
-        for _ in range(rounds):
-            if len(self.delivered) >= expected and not self.awaiting_pubrel:
-                return
-            try:
-                packet = self.client.recv(2.0)
-            except TimeoutError:
-                if len(self.delivered) >= expected:
-                    return
-                continue
-            if isinstance(packet, Publish):
-                if packet.qos == 2:
-                    if packet.packet_id not in self.awaiting_pubrel:
-                        self.delivered[packet.payload.decode()] += 1
-                        self.awaiting_pubrel.add(packet.packet_id)
-                    if self._maybe_drop():  # gone before PUBREC
-                        continue
-                    self.client.send(Pubrec(packet.packet_id))
-                    self._maybe_drop()  # gone after PUBREC, before PUBREL
-                else:
-                    self.delivered[packet.payload.decode()] += 1
-                    if packet.qos == 1 and not self._maybe_drop():
-                        self.client.send(Puback(packet.packet_id))
-            elif isinstance(packet, Pubrel):
-                self.awaiting_pubrel.discard(packet.packet_id)
-                if self._maybe_drop():  # gone before PUBCOMP: the PUBREL comes again
-                    self.awaiting_pubrel.add(packet.packet_id)
-                    continue
-                self.client.send(Pubcomp(packet.packet_id))
 
 
 def test_publisher_dropping_at_every_handshake_step_stores_each_message_once(bridge):
@@ -127,8 +89,8 @@ def test_publisher_dropping_at_every_handshake_step_stores_each_message_once(bri
         messages.append((payload, qos))
     publisher.client.disconnect()
 
-    subscriber.client = subscriber._connect()
-    subscriber.run(expected=len(messages))
+    subscriber.connect()
+    subscriber.receive(until=len(messages), timeout=60)
     received = subscriber.delivered
     assert set(received) == {p for p, _ in messages}
     assert all(received[p] == 1 for p, q in messages if q == 2), "a QoS 2 message came twice"
@@ -143,7 +105,7 @@ def test_subscriber_dropping_mid_handshake_gets_every_message_and_qos2_once(brid
     messages = [(f"q{1 + i % 2}-{i}", 1 + i % 2) for i in range(120)]
     for i, (payload, qos) in enumerate(messages):
         publisher.publish(TOPIC, payload.encode(), qos, packet_id=i % 100 + 1)
-    subscriber.run(expected=len(messages))
+    subscriber.receive(until=len(messages), timeout=60)
     assert subscriber.drops > 5, "the test did not exercise any drop"
     received = subscriber.delivered
     assert set(received) == {p for p, _ in messages}, "messages lost"

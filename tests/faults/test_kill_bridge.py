@@ -13,6 +13,7 @@ import pytest
 
 from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from tests.support.clients import RawClient
+from tests.support.qos import ExactlyOnceReceiver
 
 pytestmark = pytest.mark.fault
 
@@ -84,52 +85,14 @@ class ReliablePublisher:
             client.disconnect()
 
 
-class ExactlyOnceSubscriber:
-    """Receives like a spec-compliant client: QoS 2 packet ids remembered until PUBREL."""
-
-    def __init__(self, port: int, client_id: str) -> None:
-        self.port = port
-        self.client_id = client_id
-        self.delivered: Counter[str] = Counter()
-        self.awaiting_pubrel: set[int] = set()
-
-    def connect(self) -> RawClient:
-        client = RawClient(self.port)
-        client.connect(self.client_id, clean_session=False)
-        return client
-
-    def receive(self, client: RawClient, until: int, timeout: float = 10.0) -> None:
-        """Process packets until `until` distinct messages were delivered or the link breaks."""
-        deadline = time.monotonic() + timeout
-        while len(self.delivered) < until and time.monotonic() < deadline:
-            try:
-                packet = client.recv(1.0)
-            except TimeoutError:
-                continue
-            if isinstance(packet, Publish):
-                if packet.qos == 2:
-                    if packet.packet_id not in self.awaiting_pubrel:
-                        self.delivered[packet.payload.decode()] += 1
-                        self.awaiting_pubrel.add(packet.packet_id)
-                    client.send(Pubrec(packet.packet_id))
-                else:
-                    self.delivered[packet.payload.decode()] += 1
-                    if packet.qos == 1:
-                        client.send(Puback(packet.packet_id))
-            elif isinstance(packet, Pubrel):
-                self.awaiting_pubrel.discard(packet.packet_id)
-                client.send(Pubcomp(packet.packet_id))
-
-
 def make_messages(count: int) -> list[tuple[str, int]]:
     return [(f"q{1 + i % 2}-{i}", 1 + i % 2) for i in range(count)]
 
 
 def test_kill_9_while_publishing_to_an_offline_persistent_subscriber_loses_nothing(bridge):
-    subscriber = ExactlyOnceSubscriber(bridge.port, "offline-sub")
-    sub_client = subscriber.connect()
-    assert sub_client.subscribe("plant/#", 2) == [2]
-    sub_client.disconnect()
+    subscriber = ExactlyOnceReceiver(bridge.port, "offline-sub")
+    assert subscriber.connect().subscribe("plant/#", 2) == [2]
+    subscriber.client.disconnect()
 
     messages = make_messages(600)
     publisher = ReliablePublisher(bridge.port, "publisher")
@@ -155,9 +118,9 @@ def test_kill_9_while_publishing_to_an_offline_persistent_subscriber_loses_nothi
     publisher.publish_all(remaining)
     assert publisher.acked == {payload for payload, _ in messages}
 
-    sub_client = subscriber.connect()
-    subscriber.receive(sub_client, until=len(messages), timeout=30)
-    sub_client.disconnect()
+    subscriber.connect()
+    subscriber.receive(until=len(messages), timeout=30)
+    subscriber.client.disconnect()
     missing = acked_before_kill - set(subscriber.delivered)
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
     assert set(subscriber.delivered) == {payload for payload, _ in messages}
@@ -166,9 +129,8 @@ def test_kill_9_while_publishing_to_an_offline_persistent_subscriber_loses_nothi
 
 
 def test_kill_9_while_delivering_qos2_delivers_each_message_exactly_once(bridge):
-    subscriber = ExactlyOnceSubscriber(bridge.port, "online-sub")
-    sub_client = subscriber.connect()
-    sub_client.subscribe("plant/#", 2)
+    subscriber = ExactlyOnceReceiver(bridge.port, "online-sub")
+    subscriber.connect().subscribe("plant/#", 2)
     messages = [(f"q2-{i}", 2) for i in range(300)]
     publisher = ReliablePublisher(bridge.port, "publisher")
     publisher.publish_all(messages)
@@ -177,7 +139,7 @@ def test_kill_9_while_delivering_qos2_delivers_each_message_exactly_once(bridge)
 
     def receive() -> None:
         try:
-            subscriber.receive(sub_client, until=len(messages), timeout=30)
+            subscriber.receive(until=len(messages), timeout=30)
         except (ConnectionError, OSError) as exc:
             receiver_error.append(exc)
 
@@ -192,11 +154,11 @@ def test_kill_9_while_delivering_qos2_delivers_each_message_exactly_once(bridge)
     assert len(subscriber.delivered) < len(messages)
 
     bridge.start()
-    sub_client = subscriber.connect()
-    subscriber.receive(sub_client, until=len(messages), timeout=30)
+    subscriber.connect()
+    subscriber.receive(until=len(messages), timeout=30)
     # let any stray redelivery arrive before judging
-    subscriber.receive(sub_client, until=len(messages) + 1, timeout=1.5)
-    sub_client.disconnect()
+    subscriber.receive(until=len(messages) + 1, timeout=1.5)
+    subscriber.client.disconnect()
     assert set(subscriber.delivered) == {payload for payload, _ in messages}
     twice = [p for p, n in subscriber.delivered.items() if n > 1]
     assert not twice, f"QoS 2 delivered more than once: {twice[:5]}"
@@ -205,10 +167,9 @@ def test_kill_9_while_delivering_qos2_delivers_each_message_exactly_once(bridge)
 def test_qos2_publish_resent_after_a_crash_that_ate_the_pubrec_is_stored_once(bridge):
     """The bridge crashes after storing a QoS 2 message but before the publisher saw PUBREC;
     the publisher resends it with DUP=1 after reconnecting: it must not be stored twice."""
-    subscriber = ExactlyOnceSubscriber(bridge.port, "sub")
-    sub_client = subscriber.connect()
-    sub_client.subscribe("plant/#", 2)
-    sub_client.disconnect()
+    subscriber = ExactlyOnceReceiver(bridge.port, "sub")
+    subscriber.connect().subscribe("plant/#", 2)
+    subscriber.client.disconnect()
 
     publisher = RawClient(bridge.port)
     publisher.connect("pub", clean_session=False)
@@ -226,6 +187,6 @@ def test_qos2_publish_resent_after_a_crash_that_ate_the_pubrec_is_stored_once(br
     assert isinstance(publisher.recv(), Pubcomp)
     publisher.disconnect()
 
-    sub_client = subscriber.connect()
-    subscriber.receive(sub_client, until=2, timeout=2.0)
+    subscriber.connect()
+    subscriber.receive(until=2, timeout=2.0)
     assert subscriber.delivered == Counter({"only-once": 1})

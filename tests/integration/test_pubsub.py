@@ -30,6 +30,18 @@ def recv_publish(client: RawClient, timeout: float = 5.0) -> Publish:
     return packet
 
 
+def drain_qos1(client: RawClient, idle: float = 1.0) -> list[bytes]:
+    """Receive and PUBACK messages until none arrives for `idle` seconds; their payloads."""
+    payloads = []
+    while True:
+        try:
+            message = recv_publish(client, timeout=idle)
+        except TimeoutError:
+            return payloads
+        client.send(Puback(message.packet_id))
+        payloads.append(message.payload)
+
+
 def assert_nothing(client: RawClient, wait: float = 0.5) -> None:
     with pytest.raises(TimeoutError):
         client.recv(wait)
@@ -295,14 +307,7 @@ def test_offline_queue_limit_drops_oldest_and_logs_the_count(bridge_factory):
     node.wait_for_log("dropped the")
     sub = RawClient(node.port)
     sub.connect("bounded", clean_session=False)
-    received = []
-    while True:
-        try:
-            message = recv_publish(sub, timeout=1.0)
-        except TimeoutError:
-            break
-        received.append(int(message.payload))
-        sub.send(Puback(message.packet_id))
+    received = [int(payload) for payload in drain_qos1(sub)]
     assert 1 <= len(received) <= 10
     assert received == sorted(received)
     assert received[-1] == 39  # the newest are kept
@@ -333,16 +338,9 @@ def test_shared_subscription_delivers_each_message_to_one_member_round_robin(bri
     counts = []
     seen = []
     for client in members:
-        got = 0
-        while True:
-            try:
-                message = recv_publish(client, timeout=0.7)
-            except TimeoutError:
-                break
-            client.send(Puback(message.packet_id))
-            seen.append(int(message.payload))
-            got += 1
-        counts.append(got)
+        payloads = drain_qos1(client, idle=0.7)
+        seen.extend(int(p) for p in payloads)
+        counts.append(len(payloads))
     assert sorted(seen) == list(range(9))
     assert counts == [3, 3, 3]
 
@@ -480,14 +478,7 @@ def test_messages_removed_by_retention_are_counted_and_logged_for_the_reader(bri
             time.sleep(1.2)  # retention runs at most once a second, after a commit
     sub = RawClient(node.port)
     sub.connect("late-reader", clean_session=False)
-    received = []
-    while True:
-        try:
-            message = recv_publish(sub, timeout=1.0)
-        except TimeoutError:
-            break
-        received.append(int(message.payload[:5]))
-        sub.send(Puback(message.packet_id))
+    received = [int(payload[:5]) for payload in drain_qos1(sub)]
     node.wait_for_log("removed by retention before delivery")
     assert received and received[-1] == 199
     assert received == sorted(received)
