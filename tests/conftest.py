@@ -32,6 +32,13 @@ def bridge_factory(tmp_path: Path) -> Iterator[Callable[..., BridgeProcess]]:
     yield factory
     for node in started:
         node.kill()
+    # Any traceback in a node's log is a bug, whatever the test asserted (an exception that
+    # escaped into the event loop, a failed background task).
+    for node in started:
+        text = node.log_text()
+        assert "Traceback" not in text, (
+            f"node on port {node.port} logged a traceback:\n{text[-4000:]}"
+        )
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from bridge.mqtt import codec
 from bridge.mqtt.packets import (
     SUBACK_FAILURE,
     Puback,
@@ -493,3 +494,41 @@ def test_console_script_is_installed_and_answers_help():
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
     assert "--listen HOST:PORT" in result.stdout
+
+
+def test_offline_queue_byte_limit_drops_oldest(bridge_factory):
+    node = bridge_factory("max_queued_bytes=4096")
+    sub = RawClient(node.port)
+    sub.connect("small-budget", clean_session=False)
+    sub.subscribe("b", 1)
+    sub.disconnect()
+    pub = RawClient(node.port)
+    pub.connect("pub")
+    for i in range(40):
+        pub.publish("b", b"%03d" % i + b"x" * 500, 1, packet_id=i + 1)
+    node.wait_for_log("dropped the")
+    sub = RawClient(node.port)
+    sub.connect("small-budget", clean_session=False)
+    received = [int(p[:3]) for p in drain_qos1(sub)]
+    assert 1 <= len(received) <= 8  # 8 x ~500 bytes fit in 4 KiB
+    assert received[-1] == 39
+
+
+def test_publisher_outrunning_the_store_is_paused_not_dropped(bridge_factory):
+    node = bridge_factory("max_inbound_pending=4")
+    sub = RawClient(node.port)
+    sub.connect("sink")
+    sub.subscribe("fast/#", 1)
+    pub = RawClient(node.port)
+    pub.connect("firehose")
+    burst = b"".join(
+        codec.encode(Publish(f"fast/{i % 5}", b"%04d" % i, 1, packet_id=i + 1)) for i in range(300)
+    )
+    pub.send_bytes(burst)  # 300 QoS 1 publishes without waiting for any PUBACK
+    acked = set()
+    while len(acked) < 300:
+        ack = pub.recv()
+        assert isinstance(ack, Puback)
+        acked.add(ack.packet_id)
+    assert acked == set(range(1, 301))
+    assert len(drain_qos1(sub)) == 300
