@@ -26,7 +26,8 @@ test-deps: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py
+	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/auth.py bridge/passwd.py \
+		bridge/config.py bridge/state.py
 
 test: test-deps lint
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -146,10 +147,10 @@ def load_config(
             raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
         section = data.get("bridge", data)
         layers.append((f"file {file}", {k.replace("-", "_"): v for k, v in section.items()}))
-    env = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ if env is None else env
     from_env = {
         key[len(ENV_PREFIX) :].lower(): value
-        for key, value in env.items()
+        for key, value in environ.items()
         if key.startswith(ENV_PREFIX)
     }
     layers.append(("environment", from_env))

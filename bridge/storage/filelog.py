@@ -236,7 +236,9 @@ class FileLogStore(LogMaintenance):
         meta: Sequence[MetaUpdate] = (),
     ) -> int:
         if durable:
-            return await self.submit(message, queues, meta=meta)
+            future = self.submit(message, queues, meta=meta)
+            assert future is not None  # no callback given: submit returns a future
+            return await future
         return self._enqueue(message, queues, meta)
 
     def submit(
