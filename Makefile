@@ -21,7 +21,9 @@ run: install
 	$(BIN)/mqtt-bridge --listen $(LISTEN) --data-dir $(DATA)
 
 test-deps: install
-	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub
+	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
+		default-jre-headless:java maven:mvn
+	deploy/rocketmq/fetch.sh
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,0 +1,303 @@
+# Shared settings and helpers of the RocketMQ scripts in this directory; sourced, not run.
+#
+# Settings (environment variables; an explicitly set variable always wins):
+#   ROCKETMQ_DATA_DIR         <repo>/data/rocketmq   store, logs, PID files, rendered configs
+#   ROCKETMQ_NAMESRV_PORT     19876   NameServer (upstream default 9876)
+#   ROCKETMQ_BROKER_PORT      20911   broker listenPort (upstream 10911); the broker also binds
+#                                     PORT-2 (its "fast" channel) and PORT+1 (HA), keep them free
+#   ROCKETMQ_CLUSTER          DefaultCluster
+#   ROCKETMQ_BROKER_NAME      broker-a
+#   ROCKETMQ_FLUSH_DISK_TYPE  SYNC_FLUSH (fsync before a send is acknowledged) | ASYNC_FLUSH
+#   ROCKETMQ_START_TIMEOUT    90      seconds to wait for a process to come up
+#   ROCKETMQ_STOP_TIMEOUT     30      seconds between SIGTERM and SIGKILL
+#   ROCKETMQ_NAMESRV_HEAP     -Xms128m -Xmx256m
+#   ROCKETMQ_BROKER_HEAP      -Xms256m -Xmx512m -XX:MaxDirectMemorySize=256m
+#   ROCKETMQ_ADMIN_HEAP       -Xms64m -Xmx256m
+#   ROCKETMQ_JAVA_OPTS        extra JVM options for every process (appended last)
+#   ROCKETMQ_VERSION          5.3.3
+#   ROCKETMQ_CACHE_DIR        ${XDG_CACHE_HOME:-$HOME/.cache}/mqtt-bridge/rocketmq-$ROCKETMQ_VERSION
+#   ROCKETMQ_NAMESRV_ADDR     127.0.0.1:$ROCKETMQ_NAMESRV_PORT (admin.sh against another NameServer)
+#   JAVA                      java binary (default: $JAVA_HOME/bin/java, else `java`)
+#
+# start.sh saves the ports/names it used in $ROCKETMQ_DATA_DIR/rocketmq.env; the other scripts
+# read that file for every variable that is not set, so `stop.sh`, `admin.sh`,
+# `start-broker.sh` ... only need ROCKETMQ_DATA_DIR to find an instance started with other ports.
+
+ROCKETMQ_DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROCKETMQ_REPO_DIR="$(cd "$ROCKETMQ_DEPLOY_DIR/../.." && pwd)"
+
+: "${ROCKETMQ_DATA_DIR:=$ROCKETMQ_REPO_DIR/data/rocketmq}"
+ROCKETMQ_DATA_DIR="$(realpath -m "$ROCKETMQ_DATA_DIR")"
+# Saved settings only fill variables that are still unset (the file uses `: ${X:=v}` lines).
+if [ -f "$ROCKETMQ_DATA_DIR/rocketmq.env" ]; then
+    # shellcheck disable=SC1091
+    . "$ROCKETMQ_DATA_DIR/rocketmq.env"
+fi
+
+: "${ROCKETMQ_VERSION:=5.3.3}"
+: "${ROCKETMQ_CACHE_DIR:=${XDG_CACHE_HOME:-$HOME/.cache}/mqtt-bridge/rocketmq-$ROCKETMQ_VERSION}"
+ROCKETMQ_LIB="$ROCKETMQ_CACHE_DIR/lib"
+: "${ROCKETMQ_NAMESRV_PORT:=19876}"
+: "${ROCKETMQ_BROKER_PORT:=20911}"
+: "${ROCKETMQ_CLUSTER:=DefaultCluster}"
+: "${ROCKETMQ_BROKER_NAME:=broker-a}"
+: "${ROCKETMQ_FLUSH_DISK_TYPE:=SYNC_FLUSH}"
+: "${ROCKETMQ_START_TIMEOUT:=90}"
+: "${ROCKETMQ_STOP_TIMEOUT:=30}"
+: "${ROCKETMQ_NAMESRV_HEAP:=-Xms128m -Xmx256m}"
+: "${ROCKETMQ_BROKER_HEAP:=-Xms256m -Xmx512m -XX:MaxDirectMemorySize=256m}"
+: "${ROCKETMQ_ADMIN_HEAP:=-Xms64m -Xmx256m}"
+: "${ROCKETMQ_JAVA_OPTS:=}"
+# admin.sh can also talk to another NameServer: ROCKETMQ_NAMESRV_ADDR=host:port admin.sh ...
+: "${ROCKETMQ_NAMESRV_ADDR:=127.0.0.1:$ROCKETMQ_NAMESRV_PORT}"
+RMQ_LOCAL_NAMESRV="127.0.0.1:$ROCKETMQ_NAMESRV_PORT"  # what start*.sh start and register with
+ROCKETMQ_BROKER_ADDR="127.0.0.1:$ROCKETMQ_BROKER_PORT"
+
+case "$ROCKETMQ_FLUSH_DISK_TYPE" in
+    SYNC_FLUSH | ASYNC_FLUSH) ;;
+    *) echo "ROCKETMQ_FLUSH_DISK_TYPE must be SYNC_FLUSH or ASYNC_FLUSH, not '$ROCKETMQ_FLUSH_DISK_TYPE'" >&2; exit 2 ;;
+esac
+
+if [ -z "${JAVA:-}" ]; then
+    if [ -n "${JAVA_HOME:-}" ] && [ -x "$JAVA_HOME/bin/java" ]; then JAVA="$JAVA_HOME/bin/java"; else JAVA=java; fi
+fi
+
+# Layout of the data dir.
+RMQ_HOME="$ROCKETMQ_DATA_DIR/home"  # rocketmq.home.dir and user.home of every JVM (conf/ inside)
+RMQ_CONF="$ROCKETMQ_DATA_DIR/conf"  # rendered namesrv.conf / broker.conf
+RMQ_LOGS="$ROCKETMQ_DATA_DIR/logs"
+RMQ_STORE="$ROCKETMQ_DATA_DIR/store"
+
+NAMESRV_MAIN=org.apache.rocketmq.namesrv.NamesrvStartup
+BROKER_MAIN=org.apache.rocketmq.broker.BrokerStartup
+ADMIN_MAIN=org.apache.rocketmq.tools.command.MQAdminStartup
+
+# JDK 9+ module access RocketMQ's store and Netty need: the store casts mapped buffers to
+# sun.nio.ch.DirectBuffer and reflects into java.nio; Netty frees direct memory via internals.
+RMQ_JDK_ACCESS=(
+    --add-exports=java.base/sun.nio.ch=ALL-UNNAMED
+    --add-opens=java.base/sun.nio.ch=ALL-UNNAMED
+    --add-opens=java.base/java.nio=ALL-UNNAMED
+    --add-opens=java.base/java.lang=ALL-UNNAMED
+    --add-opens=java.base/java.lang.reflect=ALL-UNNAMED
+    --add-opens=java.base/java.util=ALL-UNNAMED
+    --add-opens=java.base/jdk.internal.misc=ALL-UNNAMED
+    --add-exports=java.base/jdk.internal.misc=ALL-UNNAMED
+    --add-opens=java.base/java.io=ALL-UNNAMED
+    --add-opens=java.base/java.net=ALL-UNNAMED
+)
+
+# Options of every RocketMQ JVM. SerialGC: heaps are small and the machine may have 2 shared
+# cores. C1-only JIT (TieredStopAtLevel=1) halves start-up CPU; peak throughput is not the goal
+# here (set ROCKETMQ_JAVA_OPTS=-XX:TieredStopAtLevel=4 for benchmarks).
+rmq_java_common() {
+    # $1 = logback file name under $RMQ_HOME/conf
+    # shellcheck disable=SC2206  # heap/opts strings are word lists on purpose
+    RMQ_JAVA_ARGS=(
+        -server -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-OmitStackTraceInFastThrow
+        -XX:-UseLargePages -Xss512k -XX:MaxMetaspaceSize=256m
+        "${RMQ_JDK_ACCESS[@]}"
+        -Djava.awt.headless=true -Dfile.encoding=UTF-8
+        "-Duser.home=$RMQ_HOME" "-Drocketmq.home.dir=$RMQ_HOME"
+        "-Drmq.log.dir=$RMQ_LOGS"
+        "-Drmq.logback.configurationFile=$RMQ_HOME/conf/$1"
+        -Drocketmq.client.logUseSlf4j=true
+        -cp "$ROCKETMQ_LIB/*"
+    )
+}
+
+die() {
+    echo "rocketmq: error: $*" >&2
+    exit 1
+}
+
+need_jars() {
+    compgen -G "$ROCKETMQ_LIB/rocketmq-broker-*.jar" >/dev/null \
+        || die "RocketMQ jars missing in $ROCKETMQ_LIB; run deploy/rocketmq/fetch.sh"
+}
+
+# Copy the static config (logback) into the home dir RocketMQ expects, render the templates.
+prepare_dirs() {
+    mkdir -p "$RMQ_HOME/conf" "$RMQ_CONF" "$RMQ_LOGS" "$RMQ_STORE" "$ROCKETMQ_DATA_DIR/namesrv"
+    cp "$ROCKETMQ_DEPLOY_DIR"/logback/*.xml "$RMQ_HOME/conf/"
+    {
+        echo "# Written by deploy/rocketmq/start.sh; read by the other scripts for unset variables."
+        for v in ROCKETMQ_NAMESRV_PORT ROCKETMQ_BROKER_PORT ROCKETMQ_CLUSTER ROCKETMQ_BROKER_NAME \
+            ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_VERSION; do
+            printf ': "${%s:=%s}"\n' "$v" "${!v}"
+        done
+    } >"$ROCKETMQ_DATA_DIR/rocketmq.env"
+}
+
+# render TEMPLATE OUTPUT: replace @NAME@ placeholders.
+render() {
+    sed -e "s#@DATA_DIR@#$ROCKETMQ_DATA_DIR#g" \
+        -e "s#@STORE_DIR@#$RMQ_STORE#g" \
+        -e "s#@NAMESRV_PORT@#$ROCKETMQ_NAMESRV_PORT#g" \
+        -e "s#@BROKER_PORT@#$ROCKETMQ_BROKER_PORT#g" \
+        -e "s#@CLUSTER@#$ROCKETMQ_CLUSTER#g" \
+        -e "s#@BROKER_NAME@#$ROCKETMQ_BROKER_NAME#g" \
+        -e "s#@FLUSH_DISK_TYPE@#$ROCKETMQ_FLUSH_DISK_TYPE#g" \
+        "$1" >"$2.tmp"
+    mv "$2.tmp" "$2"
+}
+
+# pid_of ROLE: print the PID recorded for ROLE (namesrv|broker) if that process is alive and
+# still runs the expected main class (guards against a recycled PID); else print nothing.
+pid_of() {
+    local role=$1 main pid
+    case "$role" in namesrv) main=$NAMESRV_MAIN ;; broker) main=$BROKER_MAIN ;; *) return 1 ;; esac
+    [ -f "$ROCKETMQ_DATA_DIR/$role.pid" ] || return 0
+    pid=$(cat "$ROCKETMQ_DATA_DIR/$role.pid" 2>/dev/null || true)
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "$main"; then
+        echo "$pid"
+    fi
+}
+
+port_open() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+log_tail() {
+    local f
+    for f in "$@"; do
+        [ -s "$f" ] || continue
+        echo "----- last lines of $f -----" >&2
+        tail -n 40 "$f" >&2
+    done
+}
+
+# launch ROLE MAIN ARGS...: start a detached JVM (own session, so a terminal's Ctrl-C or the
+# caller's process group does not reach it), record its PID.
+launch() {
+    local role=$1 main=$2 out="$RMQ_LOGS/$1.out"
+    shift 2
+    [ -f "$out" ] && mv -f "$out" "$out.1"
+    # Not a process group leader (no job control here), so setsid execs java in place: $! is
+    # the JVM's PID.
+    setsid "$JAVA" "${RMQ_JAVA_ARGS[@]}" $ROCKETMQ_JAVA_OPTS "$main" "$@" \
+        </dev/null >"$out" 2>&1 &
+    echo $! >"$ROCKETMQ_DATA_DIR/$role.pid"
+}
+
+# wait_up ROLE PORT LOG...: wait until ROLE's recorded process listens on PORT (and, for the
+# broker, printed "boot success", which it does after registering with the NameServer).
+wait_up() {
+    local role=$1 port=$2 deadline=$((SECONDS + ROCKETMQ_START_TIMEOUT)) pid
+    shift 2
+    while :; do
+        pid=$(pid_of "$role")
+        if [ -z "$pid" ]; then
+            echo "rocketmq: error: $role exited during start-up" >&2
+            log_tail "$@"
+            exit 1
+        fi
+        if port_open "$port"; then
+            if [ "$role" != broker ] || grep -q "boot success" "$RMQ_LOGS/broker.out"; then
+                return 0
+            fi
+        fi
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "rocketmq: error: $role (pid $pid) not up on 127.0.0.1:$port after ${ROCKETMQ_START_TIMEOUT}s" >&2
+            log_tail "$@"
+            exit 1
+        fi
+        sleep 0.2
+    done
+}
+
+# stop_role ROLE SIGNAL: send SIGNAL (TERM or KILL), wait for the exit, KILL after the timeout.
+stop_role() {
+    local role=$1 sig=$2 pid deadline
+    pid=$(pid_of "$role")
+    if [ -z "$pid" ]; then
+        rm -f "$ROCKETMQ_DATA_DIR/$role.pid"
+        return 0
+    fi
+    kill "-$sig" "$pid" 2>/dev/null || true
+    deadline=$((SECONDS + ROCKETMQ_STOP_TIMEOUT))
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "rocketmq: $role (pid $pid) ignored SIG$sig for ${ROCKETMQ_STOP_TIMEOUT}s; SIGKILL" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+            deadline=$((SECONDS + 10))
+            sig=KILL
+        fi
+        sleep 0.1
+    done
+    rm -f "$ROCKETMQ_DATA_DIR/$role.pid"
+    echo "rocketmq: $role (pid $pid) stopped"
+}
+
+start_namesrv() {
+    local pid
+    pid=$(pid_of namesrv)
+    if [ -n "$pid" ]; then
+        echo "rocketmq: namesrv already running (pid $pid) on $RMQ_LOCAL_NAMESRV"
+        return 0
+    fi
+    port_open "$ROCKETMQ_NAMESRV_PORT" \
+        && die "port $ROCKETMQ_NAMESRV_PORT is taken by another process; set ROCKETMQ_NAMESRV_PORT"
+    render "$ROCKETMQ_DEPLOY_DIR/namesrv.conf" "$RMQ_CONF/namesrv.conf"
+    rmq_java_common rmq.namesrv.logback.xml
+    # shellcheck disable=SC2206
+    RMQ_JAVA_ARGS=($ROCKETMQ_NAMESRV_HEAP "${RMQ_JAVA_ARGS[@]}")
+    launch namesrv "$NAMESRV_MAIN" -c "$RMQ_CONF/namesrv.conf"
+    wait_up namesrv "$ROCKETMQ_NAMESRV_PORT" "$RMQ_LOGS/namesrv.out" "$RMQ_LOGS/namesrv.log"
+    echo "rocketmq: namesrv up (pid $(pid_of namesrv)) on $RMQ_LOCAL_NAMESRV"
+}
+
+start_broker() {
+    local pid p
+    pid=$(pid_of broker)
+    if [ -n "$pid" ]; then
+        echo "rocketmq: broker already running (pid $pid) on $ROCKETMQ_BROKER_ADDR"
+        return 0
+    fi
+    port_open "$ROCKETMQ_NAMESRV_PORT" \
+        || die "no NameServer on $RMQ_LOCAL_NAMESRV; start it first (start.sh)"
+    for p in $((ROCKETMQ_BROKER_PORT - 2)) "$ROCKETMQ_BROKER_PORT" $((ROCKETMQ_BROKER_PORT + 1)); do
+        port_open "$p" && die "port $p (broker uses ROCKETMQ_BROKER_PORT-2..+1) is taken by another process; set ROCKETMQ_BROKER_PORT"
+    done
+    render "$ROCKETMQ_DEPLOY_DIR/broker.conf" "$RMQ_CONF/broker.conf"
+    rmq_java_common rmq.broker.logback.xml
+    # shellcheck disable=SC2206
+    RMQ_JAVA_ARGS=($ROCKETMQ_BROKER_HEAP "${RMQ_JAVA_ARGS[@]}")
+    launch broker "$BROKER_MAIN" -c "$RMQ_CONF/broker.conf" -n "$RMQ_LOCAL_NAMESRV"
+    wait_up broker "$ROCKETMQ_BROKER_PORT" "$RMQ_LOGS/broker.out" "$RMQ_LOGS/broker.log"
+    wait_registered
+    echo "rocketmq: broker up (pid $(pid_of broker)) on $ROCKETMQ_BROKER_ADDR, registered at $RMQ_LOCAL_NAMESRV"
+}
+
+# run_admin ARGS...: MQAdminStartup with our classpath; adds -n unless given. Prints its output.
+# MQAdminStartup exits 0 even when a command fails (it prints the stack trace), so fail on one.
+run_admin() {
+    local out status=0 a has_n=0
+    for a in "$@"; do [ "$a" = -n ] && has_n=1; done
+    rmq_java_common rmq.tools.logback.xml
+    # shellcheck disable=SC2206
+    RMQ_JAVA_ARGS=($ROCKETMQ_ADMIN_HEAP "${RMQ_JAVA_ARGS[@]}")
+    mkdir -p "$RMQ_LOGS" "$RMQ_HOME/conf"
+    [ -f "$RMQ_HOME/conf/rmq.tools.logback.xml" ] || cp "$ROCKETMQ_DEPLOY_DIR/logback/rmq.tools.logback.xml" "$RMQ_HOME/conf/"
+    if [ "$has_n" = 0 ] && [ $# -gt 0 ] && [ "$1" != help ]; then set -- "$@" -n "$ROCKETMQ_NAMESRV_ADDR"; fi
+    out=$("$JAVA" "${RMQ_JAVA_ARGS[@]}" $ROCKETMQ_JAVA_OPTS "$ADMIN_MAIN" "$@" 2>&1) || status=$?
+    printf '%s\n' "$out"
+    if [ "$status" -eq 0 ] && grep -qE '^(org\.apache\.rocketmq|java\.|io\.netty)[A-Za-z0-9_.$]*(Exception|Error)\b|^Caused by: |^The sub command .* not exist' <<<"$out"; then
+        status=1
+    fi
+    return "$status"
+}
+
+# wait_registered: until the NameServer lists our broker (probe.py nudges the broker to
+# register at once instead of its first periodic registration 10 s after start).
+wait_registered() {
+    if ! "${PYTHON:-python3}" "$ROCKETMQ_DEPLOY_DIR/probe.py" wait-registered \
+        "$RMQ_LOCAL_NAMESRV" "$ROCKETMQ_BROKER_ADDR" "$ROCKETMQ_START_TIMEOUT"; then
+        log_tail "$RMQ_LOGS/broker.out" "$RMQ_LOGS/broker.log" "$RMQ_LOGS/namesrv.log"
+        die "broker $ROCKETMQ_BROKER_ADDR did not register with the NameServer $RMQ_LOCAL_NAMESRV"
+    fi
+}
+
+# The (child) processes were started by us; `kill -0` on a zombie succeeds, but setsid'd JVMs
+# are reparented to init, which reaps them, so the loops above terminate.
