@@ -101,7 +101,9 @@ class Node:
         offsets = self.store.meta(KIND_OFFSETS)
         for client_id, subs in self.store.meta(KIND_SESSION).items():
             session = Session.restore(client_id, subs, offsets.get(client_id))
-            session.disconnected_at = time.time()
+            if not session.disconnected_at or client_id in self.store.meta(KIND_ONLINE):
+                # Connected when the node stopped (or never recorded): offline from now on.
+                session.disconnected_at = time.time()
             self.sessions[client_id] = session
             self._subscribe_tables(session)
         for key in list(self.store.meta(KIND_QOS2_IN)):

@@ -161,11 +161,18 @@ class Session:
         ).encode()
 
     def encode_offsets(self) -> bytes:
-        """Read positions, committed positions and the QoS 2 PUBREL-phase set."""
+        """Read positions, committed positions, the QoS 2 PUBREL-phase set and when the client
+        went offline (so session expiry survives a restart)."""
         committed = {queue: self.committed(queue) for queue in self.cursors}
         sent = dict(self.cursors)
         return json.dumps(
-            {"c": committed, "s": sent, "rel": sorted(self.released)}, separators=(",", ":")
+            {
+                "c": committed,
+                "s": sent,
+                "rel": sorted(self.released),
+                "d": 0.0 if self.connected else self.disconnected_at,
+            },
+            separators=(",", ":"),
         ).encode()
 
     @classmethod
@@ -183,4 +190,5 @@ class Session:
             session.cursors = {str(k): int(v) for k, v in data.get("c", {}).items()}
             session.resend_below = {str(k): int(v) for k, v in data.get("s", {}).items()}
             session.released = {int(s) for s in data.get("rel", [])}
+            session.disconnected_at = float(data.get("d", 0.0))
         return session

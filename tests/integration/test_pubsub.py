@@ -532,3 +532,18 @@ def test_publisher_outrunning_the_store_is_paused_not_dropped(bridge_factory):
         acked.add(ack.packet_id)
     assert acked == set(range(1, 301))
     assert len(drain_qos1(sub)) == 300
+
+
+def test_session_expiry_counts_time_offline_across_a_restart(bridge_factory):
+    node = bridge_factory("session_expiry_seconds=2")
+    client = RawClient(node.port)
+    client.connect("sleeper", clean_session=False)
+    client.subscribe("s", 1)
+    client.disconnect()
+    time.sleep(0.5)  # the disconnect time is flushed with the offsets
+    node.stop()
+    time.sleep(2.0)  # offline longer than the expiry while the node is down
+    node.start()
+    node.wait_for_log("session sleeper expired", timeout=5)
+    client = RawClient(node.port)
+    assert client.connect("sleeper", clean_session=False).session_present is False

@@ -91,3 +91,13 @@ def test_restore_round_trips_subscriptions_offsets_and_pubrel_phase():
     assert restored.cursors == {"f:a/+": 9, "c:dev": 3}  # resumes at the unacknowledged one
     assert restored.resend_below == {"f:a/+": 12, "c:dev": 3}
     assert restored.released == {777}
+
+
+def test_offline_since_survives_a_restore_so_expiry_counts_from_the_disconnect():
+    session = Session("dev", persistent=True, subscriptions={"a": 1})
+    session.disconnected_at = 1_700_000_000.0
+    restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
+    assert restored.disconnected_at == 1_700_000_000.0
+    session.connected = True
+    restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
+    assert restored.disconnected_at == 0.0
