@@ -29,7 +29,8 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/auth.py bridge/passwd.py \
-		bridge/config.py bridge/state.py
+		bridge/config.py bridge/state.py bridge/storage/rocketmq_mapping.py \
+		bridge/storage/rocketmq_wire.py
 
 test: test-deps lint
 	$(BIN)/pytest $(PYTEST_ARGS)
