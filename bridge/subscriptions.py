@@ -1,0 +1,221 @@
+"""SUBSCRIBE and UNSUBSCRIBE, retained messages on subscribe, and shared-subscription hand-over.
+
+A mixin of `bridge.node.Node` (it uses the node's tables, store and connections): the node module
+keeps CONNECT, PUBLISH and session lifecycle; this one what changes the subscription tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from bridge.metrics import Metrics
+from bridge.mqtt import codec
+from bridge.mqtt.errors import MQTTProtocolError
+from bridge.mqtt.packets import SUBACK_FAILURE, Suback, Subscribe, Unsuback, Unsubscribe
+from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_filter
+from bridge.router.shared import SharedSubscriptions
+from bridge.router.trie import SubscriptionTrie
+from bridge.session import Session, client_queue, filter_queue
+from bridge.state import KIND_OFFSETS, KIND_SESSION, RETAINED_DELIVERY, shared_queue
+from bridge.storage.base import Message, MessageStore, MetaUpdate
+
+if TYPE_CHECKING:
+    from bridge.connection import Connection
+    from bridge.delivery import Delivery
+    from bridge.housekeeping import Housekeeper
+
+log = logging.getLogger("bridge.node")
+
+
+class SubscriptionHandling:
+    """What SUBSCRIBE and UNSUBSCRIBE do to a node's tables and sessions."""
+
+    # Provided by Node.
+    trie: SubscriptionTrie
+    shared: SharedSubscriptions
+    store: MessageStore
+    metrics: Metrics
+    retained: dict[str, Message]
+    deliveries: dict[str, Delivery]
+    connections: dict[str, Connection]
+    housekeeper: Housekeeper
+    node_id: str
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        raise NotImplementedError
+
+    def next_key(self) -> str:
+        raise NotImplementedError
+
+    def check_topic_limits(self, topic: str) -> str | None:
+        raise NotImplementedError
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------
+
+    def subscribe(self, conn: Connection, session: Session, packet: Subscribe) -> None:
+        """Apply the filters at once (so a PUBLISH that follows is routed by them), then, in the
+        background, make them durable for a persistent session, answer SUBACK and send the
+        matching retained messages."""
+        codes: list[int] = []
+        retained_for: list[tuple[str, int]] = []
+        for sub in packet.subscriptions:
+            topic_filter = sub.topic_filter
+            try:
+                validate_topic_filter(topic_filter)
+                error = self.check_topic_limits(topic_filter)
+                if error:
+                    raise MQTTProtocolError("limit", error)
+            except MQTTProtocolError as exc:
+                log.warning(
+                    "client %s: SUBSCRIBE %r refused (0x80): %s",
+                    session.client_id,
+                    topic_filter,
+                    exc,
+                )
+                self.metrics.inc("subscriptions_refused")
+                codes.append(SUBACK_FAILURE)
+                continue
+            granted = min(sub.qos, 2)
+            parsed = parse_shared(topic_filter)
+            if parsed is not None:
+                group, inner = parsed
+                self.shared.subscribe(topic_filter, group, inner, session.client_id, granted)
+                session.shared[topic_filter] = granted
+                queue = shared_queue(topic_filter, session.client_id)
+                session.start_queue(queue, self.store.end_offset(queue))
+            else:
+                self.trie.subscribe(topic_filter, session.client_id, granted)
+                session.subscriptions[topic_filter] = granted
+                queue = filter_queue(topic_filter)
+                session.start_queue(queue, self.store.end_offset(queue))
+                retained_for.append((topic_filter, granted))
+            codes.append(granted)
+        self.spawn(self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for))
+
+    async def _finish_subscribe(
+        self,
+        conn: Connection,
+        session: Session,
+        packet_id: int,
+        codes: list[int],
+        retained_for: list[tuple[str, int]],
+    ) -> None:
+        if session.persistent:
+            await self.store.put_meta(
+                [
+                    MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
+                    MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
+                ],
+                durable=True,
+            )
+        if conn.closed:
+            return
+        conn.send(codec.encode(Suback(packet_id, codes)))
+        await self._send_retained(conn, session, retained_for)
+
+    async def _send_retained(
+        self, conn: Connection, session: Session, filters: list[tuple[str, int]]
+    ) -> None:
+        """Retained messages for new subscriptions, with RETAIN=1 (MQTT-3.3.1-6, -8)."""
+        if not filters or not self.retained:
+            return
+        queued = False
+        for topic, message in list(self.retained.items()):
+            best = -1
+            for topic_filter, granted in filters:
+                if granted > best and topic_matches(topic_filter, topic):
+                    best = granted
+            if best < 0:
+                continue
+            qos = min(best, message.qos)
+            if qos == 0:
+                conn.send(codec.encode_publish(topic, message.payload, 0, retain=True))
+                continue
+            copy = Message(
+                topic=topic,
+                payload=message.payload,
+                qos=message.qos,
+                retain=True,
+                publisher=message.publisher,
+                key=self.next_key(),
+                timestamp_ms=message.timestamp_ms,
+                node=self.node_id,
+                properties={RETAINED_DELIVERY: str(qos)},
+            )
+            await self.store.submit(copy, [client_queue(session.client_id)])
+            queued = True
+        if queued:
+            delivery = self.deliveries.get(session.client_id)
+            if delivery is not None:
+                delivery.wake()
+
+    def unsubscribe(self, conn: Connection, session: Session, packet: Unsubscribe) -> None:
+        """Remove the filters at once; make it durable for a persistent session, then UNSUBACK."""
+        for topic_filter in packet.topic_filters:
+            if topic_filter in session.subscriptions:
+                del session.subscriptions[topic_filter]
+                self.trie.unsubscribe(topic_filter, session.client_id)
+                session.forget_queue(filter_queue(topic_filter))
+            elif topic_filter in session.shared:
+                del session.shared[topic_filter]
+                self.shared.unsubscribe(topic_filter, session.client_id)
+                session.forget_queue(shared_queue(topic_filter, session.client_id))
+        self.spawn(self._finish_unsubscribe(conn, session, packet.packet_id))
+
+    async def _finish_unsubscribe(self, conn: Connection, session: Session, packet_id: int) -> None:
+        if session.persistent:
+            await self.store.put_meta(
+                [
+                    MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
+                    MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
+                ],
+                durable=True,
+            )
+        if not conn.closed:
+            conn.send(codec.encode(Unsuback(packet_id)))
+
+    # -- shared subscriptions --------------------------------------------------------------------
+
+    def _redispatch_shared(self, session: Session) -> None:
+        """A member left: its unacknowledged and unread shared messages go to other members."""
+        if not session.shared:
+            return
+        self.spawn(self._redispatch_shared_async(session))
+
+    async def _redispatch_shared_async(self, session: Session) -> None:
+        for share_filter in list(session.shared):
+            queue = shared_queue(share_filter, session.client_id)
+            group = self.shared.group(share_filter)
+            if group is None:
+                continue
+            start = session.committed(queue)
+            end = self.store.end_offset(queue)
+            moved = 0
+            while start < end:
+                result = await self.store.read(queue, start, 256)
+                if not result.messages:
+                    break
+                for stored in result.messages:
+                    member = group.pick(lambda m: m != session.client_id and m in self.connections)
+                    if member is None:
+                        return  # nobody else online: the messages wait for this member
+                    await self.store.submit(stored.message, [shared_queue(share_filter, member)])
+                    moved += 1
+                    delivery = self.deliveries.get(member)
+                    if delivery is not None:
+                        delivery.wake()
+                start = result.next_offset
+            for packet_id, out in list(session.inflight.items()):
+                if out.queue == queue:
+                    del session.inflight[packet_id]
+            session.cursors[queue] = end
+            self.housekeeper.mark_offsets_dirty(session)
+            if moved:
+                log.info(
+                    "client %s left %s: %d unacknowledged messages moved to other members",
+                    session.client_id,
+                    share_filter,
+                    moved,
+                )
