@@ -31,6 +31,14 @@ def recv_publish(client: RawClient, timeout: float = 5.0) -> Publish:
     return packet
 
 
+def subscribe_then_go_offline(port: int, client_id: str, topic_filter: str, qos: int) -> None:
+    """A persistent session subscribes and disconnects: messages now queue for it."""
+    client = RawClient(port)
+    client.connect(client_id, clean_session=False)
+    client.subscribe(topic_filter, qos)
+    client.disconnect()
+
+
 def drain_qos1(client: RawClient, idle: float = 1.0) -> list[bytes]:
     """Receive and PUBACK messages until none arrives for `idle` seconds; their payloads."""
     payloads = []
@@ -297,10 +305,7 @@ def test_inflight_window_limits_unacknowledged_messages(bridge_factory):
 
 def test_offline_queue_limit_drops_oldest_and_logs_the_count(bridge_factory):
     node = bridge_factory("max_queued_messages=10")
-    sub = RawClient(node.port)
-    sub.connect("bounded", clean_session=False)
-    sub.subscribe("q", 1)
-    sub.disconnect()
+    subscribe_then_go_offline(node.port, "bounded", "q", 1)
     pub = RawClient(node.port)
     pub.connect("pub")
     for i in range(40):
@@ -467,10 +472,7 @@ def test_orderly_shutdown_keeps_sessions_and_publishes_no_wills(bridge):
 
 def test_messages_removed_by_retention_are_counted_and_logged_for_the_reader(bridge_factory):
     node = bridge_factory("segment_bytes=4096", "retention_bytes=16384")
-    sub = RawClient(node.port)
-    sub.connect("late-reader", clean_session=False)
-    sub.subscribe("bulk", 1)
-    sub.disconnect()
+    subscribe_then_go_offline(node.port, "late-reader", "bulk", 1)
     pub = RawClient(node.port)
     pub.connect("pub")
     for i in range(200):
@@ -498,10 +500,7 @@ def test_console_script_is_installed_and_answers_help():
 
 def test_offline_queue_byte_limit_drops_oldest(bridge_factory):
     node = bridge_factory("max_queued_bytes=4096")
-    sub = RawClient(node.port)
-    sub.connect("small-budget", clean_session=False)
-    sub.subscribe("b", 1)
-    sub.disconnect()
+    subscribe_then_go_offline(node.port, "small-budget", "b", 1)
     pub = RawClient(node.port)
     pub.connect("pub")
     for i in range(40):
