@@ -37,6 +37,7 @@ test: test-deps lint
 
 bench: test-deps
 	$(BIN)/python tests/bench/run_bench.py $(BENCH_ARGS)
+	$(BIN)/python tests/bench/durability_contrast.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
