@@ -205,12 +205,9 @@ class Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         if self.transport is not None:
-            if self._out:
-                if self._flush_handle is not None:
-                    self._flush_handle.cancel()
-                self._flush_handle = None
-                self.transport.write(b"".join(self._out))
-                self._out = []
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            self._flush()  # what is queued (a CONNACK with a refusal code) still goes out
             self.transport.close()
 
     # -- input -----------------------------------------------------------------------------------
@@ -312,22 +309,19 @@ class Connection(asyncio.Protocol):
         packet_id = packet.packet_id
         assert packet_id is not None
         if packet.qos == 2 and packet_id in session.inbound_qos2:
-            # A resend of a QoS 2 PUBLISH we already stored: acknowledge, never store twice.
+            # A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
+            # that store is durable, never store it twice. (A failed store removes the id.)
             pending = session.inbound_qos2[packet_id]
             if pending is None or pending.done():
-                self.send(codec.encode(Pubrec(packet_id)))
+                self._acknowledge(None, 2, packet_id)
             else:
-                pending.add_done_callback(lambda f: self._acknowledge_future(f, packet_id))
+                pending.add_done_callback(lambda f: self._acknowledge(f.result(), 2, packet_id))
             return
         qos = packet.qos
-        try:
-            node.publish(
-                session, packet, lambda _s, error: self._acknowledge(error, qos, packet_id, True)
-            )
-        except StoreUnavailable as exc:
-            self.close(f"store unavailable, PUBLISH not acknowledged: {exc}")
-            return
-        self._pending_in += 1
+        self._pending_in += 1  # before publish: a failing store may call back at once
+        node.publish(
+            session, packet, lambda _s, error: self._acknowledge(error, qos, packet_id, True)
+        )
         if self._pending_in >= node.config.max_inbound_pending and not self._paused_reading:
             self._paused_reading = True
             if self.transport is not None:
@@ -350,10 +344,6 @@ class Connection(asyncio.Protocol):
             self.close(f"message not stored, so not acknowledged ({error}); the client will resend")
             return
         self.send(encode_puback(packet_id) if qos == 1 else encode_pubrec(packet_id))
-
-    def _acknowledge_future(self, future: asyncio.Future[int], packet_id: int) -> None:
-        error = asyncio.CancelledError() if future.cancelled() else future.exception()
-        self._acknowledge(error, 2, packet_id)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         session = self.session
@@ -416,7 +406,7 @@ class Connection(asyncio.Protocol):
         self._after_ack(session)
 
     def _after_ack(self, session: Session) -> None:
-        self.node.mark_offsets_dirty(session)
+        self.node.housekeeper.mark_offsets_dirty(session)
         delivery = self.node.deliveries.get(session.client_id)
         if delivery is not None and delivery.blocked_on_window:
             # Refill the window in batches, not one message per acknowledgement.

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from bridge.auth import AllowAll, AuthResult, make_authenticator
 from bridge.config import Config
@@ -100,14 +100,14 @@ class Node(SubscriptionHandling):
                 session.disconnected_at = time.time()
             self.sessions[client_id] = session
             self._subscribe_tables(session)
-        for key in list(self.store.meta(KIND_QOS2_IN)):
+        stale = []
+        for key in self.store.meta(KIND_QOS2_IN):
             client_id, _, packet_id = key.rpartition("\x00")
             session = self.sessions.get(client_id)
-            if session is not None:
+            if session is None:
+                stale.append(key)
+            else:
                 session.inbound_qos2[int(packet_id)] = None
-        stale = [
-            k for k in self.store.meta(KIND_QOS2_IN) if k.rpartition("\x00")[0] not in self.sessions
-        ]
         if stale:
             await self.store.put_meta([MetaUpdate(KIND_QOS2_IN, k, None) for k in stale])
         orphans = dict(self.store.meta(KIND_ONLINE))
@@ -162,10 +162,6 @@ class Node(SubscriptionHandling):
     def next_key(self) -> str:
         """A message key unique across nodes and restarts."""
         return f"{self._key_prefix}{next(self._key_counter)}"
-
-    def mark_offsets_dirty(self, session: Session) -> None:
-        """A session's acknowledged position moved; it is written with the next flush."""
-        self.housekeeper.mark_offsets_dirty(session)
 
     # -- CONNECT / DISCONNECT -------------------------------------------------------------------
 
@@ -297,15 +293,19 @@ class Node(SubscriptionHandling):
         return json.dumps(record, separators=(",", ":")).encode()
 
     def _will_message(self, client_id: str, will: Will) -> Message:
+        return self._stamp(will.topic, will.payload, will.qos, will.retain, client_id)
+
+    def _stamp(self, topic: str, payload: bytes, qos: int, retain: bool, publisher: str) -> Message:
+        """A message as this node stores it: unique key, publish time, node id."""
         return Message(
-            topic=will.topic,
-            payload=will.payload,
-            qos=will.qos,
-            retain=will.retain,
-            publisher=client_id,
-            key=self.next_key(),
-            timestamp_ms=int(time.time() * 1000),
-            node=self.node_id,
+            topic,
+            payload,
+            qos,
+            retain,
+            publisher,
+            f"{self._key_prefix}{next(self._key_counter)}",
+            int(_now() * 1000),
+            self.node_id,
         )
 
     def _refuse(self, conn: Connection, code: int, reason: str) -> None:
@@ -337,10 +337,7 @@ class Node(SubscriptionHandling):
             self.spawn(self.store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)]))
         self._redispatch_shared(session)
         if not session.persistent:
-            updates: list[MetaUpdate] = []
-            self.discard_session(session, updates)
-            if updates:
-                self.spawn(self.store.put_meta(updates, durable=False))
+            self.discard_session(session, [])  # nothing of a clean session is stored
         else:
             self.housekeeper.mark_offsets_dirty(session)
 
@@ -376,7 +373,9 @@ class Node(SubscriptionHandling):
 
     def check_topic_limits(self, topic: str) -> str | None:
         """The configured limits on a topic name or filter; a message naming the fault, or None."""
-        if len(topic.encode()) > self.config.max_topic_length:
+        limit = self.config.max_topic_length
+        # A UTF-8 character is at most 4 bytes: most topics need no encoding to be checked.
+        if len(topic) * 4 > limit and len(topic.encode()) > limit:
             return f"topic longer than max_topic_length={self.config.max_topic_length}"
         if topic.count("/") + 1 > self.config.max_topic_levels:
             return f"topic has more than max_topic_levels={self.config.max_topic_levels} levels"
@@ -384,20 +383,12 @@ class Node(SubscriptionHandling):
 
     def publish_qos0(self, session: Session, packet: Publish) -> None:
         """A QoS 0 PUBLISH from a client: deliver to online subscribers at once, store unawaited."""
-        message = Message(
-            packet.topic,
-            packet.payload,
-            0,
-            packet.retain,
-            session.client_id,
-            f"{self._key_prefix}{next(self._key_counter)}",
-            int(_now() * 1000),
-            self.node_id,
-        )
+        message = self._stamp(packet.topic, packet.payload, 0, packet.retain, session.client_id)
         self.metrics.counters["messages_in_qos0"] += 1
         if packet.retain:
-            future = self.store.submit(message, (), meta=self._retain_updates(message))
-            future.add_done_callback(_ignore_result)
+            self.store.submit(
+                message, (), meta=self._retain_updates(message), callback=_log_unstored
+            )
         elif self.config.store_qos0:
             try:
                 self.store.append_unqueued(message)
@@ -422,75 +413,60 @@ class Node(SubscriptionHandling):
                 else:
                     self.metrics.inc("dropped_no_shared_member")
 
-    def publish(
-        self,
-        session: Session,
-        packet: Publish,
-        on_durable: DurableCallback | None = None,
-    ) -> asyncio.Future[int] | None:
+    def publish(self, session: Session, packet: Publish, on_durable: DurableCallback) -> None:
         """A QoS 1/2 PUBLISH from a client. `on_durable(seq, None)` is called once the message is
         durable (then the caller acknowledges) or `on_durable(None, error)` if it could not be
-        stored (then it must not). Returns the store's future for QoS 2 (the connection keeps it
-        to answer a resent PUBLISH), None for QoS 1 given a callback.
+        stored (then it must not). For QoS 2, `session.inbound_qos2[packet id]` holds a future
+        that completes (with the error or None) at the same time, so a resent PUBLISH with that
+        id is answered without being stored again.
 
         Synchronous up to the store's submit, so calls made in packet order keep that order.
         """
         qos = packet.qos
-        message = Message(
-            packet.topic,
-            packet.payload,
-            qos,
-            packet.retain,
-            session.client_id,
-            f"{self._key_prefix}{next(self._key_counter)}",
-            int(_now() * 1000),
-            self.node_id,
-        )
+        message = self._stamp(packet.topic, packet.payload, qos, packet.retain, session.client_id)
         self.metrics.counters["messages_in_qos1" if qos == 1 else "messages_in_qos2"] += 1
         meta: list[MetaUpdate] | tuple[()] = ()
         if packet.retain:
             meta = self._retain_updates(message)
-        if qos == 2 and session.persistent:
+        if qos == 1 or packet.packet_id is None:
+            self.route_submit(message, meta, on_durable)
+            return
+        if session.persistent:
             meta = [
                 *meta,
                 MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet.packet_id}", b""),
             ]
-        if qos == 1 and on_durable is not None:
-            self.route_submit(message, meta, on_durable)
-            return None
-        future = self.route_submit(message, meta)
-        if qos == 2 and packet.packet_id is not None:
-            session.inbound_qos2[packet.packet_id] = future
-        if on_durable is not None:
-            future.add_done_callback(lambda f: on_durable(*_outcome(f)))
-        return future
+        packet_id = packet.packet_id
+        stored: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        session.inbound_qos2[packet_id] = stored
+
+        def done(seq: int | None, error: BaseException | None) -> None:
+            if not stored.done():
+                stored.set_result(error)
+            if error is not None and session.inbound_qos2.get(packet_id) is stored:
+                # Not stored: a resend of this id must be stored, not merely acknowledged.
+                del session.inbound_qos2[packet_id]
+            on_durable(seq, error)
+
+        self.route_submit(message, meta, done)
 
     async def route(self, message: Message, meta: Iterable[MetaUpdate] = ()) -> int:
         """Route and store a message (wills, system messages); returns its seq once durable."""
-        future = self.route_submit(message, tuple(meta))
-        assert future is not None
-        return await future
+        outcome: asyncio.Future[tuple[int | None, BaseException | None]]
+        outcome = asyncio.get_running_loop().create_future()
+        self.route_submit(message, tuple(meta), lambda seq, err: outcome.set_result((seq, err)))
+        seq, error = await outcome
+        if error is not None:
+            raise error
+        assert seq is not None
+        return seq
 
-    @overload
-    def route_submit(
-        self, message: Message, meta: Sequence[MetaUpdate] = ..., on_durable: None = ...
-    ) -> asyncio.Future[int]: ...
-
-    @overload
     def route_submit(
         self, message: Message, meta: Sequence[MetaUpdate], on_durable: DurableCallback
-    ) -> None: ...
-
-    def route_submit(
-        self,
-        message: Message,
-        meta: Sequence[MetaUpdate] = (),
-        on_durable: DurableCallback | None = None,
-    ) -> asyncio.Future[int] | None:
-        """Store a QoS>0 message on the queues of every matching subscription and wake their
-        readers once it is durable. With `on_durable`, that is called next (no future is made);
-        without, the store's future is returned. QoS 0 messages (wills) are delivered directly
-        and stored."""
+    ) -> None:
+        """Store a message on the queues of every matching subscription; once it is durable,
+        wake their readers, then call `on_durable`. QoS 0 messages (wills) are delivered directly
+        and stored without queue entries."""
         queues: list[str] = []
         woken: list[str] = []
         if message.qos == 0:
@@ -513,22 +489,13 @@ class Node(SubscriptionHandling):
                         continue
                     queues.append(shared_queue(share_filter, member))
                     woken.append(member)
-        if on_durable is not None:
 
-            def durable(seq: int | None, error: BaseException | None) -> None:
-                if woken and error is None:
-                    self._wake_readers(woken)
-                on_durable(seq, error)
+        def durable(seq: int | None, error: BaseException | None) -> None:
+            if woken and error is None:
+                self._wake_readers(woken)
+            on_durable(seq, error)
 
-            self.store.submit(message, queues, meta=meta, callback=durable)
-            return None
-        future = self.store.submit(message, queues, meta=meta)
-        assert future is not None
-        if woken:
-            future.add_done_callback(
-                lambda f: self._wake_readers(woken) if _outcome(f)[1] is None else None
-            )
-        return future
+        self.store.submit(message, queues, meta=meta, callback=durable)
 
     def _wake_readers(self, client_ids: list[str]) -> None:
         deliveries = self.deliveries
@@ -548,24 +515,14 @@ class Node(SubscriptionHandling):
         return [MetaUpdate(KIND_RETAINED, message.topic, None)]
 
     async def release_qos2(self, session: Session, packet_id: int) -> None:
-        """PUBREL from the publisher: forget the packet id durably before PUBCOMP."""
-        if session.inbound_qos2.pop(packet_id, None) is None and not session.persistent:
-            return
-        if session.persistent:
-            await self.store.put_meta(
-                [MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet_id}", None)],
-                durable=True,
-            )
+        """PUBREL from the publisher of a persistent session: forget the packet id durably before
+        PUBCOMP (a clean session's id lives only in memory; the connection drops it itself)."""
+        session.inbound_qos2.pop(packet_id, None)
+        await self.store.put_meta(
+            [MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet_id}", None)], durable=True
+        )
 
 
-def _outcome(future: asyncio.Future[int]) -> tuple[int | None, BaseException | None]:
-    """(seq, None) or (None, error) of a finished store future."""
-    if future.cancelled():
-        return None, asyncio.CancelledError()
-    error = future.exception()
-    return (None, error) if error is not None else (future.result(), None)
-
-
-def _ignore_result(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("QoS 0 message not stored: %s", future.exception())
+def _log_unstored(_seq: int | None, error: BaseException | None) -> None:
+    if error is not None:
+        log.warning("QoS 0 message not stored: %s", error)
