@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Pubrel
 from bridge.session import PACKET_ID_SPACE, Outbound, Phase, Session
+from bridge.state import RETAINED_DELIVERY
 
 if TYPE_CHECKING:
     from bridge.connection import Connection
@@ -130,7 +131,7 @@ class Delivery:
                 if not result.messages and not result.lost:
                     next_offset = max(next_offset, result.next_offset)
                 session.cursors[queue] = next_offset
-                node.mark_offsets_dirty(session)
+                node.housekeeper.mark_offsets_dirty(session)
                 if blocked:
                     return
 
@@ -157,7 +158,7 @@ class Delivery:
                 return False
             qos = min(message.qos, best_qos)
         elif kind == "c":
-            retained_qos = message.properties.get("mqtt.retained-delivery")
+            retained_qos = message.properties.get(RETAINED_DELIVERY)
             retain = retained_qos is not None
             qos = min(message.qos, int(retained_qos)) if retain else message.qos
         else:

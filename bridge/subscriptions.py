@@ -103,13 +103,7 @@ class SubscriptionHandling:
         retained_for: list[tuple[str, int]],
     ) -> None:
         if session.persistent:
-            await self.store.put_meta(
-                [
-                    MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
-                    MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
-                ],
-                durable=True,
-            )
+            await self._persist_subscriptions(session)
         if conn.closed:
             return
         conn.send(codec.encode(Suback(packet_id, codes)))
@@ -166,13 +160,7 @@ class SubscriptionHandling:
 
     async def _finish_unsubscribe(self, conn: Connection, session: Session, packet_id: int) -> None:
         if session.persistent:
-            await self.store.put_meta(
-                [
-                    MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
-                    MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
-                ],
-                durable=True,
-            )
+            await self._persist_subscriptions(session)
         if not conn.closed:
             conn.send(codec.encode(Unsuback(packet_id)))
 
@@ -219,3 +207,14 @@ class SubscriptionHandling:
                     share_filter,
                     moved,
                 )
+
+    async def _persist_subscriptions(self, session: Session) -> None:
+        """A persistent session's filters and their start offsets, durable before SUBACK or
+        UNSUBACK goes out, so a crash after the ack keeps (or forgets) the subscription."""
+        await self.store.put_meta(
+            [
+                MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
+                MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
+            ],
+            durable=True,
+        )

@@ -272,9 +272,6 @@ class FileLogStore(LogMaintenance):
     def append_unqueued(self, message: Message) -> None:
         """See `MessageStore.append_unqueued`: no queue entry, no cache entry, no waiter."""
         self._check_usable()
-        if message.properties:
-            self._enqueue(message, (), ())
-            return
         try:
             record = encode_plain_message(message, message.topic.encode())
         except struct.error as exc:
