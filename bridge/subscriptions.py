@@ -180,33 +180,39 @@ class SubscriptionHandling:
                 continue
             start = session.committed(queue)
             end = self.store.end_offset(queue)
+            handed_to = start  # offsets below this now belong to another member
             moved = 0
-            while start < end:
-                result = await self.store.read(queue, start, 256)
+            nobody_else = False
+            while handed_to < end and not nobody_else:
+                result = await self.store.read(queue, handed_to, 256)
                 if not result.messages:
                     break
                 for stored in result.messages:
                     member = group.pick(lambda m: m != session.client_id and m in self.connections)
                     if member is None:
-                        return  # nobody else online: the messages wait for this member
+                        nobody_else = True  # the rest waits for this member
+                        break
                     await self.store.submit(stored.message, [shared_queue(share_filter, member)])
+                    handed_to = stored.offset + 1
                     moved += 1
                     delivery = self.deliveries.get(member)
                     if delivery is not None:
                         delivery.wake()
-                start = result.next_offset
+            if handed_to == start:
+                continue
+            # What was handed over is this member's no more: not in flight, not to be read.
             for packet_id, out in list(session.inflight.items()):
-                if out.queue == queue:
+                if out.queue == queue and out.offset < handed_to:
                     del session.inflight[packet_id]
-            session.cursors[queue] = end
+            if session.cursors.get(queue, 0) < handed_to:
+                session.cursors[queue] = handed_to
             self.housekeeper.mark_offsets_dirty(session)
-            if moved:
-                log.info(
-                    "client %s left %s: %d unacknowledged messages moved to other members",
-                    session.client_id,
-                    share_filter,
-                    moved,
-                )
+            log.info(
+                "client %s left %s: %d unacknowledged messages moved to other members",
+                session.client_id,
+                share_filter,
+                moved,
+            )
 
     async def _persist_subscriptions(self, session: Session) -> None:
         """A persistent session's filters and their start offsets, durable before SUBACK or
