@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Pubrel
-from bridge.session import PACKET_ID_SPACE, Outbound, Phase, Session
+from bridge.session import Outbound, Phase, Session, packet_id_for
 from bridge.state import RETAINED_DELIVERY
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class Delivery:
             return True
         if len(session.inflight) >= self.node.config.max_inflight:
             return None
-        packet_id = stored.seq % PACKET_ID_SPACE + 1  # packet_id_for, inlined: hot path
+        packet_id = packet_id_for(stored.seq)
         if packet_id in session.inflight:
             return None  # id collision with an older message still in flight: wait for it
         out = Outbound(
