@@ -17,12 +17,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bridge.mqtt.packets import Puback, Publish
-from tests.support.clients import RawClient
+from tests.support.clients import RawClient, close_all_raw_clients
 from tests.support.processes import BridgeProcess, MosquittoProcess
 
 
 def run(broker: BridgeProcess | MosquittoProcess, count: int) -> tuple[int, int]:
-    """(acknowledged, delivered after kill -9 and restart)."""
+    """(acknowledged, delivered after kill -9 and restart); the broker is killed by PID at the
+    end whatever happens."""
+    try:
+        return _run(broker, count)
+    finally:
+        broker.kill()
+        close_all_raw_clients()
+
+
+def _run(broker: BridgeProcess | MosquittoProcess, count: int) -> tuple[int, int]:
+    broker.start()
     port = broker.port
     sub = RawClient(port)
     sub.connect("contrast-sub", clean_session=False)
@@ -51,7 +61,6 @@ def run(broker: BridgeProcess | MosquittoProcess, count: int) -> tuple[int, int]
             if packet.qos == 1:
                 sub.send(Puback(packet.packet_id or 0))
     sub.close()
-    broker.kill()
     return acked, len(seen)
 
 
@@ -63,10 +72,10 @@ def main() -> int:
         base = Path(tmp)
         results = {
             "mqtt-bridge (embedded store, fsync on)": run(
-                BridgeProcess(base / "bridge").start(), args.messages
+                BridgeProcess(base / "bridge"), args.messages
             ),
             "mosquitto (persistence true, default autosave)": run(
-                MosquittoProcess(base / "mosquitto").start(), args.messages
+                MosquittoProcess(base / "mosquitto"), args.messages
             ),
         }
     print("QoS 1 messages acknowledged while the subscriber was offline, then kill -9 + restart:")
