@@ -25,15 +25,19 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from bridge.storage.base import Message
+from bridge.storage.rocketmq_messages import (
+    LMQ_DISPATCH_SEPARATOR,
+    LMQ_PREFIX,
+    PROPERTY_INNER_MULTI_DISPATCH,
+    PROPERTY_INNER_MULTI_QUEUE_OFFSET,
+)
 
 MAX_NAME: Final = 127
 """RocketMQ's limit on topic names (LMQ names are topic names too)."""
 
-LMQ_PREFIX: Final = "%LMQ%"
-MULTI_DISPATCH: Final = "INNER_MULTI_DISPATCH"
-MULTI_QUEUE_OFFSET: Final = "INNER_MULTI_QUEUE_OFFSET"
-TAGS: Final = "TAGS"
-KEYS: Final = "KEYS"
+# The broker's own names, defined once with the wire format.
+MULTI_DISPATCH: Final = PROPERTY_INNER_MULTI_DISPATCH
+MULTI_QUEUE_OFFSET: Final = PROPERTY_INNER_MULTI_QUEUE_OFFSET
 
 PROP_QOS: Final = "mqtt.qos"
 PROP_RETAIN: Final = "mqtt.retain"
@@ -154,7 +158,7 @@ def to_rocketmq(
     for name, value in message.properties.items():
         properties[USER_PREFIX + _escape_value(name)] = _escape_value(value)
     if queues:
-        properties[MULTI_DISPATCH] = ",".join(lmq_name(q) for q in queues)
+        properties[MULTI_DISPATCH] = LMQ_DISPATCH_SEPARATOR.join(lmq_name(q) for q in queues)
     tag = _escape_value(message.topic)
     return rocketmq_topic(message.topic), tag, message.key, properties, message.payload
 
