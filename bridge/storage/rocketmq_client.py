@@ -3,7 +3,8 @@
 It adds topic routes from the NameServer (cached, refreshed in the background and after errors),
 one `RemotingConnection` per broker (reopened on demand with bounded backoff), and the
 producer/consumer operations the gateway needs: send, pull (with long polling), consumer
-offsets, queue min/max offsets and topic creation.
+offsets, queue min/max offsets, queries by message key, the topic list, topic creation and
+consumer-group membership (heartbeats with consumer data, member lists, unregistration).
 
 Connections and errors are in bridge/storage/rocketmq_connection.py, the NameServer lookups (the
 `NameServerRouting` mixin) in rocketmq_routing.py, results and routes in rocketmq_types.py;
@@ -20,7 +21,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
 from bridge.storage.rocketmq_connection import (
@@ -36,6 +37,7 @@ from bridge.storage.rocketmq_messages import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT_STORE_MSG_OK,
+    StoredMessage,
     decode_messages,
     send_message_v2_fields,
 )
@@ -56,8 +58,10 @@ from bridge.storage.rocketmq_wire import (
     DEFAULT_MAX_FRAME_SIZE,
     PullSysFlag,
     RemotingCommand,
+    RemotingProtocolError,
     RequestCode,
     ResponseCode,
+    loads_fastjson,
 )
 
 __all__ = ["RocketMQClient"]
@@ -67,6 +71,17 @@ log = logging.getLogger("bridge.storage.rocketmq_remoting")
 
 LONG_POLL_CHECK_SLACK = 6.0
 """Seconds a held pull may outlive its suspend time before the broker answers it."""
+
+UNIQUE_KEY_QUERY_FLAG = "_UNIQUE_KEY_QUERY"
+"""`MixAll.UNIQUE_MSG_QUERY_FLAG`: extFields flag of QUERY_MESSAGE; "true" looks up a UNIQ_KEY
+(and makes the broker ignore maxNum), "false" a KEYS entry."""
+
+QUERY_END_SLACK_MS = 24 * 3600 * 1000
+"""Default end of a key query's time range: now plus one day (clock skew between hosts)."""
+
+NO_CONSUMER_REMARK = "no consumer for this group"
+"""Start of the SYSTEM_ERROR remark of GET_CONSUMER_LIST_BY_GROUP for a group without members
+(`ConsumerManageProcessor.getConsumerListByGroup`)."""
 
 
 def _parse_tags(subscription: str) -> frozenset[str] | None:
@@ -128,6 +143,9 @@ class RocketMQClient(NameServerRouting):
         self._namesrv_index = 0
         self._queue_counter = itertools.count(random.randrange(1024))
         self._cluster_brokers: dict[str, BrokerInfo] = {}
+        self._consumer_groups: dict[str, tuple[tuple[str, ...], int]] = {}
+        """Consumer group -> (subscribed topics, subVersion) announced by `heartbeat`."""
+        self._membership_lock = asyncio.Lock()
         self._maintenance: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -511,7 +529,100 @@ class RocketMQClient(NameServerRouting):
         self._check(response, RequestCode.GET_MIN_OFFSET)
         return int(response.ext_fields["offset"])
 
+    async def query_messages_by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        max_num: int = 32,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+    ) -> list[StoredMessage]:
+        """Messages of `topic` whose KEYS contain `key`, stored between `begin_ms` and `end_ms`.
+
+        Asks every master serving the topic (QUERY_MESSAGE) for up to `max_num` messages each (a
+        broker caps it at its maxMsgsNumBatch, 64 by default); a broker without a match answers
+        QUERY_NOT_FOUND. The broker's index is a hash of "topic#key" and keeps store times in
+        whole seconds (relative to the index file's start), so what it returns is re-checked
+        here: only messages of `topic` with `key` among their KEYS and a store timestamp within
+        [`begin_ms`, `end_ms`] are kept, ordered by store time. `end_ms` defaults to now plus one
+        day.
+
+        The broker indexes keys asynchronously, a few milliseconds after it acknowledged the send
+        (SEND_OK), so a query right after a send may not find the message yet. Raises
+        RemotingError(TOPIC_NOT_EXIST) for an unknown topic, RemotingError for a refusal,
+        BrokerUnavailable, RemotingTimeout.
+        """
+        if not key:
+            raise ValueError("query_messages_by_key needs a non-empty key")
+        if max_num < 1:
+            raise ValueError(f"max_num must be at least 1, not {max_num}")
+        if end_ms is None:
+            end_ms = int(time.time() * 1000) + QUERY_END_SLACK_MS
+        fields = {
+            "topic": topic,
+            "key": key,
+            "maxNum": str(max_num),
+            # The index rounds store times down to the second: widen, then filter exactly.
+            "beginTimestamp": str(max(0, begin_ms - 1000)),
+            "endTimestamp": str(end_ms),
+            UNIQUE_KEY_QUERY_FLAG: "false",
+        }
+        route = await self.get_route(topic)
+        addrs = sorted(
+            {info.master_addr for info in route.brokers.values() if info.master_addr is not None}
+        )
+        if not addrs:
+            raise BrokerUnavailable(f"no master broker for topic {topic!r}", maybe_delivered=False)
+
+        async def query(addr: str) -> list[StoredMessage]:
+            try:
+                response = await self.call(addr, RequestCode.QUERY_MESSAGE, fields)
+            except BrokerUnavailable:
+                self.invalidate_route(topic)
+                raise
+            if response.code == ResponseCode.QUERY_NOT_FOUND:
+                return []
+            if response.code != ResponseCode.SUCCESS:
+                raise RemotingError(
+                    response.code, response.remark, addr=addr, request=RequestCode.QUERY_MESSAGE
+                )
+            return decode_messages(response.body)
+
+        found = await asyncio.gather(*(query(addr) for addr in addrs))
+        messages = [
+            m
+            for batch in found
+            for m in batch
+            if m.topic == topic and key in m.keys and begin_ms <= m.store_timestamp <= end_ms
+        ]
+        messages.sort(key=lambda m: (m.store_timestamp, m.store_host, m.commit_log_offset))
+        return messages
+
     # -- admin
+
+    async def topic_list(self) -> list[str]:
+        """Every topic the NameServer knows (GET_ALL_TOPIC_LIST_FROM_NAMESERVER), sorted.
+
+        System topics (TBW102, retry topics, the cluster and broker names...) are included.
+        Raises RemotingError when the NameServer refuses (SYSTEM_ERROR "disable" when its
+        enableAllTopicList is off).
+        """
+        response = await self._namesrv_call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        if response.code != ResponseCode.SUCCESS:
+            raise RemotingError(
+                response.code,
+                response.remark,
+                addr="NameServer",
+                request=RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+            )
+        if not response.body:
+            return []
+        try:
+            topics = loads_fastjson(response.body).get("topicList") or []
+            return sorted(str(topic) for topic in topics)
+        except (AttributeError, TypeError) as exc:
+            raise RemotingProtocolError(f"malformed topic list: {exc!r}") from None
 
     async def create_topic(
         self,
@@ -548,29 +659,185 @@ class RocketMQClient(NameServerRouting):
             self._check(response, RequestCode.UPDATE_AND_CREATE_TOPIC)
         self.invalidate_route(topic)
 
-    # -- background
+    # -- consumer-group membership
 
-    async def heartbeat(self) -> None:
-        """Register this client and its producer group with every known broker (HEART_BEAT)."""
-        body = json.dumps(
-            {
-                "clientID": self.client_id,
-                "producerDataSet": [{"groupName": self.producer_group}],
-                "consumerDataSet": [],
-            }
-        ).encode()
+    def register_consumer(self, group: str, topics: Iterable[str]) -> None:
+        """Announce this client as a member of consumer `group` (clustering mode) from now on.
+
+        Every `heartbeat` (periodic, or called now to announce at once) then carries the group
+        as a passive (push-style) clustering consumer of `topics`, consuming from the last
+        offset, subscribed to every tag; the brokers list this client among the group's members
+        (`consumer_ids`). The broker keeps one subscription per group: every member should
+        register the same topics. Registering again replaces the topics.
+        """
+        if not group:
+            raise ValueError("register_consumer needs a consumer group")
+        wanted = tuple(sorted(set(topics)))
+        if any(not topic for topic in wanted):
+            raise ValueError("topic names must be non-empty")
+        current = self._consumer_groups.get(group)
+        if current is not None and current[0] == wanted:
+            return
+        # The broker replaces a subscription only by a higher subVersion.
+        version = int(time.time() * 1000)
+        if current is not None:
+            version = max(version, current[1] + 1)
+        self._consumer_groups[group] = (wanted, version)
+
+    def unregister_consumer(self, group: str) -> None:
+        """Stop announcing `group` in heartbeats.
+
+        The brokers drop this member once its last group heartbeat expires (channelExpiredTimeout,
+        120 s by default); `unregister_client` drops it at once.
+        """
+        self._consumer_groups.pop(group, None)
+
+    @property
+    def consumer_groups(self) -> dict[str, tuple[str, ...]]:
+        """The registered consumer groups and their topics."""
+        return {group: topics for group, (topics, _) in self._consumer_groups.items()}
+
+    async def consumer_ids(self, group: str, topic: str) -> list[str]:
+        """Client ids of the members of `group`, as the broker serving `topic` knows them, sorted.
+
+        GET_CONSUMER_LIST_BY_GROUP; a group without members (never registered, or every member
+        left or expired) is answered SYSTEM_ERROR "no consumer for this group, ...", returned as
+        an empty list.
+        """
+        response = await self._broker_call(
+            topic, None, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group}
+        )
+        if response.code == ResponseCode.SYSTEM_ERROR and (response.remark or "").startswith(
+            NO_CONSUMER_REMARK
+        ):
+            return []
+        self._check(response, RequestCode.GET_CONSUMER_LIST_BY_GROUP)
+        if not response.body:
+            return []
+        try:
+            ids = loads_fastjson(response.body).get("consumerIdList") or []
+            return sorted(str(client_id) for client_id in ids)
+        except (AttributeError, TypeError) as exc:
+            raise RemotingProtocolError(f"malformed consumer list: {exc!r}") from None
+
+    async def unregister_client(self, group: str) -> None:
+        """Leave consumer `group` now: UNREGISTER_CLIENT to every master of the cluster.
+
+        The group is first dropped from the heartbeats (`unregister_consumer`), so that no later
+        heartbeat registers it again. A broker removes the member registered over the same
+        connection, so this goes over the connections the heartbeats used. Every master is
+        asked; the first failure (RemotingError, BrokerUnavailable, RemotingTimeout) is raised
+        after all were tried.
+        """
+        self.unregister_consumer(group)
+        fields = {"clientID": self.client_id, "consumerGroup": group}
+        async with self._membership_lock:
+            addrs = await self._master_addrs(include_cluster=True)
+            errors: list[RocketMQError] = []
+            for addr in addrs:
+                try:
+                    response = await self.call(addr, RequestCode.UNREGISTER_CLIENT, fields)
+                    if response.code != ResponseCode.SUCCESS:
+                        raise RemotingError(
+                            response.code,
+                            response.remark,
+                            addr=addr,
+                            request=RequestCode.UNREGISTER_CLIENT,
+                        )
+                except RocketMQError as exc:
+                    log.warning(
+                        "unregistering %s of %s at %s failed: %s", self.client_id, group, addr, exc
+                    )
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+
+    async def _master_addrs(self, *, include_cluster: bool) -> list[str]:
+        """Master addresses of the cached routes, plus every master of the cluster if asked.
+
+        The cluster's brokers are fetched again from the NameServer (brokers may have joined);
+        when that fails, the last known ones are used.
+        """
         addrs = {
             broker.master_addr
             for route in list(self._routes.values())
             for broker in route.brokers.values()
             if broker.master_addr
         }
-        for addr in sorted(addrs):
+        if include_cluster:
             try:
-                conn = await self.connection(addr)
-                await conn.request(RequestCode.HEART_BEAT, {}, body, timeout=self.request_timeout)
-            except RocketMQError as exc:
-                log.warning("heartbeat to %s failed: %s", addr, exc)
+                brokers = await self.cluster_brokers(refresh=True)
+            except (RocketMQError, RemotingProtocolError) as exc:
+                log.warning("cluster broker lookup failed, using the last known: %s", exc)
+                brokers = self._cluster_brokers
+            addrs.update(info.master_addr for info in brokers.values() if info.master_addr)
+        return sorted(addrs)
+
+    def _heartbeat_data(self) -> bytes:
+        """The HEART_BEAT body: `HeartbeatData` as JSON.
+
+        Field names and enum values are those the broker's fastjson maps onto HeartbeatData,
+        ProducerData, ConsumerData and SubscriptionData (remoting/protocol/heartbeat, 5.3.3).
+        """
+        consumers = [
+            {
+                "groupName": group,
+                "consumeType": "CONSUME_PASSIVELY",
+                "messageModel": "CLUSTERING",
+                "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+                "subscriptionDataSet": [
+                    {
+                        "classFilterMode": False,
+                        "topic": topic,
+                        "subString": "*",
+                        "tagsSet": [],
+                        "codeSet": [],
+                        "subVersion": version,
+                        "expressionType": "TAG",
+                    }
+                    for topic in topics
+                ],
+                "unitMode": False,
+            }
+            for group, (topics, version) in sorted(self._consumer_groups.items())
+        ]
+        return json.dumps(
+            {
+                "clientID": self.client_id,
+                "producerDataSet": [{"groupName": self.producer_group}],
+                "consumerDataSet": consumers,
+                # 0: the classic heartbeat, which always carries the full subscriptions.
+                "heartbeatFingerprint": 0,
+                "withoutSub": False,
+            }
+        ).encode()
+
+    # -- background
+
+    async def heartbeat(self) -> None:
+        """Register this client with the brokers (HEART_BEAT) and refresh its registration.
+
+        The heartbeat carries the producer group and the consumer groups of `register_consumer`.
+        It goes to the masters of the cached routes; with consumer groups registered, to every
+        master of the cluster too (a group's members must be known wherever its topics' queues
+        are). Failures are logged, not raised (the next heartbeat retries).
+        """
+        async with self._membership_lock:
+            body = self._heartbeat_data()
+            addrs = await self._master_addrs(include_cluster=bool(self._consumer_groups))
+            for addr in addrs:
+                try:
+                    conn = await self.connection(addr)
+                    response = await conn.request(
+                        RequestCode.HEART_BEAT, {}, body, timeout=self.request_timeout
+                    )
+                except RocketMQError as exc:
+                    log.warning("heartbeat to %s failed: %s", addr, exc)
+                    continue
+                if response.code != ResponseCode.SUCCESS:
+                    log.warning(
+                        "heartbeat to %s refused: code %s, %s", addr, response.code, response.remark
+                    )
 
     async def _maintain(self) -> None:
         """Refresh cached routes and send heartbeats periodically."""

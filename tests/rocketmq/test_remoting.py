@@ -369,6 +369,128 @@ def test_lmq_multi_dispatch(rmq: LocalRocketMQ) -> None:
     run(rmq, scenario)
 
 
+def test_query_by_key_finds_sent_message_and_nothing_for_unknown_key(rmq: LocalRocketMQ) -> None:
+    async def scenario(client: RocketMQClient) -> None:
+        topic = await _topic(client, queues=2)
+        key = _name("order")
+        other = await client.send(topic, b"other", keys=[_name("order")], queue_id=0)
+        sent = await client.send(topic, b"wanted", keys=[key, "second"], queue_id=1)
+        assert other.status is sent.status is SendStatus.SEND_OK
+        # The broker indexes keys a few milliseconds after SEND_OK: retry for a while.
+        deadline = time.monotonic() + 3.0
+        while not (found := await client.query_messages_by_key(topic, key)):
+            assert time.monotonic() < deadline, "key was not indexed within 3 s"
+            await asyncio.sleep(0.05)
+        assert [m.body for m in found] == [b"wanted"]
+        (msg,) = found
+        assert (msg.topic, msg.queue_id, msg.queue_offset) == (topic, 1, sent.queue_offset)
+        assert msg.msg_id == sent.msg_id
+        assert msg.keys == [key, "second"]
+        # The second key is indexed too.
+        assert [m.msg_id for m in await client.query_messages_by_key(topic, "second")] == [
+            sent.msg_id
+        ]
+        # The time range is exact to the millisecond (the broker's index keeps whole seconds).
+        ts = msg.store_timestamp
+        assert await client.query_messages_by_key(topic, key, begin_ms=ts, end_ms=ts) == found
+        assert await client.query_messages_by_key(topic, key, end_ms=ts - 1) == []
+        assert await client.query_messages_by_key(topic, key, begin_ms=ts + 1) == []
+        # Unknown key (QUERY_NOT_FOUND) and a key that only prefixes a real one: nothing.
+        assert await client.query_messages_by_key(topic, _name("missing")) == []
+        assert await client.query_messages_by_key(topic, key[:-1]) == []
+
+    run(rmq, scenario)
+
+
+def test_topic_list_contains_new_topic_and_tbw102(rmq: LocalRocketMQ) -> None:
+    async def scenario(client: RocketMQClient) -> None:
+        topic = await _topic(client, queues=1)
+        topics = await client.topic_list()
+        assert topic in topics
+        assert "TBW102" in topics
+        assert topics == sorted(topics)
+
+    run(rmq, scenario)
+
+
+def test_consumer_group_lists_every_member_and_drops_one_that_unregisters(
+    rmq: LocalRocketMQ,
+) -> None:
+    async def scenario(client: RocketMQClient) -> None:
+        topic = await _topic(client, queues=2)
+        group = _name("CG")
+        # A group nobody joined: the broker answers SYSTEM_ERROR "no consumer for this group".
+        assert await client.consumer_ids(group, topic) == []
+
+        # The second client has no cached route: its heartbeat reaches the cluster's masters.
+        async with RocketMQClient(
+            rmq.namesrv_addr, client_id=_name("member"), producer_group="test_producers"
+        ) as other:
+            client.register_consumer(group, [topic])
+            other.register_consumer(group, [topic])
+            assert other.consumer_groups == {group: (topic,)}
+            await client.heartbeat()
+            await other.heartbeat()
+            both = sorted([client.client_id, other.client_id])
+            assert await client.consumer_ids(group, topic) == both
+
+            # A repeated heartbeat neither duplicates nor drops anyone.
+            await other.heartbeat()
+            assert await client.consumer_ids(group, topic) == both
+
+            await other.unregister_client(group)
+            assert await client.consumer_ids(group, topic) == [client.client_id]
+            assert other.consumer_groups == {}
+            # Unregistering also stopped its heartbeats from announcing the group.
+            await other.heartbeat()
+            assert await client.consumer_ids(group, topic) == [client.client_id]
+
+        await client.unregister_client(group)
+        assert await client.consumer_ids(group, topic) == []
+
+    run(rmq, scenario)
+
+
+def test_pipelined_sends_on_one_connection_are_stored_in_submission_order(
+    rmq: LocalRocketMQ,
+) -> None:
+    """deploy/rocketmq/broker.conf runs one send thread, so pipelined sends keep their order."""
+
+    async def scenario(client: RocketMQClient) -> None:
+        response = await client.call(rmq.broker_addr, RequestCode.GET_BROKER_CONFIG)
+        assert response.code == ResponseCode.SUCCESS
+        config = dict(
+            line.split("=", 1) for line in response.body.decode().splitlines() if "=" in line
+        )
+        assert config["sendMessageThreadPoolNums"] == "1"
+
+        topic = await _topic(client, queues=1)
+        conn = await client.connection(rmq.broker_addr)
+        count = 200
+        start = time.perf_counter()
+        sends = [
+            asyncio.create_task(client.send(topic, f"{i:04d}".encode() * 64, queue_id=0))
+            for i in range(count)
+        ]
+        await asyncio.sleep(0)
+        # Every request is written before any response is read: they are all in flight at once.
+        assert conn.pending >= count
+        results = await asyncio.gather(*sends)
+        elapsed = time.perf_counter() - start
+        print(f"\n{count} pipelined sends in {elapsed * 1000:.0f} ms")
+        assert [r.queue_offset for r in results] == list(range(count))
+
+        await _await_max_offset(client, topic, 0, count)
+        bodies: list[bytes] = []
+        while len(bodies) < count:
+            pulled = await client.pull(topic, 0, len(bodies), 64)
+            assert pulled.status is PullStatus.FOUND
+            bodies.extend(m.body for m in pulled.messages)
+        assert bodies == [f"{i:04d}".encode() * 64 for i in range(count)]
+
+    run(rmq, scenario)
+
+
 def test_broker_kill_fails_fast_and_client_reconnects(rmq: LocalRocketMQ) -> None:
     async def scenario(client: RocketMQClient) -> None:
         topic = await _topic(client, queues=1)
