@@ -60,6 +60,7 @@ class Connection(asyncio.Protocol):
         self._graceful = False
         self._connecting = False
         self._held: list[Any] = []
+        self._holds = 0
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
         self._paused_writing = False
@@ -109,7 +110,7 @@ class Connection(asyncio.Protocol):
         for packet in packets:
             if self.closed:
                 return
-            if self._connecting:
+            if self._connecting or self._holds:
                 self._held.append(packet)
                 continue
             self._handle(packet)
@@ -261,11 +262,22 @@ class Connection(asyncio.Protocol):
         if keepalive:
             self._keepalive_limit = keepalive * 1.5
             self._timer = self.loop.call_later(self._keepalive_limit, self._keepalive_check)
-        held, self._held = self._held, []
-        for held_packet in held:
-            if self.closed:
-                break
-            self._handle(held_packet)
+        self._handle_held()
+
+    def hold(self) -> None:
+        """Keep further packets of this client unhandled until `release` (while the node
+        finishes something later packets depend on, e.g. the start offsets of a SUBSCRIBE)."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """End one `hold`; handle the packets held meanwhile, in order."""
+        self._holds -= 1
+        self._handle_held()
+
+    def _handle_held(self) -> None:
+        held = self._held
+        while held and not self._holds and not self._connecting and not self.closed:
+            self._handle(held.pop(0))
 
     def _connect_timeout(self) -> None:
         self._timer = None

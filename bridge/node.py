@@ -255,7 +255,6 @@ class Node(SubscriptionHandling):
                 self.discard_session(session, updates)
             session = Session(client_id=client_id, persistent=True)
             updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
-        session.start_queue(client_queue(client_id), self.store.end_offset(client_queue(client_id)))
         self.sessions[client_id] = session
         session.connected = True
         conn.session = session
@@ -263,7 +262,10 @@ class Node(SubscriptionHandling):
         self.connections[client_id] = conn
         self.metrics.inc("connections_accepted")
         updates.append(MetaUpdate(KIND_ONLINE, client_id, self._online_record(conn, packet.will)))
+        own_queue = client_queue(client_id)
         try:
+            if own_queue not in session.cursors:
+                session.start_queue(own_queue, await self.store.queue_end(own_queue))
             await self.store.put_meta(updates, durable=True)
         except StoreUnavailable as exc:
             log.error("client %s: store unavailable during CONNECT: %s", client_id, exc)

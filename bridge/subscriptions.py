@@ -19,7 +19,7 @@ from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session, client_queue, filter_queue
 from bridge.state import KIND_OFFSETS, KIND_SESSION, RETAINED_DELIVERY, shared_queue
-from bridge.storage.base import Message, MessageStore, MetaUpdate
+from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.connection import Connection
@@ -58,6 +58,22 @@ class SubscriptionHandling:
         """Apply the filters at once (so a PUBLISH that follows is routed by them), then, in the
         background, make them durable for a persistent session, answer SUBACK and send the
         matching retained messages."""
+        conn.hold()
+        self.spawn(self._subscribe(conn, session, packet))
+
+    async def _subscribe(self, conn: Connection, session: Session, packet: Subscribe) -> None:
+        """Ask the store where each new queue ends (before the filter is routed, so no message
+        routed to it is skipped), then register the filters, SUBACK and send retained messages.
+        The client's later packets wait meanwhile, so a PUBLISH after SUBSCRIBE sees it."""
+        try:
+            codes, retained_for = await self._register_filters(session, packet)
+        finally:
+            conn.release()
+        await self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for)
+
+    async def _register_filters(
+        self, session: Session, packet: Subscribe
+    ) -> tuple[list[int], list[tuple[str, int]]]:
         codes: list[int] = []
         retained_for: list[tuple[str, int]] = []
         for sub in packet.subscriptions:
@@ -79,20 +95,35 @@ class SubscriptionHandling:
                 continue
             granted = min(sub.qos, 2)
             parsed = parse_shared(topic_filter)
+            queue = (
+                shared_queue(topic_filter, session.client_id)
+                if parsed is not None
+                else filter_queue(topic_filter)
+            )
+            if queue not in session.cursors:
+                try:
+                    end = await self.store.queue_end(queue)
+                except StoreUnavailable as exc:
+                    log.error(
+                        "client %s: SUBSCRIBE %r refused (0x80): store unavailable: %s",
+                        session.client_id,
+                        topic_filter,
+                        exc,
+                    )
+                    self.metrics.inc("subscriptions_refused")
+                    codes.append(SUBACK_FAILURE)
+                    continue
+                session.start_queue(queue, end)
             if parsed is not None:
                 group, inner = parsed
                 self.shared.subscribe(topic_filter, group, inner, session.client_id, granted)
                 session.shared[topic_filter] = granted
-                queue = shared_queue(topic_filter, session.client_id)
-                session.start_queue(queue, self.store.end_offset(queue))
             else:
                 self.trie.subscribe(topic_filter, session.client_id, granted)
                 session.subscriptions[topic_filter] = granted
-                queue = filter_queue(topic_filter)
-                session.start_queue(queue, self.store.end_offset(queue))
                 retained_for.append((topic_filter, granted))
             codes.append(granted)
-        self.spawn(self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for))
+        return codes, retained_for
 
     async def _finish_subscribe(
         self,
@@ -179,7 +210,11 @@ class SubscriptionHandling:
             if group is None:
                 continue
             start = session.committed(queue)
-            end = self.store.end_offset(queue)
+            try:
+                end = await self.store.queue_end(queue)
+            except StoreUnavailable as exc:
+                log.error("shared messages of %s stay queued: %s", session.client_id, exc)
+                return
             handed_to = start  # offsets below this now belong to another member
             moved = 0
             nobody_else = False

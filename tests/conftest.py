@@ -9,6 +9,18 @@ import pytest
 
 from tests.support.clients import close_all_raw_clients
 from tests.support.processes import BridgeProcess
+from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ, rocketmq_for_tests
+
+
+@pytest.fixture(scope="session")
+def rocketmq(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LocalRocketMQ | ExternalRocketMQ]:
+    """One real RocketMQ (NameServer + broker) for the whole test session, started on first use
+    by deploy/rocketmq's scripts (or $ROCKETMQ_NAMESRV). Tests that kill the broker start their
+    own. Never skipped: if it cannot start, the tests that need it fail saying why."""
+    with rocketmq_for_tests(tmp_path_factory.mktemp("rocketmq-session")) as mq:
+        yield mq
 
 
 @pytest.fixture(autouse=True)

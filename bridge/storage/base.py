@@ -72,11 +72,24 @@ class MetaUpdate:
 
 
 class StoreUnavailable(Exception):
-    """The backend cannot take or give data now (disk full, broker down). Nothing was acked."""
+    """The backend cannot take or give data now (disk full, broker down). Nothing was acked.
+
+    `maybe_stored` is True when a write may have taken effect although it was not confirmed
+    (a time-out or a connection lost after the request went out).
+    """
+
+    def __init__(self, message: str, *, maybe_stored: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_stored = maybe_stored
 
 
 class MessageStore(Protocol):
     """The storage backend of a bridge. See the module docstring for the promises."""
+
+    atomic_meta: bool
+    """True if meta passed with a message becomes durable in the same write as the message. If
+    False, it becomes durable before the message is sent (so a crash in between leaves meta that
+    names a message which may not exist: see `find_key`)."""
 
     async def open(self) -> None:
         """Recover and load the store; after this, `meta` and queue ends reflect durable data."""
@@ -124,10 +137,27 @@ class MessageStore(Protocol):
         """Up to `limit` messages of `queue` from `offset` on, in offset order."""
 
     def end_offset(self, queue: str) -> int:
-        """The offset the next message appended to `queue` will get (0 for an unknown queue)."""
+        """The end of `queue` (the offset its next message gets) as far as this store knows: at
+        least the end after every message this store appended (once durable) and every end it
+        learned (`queue_end`, `note_end`, reads). 0 for a queue it knows nothing of. A backend
+        whose queues other writers fill (RocketMQ) may lag behind the true end."""
+
+    async def queue_end(self, queue: str) -> int:
+        """The true end of `queue` now (asks the backend if need be); `end_offset` follows."""
+
+    def note_end(self, queue: str, end: int) -> None:
+        """Learn that `queue` holds messages up to `end` (from a notification)."""
 
     def backlog(self, queue: str, offset: int) -> tuple[int, int]:
-        """(messages, bytes) in `queue` at or after `offset`."""
+        """(messages, bytes) in `queue` at or after `offset`, as far as `end_offset` knows. The
+        byte count is exact if `exact_backlog_bytes`, else an estimate (average message size)."""
+
+    exact_backlog_bytes: bool
+
+    async def find_key(self, topic: str, key: str) -> bool:
+        """Whether a message with this key (and MQTT topic) is stored. Needed only when
+        `atomic_meta` is False, to settle meta written for a message whose send was not
+        confirmed; atomic backends raise NotImplementedError."""
 
     async def put_meta(self, updates: Sequence[MetaUpdate], *, durable: bool = True) -> None:
         """Apply keyed-record updates atomically; with `durable`, return after they are stable."""

@@ -97,6 +97,9 @@ class FileLogStore(LogMaintenance):
     retention_check_interval = 1.0
     """Seconds between the cheap checks (after commits) whether retention has work to do."""
 
+    atomic_meta = True
+    exact_backlog_bytes = True
+
     def __init__(
         self,
         data_dir: str | Path,
@@ -331,6 +334,25 @@ class FileLogStore(LogMaintenance):
             self._waiters.append((waiter, None))
             await waiter
 
+    def submit_meta(self, updates: Sequence[MetaUpdate]) -> asyncio.Future[None]:
+        """Apply keyed-record updates in memory now; the future completes once they are durable
+        (or fails with StoreUnavailable). The synchronous form of `put_meta`, for callers that
+        must order the in-memory change with their own work."""
+        self._check_usable()
+        loop = self._loop or asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        if not updates:
+            waiter.set_result(None)
+            return waiter
+        try:
+            header, body = encode_meta(updates)
+        except struct.error as exc:
+            raise ValueError(f"meta update out of range: {exc}") from None
+        seq = self._add_record(header, body)
+        self._undo.append((seq, [], self._apply_meta(updates)))
+        self._waiters.append((waiter, None))
+        return waiter
+
     def _apply_meta(self, updates: Sequence[MetaUpdate]) -> list[tuple[dict[str, bytes], str, Any]]:
         undo = []
         meta = self._meta
@@ -477,6 +499,16 @@ class FileLogStore(LogMaintenance):
     def end_offset(self, queue: str) -> int:
         q = self._queues.get(queue)
         return q.visible if q is not None else 0
+
+    async def queue_end(self, queue: str) -> int:
+        """Every writer of this store's queues is this store: `end_offset` is the truth."""
+        return self.end_offset(queue)
+
+    def note_end(self, queue: str, end: int) -> None:
+        """Nothing to learn: this store assigns every offset itself."""
+
+    async def find_key(self, topic: str, key: str) -> bool:
+        raise NotImplementedError("meta is atomic with messages here: nothing to settle")
 
     def backlog(self, queue: str, offset: int) -> tuple[int, int]:
         q = self._queues.get(queue)

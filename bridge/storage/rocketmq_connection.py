@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from bridge.storage.rocketmq_wire import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -35,6 +35,9 @@ __all__ = [
 
 # Named after the module this code was split from, so logging configuration keeps applying.
 log = logging.getLogger("bridge.storage.rocketmq_remoting")
+
+ResponseCallback = Callable[["RemotingCommand | None", "BrokerUnavailable | None"], None]
+"""Called with the response, or with the error that ended the connection first."""
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -85,8 +88,8 @@ class _Protocol(asyncio.Protocol):
         self.conn = conn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.conn._transport = transport
+        # uvloop's transports do not subclass asyncio.Transport, but have its methods.
+        self.conn._transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         self.conn._data_received(data)
@@ -110,6 +113,7 @@ class RemotingConnection:
         self.addr = addr
         self._decoder = FrameDecoder(max_frame_size)
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._callbacks: dict[int, ResponseCallback] = {}
         self._transport: asyncio.Transport | None = None
         self._closed: BrokerUnavailable | None = None
         self._closed_event = asyncio.Event()
@@ -181,6 +185,46 @@ class RemotingConnection:
         finally:
             self._pending.pop(opaque, None)
 
+    def request_nowait(
+        self,
+        code: int,
+        ext_fields: Mapping[str, str],
+        body: bytes,
+        callback: ResponseCallback,
+    ) -> int:
+        """Write a request now and call `callback(response, None)` when its response arrives, or
+        `callback(None, BrokerUnavailable)` if the connection is lost first; returns the request's
+        opaque (pass it to `forget` to stop waiting). No future, no task, no timer: for pipelined
+        hot paths whose caller tracks time-outs itself. Raises BrokerUnavailable if the
+        connection is closed. Does not wait for the socket to drain (see `writable`)."""
+        if self._closed is not None:
+            raise BrokerUnavailable(
+                f"connection to {self.addr} is closed: {self._closed}", maybe_delivered=False
+            )
+        opaque = next(self._opaques) & 0x7FFFFFFF
+        self._callbacks[opaque] = callback
+        assert self._transport is not None
+        self._transport.write(
+            encode_command(
+                RemotingCommand(code=code, opaque=opaque, ext_fields=dict(ext_fields), body=body)
+            )
+        )
+        return opaque
+
+    def forget(self, opaque: int) -> None:
+        """Stop waiting for the response of a `request_nowait` (its callback is not called)."""
+        self._callbacks.pop(opaque, None)
+
+    @property
+    def writable(self) -> bool:
+        """False while the socket's write buffer is above its high-water mark."""
+        return self._can_write is None
+
+    async def drained(self) -> None:
+        """Return once the write buffer is below its high-water mark (or the connection ended)."""
+        if self._can_write is not None:
+            await asyncio.shield(self._can_write)
+
     async def oneway(
         self, code: int, ext_fields: Mapping[str, str] | None = None, body: bytes = b""
     ) -> None:
@@ -228,6 +272,13 @@ class RemotingConnection:
             return
         for cmd in commands:
             if cmd.flag & FLAG_RESPONSE:
+                callback = self._callbacks.pop(cmd.opaque, None)
+                if callback is not None:
+                    try:
+                        callback(cmd, None)
+                    except Exception:
+                        log.exception("a response callback failed")
+                    continue
                 future = self._pending.pop(cmd.opaque, None)
                 if future is not None and not future.done():
                     future.set_result(cmd)
@@ -252,6 +303,12 @@ class RemotingConnection:
         for future in pending.values():
             if not future.done():
                 future.set_exception(BrokerUnavailable(str(error)))
+        callbacks, self._callbacks = self._callbacks, {}
+        for callback in callbacks.values():
+            try:
+                callback(None, BrokerUnavailable(str(error)))
+            except Exception:
+                log.exception("a response callback failed")
         self._resume_writing()
         self._closed_event.set()
 

@@ -44,6 +44,10 @@ PROP_RETAIN: Final = "mqtt.retain"
 PROP_PUBLISHER: Final = "mqtt.publisher"
 PROP_NODE: Final = "mqtt.node"
 PROP_TIMESTAMP: Final = "mqtt.ts"
+PROP_EMPTY: Final = "mqtt.empty"
+"""Set to "1" when the MQTT payload is empty: RocketMQ refuses an empty body, so such a message
+carries the one-byte body `EMPTY_BODY`, which readers must ignore."""
+EMPTY_BODY: Final = b"\x00"
 USER_PREFIX: Final = "mqtt.user."
 """Message.properties (MQTT 5 user properties) travel as `mqtt.user.<name>`."""
 
@@ -135,12 +139,19 @@ def lmq_name(queue: str) -> str:
     return LMQ_PREFIX + _bounded(escape_name(queue), queue, MAX_NAME - len(LMQ_PREFIX))
 
 
+EMPTY_VALUE: Final = "%00"
+"""RocketMQ refuses empty property values: an empty MQTT 5 user property value travels as this
+(escaping never produces it otherwise)."""
+
+
 def _escape_value(value: str) -> str:
     # Property values are joined with \x01 and \x02; keep those (and the escape) out.
     return value.replace("%", "%25").replace("\x01", "%01").replace("\x02", "%02")
 
 
 def _unescape_value(value: str) -> str:
+    if value == EMPTY_VALUE:
+        return ""
     return value.replace("%01", "\x01").replace("%02", "\x02").replace("%25", "%")
 
 
@@ -151,16 +162,24 @@ def to_rocketmq(
     properties = {
         PROP_QOS: str(message.qos),
         PROP_RETAIN: "1" if message.retain else "0",
-        PROP_PUBLISHER: _escape_value(message.publisher),
-        PROP_NODE: _escape_value(message.node),
         PROP_TIMESTAMP: str(message.timestamp_ms),
     }
+    # Empty values are left out (RocketMQ refuses them); a reader defaults them to "".
+    if message.publisher:
+        properties[PROP_PUBLISHER] = _escape_value(message.publisher)
+    if message.node:
+        properties[PROP_NODE] = _escape_value(message.node)
     for name, value in message.properties.items():
-        properties[USER_PREFIX + _escape_value(name)] = _escape_value(value)
+        key = USER_PREFIX + (_escape_value(name) or EMPTY_VALUE)
+        properties[key] = _escape_value(value) or EMPTY_VALUE
     if queues:
         properties[MULTI_DISPATCH] = LMQ_DISPATCH_SEPARATOR.join(lmq_name(q) for q in queues)
-    tag = _escape_value(message.topic)
-    return rocketmq_topic(message.topic), tag, message.key, properties, message.payload
+    body = message.payload
+    if not body:
+        properties[PROP_EMPTY] = "1"
+        body = EMPTY_BODY
+    tag = _escape_value(message.topic) or EMPTY_VALUE
+    return rocketmq_topic(message.topic), tag, message.key, properties, body
 
 
 def from_rocketmq(
@@ -187,7 +206,7 @@ def from_rocketmq(
     }
     return Message(
         topic=topic,
-        payload=body,
+        payload=b"" if properties.get(PROP_EMPTY) == "1" else body,
         qos=qos,
         retain=properties.get(PROP_RETAIN) == "1",
         publisher=_unescape_value(properties.get(PROP_PUBLISHER, "")),

@@ -8,6 +8,7 @@ added by registering a factory in `BACKENDS`.
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,6 +17,7 @@ import pytest
 import uvloop
 
 from bridge.storage import FileLogStore, MessageStore
+from bridge.storage.rocketmq_store import RocketMQStore
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -25,8 +27,16 @@ def _filelog(path: Path, **options: Any) -> MessageStore:
     return FileLogStore(path, **options)
 
 
-BACKENDS: dict[str, Callable[..., MessageStore]] = {"filelog": _filelog}
+def _rocketmq(path: Path, *, namesrv: str, **options: Any) -> MessageStore:
+    # One namespace per store location: tests sharing the session's broker never see each
+    # other's queues, and a reopened store finds its own again.
+    namespace = f"t{zlib.crc32(str(path).encode()):08x}-"
+    return RocketMQStore(namesrv, path, namespace=namespace, node_id="contract")
+
+
+BACKENDS: dict[str, Callable[..., MessageStore]] = {"filelog": _filelog, "rocketmq": _rocketmq}
 """Backend name -> factory(data path, **options). Options a backend does not know are dropped."""
+NEEDS_ROCKETMQ = {"rocketmq"}
 
 
 class StoreFactory:
@@ -70,8 +80,12 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def store_factory(backend: str, tmp_path: Path, run: Run[Any]) -> Iterator[StoreFactory]:
+def store_factory(
+    backend: str, tmp_path: Path, run: Run[Any], request: pytest.FixtureRequest
+) -> Iterator[StoreFactory]:
     factory = StoreFactory(backend, tmp_path / "store")
+    if backend in NEEDS_ROCKETMQ:
+        factory.options["namesrv"] = request.getfixturevalue("rocketmq").namesrv_addr
     yield factory
     run(factory.close())
 

@@ -18,6 +18,17 @@ def msg(i: int = 0, topic: str = "t/a", payload: bytes | None = None, **fields: 
     )
 
 
+def check_backlog(store: MessageStore, queue: str, offset: int, count: int, size: int) -> None:
+    """Backlog counts are exact everywhere; bytes too where the backend keeps sizes, else they
+    are an estimate (average message size) that is zero exactly when the count is."""
+    got_count, got_size = store.backlog(queue, offset)
+    assert got_count == count
+    if store.exact_backlog_bytes:
+        assert got_size == size
+    else:
+        assert (got_size == 0) == (count == 0 or size == 0)
+
+
 async def read_all(store: MessageStore, queue: str, offset: int = 0) -> list[Stored]:
     out: list[Stored] = []
     while True:
@@ -124,10 +135,11 @@ def test_end_offset_and_backlog(store: MessageStore, run: Run[Any]) -> None:
             sizes.append(len(m.payload) + len(m.topic.encode()))
             await store.append(m, ["q"])
         assert store.end_offset("q") == 6
-        assert store.backlog("q", 0) == (6, sum(sizes))
-        assert store.backlog("q", 4) == (2, sum(sizes[4:]))
-        assert store.backlog("q", 6) == (0, 0)
-        assert store.backlog("q", 60) == (0, 0)
+        assert await store.queue_end("q") == 6
+        check_backlog(store, "q", 0, 6, sum(sizes))
+        check_backlog(store, "q", 4, 2, sum(sizes[4:]))
+        check_backlog(store, "q", 6, 0, 0)
+        check_backlog(store, "q", 60, 0, 0)
 
     run(body())
 
@@ -209,12 +221,14 @@ def test_everything_survives_reopen(
         meta_before = dict(store.meta("session"))
         ends_before = {q: store.end_offset(q) for q in expected}
         backlog_before = {q: store.backlog(q, 1) for q in expected}
+        assert ends_before == {q: len(entries) for q, entries in expected.items()}
 
         reopened = await store_factory.reopen()
         assert dict(reopened.meta("session")) == meta_before
         assert "c0" not in meta_before
         assert {q: reopened.end_offset(q) for q in expected} == ends_before
-        assert {q: reopened.backlog(q, 1) for q in expected} == backlog_before
+        for q, (count, size) in backlog_before.items():
+            check_backlog(reopened, q, 1, count, size)
         for q, entries in expected.items():
             stored = await read_all(reopened, q)
             assert [(s.offset, s.seq, s.message.key) for s in stored] == entries
@@ -246,7 +260,10 @@ def test_unicode_empty_and_large_payloads(
             stored = await read_all(current, "ü-queue")
             assert [s.message for s in stored] == messages
             assert stored[1].size == len(big) + 3
-            assert current.backlog("ü-queue", 0) == (
+            check_backlog(
+                current,
+                "ü-queue",
+                0,
                 3,
                 sum(len(m.payload) + len(m.topic.encode()) for m in messages),
             )
@@ -267,5 +284,53 @@ def test_concurrent_appends_keep_offsets_dense(store: MessageStore, run: Run[Any
         for w, seqs in enumerate(results):
             own = await read_all(store, f"own{w}")
             assert [s.seq for s in own] == seqs
+
+    run(body())
+
+
+def test_queue_end_is_the_truth_and_note_end_only_raises(
+    store: MessageStore, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        assert await store.queue_end("fresh") == 0
+        for i in range(3):
+            await store.append(msg(i), ["fresh"])
+        assert await store.queue_end("fresh") == 3
+        store.note_end("fresh", 1)  # stale news never lowers what the store knows
+        assert store.end_offset("fresh") == 3
+
+    run(body())
+
+
+def test_submit_callbacks_come_in_submission_order(store: MessageStore, run: Run[Any]) -> None:
+    async def body() -> None:
+        calls: list[tuple[int, int | None, BaseException | None]] = []
+        done = asyncio.Event()
+        for i in range(50):
+
+            def callback(seq: int | None, err: BaseException | None, i: int = i) -> None:
+                calls.append((i, seq, err))
+                if len(calls) == 50:
+                    done.set()
+
+            assert store.submit(msg(i), ["ordered"], callback=callback) is None
+        await asyncio.wait_for(done.wait(), 30)
+        assert [c[0] for c in calls] == list(range(50))
+        assert all(err is None for _, _, err in calls)
+        seqs = [seq for _, seq, _ in calls]
+        assert seqs == sorted(seqs)
+        stored = await read_all(store, "ordered")
+        assert [s.message.key for s in stored] == [f"k{i}" for i in range(50)]
+
+    run(body())
+
+
+def test_meta_passed_with_a_message_is_durable_when_it_is(
+    store_factory: StoreFactory, store: MessageStore, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        await store.append(msg(0), ["q"], meta=[MetaUpdate("q2in", "c\x007", b"{}")])
+        reopened = await store_factory.reopen()
+        assert reopened.meta("q2in") == {"c\x007": b"{}"}
 
     run(body())
