@@ -27,6 +27,10 @@ class Config:
     log_level: str = "info"
     node_id: str = ""
     store: str = "filelog"
+    rocketmq_namesrv: str = "127.0.0.1:19876"
+    rocketmq_namespace: str = ""
+    rocketmq_send_timeout: float = 5.0
+    notify: bool = True
     password_file: str = ""
     allow_anonymous: bool = True
     fsync: bool = True
@@ -64,7 +68,11 @@ SETTINGS: dict[str, str] = {
     "data_dir": "directory of the embedded store (log segments, snapshot)",
     "log_level": "`debug`, `info`, `warning` or `error`",
     "node_id": "this node's id in message properties and logs (default `<hostname>-<port>`)",
-    "store": "message store backend: `filelog` (embedded; RocketMQ arrives with its issue)",
+    "store": "message store backend: `filelog` (embedded) or `rocketmq` (see docs/design.md)",
+    "rocketmq_namesrv": "RocketMQ NameServer(s) `HOST:PORT`, `;`-separated (store=rocketmq)",
+    "rocketmq_namespace": "prefix of this gateway's light queues, to share one RocketMQ cluster",
+    "rocketmq_send_timeout": "seconds to wait for SEND_OK before a publish is not acknowledged",
+    "notify": "run notify inside this node (store=rocketmq); `false` when it runs on its own",
     "password_file": "file of `user:scrypt-hash` lines (`python -m bridge.passwd`); empty: no auth",
     "allow_anonymous": "with a password_file, accept CONNECT without user name (false: CONNACK 5)",
     "fsync": "fsync each group commit before PUBACK/PUBREC; `false` is NOT durable (benchmarks)",
@@ -186,8 +194,12 @@ def validate(config: Config) -> None:
         raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
     if not config.allow_anonymous and not config.password_file:
         raise ConfigError("allow_anonymous: false needs a password_file")
-    if config.store != "filelog":
-        raise ConfigError(f"store: unknown backend {config.store!r} (known: filelog)")
+    if config.store not in ("filelog", "rocketmq"):
+        raise ConfigError(f"store: unknown backend {config.store!r} (known: filelog, rocketmq)")
+    if config.store == "rocketmq" and not config.rocketmq_namesrv.strip():
+        raise ConfigError("rocketmq_namesrv: store=rocketmq needs a NameServer address")
+    if config.rocketmq_send_timeout <= 0:
+        raise ConfigError("rocketmq_send_timeout: must be positive")
     positive = (
         "segment_bytes",
         "retention_bytes",

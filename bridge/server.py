@@ -36,6 +36,17 @@ def make_store(config: Config) -> MessageStore:
             retention_seconds=config.retention_seconds,
             fsync=config.fsync,
         )
+    if config.store == "rocketmq":
+        from bridge.storage.rocketmq_store import RocketMQStore
+
+        return RocketMQStore(
+            config.rocketmq_namesrv,
+            Path(config.data_dir),
+            node_id=config.resolved_node_id(),
+            namespace=config.rocketmq_namespace,
+            send_timeout=config.rocketmq_send_timeout,
+            fsync=config.fsync,
+        )
     raise ValueError(f"unknown store {config.store!r}")
 
 
