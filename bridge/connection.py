@@ -323,11 +323,9 @@ class Connection(asyncio.Protocol):
         if packet.qos == 2 and packet_id in session.inbound_qos2:
             # A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
             # that store is durable, never store it twice. (A failed store removes the id.)
-            pending = session.inbound_qos2[packet_id]
-            if pending is None or pending.done():
-                self._acknowledge(None, 2, packet_id)
-            else:
-                pending.add_done_callback(lambda f: self._acknowledge(f.result(), 2, packet_id))
+            node.publish_qos2_again(
+                session, packet, lambda error: self._acknowledge(error, 2, packet_id)
+            )
             return
         qos = packet.qos
         self._pending_in += 1  # before publish: a failing store may call back at once

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bridge.auth import AllowAll, AuthResult, make_authenticator
@@ -43,6 +44,7 @@ from bridge.state import (
     KIND_QOS2_IN,
     KIND_RETAINED,
     KIND_SESSION,
+    SHARED_QUEUE_PREFIX,
     decode_message,
     encode_message,
     shared_queue,
@@ -101,13 +103,17 @@ class Node(SubscriptionHandling):
             self.sessions[client_id] = session
             self._subscribe_tables(session)
         stale = []
-        for key in self.store.meta(KIND_QOS2_IN):
+        for key, value in self.store.meta(KIND_QOS2_IN).items():
             client_id, _, packet_id = key.rpartition("\x00")
             session = self.sessions.get(client_id)
             if session is None:
                 stale.append(key)
-            else:
+            elif self.store.atomic_meta:
                 session.inbound_qos2[int(packet_id)] = None
+            else:
+                # Written before the message was sent: whether that send stored it is settled
+                # by asking the store when the client resends the id (if it ever does).
+                session.inbound_qos2[int(packet_id)] = Unsettled.decode(value)
         if stale:
             await self.store.put_meta([MetaUpdate(KIND_QOS2_IN, k, None) for k in stale])
         orphans = dict(self.store.meta(KIND_ONLINE))
@@ -433,24 +439,81 @@ class Node(SubscriptionHandling):
         if qos == 1 or packet.packet_id is None:
             self.route_submit(message, meta, on_durable)
             return
+        unsettled = Unsettled(message.topic, message.key)
         if session.persistent:
             meta = [
                 *meta,
-                MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet.packet_id}", b""),
+                MetaUpdate(
+                    KIND_QOS2_IN, f"{session.client_id}\x00{packet.packet_id}", unsettled.encode()
+                ),
             ]
         packet_id = packet.packet_id
         stored: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
         session.inbound_qos2[packet_id] = stored
+        atomic = self.store.atomic_meta
 
         def done(seq: int | None, error: BaseException | None) -> None:
             if not stored.done():
                 stored.set_result(error)
             if error is not None and session.inbound_qos2.get(packet_id) is stored:
-                # Not stored: a resend of this id must be stored, not merely acknowledged.
-                del session.inbound_qos2[packet_id]
+                if not atomic and getattr(error, "maybe_stored", False):
+                    # The send may have stored it: a resend must ask the store first.
+                    session.inbound_qos2[packet_id] = unsettled
+                else:
+                    # Not stored: a resend of this id must be stored, not merely acknowledged.
+                    del session.inbound_qos2[packet_id]
             on_durable(seq, error)
 
         self.route_submit(message, meta, done)
+
+    def publish_qos2_again(
+        self, session: Session, packet: Publish, ack: Callable[[BaseException | None], None]
+    ) -> None:
+        """A QoS 2 PUBLISH whose packet id is still held: acknowledge it once the first store is
+        durable, never store it twice. If whether that store happened is unsettled (a send that
+        timed out, a crash between marker and send), ask the store: found, acknowledge; not
+        found, store this one."""
+        assert packet.packet_id is not None
+        pending = session.inbound_qos2[packet.packet_id]
+        if isinstance(pending, Unsettled):
+            self.spawn(self._settle_qos2(session, packet, pending, ack))
+        elif pending is None or pending.done():
+            ack(None if pending is None else pending.result())
+        else:
+            pending.add_done_callback(lambda f: ack(f.result()))
+
+    async def _settle_qos2(
+        self,
+        session: Session,
+        packet: Publish,
+        unsettled: Unsettled,
+        ack: Callable[[BaseException | None], None],
+    ) -> None:
+        packet_id = packet.packet_id
+        assert packet_id is not None
+        try:
+            found = await self.store.find_key(unsettled.topic, unsettled.key)
+        except StoreUnavailable as exc:
+            ack(exc)
+            return
+        if session.inbound_qos2.get(packet_id) is not unsettled:
+            # Settled meanwhile (PUBREL, or another resend got here first): start over.
+            if packet_id in session.inbound_qos2:
+                self.publish_qos2_again(session, packet, ack)
+            else:
+                self.publish(session, packet, lambda _s, error: ack(error))
+            return
+        if found:
+            log.info(
+                "client %s: QoS 2 message %s was stored before the failure; not stored again",
+                session.client_id,
+                unsettled.key,
+            )
+            session.inbound_qos2[packet_id] = None
+            ack(None)
+        else:
+            del session.inbound_qos2[packet_id]
+            self.publish(session, packet, lambda _s, error: ack(error))
 
     async def route(self, message: Message, meta: Iterable[MetaUpdate] = ()) -> int:
         """Route and store a message (wills, system messages); returns its seq once durable."""
@@ -469,6 +532,19 @@ class Node(SubscriptionHandling):
         """Store a message on the queues of every matching subscription; once it is durable,
         wake their readers, then call `on_durable`. QoS 0 messages (wills) are delivered directly
         and stored without queue entries."""
+        queues, woken = self.queues_for(message)
+
+        def durable(seq: int | None, error: BaseException | None) -> None:
+            if woken and error is None:
+                self._wake_readers(woken)
+            on_durable(seq, error)
+
+        self.store.submit(message, queues, meta=meta, callback=durable)
+
+    def queues_for(self, message: Message) -> tuple[list[str], list[str]]:
+        """The queues a message must be stored on (one per matching filter, a picked member of
+        each matching shared group) and the clients reading them. QoS 0 messages (and shared
+        members granted QoS 0) are delivered directly instead."""
         queues: list[str] = []
         woken: list[str] = []
         if message.qos == 0:
@@ -491,13 +567,26 @@ class Node(SubscriptionHandling):
                         continue
                     queues.append(shared_queue(share_filter, member))
                     woken.append(member)
+        return queues, woken
 
-        def durable(seq: int | None, error: BaseException | None) -> None:
-            if woken and error is None:
-                self._wake_readers(woken)
-            on_durable(seq, error)
+    def readers_of(self, queue: str) -> list[str]:
+        """The clients of this node that read `queue`."""
+        if queue.startswith("f:"):
+            return list(self.trie.subscribers(queue[2:]))
+        if queue.startswith("c:"):
+            return [queue[2:]]
+        if queue.startswith(SHARED_QUEUE_PREFIX):
+            return [queue.rpartition("\x00")[2]]
+        return []
 
-        self.store.submit(message, queues, meta=meta, callback=durable)
+    def queues_grew(self, ends: dict[str, int]) -> None:
+        """Queues are known to hold messages up to these ends (notify): wake their readers."""
+        woken: list[str] = []
+        for queue, end in ends.items():
+            self.store.note_end(queue, end)
+            woken.extend(self.readers_of(queue))
+        if woken:
+            self._wake_readers(list(dict.fromkeys(woken)))
 
     def _wake_readers(self, client_ids: list[str]) -> None:
         deliveries = self.deliveries
@@ -523,6 +612,26 @@ class Node(SubscriptionHandling):
         await self.store.put_meta(
             [MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet_id}", None)], durable=True
         )
+
+
+@dataclass(slots=True, frozen=True)
+class Unsettled:
+    """An inbound QoS 2 message whose store is not confirmed either way (non-atomic stores)."""
+
+    topic: str
+    key: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"t": self.topic, "k": self.key}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Unsettled | None:
+        """The marker's message; None for an old marker with no message (taken as stored)."""
+        try:
+            raw = json.loads(data)
+            return cls(str(raw["t"]), str(raw["k"]))
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 def _log_unstored(_seq: int | None, error: BaseException | None) -> None:

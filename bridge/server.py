@@ -13,6 +13,7 @@ import gc
 import logging
 import signal
 from pathlib import Path
+from typing import Any
 
 from bridge.auth import AuthConfigError, make_authenticator
 from bridge.config import Config, parse_listen
@@ -58,12 +59,14 @@ class Server:
         self.node = Node(config, store if store is not None else make_store(config))
         self.listeners: list[asyncio.base_events.Server] = []
         self._stop = asyncio.Event()
+        self.notifier: Any = None
 
     async def start(self) -> None:
         """Restore state, then accept connections on every configured listener."""
         if not self.config.fsync:
             log.warning("fsync is OFF: acknowledged messages can be lost on power failure")
         await self.node.start()
+        await self._start_notify()
         # Everything loaded so far lives as long as the process: keep it out of the garbage
         # collector's full passes, whose length is what pauses the event loop.
         gc.collect()
@@ -80,6 +83,22 @@ class Server:
             self.listeners.append(listener)
             for sock in listener.sockets:
                 log.info("listening for MQTT on %s:%s", *sock.getsockname()[:2])
+
+    async def _start_notify(self) -> None:
+        """With the RocketMQ store, run notify in this node unless it runs on its own."""
+        from bridge.storage.rocketmq_store import RocketMQStore
+
+        store = self.node.store
+        if not isinstance(store, RocketMQStore):
+            return
+        if not self.config.notify:
+            log.info("notify is not embedded (notify=false): a separate notify must run")
+            return
+        from notify.embedded import embedded_notifier
+
+        self.notifier = embedded_notifier(self.node, store)
+        await self.notifier.start()
+        log.info("notify embedded: consumer group %s", self.notifier.group)
 
     @staticmethod
     def check(config: Config) -> None:
@@ -129,5 +148,7 @@ class Server:
         for listener in self.listeners:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(listener.wait_closed(), self.config.drain_timeout)
+        if self.notifier is not None:
+            await self.notifier.stop()
         await node.stop()
         log.info("stopped")

@@ -52,6 +52,7 @@ from bridge.storage.rocketmq_connection import (
 )
 from bridge.storage.rocketmq_mapping import (
     MULTI_DISPATCH,
+    escape_name,
     from_rocketmq,
     lmq_name,
     rocketmq_topic,
@@ -73,6 +74,12 @@ from bridge.storage.rocketmq_types import PullStatus
 from bridge.storage.rocketmq_wire import RemotingCommand, RequestCode, ResponseCode
 
 log = logging.getLogger("bridge.storage.rocketmq")
+
+DISPATCH_TOPIC = "mqtt|dispatch"
+"""The RocketMQ topic through which notify dispatches backend messages into light queues. `|di`
+is not an escape sequence, so no MQTT topic maps to it."""
+PROP_ORIGIN = "mqtt.origin"
+"""On a dispatched copy of a backend message: the original's message id."""
 
 KIND_STATS = "~stats"
 """Meta kind of this store's own: the average message size (for backlog byte estimates)."""
@@ -152,6 +159,9 @@ class RocketMQStore:
         self.data_dir = Path(data_dir)
         self.node_id = node_id
         self.namespace = namespace
+        self.dispatch_topic = (
+            f"{escape_name(namespace)}{DISPATCH_TOPIC}" if namespace else DISPATCH_TOPIC
+        )
         self.send_timeout = send_timeout
         self.read_wait = read_wait
         self.max_pending = max_pending
@@ -326,6 +336,33 @@ class RocketMQStore:
         properties[PROPERTY_WAIT_STORE_MSG_OK] = "true"
         size = len(message.payload) + len(message.topic.encode())
         return _Send(topic, tag, keys, properties, body, queues, size, callback)
+
+    def dispatch(self, message: Message, lmqs: Sequence[str], origin: str) -> asyncio.Future[int]:
+        """Send a copy of a message produced outside the bridge into the light queues `lmqs`,
+        through notify's dispatch topic (so readers of the message's own topic do not see it
+        twice). Resolves to the copy's seq once stored, like `submit`."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        callback = _future_callback(future)
+        if not self._open or self._closing:
+            callback(None, StoreUnavailable("the RocketMQ store is not open"))
+            return future
+        send = self._make_send(message, (), callback)
+        send.topic = self.dispatch_topic
+        send.properties[MULTI_DISPATCH] = LMQ_DISPATCH_SEPARATOR.join(lmqs)
+        send.properties[PROP_ORIGIN] = origin
+        send.queues = tuple(q for q in (self._queue_of(name) for name in lmqs) if q is not None)
+        self._sendq.append(send)
+        if self._pump_task is None:
+            self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+        return future
+
+    def lmq_of(self, queue: str) -> str:
+        """The light queue (LMQ name) holding a bridge queue."""
+        return self._lmq(queue)
+
+    def queue_of(self, lmq: str) -> str | None:
+        """The bridge queue an LMQ holds, if it is one of this store's (namespace)."""
+        return self._queue_of(lmq)
 
     async def put_meta(self, updates: Sequence[MetaUpdate], *, durable: bool = True) -> None:
         await self._meta.put_meta(updates, durable=durable)

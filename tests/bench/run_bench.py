@@ -11,6 +11,12 @@ builds it (cached), starts each broker in turn on a free 127.0.0.1 port, runs
 every scenario against one broker at a time, always stops the brokers, prints
 a table and writes tests/bench/results/latest.{json,md}.
 
+Three brokers: ``ours`` (the bridge with its embedded store), ``ours-rocketmq``
+(the bridge with ``store=rocketmq`` against a real RocketMQ 5.3.3 NameServer +
+broker that this script starts in a temp dir first and always stops after) and
+``mosquitto``. The QoS 1 "rocketmq" scenarios run on all three; the others on
+``ours`` and ``mosquitto`` only.
+
 See tests/bench/README.md for what each figure means.
 """
 
@@ -44,8 +50,19 @@ MOSQUITTO_BIN = "/usr/sbin/mosquitto"
 DEFAULT_OURS_CMD = (
     "{python} -m bridge --listen {host}:{port} --data-dir {data_dir} --log-level warning"
 )
-BROKER_NAMES = ("ours", "mosquitto")
+ROCKETMQ_VARIANT = "ours-rocketmq"
+BROKER_NAMES = ("ours", ROCKETMQ_VARIANT, "mosquitto")
+DEFAULT_BROKERS = "ours,ours-rocketmq,mosquitto"
+# Appended to the bridge's command line for the ours-rocketmq variant.
+ROCKETMQ_BRIDGE_ARGS = "--set store=rocketmq --set rocketmq_namesrv={namesrv}"
+# deploy/rocketmq/env.sh runs the JVMs with the C1 JIT only (fast start-up for tests) and
+# recommends full tiered compilation for benchmarks; ROCKETMQ_JAVA_OPTS is appended last.
+DEFAULT_ROCKETMQ_JAVA_OPTS = "-XX:TieredStopAtLevel=4"
 PORT_WAIT_S = 15.0
+
+# Targets of the RocketMQ issue, checked against the ours-rocketmq figures.
+TARGET_TP_2KB = 15_900.0  # msg/s, QoS 1, 2 KB payloads
+TARGET_P50_MS = 2.6  # ms, p50 at a moderate rate (QoS 1, 2 KB, 1,000 msg/s)
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -61,9 +78,20 @@ class Scenario:
     size: int
     args: dict[str, str]
     timeout_s: float
+    # "main": the original ours-vs-Mosquitto set; "rocketmq": the QoS 1 set that also runs
+    # on ours-rocketmq (throughput runs record latency too, loadgen -stamp).
+    group: str = "main"
+    brokers: tuple[str, ...] = ("ours", "mosquitto")
+    pubs: int = 1
 
     def metrics(self) -> list[tuple[str, str, bool]]:
         """(label, path in the loadgen result, higher_is_better)."""
+        if self.mode == "throughput" and self.group == "rocketmq":
+            out = [("msgs/s", "msgs_per_s", True)]
+            if self.subs > 1:
+                # All subscribers share one topic: deliveries = publishes x subs.
+                out.append(("publishes/s", "publishes_per_s", True))
+            return [*out, ("p50 ms", "latency.p50_ms", False), ("p99 ms", "latency.p99_ms", False)]
         if self.mode == "throughput":
             return [("msgs/s", "msgs_per_s", True)]
         return [
@@ -153,11 +181,107 @@ def build_scenarios(quick: bool) -> list[Scenario]:
             lt("lat_qos0", "QoS0 latency @ 2000 msg/s", 0, 2000),
             lt("lat_qos1", "QoS1 latency @ 1000 msg/s", 1, 1000),
         ]
+    return out + build_rocketmq_scenarios(quick)
+
+
+def build_rocketmq_scenarios(quick: bool) -> list[Scenario]:
+    """The QoS 1 set run on all three brokers (keys start with ``rq_``).
+
+    Throughput runs stamp every payload (loadgen ``-stamp``) so they also give p50/p99
+    publish->receive latency under full load. 10->10 means 10 publishers and 10 subscribers
+    all on ONE topic (what the loadgen does): every message goes to all 10 subscribers, so
+    deliveries = 10 x publishes; both rates are reported.
+    """
+    if quick:
+        tp_dur, tp_timeout, tp_idle = 3.0, 6.0, "1s"
+        n11, n1010 = 20_000, 5_000
+        lat_dur, lat_timeout = 2.0, 6.0
+    else:
+        tp_dur, tp_timeout, tp_idle = 15.0, 20.0, "2s"
+        n11, n1010 = 100_000, 50_000  # 10->10: publishes (x10 deliveries)
+        lat_dur, lat_timeout = 5.0, 12.0
+    every = tuple(BROKER_NAMES)
+    out: list[Scenario] = []
+    for size in (100, 2048):
+        sz = f"{size}B" if size < 1024 else f"{size // 1024}KB"
+        for key, title, n, count in (
+            ("rq_tp_qos1_1to1", "QoS1 1 pub -> 1 sub (window 100)", 1, n11),
+            ("rq_tp_qos1_10to10", "QoS1 10 pubs -> 10 subs, one topic", 10, n1010),
+        ):
+            out.append(
+                Scenario(
+                    key=f"{key}_{sz}",
+                    title=title,
+                    mode="throughput",
+                    qos=1,
+                    subs=n,
+                    size=size,
+                    timeout_s=tp_timeout,
+                    group="rocketmq",
+                    brokers=every,
+                    pubs=n,
+                    args={
+                        "-mode": "throughput",
+                        "-qos": "1",
+                        "-pubs": str(n),
+                        "-subs": str(n),
+                        "-size": str(size),
+                        "-count": str(count),
+                        "-duration": f"{tp_dur}s",
+                        "-timeout": f"{tp_timeout}s",
+                        "-idle": tp_idle,
+                        "-window": "100",
+                        "-stamp": "true",
+                    },
+                )
+            )
+    out.append(
+        Scenario(
+            key="rq_lat_qos1_2KB",
+            title="QoS1 latency @ 1000 msg/s",
+            mode="latency",
+            qos=1,
+            subs=1,
+            size=2048,
+            timeout_s=lat_timeout,
+            group="rocketmq",
+            brokers=every,
+            args={
+                "-mode": "latency",
+                "-qos": "1",
+                "-pubs": "1",
+                "-subs": "1",
+                "-size": "2048",
+                "-rate": "1000",
+                "-count": "1000000",
+                "-duration": f"{lat_dur}s",
+                "-timeout": f"{lat_timeout}s",
+                "-idle": "1s",
+                "-window": "100",
+            },
+        )
+    )
     return out
 
 
-def warmup_args(quick: bool) -> list[dict[str, str]]:
+def warmup_args(quick: bool, broker: str = "") -> list[dict[str, str]]:
     n = "2000" if quick else "10000"
+    if broker == ROCKETMQ_VARIANT:
+        # QoS 1 only, 100 B then 2 KB, long enough for the broker JVM's JIT to compile the
+        # send path (a cold JVM is several times slower for the first seconds).
+        dur, cap = ("3s", "6s") if quick else ("8s", "12s")
+        rq = {
+            "-mode": "throughput",
+            "-pubs": "1",
+            "-subs": "1",
+            "-qos": "1",
+            "-window": "100",
+            "-count": n if quick else "30000",
+            "-duration": dur,
+            "-timeout": cap,
+            "-idle": "1s",
+        }
+        return [{**rq, "-size": "100"}, {**rq, "-size": "2048"}]
     common = {
         "-mode": "throughput",
         "-pubs": "1",
@@ -229,6 +353,18 @@ def proc_group_cpu(pgid: int) -> float:
         if int(fields[2]) == pgid:
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
+
+
+def proc_cpu(pid: int | None) -> float | None:
+    """CPU seconds (user+sys, all threads) of one live process, or None."""
+    if pid is None:
+        return None
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_rss_mb(pid: int) -> float | None:
@@ -396,6 +532,84 @@ def make_ours(tmp: Path, port: int, template: str) -> Broker:
     return Broker("ours", shlex.split(cmd_s), tmp, tmp / "ours.log", port)
 
 
+class RocketMQBridge(Broker):
+    """The bridge with store=rocketmq, plus the LocalRocketMQ it needs.
+
+    start() starts RocketMQ (NameServer + broker, SYNC_FLUSH) under the broker's temp dir
+    first, then the bridge; stop() stops the bridge, then RocketMQ (SIGKILL via stop.sh
+    --kill: the instance is thrown away), and SIGKILLs any JVM whose PID is still alive.
+    LocalRocketMQ also registers a finalizer that runs at interpreter exit.
+    """
+
+    def __init__(self, tmp: Path, port: int, template: str, java_opts: str) -> None:
+        sys.path.insert(0, str(REPO))
+        from tests.support.rocketmq import LocalRocketMQ
+
+        os.environ["ROCKETMQ_JAVA_OPTS"] = java_opts  # read by LocalRocketMQ._env()
+        self.mq = LocalRocketMQ(tmp / "rocketmq", flush_disk_type="SYNC_FLUSH")
+        self.java_opts = java_opts
+        extra = ROCKETMQ_BRIDGE_ARGS.format(namesrv=self.mq.namesrv_addr)
+        ours = make_ours(tmp, port, f"{template} {extra}")
+        super().__init__(ROCKETMQ_VARIANT, ours.cmd, tmp, tmp / "ours-rocketmq.log", port)
+        self.extra["more_logs"] = {
+            "rocketmq-broker.log": self.mq.log_dir / "broker.log",
+            "rocketmq-broker.out": self.mq.log_dir / "broker.out",
+        }
+        self.start_s: float | None = None
+
+    def start(self) -> None:
+        log(
+            f"    starting RocketMQ 5.3.3 (namesrv {self.mq.namesrv_addr}, broker "
+            f"{self.mq.broker_addr}, SYNC_FLUSH, ROCKETMQ_JAVA_OPTS={self.java_opts!r}) ..."
+        )
+        t0 = time.monotonic()
+        self.mq.start()
+        self.start_s = time.monotonic() - t0
+        log(
+            f"    RocketMQ started in {self.start_s:.1f} s (broker pid {self.mq.pid('broker')}, "
+            f"namesrv pid {self.mq.pid('namesrv')})"
+        )
+        super().start()
+
+    def rocketmq_pid(self) -> int | None:
+        return self.mq.pid("broker")
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "version": "5.3.3",
+            "namesrv": self.mq.namesrv_addr,
+            "broker": self.mq.broker_addr,
+            "flush_disk_type": self.mq.flush_disk_type,
+            "java_opts": self.java_opts,
+            "java": first_line(run_text(["java", "-version"])),
+            "start_s": None if self.start_s is None else round(self.start_s, 1),
+            "broker_pid": self.mq.pid("broker"),
+            "namesrv_pid": self.mq.pid("namesrv"),
+        }
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            pids = [self.mq.pid(r) for r in ("broker", "namesrv")]
+            try:
+                self.mq.stop(graceful=False)
+            except (RuntimeError, OSError) as e:
+                log(f"    RocketMQ stop.sh failed ({e}); killing by PID")
+            for pid in pids:
+                if pid is not None and is_rocketmq_jvm(pid):
+                    log(f"    RocketMQ JVM {pid} still running after stop.sh; SIGKILL")
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+
+
+def is_rocketmq_jvm(pid: int) -> bool:
+    try:
+        return b"org.apache.rocketmq." in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 # --------------------------------------------------------------------------- running
 
 
@@ -404,7 +618,8 @@ def run_loadgen(
 ) -> tuple[dict[str, Any], list[str]]:
     cmd = [str(loadgen), "-addr", f"{HOST}:{port}", "-client", client]
     for k, v in args.items():
-        cmd += [k, v]
+        # Go's flag package takes booleans only as -name=value.
+        cmd += [f"{k}={v}"] if v in ("true", "false") else [k, v]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=hard_timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -436,19 +651,29 @@ def bench_broker(
     }
     if "config" in b.extra:
         out["config"] = b.extra["config"]
+    scenarios = [sc for sc in scenarios if b.name in sc.brokers]
+    rmq = b if isinstance(b, RocketMQBridge) else None
     log(f"\n=== {b.name}: {shlex.join(b.cmd)}")
     t_start = time.monotonic()
-    b.start()
+    try:
+        b.start()
+    finally:
+        if rmq is not None:
+            out["rocketmq"] = rmq.info()
     b.wait_ready()
     assert b.proc is not None
     pgid = b.proc.pid
     log(f"    listening on {HOST}:{b.port} (pid {pgid})")
-    for i, wa in enumerate(warmup_args(quick)):
-        res, _ = run_loadgen(loadgen, b.port, wa, client, 20)
+    # The budget counts from here: RocketMQ's start-up (ours-rocketmq) is not part of it.
+    t_ready = time.monotonic()
+    for i, wa in enumerate(warmup_args(quick, b.name)):
+        res, _ = run_loadgen(loadgen, b.port, wa, client, 30)
         if res.get("errors"):
             log(f"    warm-up {i} reported: {res['errors']}")
+        elif rmq is not None:
+            log(f"    warm-up {i}: {res.get('msgs_per_s', 0):,.0f} msg/s")
     for sc in scenarios:
-        used = time.monotonic() - t_start
+        used = time.monotonic() - t_ready
         if used + sc.timeout_s > budget_s:
             out["scenarios"][sc.key] = {"skipped": f"time budget of {budget_s:.0f} s used up"}
             log(f"    {sc.key:<22} skipped (time budget)")
@@ -457,13 +682,22 @@ def bench_broker(
             out["scenarios"][sc.key] = {"skipped": "broker is not running"}
             log(f"    {sc.key:<22} skipped (broker died)")
             continue
-        cpu0, w0 = proc_group_cpu(pgid), time.monotonic()
+        rpid = rmq.rocketmq_pid() if rmq is not None else None
+        cpu0, rcpu0, w0 = proc_group_cpu(pgid), proc_cpu(rpid), time.monotonic()
         res, cmd = run_loadgen(loadgen, b.port, sc.args, client, sc.timeout_s + 20)
-        cpu1, w1 = proc_group_cpu(pgid), time.monotonic()
+        cpu1, rcpu1, w1 = proc_group_cpu(pgid), proc_cpu(rpid), time.monotonic()
         res["loadgen_cmd"] = shlex.join(cmd)
         res["broker_cpu_s"] = round(cpu1 - cpu0, 3)
         res["broker_cpu_percent"] = round(100 * (cpu1 - cpu0) / max(w1 - w0, 1e-9), 1)
         res["broker_rss_mb"] = proc_rss_mb(pgid)
+        if rpid is not None and rcpu0 is not None and rcpu1 is not None:
+            # The RocketMQ broker JVM (its own process, not in the bridge's group).
+            res["rocketmq_cpu_s"] = round(rcpu1 - rcpu0, 3)
+            res["rocketmq_cpu_percent"] = round(100 * (rcpu1 - rcpu0) / max(w1 - w0, 1e-9), 1)
+            res["rocketmq_rss_mb"] = proc_rss_mb(rpid)
+        if sc.mode == "throughput" and res.get("msgs_per_s") is not None:
+            # One topic for all subscribers: publishes = deliveries / subscribers.
+            res["publishes_per_s"] = float(res["msgs_per_s"]) / max(sc.subs, 1)
         out["scenarios"][sc.key] = res
         log("    " + describe(sc, res))
         if not b.alive():
@@ -481,21 +715,28 @@ def describe(sc: Scenario, r: dict[str, Any]) -> str:
     errs = r.get("errors") or []
     err = f"  ERRORS: {'; '.join(errs)}" if errs else ""
     if "fatal" in r or "delivered" not in r:
-        return f"{sc.key:<22} FAILED{err}"
+        return f"{sc.key:<24} FAILED{err}"
+    rmq = (
+        f" rocketmq {r['rocketmq_cpu_percent']:.0f}% ({r.get('rocketmq_rss_mb') or 0:.0f} MB)"
+        if "rocketmq_cpu_percent" in r
+        else ""
+    )
+    lat = r.get("latency") or {}
     if sc.mode == "throughput":
         lost = f" lost {r['lost']}" if r.get("lost") else ""
+        latp = f" p50 {lat.get('p50_ms', 0):.2f} p99 {lat.get('p99_ms', 0):.2f} ms" if lat else ""
         return (
-            f"{sc.key:<22} {r['msgs_per_s']:>11,.0f} msg/s  delivered {r['delivered']:,}/"
+            f"{sc.key:<24} {r['msgs_per_s']:>11,.0f} msg/s{latp}  delivered {r['delivered']:,}/"
             f"{r['expected']:,}{lost} in {r['elapsed_s']:.2f}s ({r['stop_reason']}) "
             f"cpu loadgen {r['loadgen_cpu_percent']:.0f}% broker "
-            f"{r['broker_cpu_percent']:.0f}%{err}"
+            f"{r['broker_cpu_percent']:.0f}%{rmq}{err}"
         )
-    lat = r.get("latency") or {}
     return (
-        f"{sc.key:<22} p50 {lat.get('p50_ms', 0):.3f} p90 {lat.get('p90_ms', 0):.3f} "
+        f"{sc.key:<24} p50 {lat.get('p50_ms', 0):.3f} p90 {lat.get('p90_ms', 0):.3f} "
         f"p99 {lat.get('p99_ms', 0):.3f} max {lat.get('max_ms', 0):.3f} ms  "
         f"({lat.get('samples', 0):,} samples, lost {r.get('lost', 0)}, "
-        f"late sends {r.get('late_sends', 0)}){err}"
+        f"late sends {r.get('late_sends', 0)}) cpu broker {r['broker_cpu_percent']:.0f}%"
+        f"{rmq}{err}"
     )
 
 
@@ -505,30 +746,45 @@ def describe(sc: Scenario, r: dict[str, Any]) -> str:
 def fmt_val(v: float | None, label: str) -> str:
     if v is None:
         return "—"
-    if label == "msgs/s":
+    if label.endswith("/s"):
         return f"{v:,.0f}"
     return f"{v:.3f}"
 
 
+def fmt_ratio(v: float | None) -> str:
+    return f"{v:.2f}x" if v is not None else "—"
+
+
+def scenario_result(brokers: dict[str, Any], name: str, key: str) -> dict[str, Any]:
+    return dict(brokers.get(name, {}).get("scenarios", {}).get(key, {}))
+
+
 def comparison_rows(scenarios: list[Scenario], brokers: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per scenario and metric, with every broker that runs the scenario.
+
+    Keys: the broker names (value or None), `ratio` (ours / mosquitto) and, for the
+    rocketmq group, `ratio_rocketmq` (ours-rocketmq / mosquitto).
+    """
     rows = []
     for sc in scenarios:
-        res = {
-            name: brokers.get(name, {}).get("scenarios", {}).get(sc.key, {})
-            for name in BROKER_NAMES
-        }
+        res = {name: scenario_result(brokers, name, sc.key) for name in sc.brokers}
         for label, path, higher in sc.metrics():
             vals = {
                 name: (get_path(r, path) if "fatal" not in r and "delivered" in r else None)
                 for name, r in res.items()
             }
-            ours, mosq = vals["ours"], vals["mosquitto"]
-            ratio = ours / mosq if ours is not None and mosq else None
+            mosq = vals.get("mosquitto")
+            ratios = {
+                name: (v / mosq if v is not None and mosq else None) for name, v in vals.items()
+            }
+
             notes = []
             if sc.mode == "throughput":
                 for name, r in res.items():
                     if r.get("lost"):
                         notes.append(f"{name} lost {r['lost']:,}")
+                    if r.get("stop_reason") not in (None, "complete"):
+                        notes.append(f"{name} stopped: {r['stop_reason']}")
             for name, r in res.items():
                 if name in brokers and not r:
                     notes.append(f"{name}: not run ({brokers[name].get('status', '?')})")
@@ -536,19 +792,20 @@ def comparison_rows(scenarios: list[Scenario], brokers: dict[str, Any]) -> list[
                     notes.append(f"{name}: error")
                 elif r.get("skipped"):
                     notes.append(f"{name}: skipped")
-            rows.append(
-                {
-                    "scenario": sc.key,
-                    "title": sc.title,
-                    "payload_bytes": sc.size,
-                    "metric": label,
-                    "higher_is_better": higher,
-                    "ours": ours,
-                    "mosquitto": mosq,
-                    "ratio": ratio,
-                    "notes": "; ".join(notes),
-                }
-            )
+            row: dict[str, Any] = {
+                "scenario": sc.key,
+                "group": sc.group,
+                "title": sc.title,
+                "payload_bytes": sc.size,
+                "metric": label,
+                "higher_is_better": higher,
+                **vals,
+                "ratio": ratios.get("ours"),
+                "notes": "; ".join(notes),
+            }
+            if sc.group == "rocketmq":
+                row["ratio_rocketmq"] = ratios.get(ROCKETMQ_VARIANT)
+            rows.append(row)
     return rows
 
 
@@ -556,22 +813,43 @@ def payload_label(n: int) -> str:
     return f"{n} B" if n < 1024 else f"{n // 1024} KB"
 
 
-def text_table(rows: list[dict[str, Any]]) -> str:
-    head = ["scenario", "payload", "metric", "ours", "mosquitto", "ours/mosq", "notes"]
+MAIN_COLUMNS = [
+    ("ours", "ours", "Ours"),
+    ("mosquitto", "mosquitto", "Mosquitto"),
+    ("ratio", "ours/mosq", "Ours/Mosquitto"),
+]
+ROCKETMQ_COLUMNS = [
+    (ROCKETMQ_VARIANT, "ours-rocketmq", "Ours (RocketMQ)"),
+    ("mosquitto", "mosquitto", "Mosquitto"),
+    ("ratio_rocketmq", "rmq/mosq", "Ours (RocketMQ)/Mosquitto"),
+    ("ours", "ours (filelog)", "Ours (embedded store)"),
+]
+
+
+def row_cells(r: dict[str, Any], columns: list[tuple[str, str, str]]) -> list[str]:
+    return [
+        fmt_ratio(r.get(key)) if key.startswith("ratio") else fmt_val(r.get(key), r["metric"])
+        for key, _, _ in columns
+    ]
+
+
+def text_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+    head = ["scenario", "payload", "metric", *(c[1] for c in columns), "notes"]
     body = [
         [
             r["title"],
             payload_label(r["payload_bytes"]),
             r["metric"],
-            fmt_val(r["ours"], r["metric"]),
-            fmt_val(r["mosquitto"], r["metric"]),
-            f"{r['ratio']:.2f}x" if r["ratio"] is not None else "—",
+            *row_cells(r, columns),
             r["notes"],
         ]
         for r in rows
     ]
+    return plain_table(head, body, right=set(range(3, 3 + len(columns))))
+
+
+def plain_table(head: list[str], body: list[list[str]], right: set[int]) -> str:
     widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
-    right = {3, 4, 5}
 
     def line(cells: list[str]) -> str:
         return "  ".join(
@@ -582,7 +860,129 @@ def text_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join([line(head), sep, *(line(r) for r in body)])
 
 
-def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+def md_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> list[str]:
+    out = [
+        "| Scenario | Payload | Metric | " + " | ".join(c[2] for c in columns) + " | Notes |",
+        "|---|---|---|" + "---:|" * len(columns) + "---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['title']} | {payload_label(r['payload_bytes'])} | {r['metric']} | "
+            + " | ".join(row_cells(r, columns))
+            + f" | {r['notes']} |"
+        )
+    return out
+
+
+def resource_rows(scenarios: list[Scenario], brokers: dict[str, Any]) -> list[list[str]]:
+    """CPU (% of one core over the scenario) and RSS after it, rocketmq group."""
+
+    def pct(r: dict[str, Any], key: str) -> str:
+        v = r.get(key)
+        return f"{v:.0f}%" if isinstance(v, int | float) else "—"
+
+    def mb(r: dict[str, Any], key: str) -> str:
+        v = r.get(key)
+        return f"{v:.0f}" if isinstance(v, int | float) else "—"
+
+    body = []
+    for sc in scenarios:
+        if sc.group != "rocketmq":
+            continue
+        rq = scenario_result(brokers, ROCKETMQ_VARIANT, sc.key)
+        mo = scenario_result(brokers, "mosquitto", sc.key)
+        ou = scenario_result(brokers, "ours", sc.key)
+        body.append(
+            [
+                sc.title,
+                payload_label(sc.size),
+                pct(rq, "broker_cpu_percent"),
+                pct(rq, "rocketmq_cpu_percent"),
+                pct(rq, "loadgen_cpu_percent"),
+                mb(rq, "broker_rss_mb"),
+                mb(rq, "rocketmq_rss_mb"),
+                pct(ou, "broker_cpu_percent"),
+                pct(mo, "broker_cpu_percent"),
+                pct(mo, "loadgen_cpu_percent"),
+            ]
+        )
+    return body
+
+
+RESOURCE_HEAD = [
+    "scenario",
+    "payload",
+    "rmq: bridge CPU",
+    "rmq: RocketMQ CPU",
+    "rmq: loadgen CPU",
+    "rmq: bridge RSS MB",
+    "rmq: RocketMQ RSS MB",
+    "ours (filelog) CPU",
+    "mosquitto CPU",
+    "mosq: loadgen CPU",
+]
+
+
+def target_rows(brokers: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets against the ours-rocketmq figures; met only if measured."""
+
+    def val(key: str, path: str) -> float | None:
+        r = scenario_result(brokers, ROCKETMQ_VARIANT, key)
+        if "fatal" in r or "delivered" not in r or r.get("errors"):
+            return None
+        return get_path(r, path)
+
+    checks = [
+        (
+            f"QoS 1, 2 KB, 1 pub -> 1 sub: >= {TARGET_TP_2KB:,.0f} msg/s",
+            "rq_tp_qos1_1to1_2KB",
+            "msgs_per_s",
+            True,
+            TARGET_TP_2KB,
+        ),
+        (
+            f"QoS 1, 2 KB, 10 pubs -> 10 subs: >= {TARGET_TP_2KB:,.0f} msg/s delivered",
+            "rq_tp_qos1_10to10_2KB",
+            "msgs_per_s",
+            True,
+            TARGET_TP_2KB,
+        ),
+        (
+            f"QoS 1, 2 KB, 10 pubs -> 10 subs: >= {TARGET_TP_2KB:,.0f} msg/s published "
+            "(stored in RocketMQ)",
+            "rq_tp_qos1_10to10_2KB",
+            "publishes_per_s",
+            True,
+            TARGET_TP_2KB,
+        ),
+        (
+            f"QoS 1, 2 KB @ 1,000 msg/s: p50 <= {TARGET_P50_MS} ms",
+            "rq_lat_qos1_2KB",
+            "latency.p50_ms",
+            False,
+            TARGET_P50_MS,
+        ),
+    ]
+    out = []
+    for title, key, path, higher, target in checks:
+        v = val(key, path)
+        if v is None:
+            status = "not measured"
+        else:
+            ok = v >= target if higher else v <= target
+            status = "met" if ok else "not met"
+        unit = "msg/s" if higher else "ms"
+        shown = "—" if v is None else (f"{v:,.0f} {unit}" if higher else f"{v:.3f} {unit}")
+        out.append({"target": title, "scenario": key, "value": v, "shown": shown, "status": status})
+    return out
+
+
+def markdown(
+    meta: dict[str, Any],
+    rows: list[dict[str, Any]],
+    resources: list[list[str]],
+    targets: list[dict[str, Any]],
+) -> str:
     out = [
         f"Benchmark run {meta['finished_at']} on {meta['cpu_count']} CPU(s) "
         f"({meta['platform']}), load generator: Go `{meta['loadgen_client']}` client"
@@ -601,17 +1001,40 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             else "`set_tcp_nodelay false` (its default: Nagle on, which inflates its QoS0 "
             "latency tail and 2 KB latency; see tests/bench/README.md)"
         ),
-        "",
-        "| Scenario | Payload | Metric | Ours | Mosquitto | Ours/Mosquitto | Notes |",
-        "|---|---|---|---:|---:|---:|---|",
     ]
-    for r in rows:
-        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "—"
+    rmq = meta.get("rocketmq")
+    if rmq:
         out.append(
-            f"| {r['title']} | {payload_label(r['payload_bytes'])} | {r['metric']} | "
-            f"{fmt_val(r['ours'], r['metric'])} | {fmt_val(r['mosquitto'], r['metric'])} | "
-            f"{ratio} | {r['notes']} |"
+            f"- RocketMQ {rmq.get('version')} ({rmq.get('flush_disk_type')}, "
+            f"ROCKETMQ_JAVA_OPTS=`{rmq.get('java_opts')}`, {rmq.get('java')}), started in "
+            f"{rmq.get('start_s')} s, on the same machine"
         )
+    main_rows = [r for r in rows if r["group"] == "main"]
+    rmq_rows = [r for r in rows if r["group"] == "rocketmq"]
+    if main_rows:
+        out += ["", *md_table(main_rows, MAIN_COLUMNS)]
+    if rmq_rows:
+        out += [
+            "",
+            "QoS 1 through RocketMQ (`ours-rocketmq`: the bridge with `store=rocketmq`); "
+            "throughput runs also give p50/p99 publish->receive latency under full load; "
+            "10 -> 10 = 10 publishers and 10 subscribers on one topic "
+            "(msgs/s counts deliveries, publishes/s = msgs/s / 10):",
+            "",
+            *md_table(rmq_rows, ROCKETMQ_COLUMNS),
+        ]
+    if resources:
+        out += [
+            "",
+            "CPU (% of one core, averaged over the scenario) and RSS after it:",
+            "",
+            "| " + " | ".join(RESOURCE_HEAD) + " |",
+            "|---|---|" + "---:|" * (len(RESOURCE_HEAD) - 2),
+            *("| " + " | ".join(r) + " |" for r in resources),
+        ]
+    if targets:
+        out += ["", "| Target (ours-rocketmq) | Measured | Status |", "|---|---:|---|"]
+        out += [f"| {t['target']} | {t['shown']} | {t['status']} |" for t in targets]
     return "\n".join(out) + "\n"
 
 
@@ -624,8 +1047,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument(
         "--brokers",
-        default="ours,mosquitto",
-        help="comma-separated brokers to run, in order (default: ours,mosquitto)",
+        default=DEFAULT_BROKERS,
+        help=f"comma-separated brokers to run, in order (default: {DEFAULT_BROKERS})",
     )
     ap.add_argument("--only", choices=BROKER_NAMES, help="run a single broker")
     ap.add_argument("--quick", action="store_true", help="small counts, smoke run (< 60 s)")
@@ -662,10 +1085,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "setting, false, i.e. Nagle's algorithm on)",
     )
     ap.add_argument(
+        "--rocketmq-java-opts",
+        default=DEFAULT_ROCKETMQ_JAVA_OPTS,
+        help="ROCKETMQ_JAVA_OPTS for the RocketMQ JVMs of ours-rocketmq (default: %(default)s)",
+    )
+    ap.add_argument(
         "--budget",
         type=float,
         default=None,
-        help="seconds per broker before remaining scenarios are skipped (default 170, quick 40)",
+        help="seconds per broker before remaining scenarios are skipped (default 170, quick 60)",
     )
     args = ap.parse_args(argv)
     names = [args.only] if args.only else [n.strip() for n in args.brokers.split(",") if n.strip()]
@@ -674,7 +1102,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error(f"unknown broker(s) {bad}; choose from {', '.join(BROKER_NAMES)}")
     args.broker_list = list(dict.fromkeys(names))
     if args.budget is None:
-        args.budget = 40.0 if args.quick else 170.0
+        args.budget = 60.0 if args.quick else 170.0
     return args
 
 
@@ -685,6 +1113,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         command = shlex.join([sys.executable, str(Path(__file__)), *argv])
     args = parse_args(argv)
+    # SIGTERM (e.g. from a CI timeout) unwinds like Ctrl-C, so every `finally` stops the
+    # brokers and RocketMQ instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     t0 = time.monotonic()
     versions = {
         "mosquitto": first_line(run_text([MOSQUITTO_BIN, "-h"])),
@@ -707,6 +1138,9 @@ def main(argv: list[str] | None = None) -> int:
     log(f"go:        {versions['go']}")
     log(f"python:    {versions['python']}")
     log(f"cpus:      {meta['cpu_count']}  ({meta['platform']})")
+    if ROCKETMQ_VARIANT in args.broker_list:
+        versions["java"] = first_line(run_text(["java", "-version"]))
+        log(f"java:      {versions['java']} (RocketMQ)")
     log(
         "mosquitto config: stock defaults + persistence, set_tcp_nodelay "
         + ("true (--mosquitto-nodelay)" if args.mosquitto_nodelay else "false (stock: Nagle on)")
@@ -720,7 +1154,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenarios:
         wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
         scenarios = [s for s in scenarios if any(w in s.key for w in wanted)]
-    meta["scenarios"] = {s.key: {"title": s.title, "loadgen_args": s.args} for s in scenarios}
+    # Only scenarios that at least one selected broker runs.
+    scenarios = [s for s in scenarios if set(s.brokers) & set(args.broker_list)]
+    meta["scenarios"] = {
+        s.key: {"title": s.title, "loadgen_args": s.args, "brokers": list(s.brokers)}
+        for s in scenarios
+    }
 
     results: dict[str, Any] = {}
     failed = False
@@ -728,11 +1167,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.broker_list:
         tmp = Path(tempfile.mkdtemp(prefix=f"mqtt-bench-{name}-"))
         port = free_port()
-        b = (
-            make_mosquitto(tmp, port, args.mosquitto_nodelay)
-            if name == "mosquitto"
-            else make_ours(tmp, port, args.ours_cmd)
-        )
+        b: Broker
+        if name == "mosquitto":
+            b = make_mosquitto(tmp, port, args.mosquitto_nodelay)
+        elif name == ROCKETMQ_VARIANT:
+            b = RocketMQBridge(tmp, port, args.ours_cmd, args.rocketmq_java_opts)
+        else:
+            b = make_ours(tmp, port, args.ours_cmd)
         try:
             results[name] = bench_broker(
                 b, scenarios, loadgen, args.client, args.quick, args.budget
@@ -745,14 +1186,20 @@ def main(argv: list[str] | None = None) -> int:
                 "errors": [str(e)],
                 "scenarios": {},
             }
+            if isinstance(b, RocketMQBridge):
+                results[name]["rocketmq"] = b.info()
             log(f"    ERROR: {e}")
         finally:
             b.stop()
             # Keep the broker log next to the results for post-mortems.
-            for src in (b.log_path, Path(str(b.extra.get("internal_log", "")))):
+            logs = {b.log_path.name: b.log_path}
+            if b.extra.get("internal_log"):
+                logs[Path(b.extra["internal_log"]).name] = Path(b.extra["internal_log"])
+            logs.update(b.extra.get("more_logs", {}))
+            for dest, src in logs.items():
                 if src.is_file():
                     with contextlib.suppress(OSError):
-                        shutil.copyfile(src, args.results_dir / f"latest-{src.name}")
+                        shutil.copyfile(src, args.results_dir / f"latest-{dest}")
             shutil.rmtree(tmp, ignore_errors=True)
         if results[name]["errors"] or any(
             r.get("errors") for r in results[name]["scenarios"].values()
@@ -761,15 +1208,47 @@ def main(argv: list[str] | None = None) -> int:
 
     meta["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     meta["wall_s"] = round(time.monotonic() - t0, 1)
+    if ROCKETMQ_VARIANT in results and "rocketmq" in results[ROCKETMQ_VARIANT]:
+        meta["rocketmq"] = results[ROCKETMQ_VARIANT]["rocketmq"]
     rows = comparison_rows(scenarios, results)
-    doc = {"meta": meta, "brokers": results, "comparison": rows}
+    rmq_selected = ROCKETMQ_VARIANT in args.broker_list
+    resources = resource_rows(scenarios, results) if rmq_selected else []
+    targets = target_rows(results) if rmq_selected else []
+    doc = {
+        "meta": meta,
+        "brokers": results,
+        "comparison": rows,
+        "targets": targets,
+    }
     (args.results_dir / "latest.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (args.results_dir / "latest.md").write_text(markdown(meta, rows))
+    (args.results_dir / "latest.md").write_text(markdown(meta, rows, resources, targets))
 
+    main_rows = [r for r in rows if r["group"] == "main"]
+    rmq_rows = [r for r in rows if r["group"] == "rocketmq"]
+    if main_rows:
+        log("")
+        log(text_table(main_rows, MAIN_COLUMNS))
+    if rmq_rows:
+        log("")
+        log(
+            "QoS 1 set (rq_*): ours-rocketmq = the bridge with store=rocketmq; 10->10 = 10 pubs "
+            "and 10 subs on ONE topic (msgs/s = deliveries, publishes/s = msgs/s / 10)"
+        )
+        log(text_table(rmq_rows, ROCKETMQ_COLUMNS))
+    if resources:
+        log("")
+        log("CPU (% of one core over the scenario) and RSS (MB) after it:")
+        log(plain_table(RESOURCE_HEAD, resources, right=set(range(2, len(RESOURCE_HEAD)))))
+    if targets:
+        log("")
+        log("targets (ours-rocketmq):")
+        for t in targets:
+            log(f"  {t['target']:<78} {t['shown']:>14}  {t['status']}")
     log("")
-    log(text_table(rows))
-    log("")
-    log("ratio = ours / mosquitto: for msgs/s higher is better, for latency (ms) lower is better.")
+    log(
+        "ratio = ours (or ours-rocketmq) / mosquitto: for msgs/s higher is better, for latency "
+        "(ms) lower is better."
+    )
     log(
         f"wrote {args.results_dir / 'latest.json'} and {args.results_dir / 'latest.md'} "
         f"(total {meta['wall_s']:.0f} s)"

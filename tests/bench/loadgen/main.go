@@ -12,6 +12,9 @@
 //	            monotonic send timestamp in the payload; the subscriber records
 //	            publish->receive deltas and reports p50/p90/p99/max.
 //
+// With -stamp, throughput mode also timestamps every payload and reports the
+// same latency percentiles, measured under full load.
+//
 // Every loop is bounded by a message count and by the -timeout deadline.
 package main
 
@@ -89,7 +92,7 @@ type subState struct {
 	first atomic.Int64
 	last  atomic.Int64
 	mu    sync.Mutex
-	lat   []int64 // latency mode only
+	lat   []int64 // latency mode and -stamp only
 }
 
 type errList struct {
@@ -135,6 +138,7 @@ func main() {
 	idle := flag.Duration("idle", 2*time.Second, "stop when nothing arrived for this long after publishing ended")
 	idPrefix := flag.String("id", "", "client id prefix (default: random per run)")
 	topicFlag := flag.String("topic", "", "topic (default: bench/<id>/t)")
+	stamp := flag.Bool("stamp", false, "throughput: also timestamp every payload and report publish->receive latency (needs -size >= 16)")
 	flag.Parse()
 
 	start := time.Now()
@@ -147,8 +151,8 @@ func main() {
 	if *pubs < 1 || *subs < 1 || *pubs > 1000 || *subs > 1000 {
 		fatal("pubs and subs must be in 1..1000")
 	}
-	if *mode == "latency" && *size < 16 {
-		fatal("latency mode needs -size >= 16")
+	if (*mode == "latency" || *stamp) && *size < 16 {
+		fatal("latency mode and -stamp need -size >= 16")
 	}
 	if *mode != "latency" && *mode != "throughput" {
 		fatal("mode must be throughput or latency")
@@ -167,6 +171,8 @@ func main() {
 		topic = "bench/" + id + "/t"
 	}
 	latency := *mode == "latency"
+	// Record publish->receive deltas: always in latency mode, with -stamp in throughput mode.
+	recordLat := latency || *stamp
 	total := *count
 	if latency {
 		n := int64(*rate * duration.Seconds())
@@ -204,8 +210,9 @@ func main() {
 	for i := 0; i < *subs; i++ {
 		st := &subState{}
 		states[i] = st
-		if latency {
-			st.lat = make([]int64, 0, total)
+		if recordLat {
+			// Each subscriber gets at most `total` messages (all on one topic).
+			st.lat = make([]int64, 0, min(total, 1<<20))
 		}
 		handler := func(p []byte) {
 			now := mono()
@@ -214,7 +221,7 @@ func main() {
 				st.first.Store(now)
 			}
 			st.last.Store(now)
-			if latency && len(p) >= 16 {
+			if recordLat && len(p) >= 16 {
 				sent := int64(binary.BigEndian.Uint64(p))
 				st.mu.Lock()
 				if int64(len(st.lat)) < total {
@@ -300,8 +307,16 @@ func main() {
 					}
 					binary.BigEndian.PutUint64(payload[0:], uint64(mono()))
 					binary.BigEndian.PutUint64(payload[8:], uint64(n))
-				} else if n&255 == 0 && time.Now().After(pubEnd) {
-					break
+				} else {
+					if n&255 == 0 && time.Now().After(pubEnd) {
+						break
+					}
+					if *stamp {
+						// Taken before Publish, so a wait for a free slot in the
+						// QoS 1 window counts as latency too.
+						binary.BigEndian.PutUint64(payload[0:], uint64(mono()))
+						binary.BigEndian.PutUint64(payload[8:], uint64(n))
+					}
 				}
 				if err := c.Publish(topic, byte(*qos), payload, latency); err != nil {
 					errs.add("publish: %v", err)
@@ -417,7 +432,7 @@ func main() {
 	if res.WallS > 0 {
 		res.CPUPercent = 100 * res.CPUSeconds / res.WallS
 	}
-	if latency {
+	if recordLat {
 		var all []int64
 		for _, st := range states {
 			st.mu.Lock()

@@ -1,0 +1,349 @@
+"""notify: reads every message stored in RocketMQ once per cluster and says which queues grew.
+
+A `Notifier` consumes every first-level RocketMQ topic in clustering mode: the members of its
+consumer group split the topics' queues among themselves (sorted member ids, queues dealt out
+evenly, re-dealt every `refresh_interval`), so each stored message is read by one notifier in
+the whole cluster. For each message it reads:
+
+* a message a bridge dispatched into light queues (`INNER_MULTI_DISPATCH`) yields "queue X now
+  ends at N" for each of them; these events are merged for `merge_window` seconds (the highest end
+  per queue wins) and handed to the sink, which wakes the pull tasks of the clients reading them;
+* a message a backend produced straight into RocketMQ (no `mqtt.node` property) is routed like an
+  MQTT publish: the sink says which queues match its tag (the MQTT topic), and the notifier sends a
+  copy into those queues through the dispatch topic (`dispatch_topic`, which device topics can
+  never map to). Its offset is committed only after the copy is stored, so a backend message is
+  delivered at least once;
+* bridge messages without queues (QoS 0 kept for analytics, messages nobody subscribed to) are
+  skipped.
+
+Offsets are committed to the broker (the group's consumer offsets) every `commit_interval`. A
+queue the group has no offset for starts at its end if its topic existed when this notifier
+started (so a first start does not replay history) and at 0 if the topic appeared later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from bridge.storage.base import Message
+from bridge.storage.rocketmq_client import RocketMQClient
+from bridge.storage.rocketmq_connection import RemotingError, RocketMQError
+from bridge.storage.rocketmq_mapping import PROP_NODE, from_rocketmq
+from bridge.storage.rocketmq_messages import (
+    PROPERTY_INNER_MULTI_DISPATCH,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    StoredMessage,
+)
+from bridge.storage.rocketmq_store import DISPATCH_TOPIC
+from bridge.storage.rocketmq_types import PullStatus
+from bridge.storage.rocketmq_wire import ResponseCode
+
+log = logging.getLogger("notify")
+
+_SYSTEM_PREFIXES = ("%RETRY%", "%DLQ%", "%LMQ%", "rmq_sys_", "RMQ_SYS_", "CID_RMQ_SYS_")
+_SYSTEM_TOPICS = frozenset(
+    {
+        "TBW102",
+        "SCHEDULE_TOPIC_XXXX",
+        "BenchmarkTest",
+        "OFFSET_MOVED_EVENT",
+        "SELF_TEST_TOPIC",
+        "TRANS_CHECK_MAX_TIME_TOPIC",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRACE_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    }
+)
+
+
+class Sink(Protocol):
+    """Where a notifier's findings go (a bridge node, or a link to remote bridges)."""
+
+    def queues_grew(self, ends: dict[str, int]) -> None:
+        """LMQ name -> the end its queue has reached (offset of its newest message + 1)."""
+
+    def route(self, message: Message) -> Sequence[str]:
+        """The LMQ names a backend message must be dispatched to (none: nobody subscribes)."""
+
+
+@dataclass(slots=True)
+class _QueueReader:
+    topic: str
+    broker: str
+    queue_id: int
+    task: asyncio.Task[None] | None = None
+    offset: int = -1
+    committed: int = -1
+
+
+@dataclass
+class NotifyStats:
+    messages: int = 0
+    events: int = 0
+    event_batches: int = 0
+    dispatched: int = 0
+    topics: int = 0
+    queues: int = 0
+
+
+Dispatcher = Callable[[Message, Sequence[str], str], "asyncio.Future[int]"]
+"""Sends a copy of a backend message into the given LMQs (message, LMQ names, origin id)."""
+
+
+class Notifier:
+    """One member of the notify consumer group (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: RocketMQClient,
+        sink: Sink,
+        dispatch: Dispatcher,
+        *,
+        group: str = "mqtt-bridge-notify",
+        dispatch_topic: str = DISPATCH_TOPIC,
+        refresh_interval: float = 2.0,
+        merge_window: float = 0.002,
+        commit_interval: float = 1.0,
+        poll_seconds: float = 10.0,
+        batch: int = 64,
+    ) -> None:
+        self.client = client
+        self.sink = sink
+        self.dispatch = dispatch
+        self.group = group
+        self.dispatch_topic = dispatch_topic
+        self.refresh_interval = refresh_interval
+        self.merge_window = merge_window
+        self.commit_interval = commit_interval
+        self.poll_ms = int(poll_seconds * 1000)
+        self.batch = batch
+        self.stats = NotifyStats()
+        self._readers: dict[tuple[str, str, int], _QueueReader] = {}
+        self._initial_topics: set[str] | None = None
+        self._pending: dict[str, int] = {}
+        self._flush: asyncio.TimerHandle | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._committer: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.ready = asyncio.Event()
+        """Set after the first rebalance (every queue then has a reader)."""
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._main = loop.create_task(self._run())
+        self._committer = loop.create_task(self._commit_loop())
+
+    async def stop(self) -> None:
+        self._stopped = True
+        tasks = [t for t in (self._main, self._committer) if t is not None]
+        tasks += [r.task for r in self._readers.values() if r.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._flush_events()
+        await self._commit()
+        try:
+            await self.client.unregister_client(self.group)
+        except RocketMQError as exc:
+            log.debug("notify: leaving group %s: %s", self.group, exc)
+
+    # --- membership and queue assignment --------------------------------------------------------
+
+    def _wanted(self, topic: str) -> bool:
+        return topic not in _SYSTEM_TOPICS and not topic.startswith(_SYSTEM_PREFIXES)
+
+    async def _topics(self) -> list[str]:
+        brokers = await self.client.cluster_brokers(refresh=True)
+        names = set(brokers) | {b.cluster for b in brokers.values()}
+        return [t for t in await self.client.topic_list() if t not in names and self._wanted(t)]
+
+    async def _run(self) -> None:
+        while not self._stopped:
+            try:
+                await self._rebalance()
+                self.ready.set()
+            except RocketMQError as exc:
+                log.warning("notify: rebalance failed (retrying): %s", exc)
+            except Exception:
+                log.exception("notify: rebalance failed")
+            await asyncio.sleep(self.refresh_interval)
+
+    async def _rebalance(self) -> None:
+        topics = await self._topics()
+        if self._initial_topics is None:
+            self._initial_topics = set(topics)
+        self.client.register_consumer(self.group, topics)
+        await self.client.heartbeat()
+        mine: set[tuple[str, str, int]] = set()
+        for topic in topics:
+            try:
+                route = await self.client.get_route(topic, refresh=True)
+            except RemotingError as exc:
+                if exc.code == ResponseCode.TOPIC_NOT_EXIST:
+                    continue
+                raise
+            queues = sorted(
+                (info.broker_name, qid)
+                for info in route.queues
+                if info.broker_name in route.brokers
+                for qid in range(info.read_queue_nums)
+            )
+            members = await self.client.consumer_ids(self.group, topic) or [self.client.client_id]
+            if self.client.client_id not in members:
+                members = sorted([*members, self.client.client_id])
+            index = members.index(self.client.client_id)
+            for i, (broker, qid) in enumerate(queues):
+                if i % len(members) == index:
+                    mine.add((topic, broker, qid))
+        for key in list(self._readers):
+            if key not in mine:
+                reader = self._readers.pop(key)
+                if reader.task is not None:
+                    reader.task.cancel()
+                await self._commit_reader(reader)
+        loop = asyncio.get_running_loop()
+        for key in mine:
+            if key not in self._readers:
+                reader = _QueueReader(*key)
+                self._readers[key] = reader
+                reader.task = loop.create_task(self._read(reader))
+        self.stats.topics = len(topics)
+        self.stats.queues = len(self._readers)
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    async def _start_offset(self, reader: _QueueReader) -> int:
+        committed = await self.client.query_consumer_offset(
+            reader.topic, reader.queue_id, consumer_group=self.group, broker_name=reader.broker
+        )
+        if committed is not None and committed >= 0:
+            return committed
+        initial = self._initial_topics or set()
+        if reader.topic in initial and reader.topic != self.dispatch_topic:
+            return await self.client.max_offset(
+                reader.topic, reader.queue_id, broker_name=reader.broker
+            )
+        return 0
+
+    async def _read(self, reader: _QueueReader) -> None:
+        backoff = 0.1
+        while not self._stopped:
+            try:
+                if reader.offset < 0:
+                    reader.offset = await self._start_offset(reader)
+                    reader.committed = reader.offset
+                result = await self.client.pull(
+                    reader.topic,
+                    reader.queue_id,
+                    reader.offset,
+                    self.batch,
+                    consumer_group=self.group,
+                    suspend_timeout_ms=self.poll_ms,
+                    broker_name=reader.broker,
+                )
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except RocketMQError as exc:
+                log.debug("notify: pulling %s/%d failed: %s", reader.topic, reader.queue_id, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            if result.status is PullStatus.FOUND:
+                for raw in result.messages:
+                    await self._handle(raw)
+            if result.status is PullStatus.OFFSET_ILLEGAL:
+                log.warning(
+                    "notify: %s/%d offset %d out of range, moving to %d",
+                    reader.topic,
+                    reader.queue_id,
+                    reader.offset,
+                    result.next_offset,
+                )
+            reader.offset = max(reader.offset, result.next_offset)
+
+    async def _handle(self, raw: StoredMessage) -> None:
+        self.stats.messages += 1
+        offsets = raw.lmq_offsets()
+        if offsets:
+            pending = self._pending
+            for name, offset in offsets.items():
+                if offset + 1 > pending.get(name, -1):
+                    pending[name] = offset + 1
+            if self._flush is None:
+                self._flush = asyncio.get_running_loop().call_later(
+                    self.merge_window, self._flush_events
+                )
+            return
+        if PROP_NODE in raw.properties or PROPERTY_INNER_MULTI_DISPATCH in raw.properties:
+            return  # a bridge's message that no queue needed
+        message = from_rocketmq(
+            raw.properties.get(PROPERTY_TAGS),
+            raw.properties.get(PROPERTY_KEYS),
+            raw.properties,
+            raw.body,
+            msg_id=raw.msg_id,
+            store_timestamp_ms=raw.store_timestamp,
+        )
+        if message is None:
+            return  # no tag: no MQTT topic, nobody can subscribe to it
+        lmqs = self.sink.route(message)
+        if not lmqs:
+            return
+        # Retried until stored: the offset must not pass a backend message not yet dispatched.
+        delay = 0.1
+        while True:
+            try:
+                await self.dispatch(message, lmqs, raw.msg_id)
+                self.stats.dispatched += 1
+                return
+            except Exception as exc:  # StoreUnavailable and the like
+                log.warning("notify: dispatching %s failed (retrying): %s", raw.msg_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _flush_events(self) -> None:
+        self._flush = None
+        if not self._pending:
+            return
+        ends, self._pending = self._pending, {}
+        self.stats.events += len(ends)
+        self.stats.event_batches += 1
+        try:
+            self.sink.queues_grew(ends)
+        except Exception:
+            log.exception("notify: the sink failed to take events")
+
+    # --- offsets ---------------------------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        while not self._stopped:
+            await asyncio.sleep(self.commit_interval)
+            await self._commit()
+
+    async def _commit(self) -> None:
+        for reader in list(self._readers.values()):
+            await self._commit_reader(reader)
+
+    async def _commit_reader(self, reader: _QueueReader) -> None:
+        if reader.offset < 0 or reader.offset == reader.committed:
+            return
+        offset = reader.offset
+        try:
+            await self.client.update_consumer_offset(
+                reader.topic,
+                reader.queue_id,
+                offset,
+                consumer_group=self.group,
+                broker_name=reader.broker,
+            )
+            reader.committed = offset
+        except RocketMQError as exc:
+            log.debug("notify: committing %s/%d failed: %s", reader.topic, reader.queue_id, exc)

@@ -1,0 +1,59 @@
+"""notify inside a bridge node: events wake the node's pull tasks, backend messages are routed by
+the node's subscription tree."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from bridge.storage.base import Message
+from notify.core import Notifier
+
+if TYPE_CHECKING:
+    from bridge.node import Node
+    from bridge.storage.rocketmq_store import RocketMQStore
+
+log = logging.getLogger("notify")
+
+
+class NodeSink:
+    """A `Sink` that is one bridge node."""
+
+    def __init__(self, node: Node, store: RocketMQStore) -> None:
+        self.node = node
+        self.store = store
+
+    def queues_grew(self, ends: dict[str, int]) -> None:
+        mine: dict[str, int] = {}
+        for lmq, end in ends.items():
+            queue = self.store.queue_of(lmq)
+            if queue is not None:
+                mine[queue] = end
+        if mine:
+            self.node.queues_grew(mine)
+
+    def route(self, message: Message) -> Sequence[str]:
+        node = self.node
+        if message.retain:
+            node.spawn(node.store.put_meta(node._retain_updates(message)))
+        queues, _woken = node.queues_for(message)
+        return [self.store.lmq_of(q) for q in queues]
+
+
+def embedded_notifier(node: Node, store: RocketMQStore) -> Notifier:
+    """The notifier a bridge node runs by default (config `notify`)."""
+    group = f"{store.namespace}mqtt-bridge-notify" if store.namespace else "mqtt-bridge-notify"
+    return Notifier(
+        store.client,
+        NodeSink(node, store),
+        store.dispatch,
+        group=_group_name(group),
+        dispatch_topic=store.dispatch_topic,
+    )
+
+
+def _group_name(name: str) -> str:
+    from bridge.storage.rocketmq_mapping import escape_name
+
+    return escape_name(name)
