@@ -48,6 +48,7 @@ from bridge.storage.rocketmq_client import RocketMQClient
 from bridge.storage.rocketmq_connection import (
     BrokerUnavailable,
     RemotingConnection,
+    RemotingError,
     RocketMQError,
 )
 from bridge.storage.rocketmq_mapping import (
@@ -630,6 +631,10 @@ class RocketMQStore:
         for attempt in range(3):
             try:
                 found = await self._client.query_messages_by_key(target, key)
+            except RemotingError as exc:
+                if exc.code == ResponseCode.TOPIC_NOT_EXIST:
+                    return False  # nothing was ever stored in that topic
+                raise StoreUnavailable(f"cannot look up message {key!r}: {exc}") from exc
             except RocketMQError as exc:
                 raise StoreUnavailable(f"cannot look up message {key!r}: {exc}") from exc
             if any(key in m.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) for m in found):

@@ -1,0 +1,181 @@
+"""The broker node on the RocketMQ store, in-process: notify wakes pull tasks for messages other
+writers stored, and QoS 2 ids whose store was never confirmed are settled by the broker's key
+index (stored once, never twice). The session's real RocketMQ serves every test; each test has
+its own namespace and first-level topic."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvloop
+
+from bridge.config import Config
+from bridge.mqtt import codec
+from bridge.mqtt.packets import Publish, Pubrec, Subscribe, Subscription
+from bridge.node import Node, Unsettled
+from bridge.storage.base import Message
+from bridge.storage.rocketmq_store import RocketMQStore
+from notify.embedded import embedded_notifier
+from tests.integration.test_store_failure import open_connection
+from tests.support.clients import paho_client
+from tests.support.rocketmq import LocalRocketMQ
+
+pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
+
+_ids = itertools.count()
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}{next(_ids)}x{uuid.uuid4().hex[:8]}"
+
+
+async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def _run_node(
+    rocketmq: LocalRocketMQ,
+    tmp_path: Path,
+    scenario: Callable[[Node, RocketMQStore, str], Awaitable[None]],
+) -> None:
+    namespace = _unique("n")
+
+    async def main() -> None:
+        store = RocketMQStore(
+            rocketmq.namesrv_addr, tmp_path / "node", namespace=namespace, send_timeout=2.0
+        )
+        node = Node(Config(listen=["127.0.0.1:0"], data_dir=str(tmp_path)), store)
+        await node.start()
+        try:
+            await scenario(node, store, namespace)
+        finally:
+            await node.stop()
+
+    uvloop.run(main())
+
+
+def _publishes(transport: Any) -> list[Publish]:
+    return [p for p in transport.packets() if isinstance(p, Publish)]
+
+
+def test_notify_wakes_a_subscriber_for_messages_another_writer_stored(
+    rocketmq: LocalRocketMQ, tmp_path: Path
+) -> None:
+    topic = _unique("plant")
+
+    async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
+        notifier = embedded_notifier(node, store)
+        await notifier.start()
+        try:
+            await asyncio.wait_for(notifier.ready.wait(), 20)
+            sub, transport = await open_connection(node, "reader")
+            sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
+            await asyncio.sleep(0.2)
+            # Another writer (as another bridge node would) fills the filter's queue.
+            other = RocketMQStore(rocketmq.namesrv_addr, tmp_path / "other", namespace=namespace)
+            await other.open()
+            try:
+                for i in range(5):
+                    await other.append(
+                        Message(f"{topic}/m", f"m{i}".encode(), qos=1, key=f"o{i}"),
+                        [f"f:{topic}/#"],
+                    )
+            finally:
+                await other.close()
+            await _until(lambda: len(_publishes(transport)) == 5, 20)
+            assert [p.payload for p in _publishes(transport)] == [
+                f"m{i}".encode() for i in range(5)
+            ]
+            assert notifier.stats.events >= 1
+        finally:
+            await notifier.stop()
+
+    _run_node(rocketmq, tmp_path, scenario)
+
+
+def test_qos2_resend_after_an_unanswered_send_is_not_stored_twice(
+    rocketmq: LocalRocketMQ, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = _unique("q2")
+
+    async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
+        sub, _ = await open_connection(node, "subscriber")
+        sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 2)])))
+        await asyncio.sleep(0.2)
+        pub, transport = await open_connection(node, "publisher")
+        # The broker stores the message but its answer is lost: the send times out.
+        real = store._answered
+        monkeypatch.setattr(store, "_answered", lambda send, response, error: None)
+        pub.data_received(codec.encode(Publish(f"{topic}/x", b"once", 2, packet_id=5)))
+        await _until(lambda: transport.closed, 10)
+        assert not any(isinstance(p, Pubrec) for p in transport.packets())
+        pub.connection_lost(None)
+        monkeypatch.setattr(store, "_answered", real)
+
+        pub, transport = await open_connection(node, "publisher")
+        pub.data_received(codec.encode(Publish(f"{topic}/x", b"once", 2, dup=True, packet_id=5)))
+        await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
+        assert await store.queue_end(f"f:{topic}/#") == 1  # stored once, not twice
+
+    _run_node(rocketmq, tmp_path, scenario)
+
+
+def test_qos2_resend_whose_first_send_never_arrived_is_stored(
+    rocketmq: LocalRocketMQ, tmp_path: Path
+) -> None:
+    topic = _unique("q2n")
+
+    async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
+        sub, _ = await open_connection(node, "subscriber")
+        sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 2)])))
+        await asyncio.sleep(0.2)
+        pub, transport = await open_connection(node, "publisher")
+        # As after a crash between writing the marker and sending: marker, no message.
+        session = node.sessions["publisher"]
+        session.inbound_qos2[9] = Unsettled(f"{topic}/x", f"never-sent-{uuid.uuid4().hex}")
+        pub.data_received(codec.encode(Publish(f"{topic}/x", b"late", 2, dup=True, packet_id=9)))
+        await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
+        assert await store.queue_end(f"f:{topic}/#") == 1
+        result = await store.read(f"f:{topic}/#", 0, 10)
+        assert [s.message.payload for s in result.messages] == [b"late"]
+
+    _run_node(rocketmq, tmp_path, scenario)
+
+
+def test_message_a_backend_produces_into_rocketmq_reaches_mqtt_subscribers(
+    rocketmq: LocalRocketMQ, bridge_factory: Callable[..., Any]
+) -> None:
+    """The issue's example: topic `pay`, tag `pay/store/42/order/9`, produced by RocketMQ's own
+    admin tool (a client we did not write), reaches the subscriber of `pay/store/42/#`."""
+    first = _unique("pay")
+    node = bridge_factory(
+        "store=rocketmq",
+        f"rocketmq_namesrv={rocketmq.namesrv_addr}",
+        f"rocketmq_namespace={_unique('b')}",
+    )
+    with paho_client(node.port, "device-42") as client:
+        client.client.subscribe(f"{first}/store/42/#", qos=1)
+        time.sleep(0.5)
+        for tag, body in (
+            (f"{first}/store/42/order/9", "paid 9"),
+            (f"{first}/store/7/order/1", "other store"),
+            (f"{first}/store/42/order/10", "paid 10"),
+        ):
+            rocketmq.admin("sendMessage", "-t", first, "-c", tag, "-p", body)
+        got = client.drain(2, timeout=30)
+        assert [(m.topic, m.payload, m.qos) for m in got] == [
+            (f"{first}/store/42/order/9", b"paid 9", 1),
+            (f"{first}/store/42/order/10", b"paid 10", 1),
+        ]
+        assert client.drain(1, timeout=1.0) == []  # store 7's order went to nobody
