@@ -153,6 +153,7 @@ class RocketMQStore:
         send_timeout: float = 5.0,
         read_wait: float = 1.0,
         max_pending: int = 20_000,
+        send_window: int = 256,
         fsync: bool = True,
         meta_segment_bytes: int = 16 * 1024 * 1024,
     ) -> None:
@@ -166,6 +167,8 @@ class RocketMQStore:
         self.send_timeout = send_timeout
         self.read_wait = read_wait
         self.max_pending = max_pending
+        self.send_window = send_window
+        self._window_open: asyncio.Event | None = None
         self._meta = FileLogStore(
             self.data_dir / "meta",
             fsync=fsync,
@@ -378,6 +381,12 @@ class RocketMQStore:
         the ones after it (so the broker sees them in submission order)."""
         try:
             while self._sendq:
+                if len(self._inflight) >= self.send_window:
+                    # Bounded pipeline: a burst queues here rather than in the broker's send
+                    # queue, which refuses requests that wait there too long.
+                    self._window_open = asyncio.Event()
+                    await self._window_open.wait()
+                    continue
                 send = self._sendq[0]
                 if send.meta_durable is not None and not send.meta_durable.done():
                     await asyncio.wait([send.meta_durable])
@@ -502,6 +511,9 @@ class RocketMQStore:
                 send.callback(send.seq, send.error)
             except Exception:
                 log.exception("a durability callback failed")
+        if self._window_open is not None and len(inflight) <= self.send_window // 2:
+            self._window_open.set()
+            self._window_open = None
 
     async def _sweep(self) -> None:
         """Fail sends the broker has not answered within `send_timeout`."""
