@@ -358,17 +358,19 @@ def test_shared_subscription_splits_messages_between_members_each_delivered_once
 
 
 class DroppingReceiver(ExactlyOnceReceiver):
-    """Drops its connection at each QoS 2 handshake step in turn, every third packet, and
-    reconnects with its persistent session (the broker must resend, never duplicate)."""
+    """Drops its connection at every step of the QoS 2 handshake (before PUBREC, after PUBREC,
+    before PUBCOMP), each time on every fourth passage through that step, and reconnects with
+    its persistent session: the broker must resend (PUBLISH with DUP, or PUBREL), never send a
+    message again as a new one."""
 
     def __init__(self, port: int, client_id: str) -> None:
         super().__init__(port, client_id)
-        self.calls = 0
+        self.passed: Counter[str] = Counter()
         self.drops: Counter[str] = Counter()
 
     def drop(self, step: str) -> bool:
-        self.calls += 1
-        if self.calls % 3 == 0:
+        self.passed[step] += 1
+        if self.passed[step] % 4 == 2:
             self.drops[step] += 1
             self.connect()
             return True
@@ -393,7 +395,8 @@ def test_qos2_is_delivered_exactly_once_per_subscriber_through_rocketmq(start_br
     assert set(flaky.delivered) == set(payloads), f"lost: {set(payloads) - set(flaky.delivered)}"
     twice = {p: n for p, n in flaky.delivered.items() if n != 1}
     assert not twice, f"QoS 2 delivered more than once: {twice}"
-    assert sum(flaky.drops.values()) >= 5, f"the test exercised too few drops: {flaky.drops}"
+    steps = {"before-pubrec", "after-pubrec", "before-pubcomp"}
+    assert set(flaky.drops) == steps, f"not every handshake step was dropped at: {flaky.drops}"
     # Nothing is redelivered after the last handshake completed.
     flaky.receive(until=len(payloads) + 1, timeout=QUIET)
     assert all(n == 1 for n in flaky.delivered.values())
@@ -507,7 +510,11 @@ def test_kill_9_restart_still_delivers_every_acknowledged_queued_message_to_offl
                 assert message.topic == topic
                 if message.payload.startswith(b"n"):
                     received.append(int(message.payload[1:]))
-        assert_quiet(sub)
+        # Messages sent but not acknowledged before the kill may follow; collect them too.
+        while extra := sub.drain(1, QUIET):
+            if extra[0].payload.startswith(b"n"):
+                received.append(int(extra[0].payload[1:]))
+    print(f"{len(acked)} of {publisher.sent} PUBACKed before kill -9; {len(received)} delivered")
     lost = sorted(set(acked) - set(received))
     assert not lost, f"{len(lost)} of {len(acked)} PUBACKed messages lost, first {lost[:10]}"
     # Nothing beyond what was sent; a publisher's messages to a topic arrive in order.
