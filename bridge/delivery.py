@@ -16,6 +16,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.packets import Pubrel
 from bridge.session import Outbound, Phase, Session, packet_id_for
 from bridge.state import RETAINED_DELIVERY
+from bridge.storage.base import StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.connection import Connection
@@ -25,18 +26,30 @@ if TYPE_CHECKING:
 log = logging.getLogger("bridge.delivery")
 
 READ_BATCH = 128
+RETRY_SECONDS = 1.0
+"""Seconds between read attempts while the store is unavailable."""
 
 
 class Delivery:
     """The pull task of one connected client."""
 
-    __slots__ = ("_pending", "_stopped", "_task", "blocked_on_window", "conn", "node", "session")
+    __slots__ = (
+        "_pending",
+        "_retrying",
+        "_stopped",
+        "_task",
+        "blocked_on_window",
+        "conn",
+        "node",
+        "session",
+    )
 
     def __init__(self, node: Node, session: Session, conn: Connection) -> None:
         self.node = node
         self.session = session
         self.conn = conn
         self._pending = False
+        self._retrying = False
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
         self.blocked_on_window = False
@@ -75,8 +88,23 @@ class Delivery:
             while self._pending and not self._stopped:
                 self._pending = False
                 await self._pass()
+                if self._retrying:
+                    self._retrying = False
+                    log.info("client %s: reading queued messages again", self.session.client_id)
         except asyncio.CancelledError:
             raise
+        except StoreUnavailable as exc:
+            # An outage of the store, not a fault of this client: keep the connection, try again.
+            if not self._retrying:
+                log.warning(
+                    "client %s: cannot read queued messages now, retrying every %.0f s: %s",
+                    self.session.client_id,
+                    RETRY_SECONDS,
+                    exc,
+                )
+            self._retrying = True
+            self.node.metrics.inc("delivery_store_errors")
+            asyncio.get_running_loop().call_later(RETRY_SECONDS, self.wake)
         except Exception:
             log.exception("client %s: delivery failed", self.session.client_id)
             self.conn.close("internal error in delivery")
