@@ -187,8 +187,11 @@ wait_up() {
     local role=$1 port=$2 deadline=$((SECONDS + ROCKETMQ_START_TIMEOUT)) pid
     shift 2
     while :; do
-        pid=$(pid_of "$role")
-        if [ -z "$pid" ]; then
+        # The launched PID itself, alive or not: right after `setsid ... &` its command line can
+        # still be setsid's (exec not done yet on a loaded machine), which pid_of would not match.
+        pid=$(cat "$ROCKETMQ_DATA_DIR/$role.pid" 2>/dev/null || true)
+        if ! [[ "$pid" =~ ^[0-9]+$ ]] || ! kill -0 "$pid" 2>/dev/null \
+            || [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" = Z ]; then
             echo "rocketmq: error: $role exited during start-up" >&2
             log_tail "$@"
             exit 1
