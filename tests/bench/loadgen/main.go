@@ -3,7 +3,7 @@
 // It runs one scenario against one broker and prints a single JSON object on
 // stdout. Modes:
 //
-//	throughput: N publishers, M subscribers on one topic; publishers send as
+//	throughput: N publishers, M subscribers on one topic (or -pairs); publishers send as
 //	            fast as they can (QoS 1: bounded window of unacked publishes)
 //	            until -count messages are sent or -duration elapses; the run
 //	            ends when every expected delivery arrived, when nothing arrived
@@ -13,7 +13,10 @@
 //	            publish->receive deltas and reports p50/p90/p99/max.
 //
 // With -stamp, throughput mode also timestamps every payload and reports the
-// same latency percentiles, measured under full load.
+// same latency percentiles, measured under full load. With -pairs (needs
+// -pubs == -subs), publisher i and subscriber i get a topic of their own
+// (<topic><i>), so every message is delivered once instead of to every
+// subscriber.
 //
 // Every loop is bounded by a message count and by the -timeout deadline.
 package main
@@ -50,6 +53,7 @@ type Result struct {
 	QoS           int           `json:"qos"`
 	Pubs          int           `json:"pubs"`
 	Subs          int           `json:"subs"`
+	Pairs         bool          `json:"pairs,omitempty"`
 	Size          int           `json:"size"`
 	Window        int           `json:"window,omitempty"`
 	TargetRate    float64       `json:"target_rate,omitempty"`
@@ -127,7 +131,7 @@ func main() {
 	kind := flag.String("client", "raw", "raw (hand-written MQTT 3.1.1) | paho (eclipse paho.mqtt.golang)")
 	addr := flag.String("addr", "127.0.0.1:1883", "broker host:port")
 	pubs := flag.Int("pubs", 1, "number of publisher connections")
-	subs := flag.Int("subs", 1, "number of subscriber connections (all on the same topic)")
+	subs := flag.Int("subs", 1, "number of subscriber connections (all on the same topic unless -pairs)")
 	qos := flag.Int("qos", 0, "QoS for publish and subscribe (0 or 1)")
 	size := flag.Int("size", 100, "payload size in bytes")
 	count := flag.Int64("count", 100000, "throughput: total messages to publish (all publishers); latency: cap")
@@ -138,6 +142,7 @@ func main() {
 	idle := flag.Duration("idle", 2*time.Second, "stop when nothing arrived for this long after publishing ended")
 	idPrefix := flag.String("id", "", "client id prefix (default: random per run)")
 	topicFlag := flag.String("topic", "", "topic (default: bench/<id>/t)")
+	pairs := flag.Bool("pairs", false, "publisher i -> subscriber i on topic <topic><i> (needs -pubs == -subs); default: every subscriber on one topic")
 	stamp := flag.Bool("stamp", false, "throughput: also timestamp every payload and report publish->receive latency (needs -size >= 16)")
 	flag.Parse()
 
@@ -153,6 +158,9 @@ func main() {
 	}
 	if (*mode == "latency" || *stamp) && *size < 16 {
 		fatal("latency mode and -stamp need -size >= 16")
+	}
+	if *pairs && *pubs != *subs {
+		fatal("-pairs needs -pubs == -subs")
 	}
 	if *mode != "latency" && *mode != "throughput" {
 		fatal("mode must be throughput or latency")
@@ -170,6 +178,17 @@ func main() {
 	if topic == "" {
 		topic = "bench/" + id + "/t"
 	}
+	topicOf := func(i int) string {
+		if *pairs {
+			return fmt.Sprintf("%s%d", topic, i)
+		}
+		return topic
+	}
+	// Deliveries per published message.
+	fanout := int64(*subs)
+	if *pairs {
+		fanout = 1
+	}
 	latency := *mode == "latency"
 	// Record publish->receive deltas: always in latency mode, with -stamp in throughput mode.
 	recordLat := latency || *stamp
@@ -182,7 +201,7 @@ func main() {
 	}
 
 	res := Result{Mode: *mode, Client: *kind, QoS: *qos, Pubs: *pubs, Subs: *subs,
-		Size: *size, ClientIDStart: id, Errors: []string{}}
+		Size: *size, Pairs: *pairs, ClientIDStart: id, Errors: []string{}}
 	if *qos > 0 {
 		res.Window = *window
 	}
@@ -236,7 +255,7 @@ func main() {
 			fatal(fmt.Sprintf("subscriber %d connect: %v", i, err))
 		}
 		subClients = append(subClients, c)
-		if err := c.Subscribe(topic, byte(*qos), handler, time.Until(deadline)); err != nil {
+		if err := c.Subscribe(topicOf(i), byte(*qos), handler, time.Until(deadline)); err != nil {
 			closeAll()
 			fatal(fmt.Sprintf("subscriber %d subscribe: %v", i, err))
 		}
@@ -273,7 +292,7 @@ func main() {
 			share++
 		}
 		wg.Add(1)
-		go func(c Client, share int64) {
+		go func(c Client, share int64, topic string) {
 			defer wg.Done()
 			defer pubsDone.Add(1)
 			payload := make([]byte, *size)
@@ -337,7 +356,7 @@ func main() {
 					errs.add("waiting for PUBACKs: %v", err)
 				}
 			}
-		}(c, share)
+		}(c, share, topicOf(i))
 	}
 
 	// Monitor: stop when complete, idle after publishing, or at the deadline.
@@ -367,7 +386,7 @@ func main() {
 		if pubDoneAt == 0 {
 			pubDoneAt = mono()
 		}
-		exp := sent.Load() * int64(*subs)
+		exp := sent.Load() * fanout
 		if delivered() >= exp {
 			reason = "complete"
 			break
@@ -405,7 +424,7 @@ func main() {
 	}
 
 	res.Sent = sent.Load()
-	res.Expected = res.Sent * int64(*subs)
+	res.Expected = res.Sent * fanout
 	res.Delivered = delivered()
 	if res.Delivered < res.Expected {
 		res.Lost = res.Expected - res.Delivered
