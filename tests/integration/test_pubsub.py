@@ -82,6 +82,12 @@ def test_delivered_qos_is_the_minimum_of_publish_and_subscription_MQTT_3_8_4_6(
 
 
 def test_paho_qos1_and_qos2_round_trip_in_order(bridge):
+    """Order is checked on the wire (a raw subscriber sees every PUBLISH as sent) and per QoS at
+    paho's application callback: paho hands a QoS 2 message over only when its PUBREL arrives,
+    so between a QoS 1 and a QoS 2 message its callback order is not the wire order."""
+    wire = RawClient(bridge.port)
+    wire.connect("wire-order")
+    assert wire.subscribe("orders/#", 2) == [2]
     with paho_client(bridge.port) as sub, paho_client(bridge.port) as pub:
         sub.client.subscribe("orders/#", 2)
         time.sleep(0.3)
@@ -91,11 +97,25 @@ def test_paho_qos1_and_qos2_round_trip_in_order(bridge):
             )
         got = sub.drain(50)
         assert len(got) == 50
-        per_topic: dict[str, list[int]] = {}
+        per_topic: dict[tuple[str, int], list[int]] = {}
         for msg in got:
-            per_topic.setdefault(msg.topic, []).append(int(msg.payload[1:]))
+            per_topic.setdefault((msg.topic, msg.qos), []).append(int(msg.payload[1:]))
         for numbers in per_topic.values():
             assert numbers == sorted(numbers)
+    on_wire: dict[str, list[int]] = {}
+    while sum(map(len, on_wire.values())) < 50:
+        packet = wire.recv()
+        if isinstance(packet, Publish):
+            on_wire.setdefault(packet.topic, []).append(int(packet.payload[1:]))
+            if packet.qos == 1:
+                wire.send(Puback(packet.packet_id))
+            else:
+                wire.send(Pubrec(packet.packet_id))
+        elif isinstance(packet, Pubrel):
+            wire.send(Pubcomp(packet.packet_id))
+    for numbers in on_wire.values():
+        assert numbers == sorted(numbers)
+    wire.disconnect()
 
 
 def test_overlapping_subscriptions_deliver_once_at_highest_qos_MQTT_3_3_5_1(bridge):
