@@ -569,6 +569,14 @@ class Node(SubscriptionHandling):
                     woken.append(member)
         return queues, woken
 
+    def route_backend_message(self, message: Message) -> list[str]:
+        """A message a backend produced straight into the store (notify found it): keep it as
+        the topic's retained message if flagged so, and return the queues it must reach."""
+        if message.retain:
+            self.spawn(self.store.put_meta(self._retain_updates(message)))
+        queues, _woken = self.queues_for(message)
+        return queues
+
     def readers_of(self, queue: str) -> list[str]:
         """The clients of this node that read `queue`."""
         if queue.startswith("f:"):

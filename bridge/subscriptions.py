@@ -84,14 +84,7 @@ class SubscriptionHandling:
                 if error:
                     raise MQTTProtocolError("limit", error)
             except MQTTProtocolError as exc:
-                log.warning(
-                    "client %s: SUBSCRIBE %r refused (0x80): %s",
-                    session.client_id,
-                    topic_filter,
-                    exc,
-                )
-                self.metrics.inc("subscriptions_refused")
-                codes.append(SUBACK_FAILURE)
+                codes.append(self._refuse_filter(session, topic_filter, str(exc)))
                 continue
             granted = min(sub.qos, 2)
             parsed = parse_shared(topic_filter)
@@ -104,14 +97,9 @@ class SubscriptionHandling:
                 try:
                     end = await self.store.queue_end(queue)
                 except StoreUnavailable as exc:
-                    log.error(
-                        "client %s: SUBSCRIBE %r refused (0x80): store unavailable: %s",
-                        session.client_id,
-                        topic_filter,
-                        exc,
+                    codes.append(
+                        self._refuse_filter(session, topic_filter, f"store unavailable: {exc}")
                     )
-                    self.metrics.inc("subscriptions_refused")
-                    codes.append(SUBACK_FAILURE)
                     continue
                 session.start_queue(queue, end)
             if parsed is not None:
@@ -124,6 +112,14 @@ class SubscriptionHandling:
                 retained_for.append((topic_filter, granted))
             codes.append(granted)
         return codes, retained_for
+
+    def _refuse_filter(self, session: Session, topic_filter: str, reason: str) -> int:
+        """Log and count a refused filter; its SUBACK return code."""
+        log.warning(
+            "client %s: SUBSCRIBE %r refused (0x80): %s", session.client_id, topic_filter, reason
+        )
+        self.metrics.inc("subscriptions_refused")
+        return SUBACK_FAILURE
 
     async def _finish_subscribe(
         self,

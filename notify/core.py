@@ -32,11 +32,9 @@ from typing import Protocol
 from bridge.storage.base import Message
 from bridge.storage.rocketmq_client import RocketMQClient
 from bridge.storage.rocketmq_connection import RemotingError, RocketMQError
-from bridge.storage.rocketmq_mapping import PROP_NODE, from_rocketmq
+from bridge.storage.rocketmq_mapping import PROP_NODE, message_of
 from bridge.storage.rocketmq_messages import (
     PROPERTY_INNER_MULTI_DISPATCH,
-    PROPERTY_KEYS,
-    PROPERTY_TAGS,
     StoredMessage,
 )
 from bridge.storage.rocketmq_store import DISPATCH_TOPIC
@@ -284,14 +282,7 @@ class Notifier:
             return
         if PROP_NODE in raw.properties or PROPERTY_INNER_MULTI_DISPATCH in raw.properties:
             return  # a bridge's message that no queue needed
-        message = from_rocketmq(
-            raw.properties.get(PROPERTY_TAGS),
-            raw.properties.get(PROPERTY_KEYS),
-            raw.properties,
-            raw.body,
-            msg_id=raw.msg_id,
-            store_timestamp_ms=raw.store_timestamp,
-        )
+        message = message_of(raw)
         if message is None:
             return  # no tag: no MQTT topic, nobody can subscribe to it
         lmqs = self.sink.route(message)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from bridge.storage.base import Message
+from bridge.storage.rocketmq_mapping import escape_name
 from notify.core import Notifier
 
 if TYPE_CHECKING:
@@ -34,26 +35,15 @@ class NodeSink:
             self.node.queues_grew(mine)
 
     def route(self, message: Message) -> Sequence[str]:
-        node = self.node
-        if message.retain:
-            node.spawn(node.store.put_meta(node._retain_updates(message)))
-        queues, _woken = node.queues_for(message)
-        return [self.store.lmq_of(q) for q in queues]
+        return [self.store.lmq_of(q) for q in self.node.route_backend_message(message)]
 
 
 def embedded_notifier(node: Node, store: RocketMQStore) -> Notifier:
     """The notifier a bridge node runs by default (config `notify`)."""
-    group = f"{store.namespace}mqtt-bridge-notify" if store.namespace else "mqtt-bridge-notify"
     return Notifier(
         store.client,
         NodeSink(node, store),
         store.dispatch,
-        group=_group_name(group),
+        group=escape_name(f"{store.namespace}mqtt-bridge-notify"),
         dispatch_topic=store.dispatch_topic,
     )
-
-
-def _group_name(name: str) -> str:
-    from bridge.storage.rocketmq_mapping import escape_name
-
-    return escape_name(name)

@@ -30,6 +30,9 @@ from bridge.storage.rocketmq_messages import (
     LMQ_PREFIX,
     PROPERTY_INNER_MULTI_DISPATCH,
     PROPERTY_INNER_MULTI_QUEUE_OFFSET,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    StoredMessage,
 )
 
 MAX_NAME: Final = 127
@@ -214,4 +217,17 @@ def from_rocketmq(
         timestamp_ms=int(timestamp_text) if timestamp_text.isdigit() else store_timestamp_ms,
         node=_unescape_value(properties.get(PROP_NODE, "")),
         properties=user,
+    )
+
+
+def message_of(raw: StoredMessage) -> Message | None:
+    """The MQTT message of a message pulled from the broker (see `from_rocketmq`)."""
+    properties = raw.properties
+    return from_rocketmq(
+        properties.get(PROPERTY_TAGS),
+        properties.get(PROPERTY_KEYS),
+        properties,
+        raw.body,
+        msg_id=raw.msg_id,
+        store_timestamp_ms=raw.store_timestamp,
     )

@@ -54,8 +54,8 @@ from bridge.storage.rocketmq_connection import (
 from bridge.storage.rocketmq_mapping import (
     MULTI_DISPATCH,
     escape_name,
-    from_rocketmq,
     lmq_name,
+    message_of,
     rocketmq_topic,
     to_rocketmq,
     unescape_name,
@@ -193,6 +193,8 @@ class RocketMQStore:
         self._targets: dict[str, _Target] = {}
         self._ends: dict[str, int] = {}
         self._lmqs: dict[str, str] = {}
+        self._lmq_names: dict[str, str] = {}
+        """Both directions of the same map (escaping a name is not free on the publish path)."""
         """LMQ name -> bridge queue, for every queue this store has named."""
         self._avg_size = DEFAULT_MESSAGE_SIZE
         self.stats = dict.fromkeys(
@@ -251,8 +253,10 @@ class RocketMQStore:
     # --- writing ---------------------------------------------------------------------------------
 
     def _lmq(self, queue: str) -> str:
-        name = lmq_name(self.namespace + queue) if self.namespace else lmq_name(queue)
-        if name not in self._lmqs:
+        name = self._lmq_names.get(queue)
+        if name is None:
+            name = lmq_name(self.namespace + queue)
+            self._lmq_names[queue] = name
             self._lmqs[name] = queue
         return name
 
@@ -613,14 +617,7 @@ class RocketMQStore:
         offset = offsets.get(lmq)
         if offset is None:
             return None
-        message = from_rocketmq(
-            raw.properties.get(PROPERTY_TAGS),
-            raw.properties.get(PROPERTY_KEYS),
-            raw.properties,
-            raw.body,
-            msg_id=raw.msg_id,
-            store_timestamp_ms=raw.store_timestamp,
-        )
+        message = message_of(raw)
         if message is None:
             return None
         queues = []
