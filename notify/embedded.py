@@ -41,7 +41,7 @@ class NodeSink:
 def embedded_notifier(node: Node, store: RocketMQStore) -> Notifier:
     """The notifier a bridge node runs by default (config `notify`)."""
     return Notifier(
-        store.client,
+        store.reader_client,
         NodeSink(node, store),
         store.dispatch,
         group=escape_name(f"{store.namespace}mqtt-bridge-notify"),

@@ -180,6 +180,15 @@ class RocketMQStore:
             namesrv_addr,
             client_id=f"{node_id}@{os.getpid()}",
             producer_group=producer_group,
+            request_timeout=send_timeout,
+        )
+        # Reads (and notify's long polls) on connections of their own: pull answers are large,
+        # and a broker whose writes to a connection back up stops reading it, which would hold
+        # the sends (and so the PUBACKs) behind the reads.
+        self._reader = RocketMQClient(
+            namesrv_addr,
+            client_id=f"{node_id}@{os.getpid()}-reader",
+            producer_group=producer_group,
             # LMQ reads need an LMQ-named group: the broker keeps no group config for those.
             consumer_group=f"{LMQ_PREFIX}{producer_group}-{namespace or 'reader'}",
             request_timeout=send_timeout,
@@ -193,18 +202,19 @@ class RocketMQStore:
         self._targets: dict[str, _Target] = {}
         self._ends: dict[str, int] = {}
         self._lmqs: dict[str, str] = {}
-        self._lmq_names: dict[str, str] = {}
-        """Both directions of the same map (escaping a name is not free on the publish path)."""
         """LMQ name -> bridge queue, for every queue this store has named."""
+        self._lmq_names: dict[str, str] = {}
+        """The same map the other way (escaping a name is not free on the publish path)."""
+
         self._avg_size = DEFAULT_MESSAGE_SIZE
         self.stats = dict.fromkeys(
             ("sent", "send_failures", "send_timeouts", "unqueued_dropped", "reads"), 0
         )
 
     @property
-    def client(self) -> RocketMQClient:
-        """The remoting client (notify shares it)."""
-        return self._client
+    def reader_client(self) -> RocketMQClient:
+        """The remoting client that reads (notify shares it)."""
+        return self._reader
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -212,6 +222,7 @@ class RocketMQStore:
         await self._meta.open()
         try:
             await self._client.start()
+            await self._reader.start()
             brokers = await self._client.cluster_brokers(refresh=True)
             if not any(b.master_addr for b in brokers.values()):
                 raise BrokerUnavailable("no master broker is registered", maybe_delivered=False)
@@ -227,6 +238,7 @@ class RocketMQStore:
             await asyncio.gather(*(fetch(q) for q in known))
         except (RocketMQError, OSError) as exc:
             await self._client.close()
+            await self._reader.close()
             await self._meta.close()
             raise StoreUnavailable(f"RocketMQ at {self.namesrv_addr} is not usable: {exc}") from exc
         self._open = True
@@ -248,6 +260,7 @@ class RocketMQStore:
             [MetaUpdate(KIND_STATS, "avg_size", f"{self._avg_size:.1f}".encode())]
         )
         await self._client.close()
+        await self._reader.close()
         await self._meta.close()
 
     # --- writing ---------------------------------------------------------------------------------
@@ -570,7 +583,7 @@ class RocketMQStore:
         if updates:
             await self._meta.put_meta(updates, durable=True)
         try:
-            end = await self._client.max_offset(name, 0)
+            end = await self._reader.max_offset(name, 0)
         except RocketMQError as exc:
             raise StoreUnavailable(f"cannot read the end of {queue!r}: {exc}") from exc
         self.note_end(queue, end)
@@ -590,7 +603,7 @@ class RocketMQStore:
         wait_ms = int(self.read_wait * 1000) if offset < known_end else 0
         self.stats["reads"] += 1
         try:
-            result = await self._client.pull(name, 0, offset, limit, suspend_timeout_ms=wait_ms)
+            result = await self._reader.pull(name, 0, offset, limit, suspend_timeout_ms=wait_ms)
         except RocketMQError as exc:
             raise StoreUnavailable(f"cannot read {queue!r}: {exc}") from exc
         if result.max_offset > 0:
@@ -639,7 +652,7 @@ class RocketMQStore:
         target = rocketmq_topic(topic)
         for attempt in range(3):
             try:
-                found = await self._client.query_messages_by_key(target, key)
+                found = await self._reader.query_messages_by_key(target, key)
             except RemotingError as exc:
                 if exc.code == ResponseCode.TOPIC_NOT_EXIST:
                     return False  # nothing was ever stored in that topic

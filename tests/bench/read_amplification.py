@@ -41,7 +41,7 @@ def topic_of(i: int, lines: int) -> str:
 
 async def pull_all(store: RocketMQStore, topic: str, tags: str) -> tuple[int, int, float]:
     """(messages, bytes, seconds) pulling every queue of `topic` with a tag expression."""
-    client = store.client
+    client = store.reader_client
     route = await client.get_route(topic, refresh=True)
     count = size = 0
     started = time.perf_counter()
