@@ -25,8 +25,9 @@ leaves meta naming a message that may not exist, which `find_key` settles.
 Queue ends. LMQ offsets are assigned by the broker and not returned by a send, so `end_offset`
 is what this store knows: the end fetched by `queue_end` (GET_MAX_OFFSET), plus one for every
 message of its own confirmed since, raised by `note_end` (notify) and by reads. With other
-writers (other bridge nodes, notify's dispatch of backend messages) it may lag; it never runs
-ahead of the broker.
+writers (other bridge nodes, notify's dispatch of backend messages) it may lag. It can run one
+ahead in a race (a fetch that already counted a message whose SEND_OK arrives after it); a read
+that waited for the missing offset and found none sets it back to the broker's end.
 """
 
 from __future__ import annotations
@@ -618,6 +619,10 @@ class RocketMQStore:
             if messages:
                 return ReadResult(messages, messages[-1].offset + 1)
             return ReadResult([], max(offset, result.next_offset))
+        if wait_ms and result.status is PullStatus.NO_NEW_MSG and result.max_offset <= offset:
+            # Waited for a message this store counted and none came: the count was one ahead
+            # (a SEND_OK that arrived after a fetch had already counted its message).
+            self._ends[queue] = max(result.max_offset, 0)
         if result.min_offset > offset:
             # Retention removed [offset, min_offset).
             return ReadResult([], result.min_offset, lost=result.min_offset - offset)

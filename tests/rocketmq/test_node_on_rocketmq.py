@@ -179,3 +179,31 @@ def test_message_a_backend_produces_into_rocketmq_reaches_mqtt_subscribers(
             (f"{first}/store/42/order/10", b"paid 10", 1),
         ]
         assert client.drain(1, timeout=1.0) == []  # store 7's order went to nobody
+
+
+def test_a_queue_end_counted_one_ahead_is_set_back_by_a_read_that_found_nothing(
+    rocketmq: LocalRocketMQ, tmp_path: Path
+) -> None:
+    """The race: a fetch of the end already counted a message whose SEND_OK then adds one more.
+    The next read waits for the phantom offset, finds nothing and corrects the count, so the
+    reader is not left polling (and the backlog is not one too many)."""
+
+    async def main() -> None:
+        store = RocketMQStore(
+            rocketmq.namesrv_addr, tmp_path / "s", namespace=_unique("e"), read_wait=0.2
+        )
+        await store.open()
+        try:
+            await store.append(Message("race/x", b"only", qos=1, key="r0"), ["q"])
+            assert await store.queue_end("q") == 1
+            store.note_end("q", 2)  # as if the SEND_OK was counted on top of the fetch
+            first = await store.read("q", 0, 10)
+            assert [s.message.payload for s in first.messages] == [b"only"]
+            empty = await store.read("q", 1, 10)
+            assert empty.messages == [] and empty.next_offset == 1
+            assert store.end_offset("q") == 1
+            assert store.backlog("q", 1)[0] == 0
+        finally:
+            await store.close()
+
+    uvloop.run(main())
