@@ -609,13 +609,6 @@ class RocketMQClient(NameServerRouting):
         enableAllTopicList is off).
         """
         response = await self._namesrv_call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
-        if response.code != ResponseCode.SUCCESS:
-            raise RemotingError(
-                response.code,
-                response.remark,
-                addr="NameServer",
-                request=RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
-            )
         if not response.body:
             return []
         try:

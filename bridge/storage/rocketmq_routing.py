@@ -52,19 +52,26 @@ class NameServerRouting:
     async def _namesrv_call(
         self, code: int, ext_fields: Mapping[str, str] | None = None
     ) -> RemotingCommand:
-        """A request to the NameServers, trying each in turn (bounded)."""
+        """A request to the NameServers, trying each in turn (bounded); RemotingError unless the
+        answer is SUCCESS."""
         deadline = time.monotonic() + self.retry_deadline
         last: Exception | None = None
         for attempt in range(1, self.max_attempts + len(self.namesrv_addrs)):
             addr = self.namesrv_addrs[self._namesrv_index % len(self.namesrv_addrs)]
             try:
                 conn = await self.connection(addr)
-                return await conn.request(code, ext_fields, timeout=self.request_timeout)
+                response = await conn.request(code, ext_fields, timeout=self.request_timeout)
             except (BrokerUnavailable, RemotingTimeout) as exc:
                 last = exc
                 self._namesrv_index += 1
                 if not await self._backoff(attempt, deadline):
                     break
+            else:
+                if response.code != ResponseCode.SUCCESS:
+                    raise RemotingError(
+                        response.code, response.remark, addr="NameServer", request=code
+                    )
+                return response
         assert last is not None
         raise last
 
@@ -89,13 +96,6 @@ class NameServerRouting:
                 RequestCode.GET_ROUTEINFO_BY_TOPIC,
                 {"topic": topic, "acceptStandardJsonOnly": "true"},
             )
-            if response.code != ResponseCode.SUCCESS:
-                raise RemotingError(
-                    response.code,
-                    response.remark,
-                    addr="NameServer",
-                    request=RequestCode.GET_ROUTEINFO_BY_TOPIC,
-                )
             route = parse_route(topic, response.body)
             self._routes[topic] = route
             return route
@@ -109,13 +109,6 @@ class NameServerRouting:
         if self._cluster_brokers and not refresh:
             return self._cluster_brokers
         response = await self._namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO)
-        if response.code != ResponseCode.SUCCESS:
-            raise RemotingError(
-                response.code,
-                response.remark,
-                addr="NameServer",
-                request=RequestCode.GET_BROKER_CLUSTER_INFO,
-            )
         try:
             table = loads_fastjson(response.body).get("brokerAddrTable") or {}
             self._cluster_brokers = parse_brokers(table.values())
