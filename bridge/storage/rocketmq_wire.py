@@ -15,8 +15,8 @@ Frame (`RemotingCommand`)::
 request. Request-specific fields ("custom headers") travel as strings in `extFields`.
 
 Message properties, SEND_MESSAGE_V2 fields and the stored-message format (pull bodies) are in
-`bridge.storage.rocketmq_messages`, the protocol error and byte reader shared by both in
-`bridge.storage.rocketmq_bytes`; this module re-exports their names, so importers need only it.
+`bridge.storage.rocketmq_messages`; the protocol error and byte reader shared by both are in
+`bridge.storage.rocketmq_bytes` (re-exported here).
 """
 
 from __future__ import annotations
@@ -29,79 +29,23 @@ from enum import IntEnum
 from typing import Any, Final
 
 from bridge.storage.rocketmq_bytes import DEFAULT_MAX_FRAME_SIZE, ByteReader, RemotingProtocolError
-from bridge.storage.rocketmq_messages import (
-    BLANK_MAGIC_CODE,
-    KEY_SEPARATOR,
-    LMQ_DISPATCH_SEPARATOR,
-    LMQ_PREFIX,
-    LMQ_QUEUE_ID,
-    MAX_PROPERTIES_BYTES,
-    MESSAGE_MAGIC_CODE,
-    MESSAGE_MAGIC_CODE_V2,
-    NAME_VALUE_SEPARATOR,
-    PROPERTY_INNER_MULTI_DISPATCH,
-    PROPERTY_INNER_MULTI_QUEUE_OFFSET,
-    PROPERTY_KEYS,
-    PROPERTY_SEPARATOR,
-    PROPERTY_TAGS,
-    PROPERTY_UNIQ_KEY,
-    PROPERTY_WAIT_STORE_MSG_OK,
-    MessageSysFlag,
-    SendHeaderField,
-    StoredMessage,
-    UnsupportedCompression,
-    body_crc,
-    decode_messages,
-    decode_properties,
-    encode_properties,
-    encode_stored_message,
-    make_offset_msg_id,
-    send_message_v2_fields,
-)
 
 __all__ = [
-    "BLANK_MAGIC_CODE",
     "CURRENT_VERSION",
     "DEFAULT_MAX_FRAME_SIZE",
     "FLAG_ONEWAY",
     "FLAG_RESPONSE",
-    "KEY_SEPARATOR",
-    "LMQ_DISPATCH_SEPARATOR",
-    "LMQ_PREFIX",
-    "LMQ_QUEUE_ID",
-    "MAX_PROPERTIES_BYTES",
-    "MESSAGE_MAGIC_CODE",
-    "MESSAGE_MAGIC_CODE_V2",
-    "NAME_VALUE_SEPARATOR",
-    "PROPERTY_INNER_MULTI_DISPATCH",
-    "PROPERTY_INNER_MULTI_QUEUE_OFFSET",
-    "PROPERTY_KEYS",
-    "PROPERTY_SEPARATOR",
-    "PROPERTY_TAGS",
-    "PROPERTY_UNIQ_KEY",
-    "PROPERTY_WAIT_STORE_MSG_OK",
     "FrameDecoder",
     "LanguageCode",
-    "MessageSysFlag",
     "PullSysFlag",
     "RemotingCommand",
     "RemotingProtocolError",
     "RequestCode",
     "ResponseCode",
-    "SendHeaderField",
     "SerializeType",
-    "StoredMessage",
-    "UnsupportedCompression",
-    "body_crc",
     "decode_command",
-    "decode_messages",
-    "decode_properties",
     "encode_command",
-    "encode_properties",
-    "encode_stored_message",
     "loads_fastjson",
-    "make_offset_msg_id",
-    "send_message_v2_fields",
 ]
 
 

@@ -11,26 +11,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.storage.rocketmq_wire import (
+from bridge.storage.rocketmq_messages import (
     MESSAGE_MAGIC_CODE,
-    FrameDecoder,
     MessageSysFlag,
+    StoredMessage,
+    UnsupportedCompression,
+    body_crc,
+    decode_messages,
+    decode_properties,
+    encode_properties,
+    encode_stored_message,
+    send_message_v2_fields,
+)
+from bridge.storage.rocketmq_wire import (
+    FrameDecoder,
     RemotingCommand,
     RemotingProtocolError,
     RequestCode,
     ResponseCode,
     SerializeType,
-    StoredMessage,
-    UnsupportedCompression,
-    body_crc,
     decode_command,
-    decode_messages,
-    decode_properties,
     encode_command,
-    encode_properties,
-    encode_stored_message,
     loads_fastjson,
-    send_message_v2_fields,
 )
 
 # --- byte literals from the Java definitions --------------------------------------------------
