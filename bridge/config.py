@@ -54,6 +54,21 @@ class Config:
     slow_consumer_timeout: float = 30.0
     offset_flush_interval: float = 0.2
     drain_timeout: float = 5.0
+    redis_url: str = ""
+    redis_sentinels: str = ""
+    redis_master_name: str = "mqtt-bridge"
+    redis_timeout: float = 3.0
+    cluster_name: str = "mqtt"
+    peer_listen: str = "0.0.0.0:18830"
+    peer_advertise: str = ""
+    node_timeout: float = 6.0
+    takeover_timeout: float = 3.0
+    interest_grace: float = 5.0
+
+    @property
+    def clustered(self) -> bool:
+        """Whether this node is a cluster member (a Redis registry is configured)."""
+        return bool(self.redis_url or self.redis_sentinels)
 
     def resolved_node_id(self) -> str:
         """The node id, defaulting to `<hostname>-<first listener port>`."""
@@ -96,6 +111,16 @@ SETTINGS: dict[str, str] = {
     "slow_consumer_timeout": "seconds a client may keep its buffer over the limit before it is cut",
     "offset_flush_interval": "seconds between writes of acknowledged delivery offsets",
     "drain_timeout": "seconds to wait for pending writes on shutdown",
+    "redis_url": "Redis of the cluster registry, `redis://HOST:PORT/DB`; set to run as a cluster",
+    "redis_sentinels": "Sentinels `HOST:PORT,...` instead of redis_url (follows failovers)",
+    "redis_master_name": "the master name the Sentinels monitor",
+    "redis_timeout": "seconds a Redis command may take before it counts as failed",
+    "cluster_name": "prefix of this cluster's Redis keys (several clusters may share a Redis)",
+    "peer_listen": "`HOST:PORT` for links from other nodes (port 0: any free port)",
+    "peer_advertise": "`HOST:PORT` other nodes dial (default: peer_listen, hostname for 0.0.0.0)",
+    "node_timeout": "seconds without a heartbeat before a node counts as dead",
+    "takeover_timeout": "seconds to wait for the old node to release a ClientId taken over",
+    "interest_grace": "seconds a node keeps advertising a filter after its last local subscriber",
 }
 
 ENV_PREFIX = "MQTT_BRIDGE_"
@@ -198,6 +223,18 @@ def validate(config: Config) -> None:
         raise ConfigError(f"store: unknown backend {config.store!r} (known: filelog, rocketmq)")
     if config.store == "rocketmq" and not config.rocketmq_namesrv.strip():
         raise ConfigError("rocketmq_namesrv: store=rocketmq needs a NameServer address")
+    if config.clustered:
+        if config.store != "rocketmq":
+            raise ConfigError(
+                "redis_url/redis_sentinels: a cluster needs store=rocketmq (the embedded log is "
+                "one process's files)"
+            )
+        parse_listen(config.peer_listen)
+        if config.peer_advertise:
+            parse_listen(config.peer_advertise)
+        for name in ("redis_timeout", "node_timeout", "takeover_timeout"):
+            if getattr(config, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
     if config.rocketmq_send_timeout <= 0:
         raise ConfigError("rocketmq_send_timeout: must be positive")
     positive = (

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from bridge.state import KIND_OFFSETS
-from bridge.storage.base import MetaUpdate, StoreUnavailable
+from bridge.storage.base import MetaUpdate, StaleOwner, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.node import Node
@@ -119,8 +119,16 @@ class Housekeeper:
             if session is not None and session.persistent:
                 updates.append(MetaUpdate(KIND_OFFSETS, client_id, session.encode_offsets()))
         self._dirty_offsets.clear()
-        if updates:
+        if not updates:
+            return
+        try:
             await self.node.store.put_meta(updates, durable=durable)
+        except StaleOwner as exc:
+            # Another node took these clients over: the rest was written; these go.
+            self.node.lost_ownership(exc.clients)
+        except StoreUnavailable:
+            self._dirty_offsets.update(u.key for u in updates)  # written with the next flush
+            raise
 
     def mark_offsets_dirty(self, session: Session) -> None:
         """A session's acknowledged position moved; it is written with the next flush."""
@@ -155,3 +163,6 @@ class Housekeeper:
             )
             self.node.discard_session(session, updates)
         await self.node.store.put_meta(updates, durable=True)
+        if self.node.cluster is not None:
+            for session in expired:
+                await self.node.end_in_registry(session.client_id)

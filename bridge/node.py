@@ -11,6 +11,7 @@ How a PUBLISH travels is described in docs/design.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -49,11 +50,16 @@ from bridge.state import (
     encode_message,
     shared_queue,
 )
-from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
+from bridge.storage.base import Message, MessageStore, MetaUpdate, StaleOwner, StoreUnavailable
 from bridge.subscriptions import SubscriptionHandling
 
 if TYPE_CHECKING:
+    from bridge.cluster.cluster import Cluster
+    from bridge.cluster.registry import Claim
     from bridge.connection import Connection
+
+PEER_PREFIX = "\x00"
+"""Trie subscriber ids that stand for a peer node (see `bridge.cluster.cluster`)."""
 
 DurableCallback = Callable[[int | None, BaseException | None], None]
 
@@ -85,6 +91,15 @@ class Node(SubscriptionHandling):
         self._housekeeping: asyncio.Task[None] | None = None
         self.connection_count = 0
         self.accepting = True
+        self.cluster: Cluster | None = None
+        """Set when the node is a cluster member (`bridge.cluster`)."""
+        self.reachable: Callable[[str], bool] = self.connections.__contains__
+        """Whether a shared-subscription member can take a message now."""
+
+    def join(self, cluster: Cluster) -> None:
+        """Become a member of `cluster` (before `start`)."""
+        self.cluster = cluster
+        self.reachable = cluster.is_reachable
 
     # -- start-up and shutdown ------------------------------------------------------------------
 
@@ -95,25 +110,17 @@ class Node(SubscriptionHandling):
         for topic, data in self.store.meta(KIND_RETAINED).items():
             self.retained[topic] = decode_message(data)
         offsets = self.store.meta(KIND_OFFSETS)
+        online = self.store.meta(KIND_ONLINE)
         for client_id, subs in self.store.meta(KIND_SESSION).items():
-            session = Session.restore(client_id, subs, offsets.get(client_id))
-            if not session.disconnected_at or client_id in self.store.meta(KIND_ONLINE):
-                # Connected when the node stopped (or never recorded): offline from now on.
-                session.disconnected_at = time.time()
-            self.sessions[client_id] = session
-            self._subscribe_tables(session)
+            self._restore_session(client_id, subs, offsets.get(client_id), client_id in online)
         stale = []
         for key, value in self.store.meta(KIND_QOS2_IN).items():
             client_id, _, packet_id = key.rpartition("\x00")
             session = self.sessions.get(client_id)
             if session is None:
                 stale.append(key)
-            elif self.store.atomic_meta:
-                session.inbound_qos2[int(packet_id)] = None
             else:
-                # Written before the message was sent: whether that send stored it is settled
-                # by asking the store when the client resends the id (if it ever does).
-                session.inbound_qos2[int(packet_id)] = Unsettled.decode(value)
+                self._restore_qos2_marker(session, int(packet_id), value)
         if stale:
             await self.store.put_meta([MetaUpdate(KIND_QOS2_IN, k, None) for k in stale])
         orphans = dict(self.store.meta(KIND_ONLINE))
@@ -132,6 +139,44 @@ class Node(SubscriptionHandling):
         )
         self._housekeeping = asyncio.get_running_loop().create_task(self.housekeeper.run())
 
+    def _restore_session(
+        self, client_id: str, subs: bytes, offsets: bytes | None, was_online: bool
+    ) -> Session:
+        """A persistent session from its records, offline, in the tables."""
+        session = Session.restore(client_id, subs, offsets)
+        if not session.disconnected_at or was_online:
+            # Connected when its node stopped (or never recorded): offline from now on.
+            session.disconnected_at = time.time()
+        self.sessions[client_id] = session
+        self._subscribe_tables(session)
+        return session
+
+    def _restore_qos2_marker(self, session: Session, packet_id: int, value: bytes) -> None:
+        if self.store.atomic_meta:
+            session.inbound_qos2[packet_id] = None
+        else:
+            # Written before the message was sent: whether that send stored it is settled
+            # by asking the store when the client resends the id (if it ever does).
+            session.inbound_qos2[packet_id] = Unsettled.decode(value)
+
+    def adopt_session(self, client_id: str, claim: Claim) -> Session:
+        """Hold a persistent session taken over from another node (offline until it connects)."""
+        records = claim.records
+        session = self._restore_session(
+            client_id, records["subs"], records.get("off"), records.get("online") is not None
+        )
+        for name, value in records.items():
+            if name.startswith("q2:"):
+                self._restore_qos2_marker(session, int(name[3:]), value)
+        return session
+
+    async def publish_orphan_will(self, client_id: str, will: str) -> None:
+        """Publish the will of a client whose node died (its online record goes with it)."""
+        await self._publish_will(client_id, decode_message(will.encode()))
+
+    async def clear_online(self, client_id: str) -> None:
+        await self.store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)])
+
     async def stop(self) -> None:
         """Flush offsets and close the store (connections are closed by the server first)."""
         if self._housekeeping is not None:
@@ -146,12 +191,40 @@ class Node(SubscriptionHandling):
 
     def _subscribe_tables(self, session: Session) -> None:
         for topic_filter, qos in session.subscriptions.items():
-            self.trie.subscribe(topic_filter, session.client_id, qos)
+            self.add_subscription(session.client_id, topic_filter, qos)
         for share_filter, qos in session.shared.items():
             parsed = parse_shared(share_filter)
             if parsed is not None:
-                group, inner = parsed
-                self.shared.subscribe(share_filter, group, inner, session.client_id, qos)
+                self.add_shared(session.client_id, share_filter, parsed, qos)
+
+    def add_subscription(self, client_id: str, topic_filter: str, qos: int) -> None:
+        """A local session subscribes (the cluster advertises a filter's first subscriber)."""
+        if self.trie.subscribe(topic_filter, client_id, qos) and self.cluster is not None:
+            self.cluster.local_filter_added(topic_filter)
+
+    def remove_subscription(self, client_id: str, topic_filter: str) -> None:
+        if self.trie.unsubscribe(topic_filter, client_id) and self.cluster is not None:
+            self.cluster.local_filter_removed(topic_filter)
+
+    def add_shared(
+        self, client_id: str, share_filter: str, parsed: tuple[str, str], qos: int
+    ) -> None:
+        group, inner = parsed
+        self.shared.subscribe(share_filter, group, inner, client_id, qos)
+        if self.cluster is not None:
+            self.cluster.shared_member_changed(share_filter, client_id, qos)
+
+    def remove_shared(self, client_id: str, share_filter: str) -> None:
+        if self.shared.unsubscribe(share_filter, client_id) and self.cluster is not None:
+            self.cluster.shared_member_removed(share_filter, client_id)
+
+    def local_shared_members(self) -> list[tuple[str, str, int]]:
+        """(share filter, ClientId, QoS) of every shared membership of a session held here."""
+        return [
+            (share_filter, session.client_id, qos)
+            for session in self.sessions.values()
+            for share_filter, qos in session.shared.items()
+        ]
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run a background coroutine whose exceptions are logged, never lost."""
@@ -236,6 +309,12 @@ class Node(SubscriptionHandling):
                 )
                 return None
         conn.client_id = client_id
+        handed_over = False
+        if self.cluster is not None:
+            outcome = await self._take_over_in_cluster(conn, client_id, packet.clean_session)
+            if outcome is None:
+                return None
+            handed_over = outcome
 
         old = self.connections.get(client_id)
         if old is not None and old is not conn:
@@ -256,6 +335,10 @@ class Node(SubscriptionHandling):
             session = Session(client_id=client_id, persistent=False)
         elif session is not None and session.persistent:
             session_present = True
+            if handed_over:
+                # Its state came from the node that held it: durable under our ownership now.
+                updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
+                updates.append(MetaUpdate(KIND_OFFSETS, client_id, session.encode_offsets()))
         else:
             if session is not None:
                 self.discard_session(session, updates)
@@ -292,7 +375,83 @@ class Node(SubscriptionHandling):
         self.deliveries[client_id] = delivery
         delivery.resend_inflight()
         delivery.wake()
+        if self.cluster is not None:
+            for share_filter, qos in session.shared.items():
+                self.cluster.shared_member_changed(share_filter, client_id, qos)
         return session
+
+    async def _take_over_in_cluster(
+        self, conn: Connection, client_id: str, clean: bool
+    ) -> bool | None:
+        """Own the ClientId cluster-wide: claim it in the registry (the atomic step), have the
+        node that held it close the old connection and hand over the session, publish the old
+        connection's will. True if a session came from another node, None if refused."""
+        assert self.cluster is not None
+        cluster = self.cluster
+        try:
+            claim = await cluster.registry.claim(client_id, clean)
+        except StoreUnavailable as exc:
+            self._refuse(conn, ConnackCode.SERVER_UNAVAILABLE, f"registry unavailable: {exc}")
+            return None
+        assert claim is not None
+        previous = claim.previous_node
+        if not previous or previous == self.node_id:
+            return False
+        state = await cluster.request_release(previous, client_id, claim.epoch)
+        online = json.loads(claim.online) if claim.online else {}
+        if online.get("will"):
+            # The old connection ends without DISCONNECT: its will is due, and only the node
+            # that took the online record (atomically, in the claim) publishes it.
+            will = decode_message(online["will"].encode())
+            self.spawn(self._publish_will(client_id, will, clear_online=False))
+        records = dict(claim.records)
+        if state:
+            handed = json.loads(state)
+            records["subs"], records["off"] = handed["subs"].encode(), handed["off"].encode()
+        session = self.sessions.get(client_id)
+        if session is not None:
+            self.discard_session(session, [])  # a stale copy from before
+        if "subs" in records and not claim.was_clean:
+            claim.records = records
+            self.adopt_session(client_id, claim)
+            return True
+        return False
+
+    def release_session(self, client_id: str, epoch: int) -> bytes:
+        """Another node took the client over at `epoch`: close its connection here (its will is
+        the new owner's to publish), drop the session from the tables, hand over its state."""
+        assert self.cluster is not None
+        own = self.cluster.registry.epochs.get(client_id)
+        if own is not None and own > epoch:
+            return b""  # taken back by this node since: the request is stale
+        session = self.sessions.get(client_id)
+        state = b""
+        if session is not None and session.persistent:
+            state = json.dumps(
+                {
+                    "subs": session.encode_subscriptions().decode(),
+                    "off": session.encode_offsets().decode(),
+                },
+                separators=(",", ":"),
+            ).encode()
+        conn = self.connections.get(client_id)
+        if conn is not None:
+            conn.will = None
+            self._detach(conn)
+            conn.close("session taken over by a connection on another node", taken_over=True)
+        if session is not None:
+            self.discard_session(session, [])
+        self.cluster.registry.disown(client_id)
+        self.metrics.inc("sessions_released")
+        return state
+
+    def lost_ownership(self, client_ids: list[str]) -> None:
+        """Writes for these clients were refused: another node owns them now. Let go."""
+        assert self.cluster is not None
+        for client_id in client_ids:
+            if client_id not in self.cluster.registry.epochs:
+                log.warning("client %s: owned by another node now; dropped here", client_id)
+                self.release_session(client_id, 1 << 62)
 
     def _online_record(self, conn: Connection, will: Will | None) -> bytes:
         record: dict[str, Any] = {"peer": conn.peer, "at": time.time(), "node": self.node_id}
@@ -327,33 +486,67 @@ class Node(SubscriptionHandling):
         session = conn.session
         if session is None or conn.detached:
             return
+        if not self._detach(conn):
+            return  # taken over: the new connection owns the session now
+        client_id = session.client_id
+        will = conn.will
+        if not graceful and will is not None:
+            self.spawn(self._publish_will(client_id, self._will_message(client_id, will)))
+        else:
+            self.spawn(self.persist_quietly([MetaUpdate(KIND_ONLINE, client_id, None)]))
+        self._redispatch_shared(session)
+        if not session.persistent:
+            self.discard_session(session, [])  # nothing of a clean session is stored
+            if self.cluster is not None:
+                self.spawn(self.end_in_registry(client_id))
+        else:
+            self.housekeeper.mark_offsets_dirty(session)
+            if self.cluster is not None:
+                for share_filter, qos in session.shared.items():
+                    self.cluster.shared_member_changed(share_filter, client_id, qos)
+
+    def _detach(self, conn: Connection) -> bool:
+        """Unhook a connection from its session; False if it no longer was the session's."""
         conn.detached = True
+        session = conn.session
+        assert session is not None
         client_id = session.client_id
         delivery = self.deliveries.get(client_id)
         if delivery is not None and delivery.conn is conn:
             delivery.stop()
             del self.deliveries[client_id]
         if self.connections.get(client_id) is not conn:
-            return  # taken over: the new connection owns the session now
+            return False
         del self.connections[client_id]
         session.connected = False
         session.disconnected_at = time.time()
-        will = conn.will
-        if not graceful and will is not None:
-            self.spawn(self._publish_will(client_id, self._will_message(client_id, will)))
-        else:
-            self.spawn(self.store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)]))
-        self._redispatch_shared(session)
-        if not session.persistent:
-            self.discard_session(session, [])  # nothing of a clean session is stored
-        else:
-            self.housekeeper.mark_offsets_dirty(session)
+        return True
 
-    async def _publish_will(self, client_id: str, message: Message) -> None:
+    async def persist_quietly(self, updates: list[MetaUpdate]) -> None:
+        """Write records in the background: a refusal or outage is logged, not raised."""
+        try:
+            await self.store.put_meta(updates)
+        except StaleOwner as exc:
+            log.debug("records not written: %s", exc)
+        except StoreUnavailable as exc:
+            log.warning("records not written, store unavailable: %s", exc)
+
+    async def end_in_registry(self, client_id: str) -> None:
+        assert self.cluster is not None
+        if client_id in self.sessions:
+            return  # reconnected meanwhile
+        try:
+            await self.cluster.registry.end_session(client_id)
+        except StoreUnavailable as exc:
+            log.debug("client %s: registry entry not deleted: %s", client_id, exc)
+
+    async def _publish_will(
+        self, client_id: str, message: Message, *, clear_online: bool = True
+    ) -> None:
         """Publish a will once: the online record is deleted in the same atomic append."""
         self.metrics.inc("wills_published")
         log.info("client %s: publishing will to %r", client_id, message.topic)
-        meta = [MetaUpdate(KIND_ONLINE, client_id, None)]
+        meta = [MetaUpdate(KIND_ONLINE, client_id, None)] if clear_online else []
         if message.retain:
             meta.extend(self._retain_updates(message))
         try:
@@ -365,9 +558,9 @@ class Node(SubscriptionHandling):
         """Forget a session entirely (clean session, expiry, replaced by a clean one)."""
         client_id = session.client_id
         for topic_filter in session.subscriptions:
-            self.trie.unsubscribe(topic_filter, client_id)
+            self.remove_subscription(client_id, topic_filter)
         for share_filter in session.shared:
-            self.shared.unsubscribe(share_filter, client_id)
+            self.remove_shared(client_id, share_filter)
         if self.sessions.get(client_id) is session:
             del self.sessions[client_id]
         self.housekeeper.forget(client_id)
@@ -413,13 +606,34 @@ class Node(SubscriptionHandling):
             conn = connections.get(client_id)
             if conn is not None:
                 conn.send_droppable(data)
+            elif client_id[0] == PEER_PREFIX and self.cluster is not None:
+                self.cluster.forward(client_id[1:], message)
         if self.shared:
             for _share_filter, group in self.shared.match(message.topic):
-                member = group.pick(connections.__contains__)
-                if member is not None:
-                    connections[member].send_droppable(data)
-                else:
+                member = group.pick(self.reachable)
+                if member is None:
                     self.metrics.inc("dropped_no_shared_member")
+                elif member in connections:
+                    connections[member].send_droppable(data)
+                elif self.cluster is not None:
+                    self.cluster.deliver(member, message)
+
+    def deliver_forwarded(self, topic: str, payload: bytes) -> None:
+        """A QoS 0 message a peer forwarded: to this node's own (non-shared) subscribers."""
+        data = codec.encode_publish(topic, payload, 0)
+        connections = self.connections
+        for client_id in self.trie.match_subscribers(topic):
+            conn = connections.get(client_id)
+            if conn is not None:
+                conn.send_droppable(data)
+
+    def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
+        """A QoS 0 message a peer picked this node's client for (shared subscription)."""
+        conn = self.connections.get(client_id)
+        if conn is not None:
+            conn.send_droppable(codec.encode_publish(topic, payload, 0))
+        else:
+            self.metrics.inc("dropped_no_shared_member")
 
     def publish(self, session: Session, packet: Publish, on_durable: DurableCallback) -> None:
         """A QoS 1/2 PUBLISH from a client. `on_durable(seq, None)` is called once the message is
@@ -536,7 +750,7 @@ class Node(SubscriptionHandling):
 
         def durable(seq: int | None, error: BaseException | None) -> None:
             if woken and error is None:
-                self._wake_readers(woken)
+                self._wake_readers(woken, queues)
             on_durable(seq, error)
 
         self.store.submit(message, queues, meta=meta, callback=durable)
@@ -555,7 +769,7 @@ class Node(SubscriptionHandling):
                 woken.extend(subscribers)
             if self.shared:
                 for share_filter, group in self.shared.match(message.topic):
-                    member = group.pick(self.connections.__contains__) or group.pick()
+                    member = group.pick(self.reachable) or group.pick()
                     if member is None:
                         continue
                     if min(group.members.get(member, 0), message.qos) == 0:
@@ -564,10 +778,19 @@ class Node(SubscriptionHandling):
                             conn.send_droppable(
                                 codec.encode_publish(message.topic, message.payload, 0)
                             )
+                        elif self.cluster is not None:
+                            self.cluster.deliver(member, message)
                         continue
                     queues.append(shared_queue(share_filter, member))
-                    woken.append(member)
+                    woken.append(self._reader_id(member))
         return queues, woken
+
+    def _reader_id(self, client_id: str) -> str:
+        """The client itself if its session is here, else the peer holding it (if known)."""
+        if self.cluster is None or client_id in self.sessions:
+            return client_id
+        peer = self.cluster.node_of(client_id)
+        return PEER_PREFIX + peer if peer else client_id
 
     def route_backend_message(self, message: Message) -> list[str]:
         """A message a backend produced straight into the store (notify found it): keep it as
@@ -584,34 +807,94 @@ class Node(SubscriptionHandling):
         if queue.startswith("c:"):
             return [queue[2:]]
         if queue.startswith(SHARED_QUEUE_PREFIX):
-            return [queue.rpartition("\x00")[2]]
+            return [self._reader_id(queue.rpartition("\x00")[2])]
         return []
 
-    def queues_grew(self, ends: dict[str, int]) -> None:
-        """Queues are known to hold messages up to these ends (notify): wake their readers."""
+    def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
+        """Queues are known to hold messages up to these ends (notify): wake their readers,
+        here and (`forward`) on the peers that have readers of them."""
         woken: list[str] = []
+        peers: dict[str, dict[str, int]] = {}
         for queue, end in ends.items():
             self.store.note_end(queue, end)
-            woken.extend(self.readers_of(queue))
+            for reader in self.readers_of(queue):
+                if reader[0] != PEER_PREFIX:
+                    woken.append(reader)
+                elif forward:
+                    peers.setdefault(reader[1:], {})[queue] = end
         if woken:
-            self._wake_readers(list(dict.fromkeys(woken)))
+            self._wake_readers(list(dict.fromkeys(woken)), [])
+        if self.cluster is not None:
+            for peer, peer_ends in peers.items():
+                self.cluster.grew(peer, peer_ends)
 
-    def _wake_readers(self, client_ids: list[str]) -> None:
+    def queues_woken(self, queues: Iterable[str]) -> None:
+        """A peer stored messages on these queues (their new ends unknown here): let each
+        reader that is caught up wait for at least one more message."""
+        woken: list[str] = []
+        store = self.store
+        for queue in queues:
+            for reader in self.readers_of(queue):
+                session = self.sessions.get(reader)
+                if session is None:
+                    continue
+                cursor = session.cursors.get(queue)
+                if cursor is not None and cursor >= store.end_offset(queue):
+                    store.note_end(queue, cursor + 1)  # a read waits (long-polls) for it
+                woken.append(reader)
+        if woken:
+            self._wake_readers(list(dict.fromkeys(woken)), [])
+
+    def _wake_readers(self, client_ids: list[str], queues: list[str]) -> None:
         deliveries = self.deliveries
+        told: set[str] = set()
         for client_id in client_ids:
             delivery = deliveries.get(client_id)
             if delivery is not None:
                 delivery.wake()
+            elif client_id[0] == PEER_PREFIX:
+                if self.cluster is not None and client_id not in told:
+                    told.add(client_id)
+                    self.cluster.wake(client_id[1:], queues)
             else:
                 self.housekeeper.check_backlog(client_id)
 
+    async def refresh_queue_ends(self) -> None:
+        """Re-read the ends of the queues connected clients read, then wake them (after a peer
+        link was down, announcements of new messages may have been lost)."""
+        queues = {q for s in self.sessions.values() if s.connected for q in s.cursors}
+        limit = asyncio.Semaphore(32)
+
+        async def refresh(queue: str) -> None:
+            async with limit:
+                with contextlib.suppress(StoreUnavailable):
+                    await self.store.queue_end(queue)
+
+        await asyncio.gather(*(refresh(q) for q in queues))
+        for delivery in list(self.deliveries.values()):
+            delivery.wake()
+
+    def retained_from_peer(self, topic: str, record: bytes) -> None:
+        """A peer set (or, with an empty record, cleared) a topic's retained message."""
+        if record:
+            self.retained[topic] = decode_message(record)
+        else:
+            self.retained.pop(topic, None)
+
+    def replace_retained(self, records: dict[str, bytes]) -> None:
+        """The registry's full set of retained messages (re-read after a link was down)."""
+        self.retained = {topic: decode_message(data) for topic, data in records.items()}
+
     def _retain_updates(self, message: Message) -> list[MetaUpdate]:
         """Set or clear the retained message of a topic (empty payload clears, MQTT-3.3.1-10)."""
-        if message.payload:
+        record = encode_message(message) if message.payload else None
+        if record is not None:
             self.retained[message.topic] = message
-            return [MetaUpdate(KIND_RETAINED, message.topic, encode_message(message))]
-        self.retained.pop(message.topic, None)
-        return [MetaUpdate(KIND_RETAINED, message.topic, None)]
+        else:
+            self.retained.pop(message.topic, None)
+        if self.cluster is not None:
+            self.cluster.retained_changed(message.topic, record or b"")
+        return [MetaUpdate(KIND_RETAINED, message.topic, record)]
 
     async def release_qos2(self, session: Session, packet_id: int) -> None:
         """PUBREL from the publisher of a persistent session: forget the packet id durably before

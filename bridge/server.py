@@ -20,13 +20,13 @@ from bridge.config import Config, parse_listen
 from bridge.connection import Connection
 from bridge.node import Node
 from bridge.state import KIND_ONLINE
-from bridge.storage.base import MessageStore, MetaUpdate
+from bridge.storage.base import MessageStore, MetaUpdate, StoreUnavailable
 
 log = logging.getLogger("bridge.server")
 
 
-def make_store(config: Config) -> MessageStore:
-    """The storage backend named by `config.store`."""
+def make_store(config: Config, session_meta: Any = None) -> MessageStore:
+    """The storage backend named by `config.store` (`session_meta`: a cluster's registry)."""
     if config.store == "filelog":
         from bridge.storage.filelog import FileLogStore
 
@@ -47,6 +47,7 @@ def make_store(config: Config) -> MessageStore:
             namespace=config.rocketmq_namespace,
             send_timeout=config.rocketmq_send_timeout,
             fsync=config.fsync,
+            session_meta=session_meta,
         )
     raise ValueError(f"unknown store {config.store!r}")
 
@@ -56,7 +57,27 @@ class Server:
 
     def __init__(self, config: Config, store: MessageStore | None = None) -> None:
         self.config = config
-        self.node = Node(config, store if store is not None else make_store(config))
+        self.cluster: Any = None
+        registry = None
+        if config.clustered:
+            from bridge.cluster.registry import RedisRegistry, redis_client
+
+            registry = RedisRegistry(
+                redis_client(
+                    config.redis_url,
+                    config.redis_sentinels,
+                    config.redis_master_name,
+                    config.redis_timeout,
+                ),
+                config.cluster_name,
+                config.resolved_node_id(),
+            )
+        self.node = Node(config, store if store is not None else make_store(config, registry))
+        if registry is not None:
+            from bridge.cluster.cluster import Cluster
+
+            self.cluster = Cluster(self.node, registry, config)
+            self.node.join(self.cluster)
         self.listeners: list[asyncio.base_events.Server] = []
         self._stop = asyncio.Event()
         self.notifier: Any = None
@@ -66,6 +87,8 @@ class Server:
         if not self.config.fsync:
             log.warning("fsync is OFF: acknowledged messages can be lost on power failure")
         await self.node.start()
+        if self.cluster is not None:
+            await self.cluster.start()
         await self._start_notify()
         # Everything loaded so far lives as long as the process: keep it out of the garbage
         # collector's full passes, whose length is what pauses the event loop.
@@ -144,10 +167,15 @@ class Server:
             conn.will = None
             conn.close("server shutting down", log_it=False)
         if online:
-            await node.store.put_meta([MetaUpdate(KIND_ONLINE, cid, None) for cid in online])
+            await node.persist_quietly([MetaUpdate(KIND_ONLINE, cid, None) for cid in online])
         for listener in self.listeners:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(listener.wait_closed(), self.config.drain_timeout)
+        if self.cluster is not None:
+            # Hand off: offsets durable first, then the survivors take over the sessions.
+            with contextlib.suppress(StoreUnavailable):
+                await node.housekeeper.flush_offsets(durable=True)
+            await self.cluster.stop()
         if self.notifier is not None:
             await self.notifier.stop()
         await node.stop()

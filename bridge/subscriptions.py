@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.metrics import Metrics
@@ -42,6 +43,7 @@ class SubscriptionHandling:
     connections: dict[str, Connection]
     housekeeper: Housekeeper
     node_id: str
+    reachable: Callable[[str], bool]
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         raise NotImplementedError
@@ -50,6 +52,26 @@ class SubscriptionHandling:
         raise NotImplementedError
 
     def check_topic_limits(self, topic: str) -> str | None:
+        raise NotImplementedError
+
+    def add_subscription(self, client_id: str, topic_filter: str, qos: int) -> None:
+        raise NotImplementedError
+
+    def remove_subscription(self, client_id: str, topic_filter: str) -> None:
+        raise NotImplementedError
+
+    def add_shared(
+        self, client_id: str, share_filter: str, parsed: tuple[str, str], qos: int
+    ) -> None:
+        raise NotImplementedError
+
+    def remove_shared(self, client_id: str, share_filter: str) -> None:
+        raise NotImplementedError
+
+    def _reader_id(self, client_id: str) -> str:
+        raise NotImplementedError
+
+    def _wake_readers(self, client_ids: list[str], queues: list[str]) -> None:
         raise NotImplementedError
 
     # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------
@@ -103,11 +125,10 @@ class SubscriptionHandling:
                     continue
                 session.start_queue(queue, end)
             if parsed is not None:
-                group, inner = parsed
-                self.shared.subscribe(topic_filter, group, inner, session.client_id, granted)
                 session.shared[topic_filter] = granted
+                self.add_shared(session.client_id, topic_filter, parsed, granted)
             else:
-                self.trie.subscribe(topic_filter, session.client_id, granted)
+                self.add_subscription(session.client_id, topic_filter, granted)
                 session.subscriptions[topic_filter] = granted
                 retained_for.append((topic_filter, granted))
             codes.append(granted)
@@ -177,11 +198,11 @@ class SubscriptionHandling:
         for topic_filter in packet.topic_filters:
             if topic_filter in session.subscriptions:
                 del session.subscriptions[topic_filter]
-                self.trie.unsubscribe(topic_filter, session.client_id)
+                self.remove_subscription(session.client_id, topic_filter)
                 session.forget_queue(filter_queue(topic_filter))
             elif topic_filter in session.shared:
                 del session.shared[topic_filter]
-                self.shared.unsubscribe(topic_filter, session.client_id)
+                self.remove_shared(session.client_id, topic_filter)
                 session.forget_queue(shared_queue(topic_filter, session.client_id))
         self.spawn(self._finish_unsubscribe(conn, session, packet.packet_id))
 
@@ -219,16 +240,16 @@ class SubscriptionHandling:
                 if not result.messages:
                     break
                 for stored in result.messages:
-                    member = group.pick(lambda m: m != session.client_id and m in self.connections)
+                    member = group.pick(lambda m: m != session.client_id and self.reachable(m))
                     if member is None:
                         nobody_else = True  # the rest waits for this member
                         break
                     await self.store.submit(stored.message, [shared_queue(share_filter, member)])
                     handed_to = stored.offset + 1
                     moved += 1
-                    delivery = self.deliveries.get(member)
-                    if delivery is not None:
-                        delivery.wake()
+                    self._wake_readers(
+                        [self._reader_id(member)], [shared_queue(share_filter, member)]
+                    )
             if handed_to == start:
                 continue
             # What was handed over is this member's no more: not in flight, not to be read.

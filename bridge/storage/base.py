@@ -83,6 +83,15 @@ class StoreUnavailable(Exception):
         self.maybe_stored = maybe_stored
 
 
+class StaleOwner(StoreUnavailable):
+    """Writes of session records were refused: `clients` were taken over by another node since
+    this one took them (a cluster fences each client's records with an epoch)."""
+
+    def __init__(self, clients: list[str]) -> None:
+        super().__init__(f"taken over by another node: {', '.join(clients[:5])}")
+        self.clients = clients
+
+
 class MessageStore(Protocol):
     """The storage backend of a bridge. See the module docstring for the promises."""
 

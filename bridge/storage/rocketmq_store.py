@@ -38,10 +38,10 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bridge.storage.base import Message, MetaUpdate, ReadResult, Stored, StoreUnavailable
 from bridge.storage.filelog import FileLogStore
@@ -157,6 +157,7 @@ class RocketMQStore:
         send_window: int = 256,
         fsync: bool = True,
         meta_segment_bytes: int = 16 * 1024 * 1024,
+        session_meta: KeyedRecords | None = None,
     ) -> None:
         self.namesrv_addr = namesrv_addr
         self.data_dir = Path(data_dir)
@@ -177,6 +178,9 @@ class RocketMQStore:
             retention_bytes=4 * meta_segment_bytes,
             snapshot_every_bytes=meta_segment_bytes // 2,
         )
+        self._session_meta = session_meta
+        """Where the node's records go instead of the local log (a cluster's Redis registry);
+        the store's own kinds (`~...`) stay local either way."""
         self._client = RocketMQClient(
             namesrv_addr,
             client_id=f"{node_id}@{os.getpid()}",
@@ -222,6 +226,8 @@ class RocketMQStore:
     async def open(self) -> None:
         await self._meta.open()
         try:
+            if self._session_meta is not None:
+                await self._session_meta.open()
             await self._client.start()
             await self._reader.start()
             brokers = await self._client.cluster_brokers(refresh=True)
@@ -237,10 +243,12 @@ class RocketMQStore:
                     await self.queue_end(queue)
 
             await asyncio.gather(*(fetch(q) for q in known))
-        except (RocketMQError, OSError) as exc:
+        except (RocketMQError, OSError, StoreUnavailable) as exc:
             await self._client.close()
             await self._reader.close()
             await self._meta.close()
+            if isinstance(exc, StoreUnavailable):
+                raise
             raise StoreUnavailable(f"RocketMQ at {self.namesrv_addr} is not usable: {exc}") from exc
         self._open = True
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -263,6 +271,8 @@ class RocketMQStore:
         await self._client.close()
         await self._reader.close()
         await self._meta.close()
+        if self._session_meta is not None:
+            await self._session_meta.close()
 
     # --- writing ---------------------------------------------------------------------------------
 
@@ -329,7 +339,7 @@ class RocketMQStore:
         updates = [*meta, *self._register(names)] if names else list(meta)
         send = self._make_send(message, names, callback)
         if updates:
-            send.meta_durable = self._meta.submit_meta(updates)
+            send.meta_durable = self._submit_meta(updates)
         self._sendq.append(send)
         if self._pump_task is None:
             self._pump_task = asyncio.get_running_loop().create_task(self._pump())
@@ -387,10 +397,29 @@ class RocketMQStore:
         return self._queue_of(lmq)
 
     async def put_meta(self, updates: Sequence[MetaUpdate], *, durable: bool = True) -> None:
-        await self._meta.put_meta(updates, durable=durable)
+        if self._session_meta is None:
+            await self._meta.put_meta(updates, durable=durable)
+        else:
+            await self._submit_meta(updates)
 
     def meta(self, kind: str) -> dict[str, bytes]:
-        return self._meta.meta(kind)
+        if self._session_meta is None or kind.startswith("~"):
+            return self._meta.meta(kind)
+        return self._session_meta.meta(kind)
+
+    def _submit_meta(self, updates: Sequence[MetaUpdate]) -> asyncio.Future[None]:
+        """Make updates durable: the store's own kinds locally, the node's in `session_meta`
+        when there is one. Both are applied in submission order."""
+        if self._session_meta is None:
+            return self._meta.submit_meta(updates)
+        own = [u for u in updates if u.kind.startswith("~")]
+        node = [u for u in updates if not u.kind.startswith("~")]
+        if not own:
+            return self._session_meta.submit_meta(node)
+        if not node:
+            return self._meta.submit_meta(own)
+        both = asyncio.gather(self._meta.submit_meta(own), self._session_meta.submit_meta(node))
+        return asyncio.ensure_future(_none_after(both))
 
     # --- the send pipeline -----------------------------------------------------------------------
 
@@ -669,6 +698,19 @@ class RocketMQStore:
             if attempt < 2:
                 await asyncio.sleep(0.2)
         return False
+
+
+async def _none_after(future: Awaitable[Any]) -> None:
+    await future
+
+
+class KeyedRecords(Protocol):
+    """Where a store may keep the node's keyed records instead of its own log."""
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+    def meta(self, kind: str) -> dict[str, bytes]: ...
+    def submit_meta(self, updates: Sequence[MetaUpdate]) -> asyncio.Future[None]: ...
 
 
 def _future_callback(future: asyncio.Future[int]) -> DurableCallback:

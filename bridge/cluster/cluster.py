@@ -1,0 +1,487 @@
+"""A node's membership in the cluster: the registry, the peer links and the replicated interest.
+
+Every node keeps the full subscription picture. Its own clients are in the node's trie under
+their ClientIds; what a peer has subscribers for is in the same trie under the peer's pseudo id
+(`PEER_PREFIX` + node id, which no ClientId can be). A publish is matched once: a QoS 0 message
+is forwarded to each peer that appears among the matches, a QoS 1/2 message is stored on every
+matching filter's queue (whoever reads it) and those peers are told the queues grew.
+
+Interest travels as changes (`AddFilters`, `RemoveFilters`, `SharedMember`...); when a link
+comes up each side replays all of its interest once (`SyncBegin` ... `SyncEnd`). A removal is
+sent only after `interest_grace`: when a session moves from node A to node B, B's interest must
+reach the other nodes before A's removal does, or a publish in between would miss the session's
+queue. A peer whose link is down keeps its interest until it is known dead and cleaned up.
+
+Membership: each node heartbeats into Redis; a node whose heartbeat lapsed for `node_timeout` is
+dead. One survivor (holding a lock) takes over its sessions: persistent ones are adopted (their
+interest re-advertised), wills of its connected clients published once, clean ones deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+import uuid
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+
+from bridge.cluster import wire
+from bridge.cluster.peers import PeerLink, dial
+from bridge.cluster.registry import RedisRegistry, decode_online
+from bridge.config import Config, parse_listen
+from bridge.mqtt.topics import parse_shared
+from bridge.storage.base import Message, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.node import Node
+
+log = logging.getLogger("bridge.cluster")
+
+PEER_PREFIX = "\x00"
+"""Subscriber ids in the trie that stand for a peer node (a ClientId never contains NUL)."""
+
+
+def peer_subscriber(node_id: str) -> str:
+    return PEER_PREFIX + node_id
+
+
+class Cluster:
+    """Registry, peer links and interest of one node (see the module docstring)."""
+
+    def __init__(self, node: Node, registry: RedisRegistry, config: Config) -> None:
+        self.node = node
+        self.registry = registry
+        self.config = config
+        self.node_id = node.node_id
+        self.boot_id = uuid.uuid4().hex[:12]
+        self.links: dict[str, PeerLink] = {}
+        self.members: dict[str, dict[str, Any]] = {}
+        """Alive nodes (this one included) -> their registry info."""
+        self._dialers: dict[str, asyncio.Task[None]] = {}
+        self.peer_filters: dict[str, set[str]] = {}
+        self._replay_filters: dict[str, set[str]] = {}
+        self.peer_members: dict[str, dict[tuple[str, str], tuple[int, int]]] = {}
+        self._replay_members: dict[str, set[tuple[str, str]]] = {}
+        self.member_node: dict[str, str] = {}
+        """Remote shared-subscription member -> the node holding its session."""
+        self.remote_online: set[str] = set()
+        self.local_counts: Counter[str] = Counter()
+        """Filter -> local sessions subscribed to it (what this node advertises)."""
+        self._removals: set[str] = set()
+        self._removal_timer: asyncio.TimerHandle | None = None
+        self._requests: dict[int, asyncio.Future[bytes]] = {}
+        self._next_request = 1
+        self._server: asyncio.base_events.Server | None = None
+        self._membership: asyncio.Task[None] | None = None
+        self._judge_after = 0.0
+        self.advertise = ""
+        self.leaving = False
+        self.stats: Counter[str] = Counter()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen for peers, join the membership, take back what a previous run of this node
+        id left in the registry, then keep membership and links up."""
+        loop = asyncio.get_running_loop()
+        host, port = parse_listen(self.config.peer_listen)
+        self._server = await loop.create_server(
+            lambda: PeerLink(self), host, port, reuse_address=True
+        )
+        bound = self._server.sockets[0].getsockname()
+        self.advertise = self.config.peer_advertise or _advertise_address(host, bound[1])
+        log.info("peer links on %s:%s, advertised as %s", bound[0], bound[1], self.advertise)
+        await self._heartbeat()
+        self._judge_after = time.monotonic() + self.config.node_timeout
+        await self.take_over_node(self.node_id)
+        self._membership = loop.create_task(self._membership_loop())
+
+    async def stop(self) -> None:
+        """Leave: the survivors take over this node's remaining sessions at once."""
+        self.leaving = True
+        if self._membership is not None:
+            self._membership.cancel()
+        for task in self._dialers.values():
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await self.registry.mark_dead()
+        # Answer Release requests while the survivors adopt (bounded).
+        deadline = time.monotonic() + self.config.drain_timeout
+        while time.monotonic() < deadline and self.links:
+            try:
+                if not await self.registry.owned_by(self.node_id):
+                    break
+            except (RedisError, OSError):
+                break  # Redis gone: nothing more to wait for
+            await asyncio.sleep(0.1)
+        for link in list(self.links.values()):
+            link.close("node stopping")
+        if self._server is not None:
+            self._server.close()
+        if self._removal_timer is not None:
+            self._removal_timer.cancel()
+
+    # -- membership ------------------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        info = {"peer": self.advertise, "boot": self.boot_id}
+        await self.registry.heartbeat(info, self.config.node_timeout)
+
+    async def _membership_loop(self) -> None:
+        interval = max(0.2, self.config.node_timeout / 6)
+        beats = 0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                beats += 1
+                if beats % 2 == 0:
+                    await self._heartbeat()
+                alive, dead = await self.registry.members()
+            except (RedisError, OSError) as exc:
+                self._redis_trouble(exc)
+                continue
+            self._update_members(alive)
+            if time.monotonic() >= self._judge_after:
+                for node_id in dead:
+                    if node_id != self.node_id:
+                        await self._try_take_over(node_id)
+            for node_id in list(self.peer_filters) + list(self.peer_members):
+                if node_id not in alive and node_id not in dead and node_id not in self.links:
+                    self.forget_peer(node_id)  # cleaned up elsewhere; its NodeGone was lost
+
+    def _redis_trouble(self, exc: BaseException) -> None:
+        # Others' heartbeats failed too: judge nobody dead until everyone had time to beat.
+        self._judge_after = time.monotonic() + self.config.node_timeout
+        self.stats["membership_errors"] += 1
+        if self.stats["membership_errors"] % 10 == 1:
+            log.warning("cluster membership: Redis unavailable: %s", exc)
+
+    def _update_members(self, alive: dict[str, dict[str, Any]]) -> None:
+        self.members = alive
+        for node_id in alive:
+            if node_id > self.node_id and node_id not in self._dialers:
+                self._dialers[node_id] = self.node.spawn(
+                    dial(self, node_id, alive[node_id].get("peer", ""))
+                )
+        for node_id, task in list(self._dialers.items()):
+            if task.done():
+                del self._dialers[node_id]
+
+    def should_dial(self, node_id: str) -> bool:
+        return not self.leaving and node_id in self.members
+
+    def peer_address(self, node_id: str) -> str:
+        return str(self.members.get(node_id, {}).get("peer", ""))
+
+    async def _try_take_over(self, dead: str) -> None:
+        try:
+            await self.take_over_node(dead)
+        except (StoreUnavailable, RedisError, OSError) as exc:
+            log.error("taking over the sessions of dead node %s failed: %s", dead, exc)
+        except Exception:
+            log.exception("taking over the sessions of dead node %s failed", dead)
+
+    async def take_over_node(self, dead: str) -> None:
+        """Adopt the sessions a dead node (or this node's previous run) left: publish the wills
+        of its connected clients once, keep persistent sessions, delete clean ones."""
+        if not await self.registry.lock_cleanup(dead, ttl=max(30.0, self.config.node_timeout * 3)):
+            return
+        clients = await self.registry.owned_by(dead)
+        if dead != self.node_id:
+            log.warning("node %s is dead: taking over its %d sessions", dead, len(clients))
+        adopted = wills = 0
+        for client_id in clients:
+            if client_id in self.node.connections:
+                continue  # reconnected here already
+            claim = await self.registry.claim(client_id, None, only_from=dead)
+            if claim is None:
+                continue  # taken over by a client's new connection meanwhile
+            online = decode_online(claim.online)
+            if not claim.was_clean and "subs" in claim.records:
+                self.node.adopt_session(client_id, claim)
+                adopted += 1
+            if online.get("will"):
+                wills += 1
+                await self.node.publish_orphan_will(client_id, online["will"])
+            elif claim.online is not None:
+                await self.node.clear_online(client_id)
+            if claim.was_clean or "subs" not in claim.records:
+                await self.registry.end_session(client_id)
+        if dead == self.node_id:
+            await self.registry.unlock_cleanup(dead)
+            return
+        await self.registry.forget_node(dead)
+        self.forget_peer(dead)
+        self.broadcast(wire.NodeGone(dead))
+        log.warning(
+            "node %s: %d sessions taken over, %d adopted, %d wills published",
+            dead,
+            len(clients),
+            adopted,
+            wills,
+        )
+
+    # -- links -----------------------------------------------------------------------------------
+
+    def link_up(self, link: PeerLink) -> None:
+        """A link finished its Hello: replace an older link to that peer and replay interest."""
+        old = self.links.get(link.peer_id)
+        if old is not None and old is not link:
+            old.up = False  # its loss must not unregister the new link
+            old.close("replaced by a newer link")
+        self.links[link.peer_id] = link
+        log.info("peer link to %s up (boot %s)", link.peer_id, link.peer_boot)
+        self.stats["links_up"] += 1
+        link.send(wire.SyncBegin())
+        for frame in wire.chunked(sorted(set(self.local_counts) | self._removals), wire.AddFilters):
+            link.send(frame)
+        for share_filter, client_id, qos in self.node.local_shared_members():
+            online = int(client_id in self.node.connections)
+            link.send(wire.SharedMember(share_filter, client_id, qos, online))
+        link.send(wire.SyncEnd())
+        self.node.spawn(self._after_link_up())
+
+    async def _after_link_up(self) -> None:
+        """What may have been missed while the link was down: retained changes and queue
+        growth announcements. Re-read both."""
+        try:
+            retained = await self.registry.retained()
+        except (RedisError, OSError) as exc:
+            log.warning("cannot re-read retained messages: %s", exc)
+        else:
+            self.node.replace_retained(retained)
+        await self.node.refresh_queue_ends()
+
+    def link_down(self, link: PeerLink) -> None:
+        if self.links.get(link.peer_id) is link:
+            del self.links[link.peer_id]
+            self.stats["links_down"] += 1
+        for request, future in list(self._requests.items()):
+            if getattr(future, "peer", None) == link.peer_id and not future.done():
+                future.set_result(b"")
+                del self._requests[request]
+
+    def on_frame(self, link: PeerLink, frame: wire.Frame) -> None:
+        """A frame from an up link."""
+        peer = link.peer_id
+        node = self.node
+        if isinstance(frame, wire.Forward):
+            node.deliver_forwarded(frame.topic, frame.payload)
+        elif isinstance(frame, wire.Wake):
+            node.queues_woken(frame.queues)
+        elif isinstance(frame, wire.Grew):
+            node.queues_grew(dict(zip(frame.queues, frame.ends, strict=True)), forward=False)
+        elif isinstance(frame, wire.Deliver):
+            node.deliver_to(frame.client_id, frame.topic, frame.payload)
+        elif isinstance(frame, wire.AddFilters):
+            self._add_filters(peer, frame.filters)
+        elif isinstance(frame, wire.RemoveFilters):
+            self._remove_filters(peer, frame.filters)
+        elif isinstance(frame, wire.SharedMember):
+            self._shared_member(peer, frame)
+        elif isinstance(frame, wire.SharedMemberGone):
+            self._shared_member_gone(peer, frame.share_filter, frame.client_id)
+        elif isinstance(frame, wire.SyncBegin):
+            self._replay_filters[peer] = set()
+            self._replay_members[peer] = set()
+        elif isinstance(frame, wire.SyncEnd):
+            self._end_replay(peer)
+        elif isinstance(frame, wire.Retained):
+            node.retained_from_peer(frame.topic, frame.record)
+        elif isinstance(frame, wire.Release):
+            state = node.release_session(frame.client_id, frame.epoch)
+            link.send(wire.Released(frame.request, frame.client_id, state))
+        elif isinstance(frame, wire.Released):
+            future = self._requests.pop(frame.request, None)
+            if future is not None and not future.done():
+                future.set_result(frame.state)
+        elif isinstance(frame, wire.NodeGone):
+            if frame.node_id != self.node_id and frame.node_id not in self.links:
+                self.forget_peer(frame.node_id)
+        else:
+            link.close(f"unexpected {type(frame).__name__} frame")
+
+    def broadcast(self, frame: wire.Frame) -> None:
+        for link in self.links.values():
+            link.send(frame)
+
+    # -- interest: what peers subscribe to -------------------------------------------------------
+
+    def _add_filters(self, peer: str, filters: tuple[str, ...]) -> None:
+        known = self.peer_filters.setdefault(peer, set())
+        replay = self._replay_filters.get(peer)
+        subscriber = peer_subscriber(peer)
+        for topic_filter in filters:
+            if replay is not None:
+                replay.add(topic_filter)
+            if topic_filter not in known:
+                known.add(topic_filter)
+                self.node.trie.subscribe(topic_filter, subscriber, 0)
+
+    def _remove_filters(self, peer: str, filters: tuple[str, ...] | set[str]) -> None:
+        known = self.peer_filters.get(peer)
+        if not known:
+            return
+        subscriber = peer_subscriber(peer)
+        for topic_filter in filters:
+            if topic_filter in known:
+                known.discard(topic_filter)
+                self.node.trie.unsubscribe(topic_filter, subscriber)
+
+    def _shared_member(self, peer: str, frame: wire.SharedMember) -> None:
+        key = (frame.share_filter, frame.client_id)
+        replay = self._replay_members.get(peer)
+        if replay is not None:
+            replay.add(key)
+        if frame.client_id in self.node.sessions:
+            return  # the session lives here now: this is an old announcement
+        parsed = parse_shared(frame.share_filter)
+        if parsed is None:
+            return
+        self.peer_members.setdefault(peer, {})[key] = (frame.qos, frame.online)
+        self.member_node[frame.client_id] = peer
+        if frame.online:
+            self.remote_online.add(frame.client_id)
+        else:
+            self.remote_online.discard(frame.client_id)
+        group, inner = parsed
+        self.node.shared.subscribe(frame.share_filter, group, inner, frame.client_id, frame.qos)
+
+    def _shared_member_gone(self, peer: str, share_filter: str, client_id: str) -> None:
+        members = self.peer_members.get(peer, {})
+        if members.pop((share_filter, client_id), None) is None:
+            return
+        if client_id not in self.node.sessions:
+            self.node.shared.unsubscribe(share_filter, client_id)
+        still_member = any(c == client_id for _f, c in members)
+        if not still_member and self.member_node.get(client_id) == peer:
+            del self.member_node[client_id]
+            self.remote_online.discard(client_id)
+
+    def _end_replay(self, peer: str) -> None:
+        filters = self._replay_filters.pop(peer, set())
+        members = self._replay_members.pop(peer, set())
+        self._remove_filters(peer, self.peer_filters.get(peer, set()) - filters)
+        for share_filter, client_id in set(self.peer_members.get(peer, {})) - members:
+            self._shared_member_gone(peer, share_filter, client_id)
+        log.info(
+            "peer %s: %d filters and %d shared members after its replay",
+            peer,
+            len(filters),
+            len(members),
+        )
+
+    def forget_peer(self, peer: str) -> None:
+        """Drop everything known of a peer's interest (it is dead and cleaned up)."""
+        self._remove_filters(peer, set(self.peer_filters.pop(peer, set())))
+        self.peer_filters.pop(peer, None)
+        for share_filter, client_id in list(self.peer_members.get(peer, {})):
+            self._shared_member_gone(peer, share_filter, client_id)
+        self.peer_members.pop(peer, None)
+        self._replay_filters.pop(peer, None)
+        self._replay_members.pop(peer, None)
+
+    # -- interest: what this node advertises -----------------------------------------------------
+
+    def local_filter_added(self, topic_filter: str) -> None:
+        self.local_counts[topic_filter] += 1
+        if self.local_counts[topic_filter] == 1:
+            if topic_filter in self._removals:
+                self._removals.discard(topic_filter)  # never withdrawn: nothing to re-announce
+            else:
+                self.broadcast(wire.AddFilters((topic_filter,)))
+
+    def local_filter_removed(self, topic_filter: str) -> None:
+        count = self.local_counts[topic_filter] - 1
+        if count > 0:
+            self.local_counts[topic_filter] = count
+            return
+        del self.local_counts[topic_filter]
+        self._removals.add(topic_filter)
+        if self._removal_timer is None:
+            self._removal_timer = asyncio.get_running_loop().call_later(
+                self.config.interest_grace, self._send_removals
+            )
+
+    def _send_removals(self) -> None:
+        self._removal_timer = None
+        removed = sorted(f for f in self._removals if f not in self.local_counts)
+        self._removals.clear()
+        for frame in wire.chunked(removed, wire.RemoveFilters):
+            self.broadcast(frame)
+
+    def shared_member_changed(self, share_filter: str, client_id: str, qos: int) -> None:
+        online = int(client_id in self.node.connections)
+        self.broadcast(wire.SharedMember(share_filter, client_id, qos, online))
+
+    def shared_member_removed(self, share_filter: str, client_id: str) -> None:
+        self.broadcast(wire.SharedMemberGone(share_filter, client_id))
+
+    # -- messages to peers -----------------------------------------------------------------------
+
+    def forward(self, peer: str, message: Message) -> None:
+        link = self.links.get(peer)
+        if link is not None:
+            link.send(wire.Forward(message.topic, message.payload, int(message.retain)))
+        else:
+            self.stats["forward_no_link"] += 1
+
+    def deliver(self, client_id: str, message: Message) -> None:
+        link = self.links.get(self.member_node.get(client_id, ""))
+        if link is not None:
+            link.send(wire.Deliver(client_id, message.topic, message.payload))
+
+    def wake(self, peer: str, queues: list[str]) -> None:
+        link = self.links.get(peer)
+        if link is not None:
+            link.send(wire.Wake(tuple(queues)))
+
+    def grew(self, peer: str, ends: dict[str, int]) -> None:
+        link = self.links.get(peer)
+        if link is not None:
+            link.send(wire.Grew(tuple(ends), tuple(ends.values())))
+
+    def retained_changed(self, topic: str, record: bytes) -> None:
+        self.broadcast(wire.Retained(topic, record))
+
+    def is_reachable(self, client_id: str) -> bool:
+        """A shared member that can take a message now: connected here or on a peer."""
+        return client_id in self.node.connections or client_id in self.remote_online
+
+    def node_of(self, client_id: str) -> str | None:
+        """The peer holding a remote shared member's session (None: local or unknown)."""
+        return self.member_node.get(client_id)
+
+    # -- takeover --------------------------------------------------------------------------------
+
+    async def request_release(self, peer: str, client_id: str, epoch: int) -> bytes | None:
+        """Ask the node that held the client to let it go; its last session state (JSON), b""
+        if it had none, None if it could not be asked (no link, no answer in time)."""
+        link = self.links.get(peer)
+        if link is None:
+            return None
+        request = self._next_request
+        self._next_request += 1
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        future.peer = peer  # type: ignore[attr-defined]
+        self._requests[request] = future
+        link.send(wire.Release(request, client_id, epoch))
+        try:
+            return await asyncio.wait_for(future, self.config.takeover_timeout)
+        except TimeoutError:
+            log.warning("client %s: node %s did not release it in time", client_id, peer)
+            return None
+        finally:
+            self._requests.pop(request, None)
+
+
+def _advertise_address(host: str, port: int) -> str:
+    """Where peers reach this node: the listen host, or this machine's name for a wildcard."""
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"{host}:{port}"

@@ -1,0 +1,150 @@
+"""Peer links: one long TCP connection per pair of nodes, carrying `bridge.cluster.wire` frames.
+
+The node with the smaller id dials, the other accepts, so a pair never holds two links. Each side
+sends `Hello` first; once both have, the link is up and the `Cluster` replays its interest. A
+link that carries nothing for `PING_INTERVAL` is pinged; one silent for `DEAD_AFTER` is closed
+(a peer that froze, a cable pulled without a RST). The dialing side reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from bridge.cluster.wire import (
+    VERSION,
+    Frame,
+    Hello,
+    PeerDecoder,
+    PeerProtocolError,
+    Ping,
+    Pong,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from bridge.cluster.cluster import Cluster
+
+log = logging.getLogger("bridge.cluster")
+
+PING_INTERVAL = 2.0
+DEAD_AFTER = 6.0
+BACKOFF_FIRST = 0.1
+BACKOFF_MAX = 3.0
+
+
+class PeerLink(asyncio.Protocol):
+    """One link to a peer node: frames in, frames out, liveness."""
+
+    def __init__(self, cluster: Cluster, expected_peer: str = "") -> None:
+        self.cluster = cluster
+        self.expected_peer = expected_peer
+        self.peer_id = ""
+        self.peer_boot = ""
+        self.transport: asyncio.Transport | None = None
+        self.decoder = PeerDecoder()
+        self.up = False
+        self.closed = False
+        self.last_heard = time.monotonic()
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.frames_out: Counter[str] = Counter()
+        self.frames_in: Counter[str] = Counter()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] - uvloop's is no asyncio.Transport
+        self.send(Hello(VERSION, self.cluster.node_id, self.cluster.boot_id))
+
+    def send(self, frame: Frame) -> None:
+        """Write a frame (dropped if the link is closed: its peer re-syncs on the next link)."""
+        if self.closed or self.transport is None:
+            return
+        self.frames_out[type(frame).__name__] += 1
+        self.transport.write(encode(frame))
+
+    def data_received(self, data: bytes) -> None:
+        self.last_heard = time.monotonic()
+        self.decoder.receive_data(data)
+        try:
+            while (frame := self.decoder.next_frame()) is not None:
+                self.frames_in[type(frame).__name__] += 1
+                if not self.up:
+                    self._hello(frame)
+                elif isinstance(frame, Ping):
+                    self.send(Pong())
+                elif not isinstance(frame, Pong):
+                    self.cluster.on_frame(self, frame)
+                if self.closed:
+                    return
+        except PeerProtocolError as exc:
+            self.close(f"protocol error: {exc}")
+
+    def _hello(self, frame: Frame) -> None:
+        if not isinstance(frame, Hello):
+            self.close(f"expected Hello, got {type(frame).__name__}")
+            return
+        if frame.version != VERSION:
+            self.close(f"peer speaks protocol version {frame.version}, this node {VERSION}")
+            return
+        if frame.node_id == self.cluster.node_id:
+            self.close("a link to this node itself (two nodes share a node_id?)")
+            return
+        if self.expected_peer and frame.node_id != self.expected_peer:
+            self.close(f"dialed {self.expected_peer} but {frame.node_id} answered")
+            return
+        self.peer_id = frame.node_id
+        self.peer_boot = frame.boot_id
+        self.up = True
+        self.cluster.link_up(self)
+
+    def close(self, reason: str) -> None:
+        """Close the link, logging why."""
+        if self.closed:
+            return
+        log.warning("peer link to %s closed: %s", self.peer_id or "(unknown)", reason)
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed and self.peer_id:
+            log.warning("peer link to %s lost: %s", self.peer_id, exc or "closed by the peer")
+        self.closed = True
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if self.up:
+            self.up = False
+            self.cluster.link_down(self)
+
+    def check_alive(self, now: float) -> None:
+        """Ping an idle link; close one that has been silent too long."""
+        silent = now - self.last_heard
+        if silent > DEAD_AFTER:
+            self.close(f"nothing heard for {silent:.1f} s")
+        elif silent > PING_INTERVAL:
+            self.send(Ping())
+
+
+async def dial(cluster: Cluster, peer_id: str, address: str) -> None:
+    """Keep a link to `peer_id` up while it is a live member: connect, wait until the link is
+    lost, reconnect with backoff. Ends when the cluster no longer lists the peer as alive."""
+    backoff = BACKOFF_FIRST
+    loop = asyncio.get_running_loop()
+    while cluster.should_dial(peer_id):
+        host, _, port = address.rpartition(":")
+        try:
+            _transport, link = await asyncio.wait_for(
+                loop.create_connection(lambda: PeerLink(cluster, peer_id), host, int(port)),
+                timeout=DEAD_AFTER,
+            )
+        except (OSError, TimeoutError) as exc:
+            log.debug("peer %s at %s: cannot connect: %s", peer_id, address, exc)
+        else:
+            await link.lost
+            if link.up or link.peer_id:
+                backoff = BACKOFF_FIRST
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, BACKOFF_MAX)
+        address = cluster.peer_address(peer_id) or address
