@@ -85,8 +85,11 @@ def run_and_kill(path: Path, round_: int, acks_before_kill: int) -> dict[str, in
             seq, key = line.split()
             acked[key] = int(seq)
         os.kill(proc.pid, signal.SIGKILL)
-        # lines already in the pipe were acknowledged before the kill too
-        rest, _ = proc.communicate(timeout=10)
+        # Lines already in the pipe were acknowledged before the kill too. Read them through the
+        # same text stream: communicate() reads the raw pipe and would skip what readline()
+        # already buffered, starting mid-line.
+        rest = proc.stdout.read()
+        proc.wait(timeout=10)
         for line in rest.splitlines(keepends=True):
             if line.endswith("\n"):  # a complete line: printed after its append returned
                 seq, key = line.split()

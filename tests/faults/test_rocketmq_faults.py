@@ -19,8 +19,15 @@ from typing import Any
 
 import pytest
 
-from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
+from bridge.mqtt.packets import Pubcomp, Publish, Pubrec, Pubrel
 from tests.support.clients import RawClient
+from tests.support.load import (
+    Qos1Publisher,
+    Qos1Subscriber,
+    ReconnectingClient,
+    poll_until,
+    wait_until,
+)
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
 from tests.support.rocketmq import LocalRocketMQ
@@ -34,7 +41,6 @@ connection) after this long."""
 DELIVERY_TIMEOUT = 90.0
 QUIET = 2.0
 """How long nothing more may arrive after the expected messages (duplicates)."""
-RECONNECT_PAUSE = 0.2
 
 
 @pytest.fixture
@@ -64,20 +70,6 @@ def start_bridge(
     return start
 
 
-def poll_until(check: Callable[[], bool], timeout: float) -> bool:
-    """Whether `check` became true within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    assert poll_until(check, timeout), f"timed out after {timeout} s waiting for {what}"
-
-
 def assert_exactly_once(delivered: Counter[str], expected: set[str]) -> None:
     missing = expected - set(delivered)
     assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:5]}"
@@ -88,132 +80,6 @@ def assert_exactly_once(delivered: Counter[str], expected: set[str]) -> None:
 
 
 # --- 1. kill -9 of the RocketMQ broker under QoS 1 load ------------------------------------------
-
-
-class ReconnectingClient(threading.Thread):
-    """A client thread that runs `_session` (one connection) until it returns True, reconnecting
-    after every lost connection, within `deadline`; `error` holds what ended it badly."""
-
-    deadline: float
-    error: BaseException | None
-
-    def run(self) -> None:
-        try:
-            while True:
-                try:
-                    if self._session():
-                        return
-                except (ConnectionError, OSError, TimeoutError):
-                    self._lost()
-                if time.monotonic() > self.deadline:
-                    raise AssertionError(f"{self.name}: {self._unfinished()}")
-                time.sleep(RECONNECT_PAUSE)
-        except BaseException as exc:
-            self.error = exc
-
-    def _session(self) -> bool:
-        raise NotImplementedError
-
-    def _lost(self) -> None:
-        """A connection was lost."""
-
-    def _unfinished(self) -> str:
-        raise NotImplementedError
-
-
-class Qos1Publisher(ReconnectingClient):
-    """Publishes numbered QoS 1 messages continuously, up to `window` unacknowledged, and records
-    the time of every PUBACK. When the bridge closes the connection (it does when a message is
-    not stored), it reconnects with its persistent session and resends what was not
-    acknowledged, with DUP=1. After `stop` it publishes nothing new and finishes when everything
-    it published is acknowledged."""
-
-    def __init__(self, port: int, client_id: str, stop: threading.Event, window: int = 8) -> None:
-        super().__init__(name=client_id, daemon=True)
-        self.port = port
-        self.client_id = client_id
-        self.topic = f"load/{client_id}"
-        self.stop_publishing = stop
-        self.window = window
-        self.next_index = 0
-        self.published: set[str] = set()
-        self.unacked: dict[int, str] = {}  # packet id -> payload, in send order
-        self.acks: list[tuple[float, str]] = []  # (monotonic time, payload) of every PUBACK
-        self.closed_at: list[float] = []  # when the bridge closed (or refused) a connection
-        self.resent = 0
-        self.error: BaseException | None = None
-        self.deadline = time.monotonic() + 240
-
-    @property
-    def acked(self) -> set[str]:
-        return {payload for _, payload in self.acks}
-
-    def _lost(self) -> None:
-        self.closed_at.append(time.monotonic())
-
-    def _unfinished(self) -> str:
-        return f"{len(self.unacked)} never PUBACKed"
-
-    def _session(self) -> bool:
-        """One connection; True once stopped and everything is acknowledged."""
-        client = RawClient(self.port, timeout=SEND_TIMEOUT * 3)
-        try:
-            client.connect(self.client_id, clean_session=False)
-            for packet_id, payload in self.unacked.items():
-                self.resent += 1
-                client.send(Publish(self.topic, payload.encode(), 1, dup=True, packet_id=packet_id))
-            while True:
-                while not self.stop_publishing.is_set() and len(self.unacked) < self.window:
-                    payload = f"{self.client_id}-{self.next_index}"
-                    packet_id = self.next_index % 60000 + 1
-                    self.next_index += 1
-                    self.unacked[packet_id] = payload
-                    self.published.add(payload)
-                    client.send(Publish(self.topic, payload.encode(), 1, packet_id=packet_id))
-                if self.stop_publishing.is_set() and not self.unacked:
-                    client.disconnect()
-                    return True
-                packet = client.recv()
-                if isinstance(packet, Puback) and packet.packet_id in self.unacked:
-                    self.acks.append((time.monotonic(), self.unacked.pop(packet.packet_id)))
-        finally:
-            client.close()
-
-
-class Qos1Subscriber(threading.Thread):
-    """A persistent QoS 1 subscriber counting every delivery by payload (reconnects if cut)."""
-
-    def __init__(self, port: int, client_id: str) -> None:
-        super().__init__(name=client_id, daemon=True)
-        self.port = port
-        self.client_id = client_id
-        self.delivered: Counter[str] = Counter()
-        self.dup_flagged = 0
-        self.reconnects = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            client = None
-            try:
-                client = RawClient(self.port)
-                client.connect(self.client_id, clean_session=False)
-                while not self.stop.is_set():
-                    try:
-                        packet = client.recv(0.5)
-                    except TimeoutError:
-                        continue
-                    if isinstance(packet, Publish):
-                        self.delivered[packet.payload.decode()] += 1
-                        self.dup_flagged += packet.dup
-                        if packet.qos == 1:
-                            client.send(Puback(packet.packet_id or 0))
-            except (ConnectionError, OSError, TimeoutError):
-                self.reconnects += 1
-                time.sleep(RECONNECT_PAUSE)
-            finally:
-                if client is not None:
-                    client.close()
 
 
 def test_kill_9_of_rocketmq_broker_under_qos1_load_loses_no_pubacked_message(mq, start_bridge):
