@@ -58,6 +58,7 @@ class Config:
     redis_sentinels: str = ""
     redis_master_name: str = "mqtt-bridge"
     redis_timeout: float = 3.0
+    redis_wait_replicas: int = 0
     cluster_name: str = "mqtt"
     peer_listen: str = "0.0.0.0:18830"
     peer_advertise: str = ""
@@ -115,6 +116,7 @@ SETTINGS: dict[str, str] = {
     "redis_sentinels": "Sentinels `HOST:PORT,...` instead of redis_url (follows failovers)",
     "redis_master_name": "the master name the Sentinels monitor",
     "redis_timeout": "seconds a Redis command may take before it counts as failed",
+    "redis_wait_replicas": "replicas that must confirm each registry write (WAIT); 1 with Sentinel",
     "cluster_name": "prefix of this cluster's Redis keys (several clusters may share a Redis)",
     "peer_listen": "`HOST:PORT` for links from other nodes (port 0: any free port)",
     "peer_advertise": "`HOST:PORT` other nodes dial (default: peer_listen, hostname for 0.0.0.0)",

@@ -71,6 +71,8 @@ class Server:
                 ),
                 config.cluster_name,
                 config.resolved_node_id(),
+                wait_replicas=config.redis_wait_replicas,
+                wait_timeout=config.redis_timeout / 3,
             )
         self.node = Node(config, store if store is not None else make_store(config, registry))
         if registry is not None:

@@ -81,6 +81,8 @@ class Cluster:
         self._judge_after = 0.0
         self.advertise = ""
         self.leaving = False
+        self._leaving: set[str] = set()
+        """Peers that announced they are stopping (their sessions are to be taken over)."""
         self.stats: Counter[str] = Counter()
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -108,8 +110,9 @@ class Cluster:
             self._membership.cancel()
         for task in self._dialers.values():
             task.cancel()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(RedisError, OSError):
             await self.registry.mark_dead()
+        self.broadcast(wire.NodeGone(self.node_id))  # "take over my sessions now"
         # Answer Release requests while the survivors adopt (bounded).
         deadline = time.monotonic() + self.config.drain_timeout
         while time.monotonic() < deadline and self.links:
@@ -146,9 +149,15 @@ class Cluster:
                 self._redis_trouble(exc)
                 continue
             self._update_members(alive)
-            if time.monotonic() >= self._judge_after:
+            now = time.monotonic()
+            for link in list(self.links.values()):
+                link.check_alive(now)
+            if now >= self._judge_after:
                 for node_id in dead:
-                    if node_id != self.node_id:
+                    # A node still talking on its link is alive, whatever Redis says (its
+                    # heartbeats may have been lost in a Redis failover).
+                    talking = node_id in self.links and node_id not in self._leaving
+                    if node_id != self.node_id and not talking:
                         await self._try_take_over(node_id)
             for node_id in list(self.peer_filters) + list(self.peer_members):
                 if node_id not in alive and node_id not in dead and node_id not in self.links:
@@ -301,7 +310,9 @@ class Cluster:
             if future is not None and not future.done():
                 future.set_result(frame.state)
         elif isinstance(frame, wire.NodeGone):
-            if frame.node_id != self.node_id and frame.node_id not in self.links:
+            if frame.node_id == peer:
+                self._leaving.add(peer)  # it drains: take over its sessions without waiting
+            elif frame.node_id != self.node_id and frame.node_id not in self.links:
                 self.forget_peer(frame.node_id)
         else:
             link.close(f"unexpected {type(frame).__name__} frame")
@@ -385,6 +396,7 @@ class Cluster:
         self.peer_members.pop(peer, None)
         self._replay_filters.pop(peer, None)
         self._replay_members.pop(peer, None)
+        self._leaving.discard(peer)
 
     # -- interest: what this node advertises -----------------------------------------------------
 

@@ -154,8 +154,21 @@ def redis_client(url: str, sentinels: str, master_name: str, timeout: float) -> 
 class RedisRegistry:
     """Session ownership, session records, retained messages and membership in Redis."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str, node_id: str) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        node_id: str,
+        *,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+    ) -> None:
         self.redis = client
+        self.wait_replicas = wait_replicas
+        """With replicas (Sentinel), a write counts only once this many replicas have it: a
+        failover then cannot drop a write that was acknowledged (Redis replicates
+        asynchronously; an old master may accept writes until it is demoted)."""
+        self.wait_timeout = wait_timeout
         self.prefix = prefix
         self.node_id = node_id
         self.epochs: dict[str, int] = {}
@@ -292,7 +305,18 @@ class RedisRegistry:
                         pipe.hdel(key, update.key)
                     else:
                         pipe.hset(key, update.key, update.value)
-            return list(await pipe.execute())
+            if self.wait_replicas:
+                pipe.wait(self.wait_replicas, int(self.wait_timeout * 1000))
+            results = list(await pipe.execute())
+        if self.wait_replicas:
+            self._check_replicated(results.pop())
+        return results
+
+    def _check_replicated(self, replicas: int) -> None:
+        if replicas < self.wait_replicas:
+            raise RedisTimeout(
+                f"only {replicas} of {self.wait_replicas} Redis replicas confirmed the write"
+            )
 
     # -- ownership ---------------------------------------------------------------------------------
 
@@ -303,16 +327,21 @@ class RedisRegistry:
         flag (None: keep it). With `only_from`, only if that node owns it now (adopting a dead
         node's sessions); None if it does not."""
         try:
-            result = await self._claim(
-                keys=[self.client_key(client_id), f"{self.prefix}:epoch"],
-                args=[
-                    f"{self.prefix}:owned:",
-                    self.node_id,
-                    "" if clean is None else "1" if clean else "0",
-                    only_from,
-                    client_id,
-                ],
-            )
+            if self.wait_replicas:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    await self._claim(
+                        keys=[self.client_key(client_id), f"{self.prefix}:epoch"],
+                        args=self._claim_args(client_id, clean, only_from),
+                        client=pipe,
+                    )
+                    pipe.wait(self.wait_replicas, int(self.wait_timeout * 1000))
+                    result, replicas = await pipe.execute()
+                self._check_replicated(replicas)
+            else:
+                result = await self._claim(
+                    keys=[self.client_key(client_id), f"{self.prefix}:epoch"],
+                    args=self._claim_args(client_id, clean, only_from),
+                )
         except RedisTimeout as exc:
             raise StoreUnavailable(f"Redis timed out: {exc}", maybe_stored=True) from exc
         except RedisError as exc:
@@ -326,6 +355,10 @@ class RedisRegistry:
         was_clean = records.pop("clean", b"0") == b"1"
         self.epochs[client_id] = epoch
         return Claim(epoch, previous, records, was_clean)
+
+    def _claim_args(self, client_id: str, clean: bool | None, only_from: str) -> list[str]:
+        flag = "" if clean is None else "1" if clean else "0"
+        return [f"{self.prefix}:owned:", self.node_id, flag, only_from, client_id]
 
     def disown(self, client_id: str) -> None:
         """This node no longer owns the client (released to another node)."""

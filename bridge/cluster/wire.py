@@ -193,7 +193,8 @@ class Released(Frame):
 
 @dataclass(frozen=True, slots=True)
 class NodeGone(Frame):
-    """The sender has taken over the sessions of a dead node: forget that node's interest."""
+    """The sender has taken over the sessions of a dead node: forget that node's interest. Sent
+    with the sender's own id, it says the sender is stopping: take over its sessions now."""
 
     TYPE = 15
     SCHEMA = ("str",)
