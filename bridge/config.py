@@ -54,6 +54,7 @@ class Config:
     slow_consumer_timeout: float = 30.0
     offset_flush_interval: float = 0.2
     drain_timeout: float = 5.0
+    reuse_port: bool = False
     redis_url: str = ""
     redis_sentinels: str = ""
     redis_master_name: str = "mqtt-bridge"
@@ -112,6 +113,7 @@ SETTINGS: dict[str, str] = {
     "slow_consumer_timeout": "seconds a client may keep its buffer over the limit before it is cut",
     "offset_flush_interval": "seconds between writes of acknowledged delivery offsets",
     "drain_timeout": "seconds to wait for pending writes on shutdown",
+    "reuse_port": "share the MQTT port with other node processes (SO_REUSEPORT): one per core",
     "redis_url": "Redis of the cluster registry, `redis://HOST:PORT/DB`; set to run as a cluster",
     "redis_sentinels": "Sentinels `HOST:PORT,...` instead of redis_url (follows failovers)",
     "redis_master_name": "the master name the Sentinels monitor",

@@ -103,7 +103,12 @@ class Server:
         for address in self.config.listen:
             host, port = parse_listen(address)
             listener = await loop.create_server(
-                lambda: Connection(self.node), host, port, backlog=4096, reuse_address=True
+                lambda: Connection(self.node),
+                host,
+                port,
+                backlog=4096,
+                reuse_address=True,
+                reuse_port=self.config.reuse_port or None,
             )
             self.listeners.append(listener)
             for sock in listener.sockets:
