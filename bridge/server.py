@@ -55,8 +55,13 @@ def make_store(config: Config, session_meta: Any = None) -> MessageStore:
 class Server:
     """Owns the node and its listeners."""
 
-    def __init__(self, config: Config, store: MessageStore | None = None) -> None:
+    def __init__(
+        self, config: Config, store: MessageStore | None = None, *, serve_mqtt: bool = True
+    ) -> None:
+        """`serve_mqtt=False` runs a cluster member without MQTT listeners and sessions: the
+        standalone notify (`python -m notify`)."""
         self.config = config
+        self.serve_mqtt = serve_mqtt
         self.cluster: Any = None
         registry = None
         if config.clustered:
@@ -78,7 +83,7 @@ class Server:
         if registry is not None:
             from bridge.cluster.cluster import Cluster
 
-            self.cluster = Cluster(self.node, registry, config)
+            self.cluster = Cluster(self.node, registry, config, holds_sessions=serve_mqtt)
             self.node.join(self.cluster)
         self.listeners: list[asyncio.base_events.Server] = []
         self._stop = asyncio.Event()
@@ -100,7 +105,7 @@ class Server:
         # the default thresholds ran a full pass several times a second under load.
         gc.set_threshold(10_000, 50, 50)
         loop = asyncio.get_running_loop()
-        for address in self.config.listen:
+        for address in self.config.listen if self.serve_mqtt else ():
             host, port = parse_listen(address)
             listener = await loop.create_server(
                 lambda: Connection(self.node),
@@ -121,7 +126,7 @@ class Server:
         store = self.node.store
         if not isinstance(store, RocketMQStore):
             return
-        if not self.config.notify:
+        if not self.config.notify and self.serve_mqtt:
             log.info("notify is not embedded (notify=false): a separate notify must run")
             return
         from notify.embedded import embedded_notifier

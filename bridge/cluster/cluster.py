@@ -53,8 +53,13 @@ def peer_subscriber(node_id: str) -> str:
 class Cluster:
     """Registry, peer links and interest of one node (see the module docstring)."""
 
-    def __init__(self, node: Node, registry: RedisRegistry, config: Config) -> None:
+    def __init__(
+        self, node: Node, registry: RedisRegistry, config: Config, *, holds_sessions: bool = True
+    ) -> None:
         self.node = node
+        self.holds_sessions = holds_sessions
+        """False for a member that serves no clients (standalone notify): it never takes over
+        a dead node's sessions."""
         self.registry = registry
         self.config = config
         self.node_id = node.node_id
@@ -100,7 +105,8 @@ class Cluster:
         log.info("peer links on %s:%s, advertised as %s", bound[0], bound[1], self.advertise)
         await self._heartbeat()
         self._judge_after = time.monotonic() + self.config.node_timeout
-        await self.take_over_node(self.node_id)
+        if self.holds_sessions:
+            await self.take_over_node(self.node_id)
         self._membership = loop.create_task(self._membership_loop())
 
     async def stop(self) -> None:
@@ -132,7 +138,11 @@ class Cluster:
     # -- membership ------------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
-        info = {"peer": self.advertise, "boot": self.boot_id}
+        info = {
+            "peer": self.advertise,
+            "boot": self.boot_id,
+            "role": "bridge" if self.holds_sessions else "notify",
+        }
         await self.registry.heartbeat(info, self.config.node_timeout)
 
     async def _membership_loop(self) -> None:
@@ -152,7 +162,7 @@ class Cluster:
             now = time.monotonic()
             for link in list(self.links.values()):
                 link.check_alive(now)
-            if now >= self._judge_after:
+            if now >= self._judge_after and self.holds_sessions:
                 for node_id in dead:
                     # A node still talking on its link is alive, whatever Redis says (its
                     # heartbeats may have been lost in a Redis failover).
