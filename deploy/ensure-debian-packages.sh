@@ -21,7 +21,9 @@ fi
 echo "installing Debian packages: ${missing[*]}"
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-# The mosquitto package enables a system service; tests and benchmarks start their own.
-if printf '%s\n' "${missing[@]}" | grep -qx mosquitto; then
-    (systemctl disable --now mosquitto >/dev/null 2>&1 || service mosquitto stop >/dev/null 2>&1 || true)
-fi
+# These packages enable a system service; tests, benchmarks and deploy/*/start.sh start their own.
+for svc in mosquitto redis-server redis-sentinel haproxy; do
+    if printf '%s\n' "${missing[@]}" | grep -qx "$svc"; then
+        (systemctl disable --now "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true)
+    fi
+done

@@ -1,4 +1,5 @@
-"""Shared fixtures: real bridge processes on loopback ports, cleaned up after every test."""
+"""Shared fixtures: real bridge processes on loopback ports, cleaned up after every test; one
+RocketMQ and one Redis for the session, started on first use."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from tests.support.clients import close_all_raw_clients
 from tests.support.processes import BridgeProcess
+from tests.support.redis import LocalRedis
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ, rocketmq_for_tests
 
 
@@ -21,6 +23,22 @@ def rocketmq(
     own. Never skipped: if it cannot start, the tests that need it fail saying why."""
     with rocketmq_for_tests(tmp_path_factory.mktemp("rocketmq-session")) as mq:
         yield mq
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
+    """One redis-server (AOF on, loopback, a free port) for the whole session, started on
+    first use by deploy/redis/start.sh. Never skipped: when Redis cannot start, the tests that
+    need it fail saying why. Tests that kill or restart Redis start their own."""
+    server = LocalRedis(tmp_path_factory.mktemp("redis-session"))
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.fail(f"Redis could not be started by deploy/redis/start.sh:\n{exc}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(autouse=True)

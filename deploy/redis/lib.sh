@@ -1,0 +1,135 @@
+# shellcheck shell=bash
+# Shared helpers of the Redis scripts in this directory; sourced, not run.
+#
+# One instance (a redis-server or a redis-sentinel) per DATA_DIR, which holds all of it:
+#   redis.conf / sentinel.conf   its config (Sentinel rewrites its own as it learns)
+#   redis.pid                    the PID recorded at start: stop.sh, kill.sh, status.sh use it
+#   redis.log                    its log, plus anything it printed before opening the log
+#   appendonlydir/               the append-only file (redis-server)
+#
+# Settings (environment):
+#   REDIS_START_TIMEOUT  30  seconds to wait for PONG (AOF loading counts: a big AOF needs more)
+#   REDIS_STOP_TIMEOUT   30  seconds between SIGTERM and SIGKILL
+
+: "${REDIS_START_TIMEOUT:=30}"
+: "${REDIS_STOP_TIMEOUT:=30}"
+
+die() {
+    echo "redis: error: $*" >&2
+    exit 1
+}
+
+# use_data_dir DIR: set DATA_DIR (absolute) and the paths of the files in it.
+use_data_dir() {
+    DATA_DIR="$(realpath -m "$1")"
+    PID_FILE="$DATA_DIR/redis.pid"
+    LOG_FILE="$DATA_DIR/redis.log"
+}
+
+check_port() {
+    if ! [[ "$1" =~ ^[0-9]+$ ]] || [ "$1" -lt 1 ] || [ "$1" -gt 65535 ]; then
+        die "not a port: '$1'"
+    fi
+}
+
+# alive PID: the process exists and has not exited. A zombie counts as gone: the init of a
+# container may reap orphans late, and `kill -0` succeeds on a zombie.
+alive() {
+    local state
+    state=$(ps -o stat= -p "$1" 2>/dev/null) && [[ "$state" != Z* ]]
+}
+
+# recorded_pid: print the PID in redis.pid if that process is alive and still a Redis (guards
+# against a PID recycled since); else print nothing.
+recorded_pid() {
+    local pid
+    pid=$(cat "$PID_FILE" 2>/dev/null || true)
+    if [[ "$pid" =~ ^[0-9]+$ ]] && alive "$pid" \
+        && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q redis; then
+        echo "$pid"
+    fi
+}
+
+# config_file: this instance's config, sentinel.conf or redis.conf.
+config_file() {
+    if [ -f "$DATA_DIR/sentinel.conf" ]; then echo "$DATA_DIR/sentinel.conf"; else echo "$DATA_DIR/redis.conf"; fi
+}
+
+# config_port: the port in this instance's config.
+config_port() {
+    awk '$1 == "port" { print $2; exit }' "$(config_file)" 2>/dev/null || true
+}
+
+port_open() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+log_tail() {
+    [ -s "$LOG_FILE" ] || return 0
+    echo "----- last lines of $LOG_FILE -----" >&2
+    tail -n 30 "$LOG_FILE" >&2
+}
+
+# launch BINARY CONFIG: start BINARY in its own session (a Ctrl-C in the caller's terminal or
+# process group does not reach it) and record its PID. setsid is not a group leader here, so it
+# execs in place and $! is the server's PID. Output before the server opens its logfile (a
+# config error) goes to the same file.
+launch() {
+    setsid "$1" "$2" </dev/null >>"$LOG_FILE" 2>&1 &
+    echo $! >"$PID_FILE"
+}
+
+# wait_pong PORT: until the launched process answers PING (a server still loading its AOF
+# answers LOADING, so this also waits for the data). On failure kill it: no half-started
+# instance stays behind.
+wait_pong() {
+    local port=$1 pid deadline=$((SECONDS + REDIS_START_TIMEOUT))
+    pid=$(cat "$PID_FILE")
+    until [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ]; do
+        if ! alive "$pid"; then
+            log_tail
+            die "pid $pid exited during start-up (log: $LOG_FILE)"
+        fi
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            kill -KILL "$pid" 2>/dev/null || true
+            log_tail
+            die "pid $pid did not answer PING on 127.0.0.1:$port within ${REDIS_START_TIMEOUT}s; killed it"
+        fi
+        sleep 0.05
+    done
+}
+
+# refuse_if_taken PORT: exit 0 when this DATA_DIR's instance already runs (start is idempotent);
+# fail when another process holds PORT.
+refuse_if_taken() {
+    local pid
+    pid=$(recorded_pid)
+    if [ -n "$pid" ]; then
+        echo "redis: already running (pid $pid) on 127.0.0.1:$(config_port), data $DATA_DIR"
+        exit 0
+    fi
+    ! port_open "$1" || die "port $1 is taken by another process"
+}
+
+# stop_instance SIGNAL: send SIGNAL (TERM or KILL) to the recorded process and wait until it
+# is gone, escalating to SIGKILL after REDIS_STOP_TIMEOUT. Nothing running: nothing to do.
+stop_instance() {
+    local sig=$1 pid deadline=$((SECONDS + REDIS_STOP_TIMEOUT))
+    pid=$(recorded_pid)
+    if [ -z "$pid" ]; then
+        rm -f "$PID_FILE"
+        echo "redis: nothing running in $DATA_DIR"
+        return 0
+    fi
+    kill "-$sig" "$pid" 2>/dev/null || true
+    while alive "$pid"; do
+        if [ "$sig" != KILL ] && [ "$SECONDS" -ge "$deadline" ]; then
+            echo "redis: pid $pid ignored SIG$sig for ${REDIS_STOP_TIMEOUT}s; SIGKILL" >&2
+            sig=KILL
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        sleep 0.05
+    done
+    rm -f "$PID_FILE"
+    echo "redis: pid $pid stopped (SIG$sig), data $DATA_DIR"
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Start one Redis Sentinel on 127.0.0.1:PORT that watches the master MASTER_NAME; return once it
+# answers PING. Run three (QUORUM 2, the default) so that one can fail and the other two still
+# agree that a master is down and elect the one that fails it over. Clients ask any sentinel for
+# the current master (SENTINEL GET-MASTER-ADDR-BY-NAME MASTER_NAME).
+#   deploy/redis/start-sentinel.sh DATA_DIR PORT MASTER_NAME MASTER_HOST:MASTER_PORT [QUORUM]
+#   deploy/redis/start-sentinel.sh /srv/sentinel-1 26379 mqtt-bridge 127.0.0.1:6379
+# Settings (only used when DATA_DIR has no sentinel.conf yet):
+#   REDIS_SENTINEL_DOWN_AFTER_MS      2000   unanswered PINGs for this long: master is down
+#   REDIS_SENTINEL_FAILOVER_TIMEOUT_MS 10000 retry a stuck failover after this long
+# Sentinel rewrites DATA_DIR/sentinel.conf with what it learns (its id, the epoch, the current
+# master, replicas and other sentinels), so a restart on the same DATA_DIR keeps that file and
+# ignores the master arguments; delete it to start over. stop.sh / kill.sh / status.sh as for
+# start.sh.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$HERE/lib.sh"
+
+[ $# -eq 4 ] || [ $# -eq 5 ] \
+    || die "usage: start-sentinel.sh DATA_DIR PORT MASTER_NAME MASTER_HOST:MASTER_PORT [QUORUM]"
+use_data_dir "$1"
+port=$2
+name=$3
+master=$4
+quorum=${5:-2}
+check_port "$port"
+[[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] || die "master name must be [A-Za-z0-9._-]+, not '$name'"
+[[ "$master" =~ ^[^:[:space:]]+:[0-9]+$ ]] || die "master must be HOST:PORT, not '$master'"
+[[ "$quorum" =~ ^[1-9][0-9]*$ ]] || die "quorum must be a positive number, not '$quorum'"
+: "${REDIS_SENTINEL_DOWN_AFTER_MS:=2000}"
+: "${REDIS_SENTINEL_FAILOVER_TIMEOUT_MS:=10000}"
+
+"$HERE/../ensure-debian-packages.sh" redis-sentinel redis-tools:redis-cli procps:ps
+mkdir -p "$DATA_DIR"
+refuse_if_taken "$port"
+
+conf="$DATA_DIR/sentinel.conf"
+if [ -f "$conf" ]; then
+    echo "redis: reusing $conf (Sentinel's own state); delete it to monitor another master"
+else
+    cat >"$conf" <<CONF
+# Written by deploy/redis/start-sentinel.sh; Sentinel rewrites this file as it learns.
+bind 127.0.0.1
+port $port
+daemonize no
+dir "$DATA_DIR"
+logfile "$LOG_FILE"
+sentinel monitor $name ${master%:*} ${master##*:} $quorum
+sentinel down-after-milliseconds $name $REDIS_SENTINEL_DOWN_AFTER_MS
+sentinel failover-timeout $name $REDIS_SENTINEL_FAILOVER_TIMEOUT_MS
+sentinel parallel-syncs $name 1
+CONF
+fi
+
+launch redis-sentinel "$conf"
+wait_pong "$port"
+echo "redis: sentinel up (pid $(recorded_pid)) on 127.0.0.1:$port, watching $name, data $DATA_DIR"

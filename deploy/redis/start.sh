@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Start one Redis server on 127.0.0.1:PORT with its config, AOF, log and PID in DATA_DIR; return
+# once it answers PING (with its data loaded). Durability is the append-only file alone, no RDB
+# snapshots: a write is in the AOF (OS page cache) before it is acknowledged and fsynced every
+# second, so kill -9 loses nothing acknowledged (short of a disk so slow that Redis postpones
+# AOF writes, which it logs) and a power cut about the last second; REDIS_APPENDFSYNC=always
+# fsyncs before every reply (slower, loses nothing). Starting again on the same DATA_DIR
+# reloads the AOF. Idempotent: a running instance is left alone.
+#   deploy/redis/start.sh DATA_DIR PORT [--replicaof HOST:PORT]
+#   deploy/redis/start.sh /srv/redis-a 6379
+#   deploy/redis/start.sh /srv/redis-b 6380 --replicaof 127.0.0.1:6379
+# Then: status.sh, stop.sh (SIGTERM), kill.sh (SIGKILL) with the same DATA_DIR. Settings: lib.sh.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$HERE/lib.sh"
+
+usage() { die "usage: start.sh DATA_DIR PORT [--replicaof HOST:PORT]"; }
+[ $# -eq 2 ] || { [ $# -eq 4 ] && [ "$3" = --replicaof ]; } || usage
+use_data_dir "$1"
+port=$2
+check_port "$port"
+replicaof=""
+if [ $# -eq 4 ]; then
+    [[ "$4" =~ ^[^:[:space:]]+:[0-9]+$ ]] || usage
+    replicaof="replicaof ${4%:*} ${4##*:}"
+fi
+: "${REDIS_APPENDFSYNC:=everysec}"
+case "$REDIS_APPENDFSYNC" in
+    everysec | always | no) ;;
+    *) die "REDIS_APPENDFSYNC must be everysec, always or no, not '$REDIS_APPENDFSYNC'" ;;
+esac
+
+"$HERE/../ensure-debian-packages.sh" redis-server redis-tools:redis-cli procps:ps
+mkdir -p "$DATA_DIR"
+refuse_if_taken "$port"
+
+# Rewritten at every start from the arguments; Sentinel may rewrite it too (CONFIG REWRITE after
+# a failover), which only matters until the next start.sh.
+cat >"$DATA_DIR/redis.conf" <<CONF
+# Written by deploy/redis/start.sh.
+bind 127.0.0.1
+port $port
+daemonize no
+dir "$DATA_DIR"
+logfile "$LOG_FILE"
+appendonly yes
+appendfsync $REDIS_APPENDFSYNC
+save ""
+# A master here has one replica (the Sentinel layout): send it the data set as soon as it
+# connects instead of waiting repl-diskless-sync-delay (5 s) for more replicas.
+repl-diskless-sync-max-replicas 1
+$replicaof
+CONF
+
+launch redis-server "$DATA_DIR/redis.conf"
+wait_pong "$port"
+echo "redis: up (pid $(recorded_pid)) on 127.0.0.1:$port${replicaof:+, $replicaof}," \
+    "appendfsync $REDIS_APPENDFSYNC, data $DATA_DIR"

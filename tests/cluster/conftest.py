@@ -1,0 +1,1 @@
+"""The cluster tests use the session's Redis and RocketMQ fixtures from tests/conftest.py."""

@@ -1,0 +1,388 @@
+"""Real Redis for tests, started by the deploy/redis scripts: one server, or a Sentinel group.
+
+    with LocalRedis(tmp_path / "redis") as server:      # a free loopback port unless given
+        with server.client() as r:
+            r.set("k", "v")
+        server.kill()                                   # SIGKILL by PID
+        server.restart()                                # same port and data dir: AOF reloaded
+
+    group = LocalSentinelRedis(tmp_path / "sentinel").start()
+    group.sentinels                                     # ["127.0.0.1:P", ...] for clients
+    group.failover()                                    # returns the new master's "host:port"
+    group.stop()
+
+Every process is also killed by PID when its object is garbage collected or the interpreter
+exits (weakref.finalize), so an interrupted or failing test leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from tests.support.rocketmq import free_port_block
+from tests.support.scripts import DEPLOY, log_tail, recorded_pid, run_script
+
+SCRIPTS = DEPLOY / "redis"
+# Time a start script may take beyond its own start-up timeout: installing the Debian packages
+# on a machine that lacks them (`make test-deps` does that up front).
+INSTALL_ALLOWANCE = 300.0
+# Written by LocalSentinelRedis to prove that a new master accepts writes.
+WRITE_PROBE_KEY = "local-sentinel-redis:write-probe"
+
+T = TypeVar("T")
+
+
+def connect(addr: str, **kwargs: Any) -> redis.Redis:
+    """A redis-py client for "host:port" that gives up at once instead of retrying with backoff
+    (the right thing for polling). Strings are decoded unless decode_responses=False."""
+    host, _, port = addr.rpartition(":")
+    options: dict[str, Any] = {
+        "socket_timeout": 2,
+        "socket_connect_timeout": 2,
+        "retry": Retry(NoBackoff(), 0),
+        "decode_responses": True,
+    }
+    return redis.Redis(host=host, port=int(port), **(options | kwargs))
+
+
+def wait_until(probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Poll probe until it returns something other than None (a RedisError counts as None);
+    return that, or raise TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            result = probe()
+        except redis.RedisError as exc:
+            result, last_error = None, exc
+        if result is not None:
+            return result
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error else ""
+            raise TimeoutError(f"{what}: not reached within {timeout} s{detail}")
+        time.sleep(0.05)
+
+
+class _RedisProcess:
+    """A redis-server or redis-sentinel whose data dir and PID deploy/redis's scripts manage."""
+
+    start_script: str
+
+    def __init__(self, data_dir: Path | str, port: int | None, start_timeout: float) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port or free_port_block()
+        self.start_timeout = start_timeout
+        self._finalizer = weakref.finalize(self, _kill_quietly, self.data_dir)
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running process; None when it is not running."""
+        return recorded_pid(self.data_dir / "redis.pid", "redis")
+
+    def start(self) -> Self:
+        """Start it; return once it answers PING (a server: with its AOF loaded)."""
+        try:
+            self._script(
+                self.start_script,
+                *self._start_args(),
+                timeout=self.start_timeout + INSTALL_ALLOWANCE,
+            )
+        except RuntimeError:
+            self.kill()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM and wait until it is gone (a server writes out its AOF first)."""
+        self._script("stop.sh", str(self.data_dir), timeout=60)
+
+    def kill(self) -> None:
+        """SIGKILL by PID, a crash: no shutdown, no final fsync. Waits until it is gone."""
+        self._script("kill.sh", str(self.data_dir), timeout=60)
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A redis-py client for this process (see connect); close it, e.g. with `with`."""
+        return connect(self.addr, **kwargs)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return log_tail(self.data_dir / "redis.log", lines)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _start_args(self) -> list[str]:
+        raise NotImplementedError
+
+    def _env(self) -> dict[str, str]:
+        return {"REDIS_START_TIMEOUT": str(int(self.start_timeout))}
+
+    def _script(self, name: str, *args: str, timeout: float) -> str:
+        return run_script(SCRIPTS / name, *args, timeout=timeout, env=self._env())
+
+
+def _kill_quietly(data_dir: Path) -> None:
+    if (data_dir / "redis.pid").exists():
+        subprocess.run(
+            [str(SCRIPTS / "kill.sh"), str(data_dir)], capture_output=True, check=False, timeout=60
+        )
+
+
+class LocalRedis(_RedisProcess):
+    """One redis-server on 127.0.0.1 (deploy/redis/start.sh), its AOF, log and PID in data_dir.
+
+    appendfsync: "everysec" (fsync once a second) or "always" (before every reply).
+    replicaof: "host:port" of a master to replicate.
+    """
+
+    start_script = "start.sh"
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        port: int | None = None,
+        *,
+        replicaof: str | None = None,
+        appendfsync: str = "everysec",
+        start_timeout: float = 30.0,
+    ) -> None:
+        super().__init__(data_dir, port, start_timeout)
+        self.replicaof = replicaof
+        self.appendfsync = appendfsync
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def restart(self) -> Self:
+        """Stop it if it runs, then start it again on the same port and data dir, which reloads
+        the AOF: what a server kept survives. After kill(), this is the recovery after a crash."""
+        self.stop()
+        return self.start()
+
+    def _start_args(self) -> list[str]:
+        args = [str(self.data_dir), str(self.port)]
+        if self.replicaof:
+            args += ["--replicaof", self.replicaof]
+        return args
+
+    def _env(self) -> dict[str, str]:
+        return super()._env() | {"REDIS_APPENDFSYNC": self.appendfsync}
+
+
+class LocalSentinel(_RedisProcess):
+    """One redis-sentinel on 127.0.0.1 (deploy/redis/start-sentinel.sh) watching master_name."""
+
+    start_script = "start-sentinel.sh"
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        port: int | None,
+        master_name: str,
+        master_addr: str,
+        *,
+        quorum: int = 2,
+        down_after_ms: int = 2000,
+        start_timeout: float = 30.0,
+    ) -> None:
+        super().__init__(data_dir, port, start_timeout)
+        self.master_name = master_name
+        self.master_addr = master_addr
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+
+    def _start_args(self) -> list[str]:
+        return [
+            str(self.data_dir),
+            str(self.port),
+            self.master_name,
+            self.master_addr,
+            str(self.quorum),
+        ]
+
+    def _env(self) -> dict[str, str]:
+        return super()._env() | {"REDIS_SENTINEL_DOWN_AFTER_MS": str(self.down_after_ms)}
+
+
+class LocalSentinelRedis:
+    """A Sentinel-managed Redis on loopback: a master, one replica and three Sentinels with
+    quorum 2, the smallest group that survives losing the master or one Sentinel.
+
+    Roles move with failovers: master_addr() asks the Sentinels who leads now and master()
+    returns that server. servers[0] is the first master, servers[1] its replica.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        master_name: str = "mqtt-bridge",
+        *,
+        down_after_ms: int = 2000,
+        start_timeout: float = 30.0,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.master_name = master_name
+        self.start_timeout = start_timeout
+        base = free_port_block((0, 1, 2, 3, 4))
+        first = LocalRedis(self.data_dir / "redis-0", base, start_timeout=start_timeout)
+        replica = LocalRedis(
+            self.data_dir / "redis-1", base + 1, replicaof=first.addr, start_timeout=start_timeout
+        )
+        self.servers = [first, replica]
+        self.sentinel_processes = [
+            LocalSentinel(
+                self.data_dir / f"sentinel-{i}",
+                base + 2 + i,
+                master_name,
+                first.addr,
+                down_after_ms=down_after_ms,
+                start_timeout=start_timeout,
+            )
+            for i in range(3)
+        ]
+
+    @property
+    def sentinels(self) -> list[str]:
+        """The Sentinels' "host:port" addresses, for clients that follow failovers."""
+        return [sentinel.addr for sentinel in self.sentinel_processes]
+
+    def start(self) -> LocalSentinelRedis:
+        """Start all five; return once the replica is in sync and every Sentinel knows the
+        replica and the two other Sentinels (before that, a failover cannot be authorized)."""
+        try:
+            for server in self.servers:
+                server.start()
+            wait_until(self._replica_in_sync, self.start_timeout, "replica in sync with master")
+            for sentinel in self.sentinel_processes:
+                sentinel.start()
+            wait_until(
+                self._sentinels_ready,
+                self.start_timeout,
+                "every Sentinel knows the replica and the two other Sentinels",
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the Sentinels first (no failover while the servers go), then the servers."""
+        for process in [*self.sentinel_processes, *self.servers]:
+            process.stop()
+
+    def __enter__(self) -> LocalSentinelRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def master_addr(self) -> str:
+        """The current master's "host:port", as the first Sentinel that answers reports it."""
+        reports = self._reported_masters()
+        if not reports:
+            raise RuntimeError(f"no running Sentinel reports a master for {self.master_name!r}")
+        return reports[0]
+
+    def master(self) -> LocalRedis:
+        """The server that is the master now."""
+        addr = self.master_addr()
+        for server in self.servers:
+            if server.addr == addr:
+                return server
+        raise RuntimeError(f"the Sentinels report {addr} as master, which is none of ours")
+
+    def failover(self, timeout: float = 30.0) -> str:
+        """SENTINEL FAILOVER: promote the replica. Returns the new master's "host:port" once
+        every running Sentinel reports it and it accepts a write."""
+        old = self.master_addr()
+
+        def request() -> bool:
+            # Refused with NOGOODSLAVE until the Sentinel has fresh news of the replica, or
+            # INPROG during another failover: wait_until retries a RedisError.
+            with self._sentinel_client() as sentinel:
+                return bool(sentinel.sentinel_failover(self.master_name))
+
+        wait_until(request, timeout, "a Sentinel accepting SENTINEL FAILOVER")
+        return self.wait_for_new_master(old, timeout)
+
+    def kill_master(self) -> LocalRedis:
+        """SIGKILL the current master; the Sentinels fail over after down_after_ms (see
+        wait_for_new_master). Returns the killed server. To bring it back as a replica, set
+        its replicaof to the new master and restart() it (the Sentinels would also convert a
+        returning master, but only ~10 s after they see it)."""
+        server = self.master()
+        server.kill()
+        return server
+
+    def wait_for_new_master(self, old_addr: str, timeout: float = 30.0) -> str:
+        """Wait until every running Sentinel reports the same master other than old_addr and
+        that server accepts a write (WRITE_PROBE_KEY); return its "host:port"."""
+
+        def new_master() -> str | None:
+            reports = self._reported_masters()
+            running = sum(1 for sentinel in self.sentinel_processes if sentinel.pid is not None)
+            if len(reports) != running or len(set(reports)) != 1 or reports[0] == old_addr:
+                return None
+            with connect(reports[0]) as client:
+                client.set(WRITE_PROBE_KEY, time.time())  # ReadOnlyError while still a replica
+            return reports[0]
+
+        return wait_until(new_master, timeout, f"a new master instead of {old_addr}")
+
+    # -- internals ------------------------------------------------------------------------
+    def _sentinel_client(self) -> redis.Redis:
+        running = [s for s in self.sentinel_processes if s.pid is not None]
+        if not running:
+            raise RuntimeError("no Sentinel is running")
+        return running[0].client()
+
+    def _reported_masters(self) -> list[str]:
+        """The master address of each running Sentinel that answers, in Sentinel order."""
+        reports = []
+        for sentinel in self.sentinel_processes:
+            if sentinel.pid is None:
+                continue
+            try:
+                with sentinel.client() as client:
+                    reply = client.sentinel_get_master_addr_by_name(self.master_name)
+            except redis.RedisError:
+                continue
+            if reply:
+                reports.append(f"{reply[0]}:{reply[1]}")
+        return reports
+
+    def _replica_in_sync(self) -> bool | None:
+        with self.servers[1].client() as client:
+            return client.info("replication").get("master_link_status") == "up" or None
+
+    def _sentinels_ready(self) -> bool | None:
+        for sentinel in self.sentinel_processes:
+            with sentinel.client() as client:
+                master = client.sentinel_master(self.master_name)
+                replicas = client.sentinel_slaves(self.master_name)
+            usable = [
+                r
+                for r in replicas
+                if not r["is_sdown"]
+                and not r["is_disconnected"]
+                and r.get("master-link-status") == "ok"
+            ]
+            if master["num-other-sentinels"] != 2 or not usable:
+                return None
+        return True
