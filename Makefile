@@ -6,8 +6,9 @@ STAMP  := $(VENV)/.installed-stamp
 LISTEN ?= 0.0.0.0:1883
 DATA   ?= ./data
 PYTEST_ARGS ?=
+N      ?= 3
 
-.PHONY: install run test test-deps lint bench clean
+.PHONY: install run test test-deps lint bench clean cluster cluster-stop
 
 install: $(STAMP)
 
@@ -22,7 +23,8 @@ run: install
 
 test-deps: install
 	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
-		default-jre-headless:java maven:mvn
+		default-jre-headless:java maven:mvn \
+		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps
 	deploy/rocketmq/fetch.sh
 
 lint: install
@@ -38,6 +40,16 @@ test: test-deps lint
 bench: test-deps
 	$(BIN)/python tests/bench/run_bench.py $(BENCH_ARGS)
 	$(BIN)/python tests/bench/durability_contrast.py
+	$(BIN)/python tests/bench/conn_capacity.py
+
+# A local N-node cluster behind HAProxy on 127.0.0.1:1883 (Redis, RocketMQ, N bridges).
+cluster: install
+	deploy/ensure-debian-packages.sh default-jre-headless:java maven:mvn \
+		redis-server redis-tools:redis-cli haproxy
+	deploy/cluster/start.sh $(N)
+
+cluster-stop:
+	deploy/cluster/stop.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,41 @@
+# Shared settings and helpers of the local cluster scripts; sourced, not run.
+#   CLUSTER_DIR        <repo>/data/cluster
+#   CLUSTER_PORT       1883    the balancer's MQTT port; node i listens on CLUSTER_PORT + i
+#   CLUSTER_PEER_BASE  18830   node i's peer links on CLUSTER_PEER_BASE + i
+#   CLUSTER_REDIS_PORT 16379
+#   PYTHON             <repo>/.venv/bin/python
+DEPLOY="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$DEPLOY/.." && pwd)"
+: "${CLUSTER_DIR:=$REPO/data/cluster}"
+CLUSTER_DIR="$(realpath -m "$CLUSTER_DIR")"
+: "${CLUSTER_PORT:=1883}"
+: "${CLUSTER_PEER_BASE:=18830}"
+: "${CLUSTER_REDIS_PORT:=16379}"
+: "${PYTHON:=$REPO/.venv/bin/python}"
+RMQ_NAMESRV="127.0.0.1:${ROCKETMQ_NAMESRV_PORT:-19876}"
+
+die() { echo "cluster: $*" >&2; exit 1; }
+mqtt_port() { echo $((CLUSTER_PORT + $1)); }
+
+start_node() {
+    local i=$1 dir="$CLUSTER_DIR/node$1"
+    mkdir -p "$dir"
+    if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+        echo "cluster: node$i already running (pid $(cat "$dir/pid"))"
+        return
+    fi
+    (cd "$REPO" && exec setsid "$PYTHON" -m bridge --listen "127.0.0.1:$(mqtt_port "$i")" \
+        --data-dir "$dir/data" \
+        --set node_id="node$i" --set store=rocketmq --set rocketmq_namesrv="$RMQ_NAMESRV" \
+        --set redis_url="redis://127.0.0.1:$CLUSTER_REDIS_PORT/0" \
+        --set peer_listen="127.0.0.1:$((CLUSTER_PEER_BASE + i))" \
+        >>"$dir/bridge.log" 2>&1) &
+    echo $! >"$dir/pid"
+    local deadline=$((SECONDS + 60))
+    until (exec 3<>"/dev/tcp/127.0.0.1/$(mqtt_port "$i")") 2>/dev/null; do
+        kill -0 "$(cat "$dir/pid")" 2>/dev/null || { tail -n 20 "$dir/bridge.log" >&2; die "node$i exited"; }
+        [ $SECONDS -lt $deadline ] || die "node$i did not listen within 60 s (see $dir/bridge.log)"
+        sleep 0.2
+    done
+    echo "cluster: node$i up on 127.0.0.1:$(mqtt_port "$i") (pid $(cat "$dir/pid"))"
+}
