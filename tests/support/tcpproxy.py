@@ -1,0 +1,107 @@
+"""A fault-injecting TCP proxy on loopback, for peer links between bridge nodes.
+
+    proxy = TcpProxy(target_port).start()   # listens on proxy.port, forwards to target_port
+    proxy.frames["Forward"]                   # peer-link frames seen, by type (both directions)
+    proxy.cut(); ...; proxy.heal()            # drop all connections, refuse new ones; then allow
+
+It runs its own event loop in a thread, so a test can use it between real node processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import Counter
+
+from bridge.cluster.wire import PeerDecoder, PeerProtocolError
+from tests.support.processes import free_port
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:`port` to 127.0.0.1:`target_port`; counts peer-link frames."""
+
+    def __init__(self, target_port: int, port: int | None = None) -> None:
+        self.target_port = target_port
+        self.port = port or free_port()
+        self.frames: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._cut = False
+        self._loop = asyncio.new_event_loop()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.base_events.Server | None = None
+
+    def start(self) -> TcpProxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(5)
+        return self
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self._close_all(stop=True), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def cut(self) -> None:
+        """Drop every proxied connection now and refuse new ones until `heal`."""
+        self._cut = True
+        asyncio.run_coroutine_threadsafe(self._close_all(stop=False), self._loop).result(5)
+
+    def heal(self) -> None:
+        self._cut = False
+
+    def count(self, frame_type: str) -> int:
+        with self._lock:
+            return self.frames[frame_type]
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+
+    async def _close_all(self, stop: bool) -> None:
+        for writer in list(self._writers):
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+        self._writers.clear()
+        if stop and self._server is not None:
+            self._server.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._cut:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.update((writer, up_writer))
+        await asyncio.gather(
+            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+        )
+        for w in (writer, up_writer):
+            self._writers.discard(w)
+            w.transport.abort()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = PeerDecoder()
+        counting = True
+        while True:
+            data = await reader.read(65536)
+            if not data or self._cut:
+                writer.transport.abort()
+                return
+            if counting:
+                decoder.receive_data(data)
+                try:
+                    frames = decoder.frames()
+                except PeerProtocolError:
+                    counting = False  # not a peer link: just forward
+                    frames = []
+                with self._lock:
+                    for frame in frames:
+                        self.frames[type(frame).__name__] += 1
+            writer.write(data)
+            await writer.drain()
