@@ -11,12 +11,23 @@
 //	latency:    publishers send at a fixed total -rate for -duration with a
 //	            monotonic send timestamp in the payload; the subscriber records
 //	            publish->receive deltas and reports p50/p90/p99/max.
+//	idle:       hold many idle connections for a connection-capacity measurement,
+//	            driven by commands on stdin (see idle.go).
 //
 // With -stamp, throughput mode also timestamps every payload and reports the
 // same latency percentiles, measured under full load. With -pairs (needs
 // -pubs == -subs), publisher i and subscriber i get a topic of their own
 // (<topic><i>), so every message is delivered once instead of to every
 // subscriber.
+//
+// For a cluster, -pub-addr and -sub-addr put publishers and subscribers on
+// different nodes (publisher i connects to the i-th address of its list,
+// round-robin), so that messages cross from node to node while publisher and
+// subscriber still share this process's clock; behind a load balancer that
+// gives consecutive connections to different nodes, -interleave does the same.
+// -settle waits after the last SUBACK before publishing: a cluster replicates
+// subscriptions to the other nodes asynchronously, and a publish that reaches a
+// node before the subscription does is not routed to it.
 //
 // Every loop is bounded by a message count and by the -timeout deadline.
 package main
@@ -31,6 +42,7 @@ import (
 	"math"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -126,8 +138,29 @@ func percentile(sorted []int64, p float64) float64 {
 	return float64(sorted[i]) / 1e6
 }
 
+// latencyStats summarises durations (ns, sorted in place); nil when there are none.
+func latencyStats(ns []int64) *LatencyStats {
+	if len(ns) == 0 {
+		return nil
+	}
+	sort.Slice(ns, func(i, j int) bool { return ns[i] < ns[j] })
+	var sum float64
+	for _, v := range ns {
+		sum += float64(v)
+	}
+	return &LatencyStats{
+		Samples: len(ns),
+		MinMs:   float64(ns[0]) / 1e6,
+		MeanMs:  sum / float64(len(ns)) / 1e6,
+		P50Ms:   percentile(ns, 0.50),
+		P90Ms:   percentile(ns, 0.90),
+		P99Ms:   percentile(ns, 0.99),
+		MaxMs:   float64(ns[len(ns)-1]) / 1e6,
+	}
+}
+
 func main() {
-	mode := flag.String("mode", "throughput", "throughput | latency")
+	mode := flag.String("mode", "throughput", "throughput | latency | idle")
 	kind := flag.String("client", "raw", "raw (hand-written MQTT 3.1.1) | paho (eclipse paho.mqtt.golang)")
 	addr := flag.String("addr", "127.0.0.1:1883", "broker host:port")
 	pubs := flag.Int("pubs", 1, "number of publisher connections")
@@ -144,7 +177,20 @@ func main() {
 	topicFlag := flag.String("topic", "", "topic (default: bench/<id>/t)")
 	pairs := flag.Bool("pairs", false, "publisher i -> subscriber i on topic <topic><i> (needs -pubs == -subs); default: every subscriber on one topic")
 	stamp := flag.Bool("stamp", false, "throughput: also timestamp every payload and report publish->receive latency (needs -size >= 16)")
+	pubAddr := flag.String("pub-addr", "", "comma-separated host:port list the publishers connect to, round-robin (default: -addr)")
+	subAddr := flag.String("sub-addr", "", "comma-separated host:port list the subscribers connect to, round-robin (default: -addr)")
+	settle := flag.Duration("settle", 0, "pause between the last SUBACK and the first publish (a cluster: time for subscriptions to reach every node)")
+	interleave := flag.Bool("interleave", false, "connect subscriber 0, publisher 0, subscriber 1, ... instead of all subscribers first (behind a balancer that spreads consecutive connections, each pair is split over two nodes)")
 	flag.Parse()
+
+	id := *idPrefix
+	if id == "" {
+		id = randomID()
+	}
+	if *mode == "idle" {
+		runIdle(*addr, id, *timeout)
+		return
+	}
 
 	start := time.Now()
 	deadline := start.Add(*timeout)
@@ -163,16 +209,10 @@ func main() {
 		fatal("-pairs needs -pubs == -subs")
 	}
 	if *mode != "latency" && *mode != "throughput" {
-		fatal("mode must be throughput or latency")
+		fatal("mode must be throughput, latency or idle")
 	}
 	if *size < 0 || *size > 256*1024*1024 {
 		fatal("bad size")
-	}
-	id := *idPrefix
-	if id == "" {
-		var rb [4]byte
-		_, _ = rand.Read(rb[:])
-		id = fmt.Sprintf("lg%d-%s", os.Getpid(), hex.EncodeToString(rb[:]))
 	}
 	topic := *topicFlag
 	if topic == "" {
@@ -209,12 +249,15 @@ func main() {
 		res.TargetRate = *rate
 	}
 
-	cfg := func(cid string) ClientConfig {
-		return ClientConfig{Kind: *kind, Addr: *addr, ClientID: cid, Window: *window,
+	pubAddrs := addrList(*pubAddr, *addr)
+	subAddrs := addrList(*subAddr, *addr)
+	cfg := func(addr, cid string) ClientConfig {
+		return ClientConfig{Kind: *kind, Addr: addr, ClientID: cid, Window: *window,
 			Deadline: deadline, Timeout: 5 * time.Second}
 	}
 
-	// Subscribers first; every SUBACK is in before anybody publishes.
+	// Every SUBACK is in before anybody publishes: publishing starts once all clients are
+	// connected. Subscribers connect first, or with -interleave subscriber i then publisher i.
 	states := make([]*subState, *subs)
 	subClients := make([]Client, 0, *subs)
 	pubClients := make([]Client, 0, *pubs)
@@ -226,7 +269,7 @@ func main() {
 			c.Close()
 		}
 	}
-	for i := 0; i < *subs; i++ {
+	connectSub := func(i int) {
 		st := &subState{}
 		states[i] = st
 		if recordLat {
@@ -249,7 +292,7 @@ func main() {
 				st.mu.Unlock()
 			}
 		}
-		c, err := NewClient(cfg(fmt.Sprintf("%s-s%d", id, i)))
+		c, err := NewClient(cfg(subAddrs[i%len(subAddrs)], fmt.Sprintf("%s-s%d", id, i)))
 		if err != nil {
 			closeAll()
 			fatal(fmt.Sprintf("subscriber %d connect: %v", i, err))
@@ -260,13 +303,33 @@ func main() {
 			fatal(fmt.Sprintf("subscriber %d subscribe: %v", i, err))
 		}
 	}
-	for i := 0; i < *pubs; i++ {
-		c, err := NewClient(cfg(fmt.Sprintf("%s-p%d", id, i)))
+	connectPub := func(i int) {
+		c, err := NewClient(cfg(pubAddrs[i%len(pubAddrs)], fmt.Sprintf("%s-p%d", id, i)))
 		if err != nil {
 			closeAll()
 			fatal(fmt.Sprintf("publisher %d connect: %v", i, err))
 		}
 		pubClients = append(pubClients, c)
+	}
+	if *interleave {
+		for i := 0; i < max(*subs, *pubs); i++ {
+			if i < *subs {
+				connectSub(i)
+			}
+			if i < *pubs {
+				connectPub(i)
+			}
+		}
+	} else {
+		for i := 0; i < *subs; i++ {
+			connectSub(i)
+		}
+		for i := 0; i < *pubs; i++ {
+			connectPub(i)
+		}
+	}
+	if *settle > 0 {
+		time.Sleep(min(*settle, time.Until(deadline)))
 	}
 
 	cpu0 := cpuSeconds()
@@ -458,25 +521,36 @@ func main() {
 			all = append(all, st.lat...)
 			st.mu.Unlock()
 		}
-		sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
-		ls := &LatencyStats{Samples: len(all)}
-		if len(all) > 0 {
-			var sum float64
-			for _, v := range all {
-				sum += float64(v)
-			}
-			ls.MinMs = float64(all[0]) / 1e6
-			ls.MeanMs = sum / float64(len(all)) / 1e6
-			ls.P50Ms = percentile(all, 0.50)
-			ls.P90Ms = percentile(all, 0.90)
-			ls.P99Ms = percentile(all, 0.99)
-			ls.MaxMs = float64(all[len(all)-1]) / 1e6
+		ls := latencyStats(all)
+		if ls == nil {
+			ls = &LatencyStats{}
 		}
 		res.Latency = ls
 	}
 	res.Errors = append(res.Errors, errs.errs...)
 	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
+}
+
+// randomID is the default client id prefix: unique per run, so runs never share sessions.
+func randomID() string {
+	var rb [4]byte
+	_, _ = rand.Read(rb[:])
+	return fmt.Sprintf("lg%d-%s", os.Getpid(), hex.EncodeToString(rb[:]))
+}
+
+// addrList splits a comma-separated "host:port,host:port" list; an empty list is fallback.
+func addrList(list, fallback string) []string {
+	var out []string
+	for _, a := range strings.Split(list, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	if len(out) == 0 {
+		out = []string{fallback}
+	}
+	return out
 }
 
 func anyErr(cs []Client) error {

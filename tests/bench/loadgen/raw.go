@@ -25,6 +25,7 @@ const (
 	pktPuback    = 4
 	pktSubscribe = 8
 	pktSuback    = 9
+	pktPingreq   = 12
 	pktPingresp  = 13
 	pktDisconn   = 14
 )
@@ -73,6 +74,16 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
+// connectPacket is an MQTT 3.1.1 CONNECT: protocol "MQTT" level 4, clean session, no
+// will, no credentials.
+func connectPacket(clientID string, keepalive int) []byte {
+	vh := appendString(nil, "MQTT")
+	vh = append(vh, 4, 0x02, byte(keepalive>>8), byte(keepalive))
+	vh = appendString(vh, clientID)
+	pkt := append([]byte{pktConnect << 4}, appendVarint(nil, len(vh))...)
+	return append(pkt, vh...)
+}
+
 func readVarint(r *bufio.Reader) (int, error) {
 	n, mul := 0, 1
 	for i := 0; i < 4; i++ {
@@ -114,14 +125,8 @@ func dialRaw(cfg ClientConfig) (*rawClient, error) {
 	}
 	_ = conn.SetWriteDeadline(cfg.Deadline)
 
-	// CONNECT: protocol "MQTT" level 4, clean session, keepalive 120 s (runs
-	// are bounded well below that, so no PINGREQ is ever needed).
-	vh := appendString(nil, "MQTT")
-	vh = append(vh, 4, 0x02, 0, 120)
-	vh = appendString(vh, cfg.ClientID)
-	pkt := append([]byte{pktConnect << 4}, appendVarint(nil, len(vh))...)
-	pkt = append(pkt, vh...)
-	if _, err := conn.Write(pkt); err != nil {
+	// Keepalive 120 s: runs are bounded well below that, so no PINGREQ is ever needed.
+	if _, err := conn.Write(connectPacket(cfg.ClientID, 120)); err != nil {
 		conn.Close()
 		return nil, err
 	}

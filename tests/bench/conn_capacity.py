@@ -1,0 +1,743 @@
+#!/usr/bin/env python3
+"""Connection capacity: how many idle MQTT connections one server process holds and what each
+costs in resident memory, our bridge side by side with Mosquitto.
+
+Run from the repository root (``make bench`` does this)::
+
+    .venv/bin/python tests/bench/conn_capacity.py [--max-connections 19000] [--servers ours]
+
+For each server in turn: start it on a free 127.0.0.1 port, read its VmRSS (/proc/PID/status)
+as the baseline, then open connections in steps (1k, 5k, 10k, then the maximum) with the Go load
+generator in idle mode (CONNECT with clean session and keepalive 600 s, wait for every CONNACK,
+then hold the connection without traffic). After each step it waits ``--settle`` seconds and
+reads VmRSS again. At the end every held connection must answer a PINGREQ, so the figures are
+those of live connections. Then the clients send DISCONNECT, and the RSS after that is recorded
+too (memory the server keeps after its clients are gone), with the peak (VmHWM).
+
+KiB per connection is reported two ways: (RSS - baseline) / connections, the figure of the
+issue's target, and the marginal (RSS - RSS of the previous step) / new connections, which leaves
+out one-time costs of the first connections (imports, caches, table growth).
+
+Limits this works within: a process may hold at most 20,000 open files (the server holds one
+socket per connection itself), so the client side is split over several loadgen processes of at
+most ``--per-process`` connections each; the connections are spread round-robin over several
+source addresses (127.0.0.2, .3, ...) so that no single address runs out of ephemeral ports
+(Linux gives each local address its own ``ip_local_port_range``). Every step is capped in time
+(``--step-timeout``), every loadgen process has a hard deadline, and the servers and clients are
+always stopped.
+
+Prints a table and writes tests/bench/results/conn-capacity.{json,md} plus the servers' logs.
+The exit status is 1 if a server failed to start, refused or dropped connections, or died;
+missing the memory target is a result, not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import platform
+import queue
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.bench.run_bench import (
+    HOST,
+    MOSQUITTO_BIN,
+    REPO,
+    RESULTS_DIR,
+    Broker,
+    build_loadgen,
+    first_line,
+    free_port,
+    loadavg,
+    log,
+    on_sigterm,
+    plain_table,
+    proc_cpu,
+    run_text,
+    tail,
+)
+
+DEFAULT_MAX = 19_000
+DEFAULT_STEPS = "1000,5000,10000"
+DEFAULT_SOURCES = "127.0.0.2,127.0.0.3,127.0.0.4,127.0.0.5"
+# Connections per loadgen process: far below the 20,000 open files a process may hold.
+DEFAULT_PER_PROCESS = 8_000
+SERVER_NAMES = ("ours", "ours-asyncio", "mosquitto")
+DEFAULT_SERVERS = "ours,mosquitto"
+OURS_CMD = (
+    "{python} -m bridge --listen {host}:{port} --data-dir {data_dir} --log-level warning "
+    "--set max_connections=0"
+)
+# `bridge.__main__` runs on uvloop when it can import it; hiding the module makes it fall back
+# to asyncio's own event loop, which is what `ours-asyncio` measures.
+OURS_ASYNCIO_CMD = (
+    '{python} -c \'import sys; sys.modules["uvloop"] = None; '
+    "from bridge.__main__ import main; sys.exit(main())' "
+    "--listen {host}:{port} --data-dir {data_dir} --log-level warning --set max_connections=0"
+)
+KEEPALIVE_S = 600
+TARGET_KIB_PER_CONN = 10.0  # the issue's target for one bridge node at ~19k connections
+# Files a server needs besides its client sockets (listener, epoll, store, logs, stdio).
+SERVER_SPARE_FILES = 200
+CLIENT_SPARE_FILES = 100
+REPLY_GRACE_S = 15.0  # how much longer than its own step cap a loadgen may take to answer
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def proc_status_kib(pid: int, key: str) -> int | None:
+    """A ``kB`` field (VmRSS, RssAnon, ...) of /proc/PID/status, or None if the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def open_files(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def local_port_range() -> int:
+    """How many ephemeral ports one local address has (ip_local_port_range)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(high) - int(low) + 1
+    except (OSError, ValueError):
+        return 28_232  # Linux's default range, 32768-60999
+
+
+# --------------------------------------------------------------------------- client side
+
+
+class LoadgenProcess:
+    """One loadgen in idle mode: commands go to its stdin, one JSON reply per command comes
+    back on stdout (read by a thread, so several processes work on a step at once)."""
+
+    def __init__(self, cmd: list[str], stderr_path: Path) -> None:
+        self.cmd = cmd
+        self.stderr_path = stderr_path
+        self._stderr: IO[bytes] = stderr_path.open("wb")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
+        self._replies: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._replies.put(line)
+        self._replies.put(None)  # EOF
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # it exited; reply() reports that with its stderr
+
+    def reply(self, timeout: float) -> dict[str, Any]:
+        """The answer to the last command, or a dict with only ``errors`` explaining why not."""
+        try:
+            line = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            return {
+                "errors": [f"loadgen pid {self.proc.pid} did not answer within {timeout:.0f} s"]
+            }
+        if line is None:
+            self.proc.wait(5)
+            return {
+                "errors": [
+                    f"loadgen pid {self.proc.pid} exited with code {self.proc.returncode}: "
+                    f"{tail(self.stderr_path, 5)}"
+                ]
+            }
+        try:
+            result: dict[str, Any] = json.loads(line)
+        except json.JSONDecodeError:
+            return {"errors": [f"unparseable loadgen reply {line[:300]!r}"]}
+        return result
+
+    def rss_kib(self) -> int | None:
+        return proc_status_kib(self.proc.pid, "VmRSS")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+        self._stderr.close()
+
+
+class ClientFleet:
+    """The client side: enough loadgen processes that none holds more than `per_process`
+    connections; every step is split evenly over them and runs on all of them at once."""
+
+    def __init__(
+        self, loadgen: Path, port: int, args: argparse.Namespace, tag: str, workdir: Path
+    ) -> None:
+        count = math.ceil(args.max_connections / args.per_process)
+        self.step_timeout = args.step_timeout
+        self.procs: list[LoadgenProcess] = []
+        try:
+            for i in range(count):
+                cmd = [
+                    str(loadgen),
+                    "-mode",
+                    "idle",
+                    "-addr",
+                    f"{HOST}:{port}",
+                    "-id",
+                    f"cap{os.getpid()}-{tag}-p{i}",
+                    "-src",
+                    args.sources,
+                    "-keepalive",
+                    str(KEEPALIVE_S),
+                    "-concurrency",
+                    str(args.concurrency),
+                    "-step-timeout",
+                    f"{args.step_timeout}s",
+                    "-timeout",
+                    f"{args.client_timeout}s",
+                ]
+                self.procs.append(LoadgenProcess(cmd, workdir / f"loadgen-{i}.err"))
+        except BaseException:
+            self.kill()
+            raise
+
+    def shares(self, total: int) -> list[int]:
+        """How many of `total` connections each process holds."""
+        n = len(self.procs)
+        return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+    def run(self, commands: list[str]) -> list[dict[str, Any]]:
+        """Send commands[i] to process i, all at once, and collect every reply."""
+        for proc, command in zip(self.procs, commands, strict=True):
+            proc.send(command)
+        return [proc.reply(self.step_timeout + REPLY_GRACE_S) for proc in self.procs]
+
+    def rss_kib(self) -> int:
+        return sum(p.rss_kib() or 0 for p in self.procs)
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+
+
+def merge(replies: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sum of the processes' replies to one command, and their errors."""
+    failed_by: dict[str, int] = {}
+    errors: list[str] = []
+    for r in replies:
+        for kind, n in (r.get("failed_by") or {}).items():
+            failed_by[kind] = failed_by.get(kind, 0) + n
+        errors += r.get("errors") or []
+    return {
+        "ok": sum(r.get("ok", 0) for r in replies),
+        "failed": sum(r.get("failed", 0) for r in replies),
+        "held": sum(r.get("held", 0) for r in replies),
+        "failed_by": failed_by,
+        "errors": errors[:20],
+        "answered": all("op" in r for r in replies),
+        "latency_p99_ms_max": max(
+            ((r.get("latency") or {}).get("p99_ms", 0.0) for r in replies), default=0.0
+        ),
+    }
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def make_mosquitto(tmp: Path, port: int) -> Broker:
+    """Mosquitto with no connection limit and no persistence: nothing but the connections."""
+    lines = [
+        f"listener {port} {HOST}",
+        "max_connections -1",
+        "allow_anonymous true",
+        "persistence false",
+        f"log_dest file {tmp / 'mosquitto-internal.log'}",
+        # Not "notice": that would log every one of the connections.
+        "log_type error",
+        "log_type warning",
+    ]
+    if os.geteuid() == 0:
+        # As root Mosquitto switches to the "mosquitto" user, which cannot write the temp dir.
+        lines.append("user root")
+    conf = tmp / "mosquitto.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    b = Broker("mosquitto", [MOSQUITTO_BIN, "-c", str(conf)], tmp, tmp / "mosquitto.log", port)
+    b.extra["config"] = conf.read_text()
+    b.extra["internal_log"] = tmp / "mosquitto-internal.log"
+    return b
+
+
+def make_ours(name: str, tmp: Path, port: int) -> Broker:
+    data = tmp / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    python = REPO / ".venv" / "bin" / "python"
+    template = OURS_ASYNCIO_CMD if name == "ours-asyncio" else OURS_CMD
+    cmd = template.format(
+        python=shlex.quote(str(python if python.exists() else sys.executable)),
+        host=HOST,
+        port=port,
+        data_dir=shlex.quote(str(data)),
+    )
+    return Broker(name, shlex.split(cmd), tmp, tmp / f"{name}.log", port)
+
+
+# --------------------------------------------------------------------------- one server
+
+
+@dataclass
+class Step:
+    connections: int
+    rss_kib: int
+    kib_per_conn: float
+    marginal_kib_per_conn: float
+    connect_s: float
+    conns_per_s: float
+    server_cpu_us_per_conn: float | None
+    server_files: int | None
+    connack_p99_ms_max: float
+    loadgen_rss_kib: int
+
+
+@dataclass
+class ServerRun:
+    name: str
+    command: str
+    status: str = "ok"
+    baseline_rss_kib: int | None = None
+    steps: list[Step] = field(default_factory=list)
+    ping: dict[str, Any] = field(default_factory=dict)
+    rss_after_close_kib: int | None = None
+    peak_rss_kib: int | None = None  # VmHWM at the end: includes the disconnect storm
+    errors: list[str] = field(default_factory=list)
+    config: str | None = None
+    loadgen_commands: list[str] = field(default_factory=list)
+
+
+def measure_server(
+    b: Broker, loadgen: Path, steps: list[int], args: argparse.Namespace
+) -> ServerRun:
+    """Start `b`, open the connections step by step, measure, ping, disconnect. Errors go into
+    the result (the caller stops the server)."""
+    run = ServerRun(b.name, shlex.join(b.cmd), config=b.extra.get("config"))
+    log(f"\n=== {b.name}: {run.command}")
+    b.start()
+    b.wait_ready()
+    assert b.proc is not None
+    pid = b.proc.pid
+    time.sleep(args.settle)
+    run.baseline_rss_kib = proc_status_kib(pid, "VmRSS")
+    log(f"    listening on {HOST}:{b.port} (pid {pid}), baseline VmRSS {run.baseline_rss_kib} KiB")
+    fleet = ClientFleet(loadgen, b.port, args, b.name, b.workdir)
+    run.loadgen_commands = [shlex.join(p.cmd) for p in fleet.procs]
+    try:
+        _open_steps(run, b, pid, fleet, steps, args)
+        if b.alive() and run.steps and not run.errors:
+            _ping(run, fleet)
+        closed = merge(fleet.run(["close"] * len(fleet.procs)))
+        if closed["failed"]:
+            log(f"    {closed['failed']} DISCONNECTs failed: {closed['errors'][:3]}")
+        time.sleep(args.settle)
+        run.rss_after_close_kib = proc_status_kib(pid, "VmRSS")
+        run.peak_rss_kib = proc_status_kib(pid, "VmHWM")
+        if run.rss_after_close_kib is not None:
+            log(
+                f"    after every client disconnected: VmRSS {run.rss_after_close_kib} KiB "
+                f"(peak VmHWM {run.peak_rss_kib} KiB)"
+            )
+    finally:
+        fleet.kill()
+    if not b.alive():
+        run.errors.append(
+            f"{b.name} died (exit code {b.proc.returncode}); log tail:\n{tail(b.log_path)}"
+        )
+    if run.errors:
+        run.status = "failed"
+    return run
+
+
+def _open_steps(
+    run: ServerRun,
+    b: Broker,
+    pid: int,
+    fleet: ClientFleet,
+    steps: list[int],
+    args: argparse.Namespace,
+) -> None:
+    assert run.baseline_rss_kib is not None
+    held, prev_rss = 0, run.baseline_rss_kib
+    for target in steps:
+        before, after = fleet.shares(held), fleet.shares(target)
+        cpu0 = proc_cpu(pid)
+        t0 = time.monotonic()
+        replies = fleet.run([f"open {a - p}" for p, a in zip(before, after, strict=True)])
+        elapsed = time.monotonic() - t0
+        cpu1 = proc_cpu(pid)
+        res = merge(replies)
+        new = res["ok"]
+        if not b.alive():
+            run.errors.append(f"{b.name} died while opening connections {held}..{target}")
+            return
+        if not res["answered"] or res["failed"]:
+            what = (
+                f"{res['failed']} of {target - held} connections failed ({res['failed_by']})"
+                if res["answered"]
+                else "a loadgen process did not answer"
+            )
+            run.errors.append(
+                f"{b.name}: {what} while going from {held} to {target} connections; "
+                f"first errors: {res['errors'][:5]}"
+            )
+            log("    ERROR: " + run.errors[-1])
+            return
+        held += new
+        time.sleep(args.settle)
+        rss = proc_status_kib(pid, "VmRSS")
+        if rss is None:
+            run.errors.append(f"{b.name} died after opening {held} connections")
+            return
+        step = Step(
+            connections=held,
+            rss_kib=rss,
+            kib_per_conn=(rss - run.baseline_rss_kib) / held,
+            marginal_kib_per_conn=(rss - prev_rss) / new,
+            connect_s=round(elapsed, 3),
+            conns_per_s=new / elapsed,
+            server_cpu_us_per_conn=(
+                (cpu1 - cpu0) * 1e6 / new if cpu0 is not None and cpu1 is not None else None
+            ),
+            server_files=open_files(pid),
+            connack_p99_ms_max=res["latency_p99_ms_max"],
+            loadgen_rss_kib=fleet.rss_kib(),
+        )
+        run.steps.append(step)
+        prev_rss = rss
+        log(
+            f"    {held:>6,} connections: VmRSS {rss / 1024:8.1f} MiB, "
+            f"{step.kib_per_conn:6.2f} KiB/conn (marginal {step.marginal_kib_per_conn:6.2f}), "
+            f"{step.conns_per_s:8,.0f} conn/s, server {step.server_files} files"
+        )
+
+
+def _ping(run: ServerRun, fleet: ClientFleet) -> None:
+    """Every held connection must answer a PINGREQ: the connections are really alive."""
+    res = merge(fleet.run(["ping"] * len(fleet.procs)))
+    run.ping = res
+    expected = run.steps[-1].connections
+    log(
+        f"    PINGREQ on all {expected:,} connections: {res['ok']:,} PINGRESP, "
+        f"{res['failed']:,} failed (slowest process p99 {res['latency_p99_ms_max']:.2f} ms)"
+    )
+    if not res["answered"] or res["ok"] != expected:
+        run.errors.append(
+            f"{run.name}: only {res['ok']} of {expected} connections answered PINGREQ "
+            f"({res['failed_by']}); first errors: {res['errors'][:5]}"
+        )
+
+
+# --------------------------------------------------------------------------- reporting
+
+TABLE_HEAD = [
+    "server",
+    "connections",
+    "VmRSS MiB",
+    "KiB/conn",
+    "marginal KiB/conn",
+    "conn/s",
+    "server CPU us/conn",
+    "server files",
+]
+
+
+def table_rows(runs: list[ServerRun]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        if run.baseline_rss_kib is not None:
+            rows.append([run.name, "0", f"{run.baseline_rss_kib / 1024:.1f}", *["—"] * 5])
+        for s in run.steps:
+            cpu = s.server_cpu_us_per_conn
+            rows.append(
+                [
+                    run.name,
+                    f"{s.connections:,}",
+                    f"{s.rss_kib / 1024:.1f}",
+                    f"{s.kib_per_conn:.2f}",
+                    f"{s.marginal_kib_per_conn:.2f}",
+                    f"{s.conns_per_s:,.0f}",
+                    "—" if cpu is None else f"{cpu:.0f}",
+                    str(s.server_files),
+                ]
+            )
+    return rows
+
+
+def summary_lines(runs: list[ServerRun], max_connections: int) -> list[str]:
+    """The comparison at the largest step and the issue's target for our bridge."""
+    last = {r.name: r.steps[-1] for r in runs if r.steps}
+    out = []
+    mosq = last.get("mosquitto")
+    for name, s in last.items():
+        if name != "mosquitto" and mosq is not None and mosq.kib_per_conn > 0:
+            out.append(
+                f"{name}/mosquitto at {s.connections:,} connections: "
+                f"{s.kib_per_conn / mosq.kib_per_conn:.1f}x the memory per connection"
+            )
+    ours = last.get("ours")
+    if ours is None:
+        status = "not measured"
+    elif ours.connections < max_connections:
+        status = f"not measured (only {ours.connections:,} connections held)"
+    else:
+        verdict = "met" if ours.kib_per_conn <= TARGET_KIB_PER_CONN else "not met"
+        status = f"{verdict}: {ours.kib_per_conn:.2f} KiB at {ours.connections:,} connections"
+    out.append(
+        f"target (ours): <= {TARGET_KIB_PER_CONN:.0f} KiB VmRSS per idle connection: {status}"
+    )
+    return out
+
+
+def markdown(meta: dict[str, Any], runs: list[ServerRun], summary: list[str]) -> str:
+    out = [
+        f"Connection capacity, run {meta['finished_at']} on {meta['cpu_count']} CPU(s) "
+        f"({meta['platform']}): idle MQTT 3.1.1 connections (clean session, keepalive "
+        f"{KEEPALIVE_S} s) held by one server process; KiB/conn = (VmRSS - baseline) / "
+        "connections, marginal = growth since the previous step / new connections.",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- mosquitto: {meta['versions']['mosquitto']}; python: {meta['versions']['python']}",
+        "",
+        "| " + " | ".join(TABLE_HEAD) + " |",
+        "|---|" + "---:|" * (len(TABLE_HEAD) - 1),
+        *("| " + " | ".join(r) + " |" for r in table_rows(runs)),
+        "",
+        *(f"- {line}" for line in summary),
+    ]
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--servers",
+        default=DEFAULT_SERVERS,
+        help="comma-separated servers to measure, in order, from "
+        f"{', '.join(SERVER_NAMES)} (ours-asyncio: the bridge on asyncio's event loop "
+        "instead of uvloop) (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX,
+        help="connections of the last step (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--steps",
+        default=DEFAULT_STEPS,
+        help="comma-separated connection counts before the maximum; counts at or above it "
+        "are ignored (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--sources",
+        default=DEFAULT_SOURCES,
+        help="comma-separated loopback addresses the clients connect from, round-robin "
+        "(default: %(default)s)",
+    )
+    ap.add_argument(
+        "--per-process",
+        type=int,
+        default=DEFAULT_PER_PROCESS,
+        help="most connections one loadgen process holds (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=32,
+        help="connections each loadgen process opens at once (default: %(default)s)",
+    )
+    ap.add_argument("--settle", type=float, default=2.0, help="seconds to wait before reading RSS")
+    ap.add_argument(
+        "--step-timeout",
+        type=float,
+        default=60.0,
+        help="seconds one step (open, ping, close) may take (default: %(default)s)",
+    )
+    ap.add_argument("--loadgen", type=Path, help="use this prebuilt loadgen binary")
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / "mqtt-bridge-bench",
+        help="where the loadgen binary is cached",
+    )
+    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    args.server_list = [n.strip() for n in args.servers.split(",") if n.strip()]
+    bad = [n for n in args.server_list if n not in SERVER_NAMES]
+    if bad or not args.server_list:
+        ap.error(f"unknown server(s) {bad}; choose from {', '.join(SERVER_NAMES)}")
+    try:
+        steps = {int(s) for s in args.steps.split(",") if s.strip()}
+    except ValueError:
+        ap.error(f"--steps: {args.steps!r} is not a list of integers")
+    args.step_list = sorted(s for s in steps if 0 < s < args.max_connections)
+    args.step_list.append(args.max_connections)
+    args.source_list = [s.strip() for s in args.sources.split(",") if s.strip()]
+    if args.max_connections < 1 or args.per_process < 1 or args.concurrency < 1:
+        ap.error("--max-connections, --per-process and --concurrency must be positive")
+    if not args.source_list or not all(s.startswith("127.") for s in args.source_list):
+        ap.error("--sources must be loopback (127.x.y.z) addresses")
+    check_limits(ap, args)
+    # Every step and the final ping and close, with slack: then the loadgens end themselves.
+    args.client_timeout = int((len(args.step_list) + 2) * (args.step_timeout + args.settle) + 60)
+    return args
+
+
+def check_limits(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse up front what cannot work: more files than a process may open, or more
+    connections than the source addresses have ephemeral ports."""
+    files, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if args.max_connections + SERVER_SPARE_FILES > files:
+        ap.error(
+            f"--max-connections {args.max_connections}: the server would need about "
+            f"{args.max_connections + SERVER_SPARE_FILES} open files; the limit is {files}"
+        )
+    if args.per_process + CLIENT_SPARE_FILES > files:
+        ap.error(f"--per-process {args.per_process}: above the open-file limit {files}")
+    ports = local_port_range()
+    per_source = math.ceil(args.max_connections / len(args.source_list))
+    if per_source > ports * 0.8:
+        ap.error(
+            f"{per_source} connections per source address, but each has only {ports} ephemeral "
+            "ports (some may be in TIME_WAIT from earlier runs): add --sources"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    command = shlex.join([sys.executable, str(Path(__file__)), *argv])
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    t0 = time.monotonic()
+    meta: dict[str, Any] = {
+        "command": command,
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "versions": {
+            "mosquitto": first_line(run_text([MOSQUITTO_BIN, "-h"])),
+            "go": run_text(["go", "version"]),
+            "python": platform.python_version() + f" ({sys.executable})",
+        },
+        "max_connections": args.max_connections,
+        "steps": args.step_list,
+        "sources": args.source_list,
+        "per_process": args.per_process,
+        "concurrency_per_process": args.concurrency,
+        "keepalive_s": KEEPALIVE_S,
+        "settle_s": args.settle,
+        "open_files_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "loadavg_start": loadavg(),
+    }
+    log(f"command:   {command}")
+    log(f"mosquitto: {meta['versions']['mosquitto']}")
+    log(
+        f"steps:     {', '.join(f'{s:,}' for s in args.step_list)} connections from "
+        f"{', '.join(args.source_list)}, at most {args.per_process:,} per loadgen process"
+    )
+    loadgen = args.loadgen or build_loadgen(args.cache_dir)
+    meta["loadgen"] = str(loadgen)
+
+    runs: list[ServerRun] = []
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    for name in args.server_list:
+        tmp = Path(tempfile.mkdtemp(prefix=f"mqtt-capacity-{name}-"))
+        port = free_port()
+        b = make_mosquitto(tmp, port) if name == "mosquitto" else make_ours(name, tmp, port)
+        try:
+            runs.append(measure_server(b, loadgen, args.step_list, args))
+        except (RuntimeError, OSError) as e:
+            runs.append(ServerRun(name, shlex.join(b.cmd), status="failed", errors=[str(e)]))
+            log(f"    ERROR: {e}")
+        finally:
+            try:
+                b.stop()
+            finally:
+                logs = {f"conn-capacity-{name}.log": b.log_path}
+                if "internal_log" in b.extra:
+                    logs[f"conn-capacity-{name}-internal.log"] = b.extra["internal_log"]
+                for dest, src in logs.items():
+                    if src.is_file():
+                        with contextlib.suppress(OSError):
+                            shutil.copyfile(src, args.results_dir / dest)
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    meta["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    meta["wall_s"] = round(time.monotonic() - t0, 1)
+    meta["loadavg_end"] = loadavg()
+    summary = summary_lines(runs, args.max_connections)
+    doc = {
+        "meta": meta,
+        "servers": {r.name: asdict(r) for r in runs},
+        "summary": summary,
+    }
+    (args.results_dir / "conn-capacity.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (args.results_dir / "conn-capacity.md").write_text(markdown(meta, runs, summary))
+
+    log("")
+    log(plain_table(TABLE_HEAD, table_rows(runs), right=set(range(1, len(TABLE_HEAD)))))
+    log("")
+    for line in summary:
+        log(line)
+    failed = [r for r in runs if r.status != "ok"]
+    for r in failed:
+        log(f"FAILED {r.name}: " + "\n    ".join(r.errors))
+    log(
+        f"wrote {args.results_dir / 'conn-capacity.json'} and "
+        f"{args.results_dir / 'conn-capacity.md'} (total {meta['wall_s']:.0f} s)"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
