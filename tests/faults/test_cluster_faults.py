@@ -122,6 +122,10 @@ def test_kill_9_of_one_of_three_nodes_behind_haproxy_loses_no_pubacked_message_a
         victim = cluster.nodes[victim_id]
         doomed = {cid for cid, node in owners.items() if node == victim_id}
         assert doomed, owners
+        # A client of the victim that disconnected cleanly: its will must never be published.
+        polite = RawClient(victim.port)
+        polite.connect("polite", keepalive=0, will=Will("wills/polite", b"will-polite", 1, False))
+        polite.disconnect()
 
         killed_at: list[float] = []
 
