@@ -85,6 +85,7 @@ class Cluster:
         self._membership: asyncio.Task[None] | None = None
         self._judge_after = 0.0
         self.advertise = ""
+        self._started = False
         self.leaving = False
         self._leaving: set[str] = set()
         """Peers that announced they are stopping (their sessions are to be taken over)."""
@@ -107,6 +108,7 @@ class Cluster:
         self._judge_after = time.monotonic() + self.config.node_timeout
         if self.holds_sessions:
             await self.take_over_node(self.node_id)
+        self._started = True
         self._membership = loop.create_task(self._membership_loop())
 
     async def stop(self) -> None:
@@ -143,7 +145,17 @@ class Cluster:
             "boot": self.boot_id,
             "role": "bridge" if self.holds_sessions else "notify",
         }
-        await self.registry.heartbeat(info, self.config.node_timeout)
+        lapsed = await self.registry.heartbeat(info, self.config.node_timeout)
+        if lapsed and self._started:
+            # Others may have judged this node dead and taken its sessions: let go of those.
+            lost = await self.registry.lost_clients()
+            if lost:
+                log.warning(
+                    "this node's heartbeat lapsed and %d of its sessions were taken over by "
+                    "other nodes; closing them here",
+                    len(lost),
+                )
+                self.node.lost_ownership(lost)
 
     async def _membership_loop(self) -> None:
         interval = max(0.2, self.config.node_timeout / 6)
@@ -447,16 +459,18 @@ class Cluster:
     # -- messages to peers -----------------------------------------------------------------------
 
     def forward(self, peer: str, message: Message) -> None:
+        """A QoS 0 message for a peer's subscribers (dropped, and counted, if the link is down
+        or backed up: QoS 0 is at most once)."""
         link = self.links.get(peer)
-        if link is not None:
-            link.send(wire.Forward(message.topic, message.payload, int(message.retain)))
-        else:
-            self.stats["forward_no_link"] += 1
+        data = wire.encode_forward(message.topic, message.payload, int(message.retain))
+        if link is None or not link.send_droppable(data):
+            self.node.metrics.inc("dropped_peer_link")
 
     def deliver(self, client_id: str, message: Message) -> None:
         link = self.links.get(self.member_node.get(client_id, ""))
-        if link is not None:
-            link.send(wire.Deliver(client_id, message.topic, message.payload))
+        data = wire.encode(wire.Deliver(client_id, message.topic, message.payload))
+        if link is None or not link.send_droppable(data):
+            self.node.metrics.inc("dropped_peer_link")
 
     def wake(self, peer: str, queues: list[str]) -> None:
         link = self.links.get(peer)

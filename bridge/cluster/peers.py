@@ -32,6 +32,10 @@ log = logging.getLogger("bridge.cluster")
 
 PING_INTERVAL = 2.0
 DEAD_AFTER = 6.0
+WRITE_HIGH = 4 * 1024 * 1024
+"""Bytes queued on a link beyond which QoS 0 messages to the peer are dropped (counted, logged),
+as for a slow client: a flood must not queue without bound ahead of the link's control frames."""
+DROP_LOG_INTERVAL = 10.0
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 3.0
 
@@ -52,6 +56,9 @@ class PeerLink(asyncio.Protocol):
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.frames_out: Counter[str] = Counter()
         self.frames_in: Counter[str] = Counter()
+        self.dropped = 0
+        self._dropped_logged = 0
+        self._drop_logged_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment] - uvloop's is no asyncio.Transport
@@ -63,6 +70,27 @@ class PeerLink(asyncio.Protocol):
             return
         self.frames_out[type(frame).__name__] += 1
         self.transport.write(encode(frame))
+
+    def send_droppable(self, data: bytes) -> bool:
+        """Write an encoded QoS 0 frame unless the link is backed up; False if dropped."""
+        transport = self.transport
+        if self.closed or transport is None:
+            return False
+        if transport.get_write_buffer_size() > WRITE_HIGH:
+            self.dropped += 1
+            now = time.monotonic()
+            if now - self._drop_logged_at > DROP_LOG_INTERVAL:
+                log.warning(
+                    "peer link to %s backed up (over %d bytes queued): %d QoS 0 messages "
+                    "dropped so far",
+                    self.peer_id,
+                    WRITE_HIGH,
+                    self.dropped,
+                )
+                self._drop_logged_at = now
+            return False
+        transport.write(data)
+        return True
 
     def data_received(self, data: bytes) -> None:
         self.last_heard = time.monotonic()

@@ -74,13 +74,16 @@ end
 return 1
 """
 
-# Heartbeat: the node is alive until Redis's clock passes now + ttl.
+# Heartbeat: the node is alive until Redis's clock passes now + ttl. Returns 1 if its previous
+# heartbeat had lapsed (or was gone): others may have taken its sessions over meanwhile.
 _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local before = redis.call('ZSCORE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-return now
+if before == false or tonumber(before) < now then return 1 end
+return 0
 """
 
 # Members: {now, alive node/info pairs..., '', dead nodes...}
@@ -378,12 +381,32 @@ class RedisRegistry:
 
     # -- membership --------------------------------------------------------------------------------
 
-    async def heartbeat(self, info: dict[str, Any], ttl: float) -> None:
-        """Announce this node alive for `ttl` seconds more (Redis's clock)."""
-        await self._heartbeat(
+    async def heartbeat(self, info: dict[str, Any], ttl: float) -> bool:
+        """Announce this node alive for `ttl` seconds more (Redis's clock). True if the previous
+        heartbeat had lapsed: this node may have been taken for dead."""
+        lapsed = await self._heartbeat(
             keys=[f"{self.prefix}:nodes", f"{self.prefix}:nodeinfo"],
             args=[self.node_id, int(ttl * 1000), json.dumps(info, separators=(",", ":"))],
         )
+        return bool(lapsed)
+
+    async def lost_clients(self) -> list[str]:
+        """Clients this node holds whose epoch in Redis is no longer its own (taken over while
+        this node was thought dead); they are forgotten here."""
+        clients = list(self.epochs)
+        if not clients:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for client_id in clients:
+                pipe.hget(self.client_key(client_id), "epoch")
+            current = await pipe.execute()
+        lost = []
+        for client_id, epoch in zip(clients, current, strict=True):
+            held = self.epochs.get(client_id)
+            if held is not None and (epoch is None or int(epoch) != held):
+                del self.epochs[client_id]
+                lost.append(client_id)
+        return lost
 
     async def members(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
         """(alive node -> its info, dead nodes not yet cleaned up)."""

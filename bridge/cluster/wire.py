@@ -33,6 +33,7 @@ MAX_FRAME = 64 * 1024 * 1024
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_FORWARD_HEAD = struct.Struct(">IBI")
 
 
 class PeerProtocolError(Exception):
@@ -248,6 +249,22 @@ def _put_str(out: list[bytes], value: str) -> None:
     out.append(data)
 
 
+def encode_forward(topic: str, payload: bytes, retain: int) -> bytes:
+    """`encode(Forward(topic, payload, retain))`, without the generic field walk (the frame of
+    every QoS 0 message that crosses nodes)."""
+    name = topic.encode()
+    length = 1 + 4 + len(name) + 4 + len(payload) + 1
+    return b"".join(
+        (
+            _FORWARD_HEAD.pack(length, Forward.TYPE, len(name)),
+            name,
+            _U32.pack(len(payload)),
+            payload,
+            b"\x01" if retain else b"\x00",
+        )
+    )
+
+
 def encode(frame: Frame) -> bytes:
     """The bytes of one frame."""
     out: list[bytes] = [b"", bytes((frame.TYPE,))]
@@ -345,6 +362,10 @@ def decode_frame(body: bytes | memoryview) -> Frame:
     view = memoryview(body)
     if not view:
         raise PeerProtocolError("empty frame")
+    if view[0] == Forward.TYPE and len(view) >= 10:
+        forward = _decode_forward(view)
+        if forward is not None:
+            return forward
     cls = FRAME_TYPES.get(view[0])
     if cls is None:
         raise PeerProtocolError(f"unknown frame type {view[0]}")
@@ -355,6 +376,24 @@ def decode_frame(body: bytes | memoryview) -> Frame:
             f"{cls.__name__} frame has {len(reader.data) - reader.pos} bytes after its fields"
         )
     return cls(*values)
+
+
+def _decode_forward(view: memoryview) -> Forward | None:
+    """The common frame without the generic walk; None to let the generic decoder say what is
+    wrong with a malformed one."""
+    (name_len,) = _U32.unpack_from(view, 1)
+    payload_at = 5 + name_len
+    if payload_at + 4 > len(view):
+        return None
+    (payload_len,) = _U32.unpack_from(view, payload_at)
+    end = payload_at + 4 + payload_len
+    if end + 1 != len(view) or view[end] > 1:
+        return None
+    try:
+        topic = str(view[5:payload_at], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    return Forward(topic, bytes(view[payload_at + 4 : end]), view[end])
 
 
 class PeerDecoder:

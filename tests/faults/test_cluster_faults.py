@@ -7,6 +7,8 @@ exactly once (none for the others). Counts are printed (`pytest -s`)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -323,3 +325,30 @@ def test_a_node_added_under_load_takes_new_clients_without_restarting_the_others
         assert {a.pid, b.pid} == pids and all(n.proc.poll() is None for n in (a, b, c))
     finally:
         lb.stop()
+
+
+def test_a_node_frozen_past_the_timeout_lets_go_of_sessions_taken_over_meanwhile(
+    cluster: ClusterLauncher,
+) -> None:
+    a, b = cluster.start("a"), cluster.start("b")
+    cluster.wait_linked()
+    lost = threading.Event()
+    with paho_client(a.port, client_id="frozen-dev", clean_session=False) as dev:
+        dev.client.on_disconnect = lambda *_args: lost.set()
+        dev.client.subscribe("fz/#", 1)
+        with paho_client(b.port) as pub:
+            wait_for_route(lambda p: pub.client.publish("fz/probe", p), dev)
+        os.kill(a.pid, signal.SIGSTOP)
+        try:
+            b.wait_for_log("node a is dead", 30)
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+        a.wait_for_log("heartbeat lapsed", 20)
+        assert lost.wait(10), "node a kept a client whose session node b had taken over"
+    publish_at = time.monotonic()
+    with paho_client(b.port) as pub:
+        pub.client.publish("fz/after", "kept", qos=1).wait_for_publish(10)
+    # The session lives on, adopted by b: its subscription and the message are there.
+    with paho_client(b.port, client_id="frozen-dev", clean_session=False) as dev:
+        got = [m.payload for m in dev.drain(5, timeout=10) if not m.payload.startswith(b"probe")]
+    assert got == [b"kept"], (got, time.monotonic() - publish_at)

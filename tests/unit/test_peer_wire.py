@@ -119,3 +119,20 @@ def test_arbitrary_bytes_decode_or_raise_the_protocol_error(data: bytes) -> None
     decoder.receive_data(data)
     with contextlib.suppress(PeerProtocolError):
         decoder.frames()
+
+
+@given(st.text(max_size=30), st.binary(max_size=60), st.integers(min_value=0, max_value=1))
+def test_the_fast_forward_encoding_is_the_generic_one(
+    topic: str, payload: bytes, retain: int
+) -> None:
+    frame = Forward(topic, payload, retain)
+    assert wire.encode_forward(topic, payload, retain) == encode(frame)
+    assert wire.decode_frame(encode(frame)[4:]) == frame
+
+
+def test_a_malformed_forward_is_still_a_protocol_error() -> None:
+    body = encode(Forward("a/b", b"xy", 1))[4:]
+    with pytest.raises(PeerProtocolError, match="after its fields"):
+        wire.decode_frame(body + b"\x00")
+    with pytest.raises(PeerProtocolError, match="ends inside"):
+        wire.decode_frame(body[:8])
