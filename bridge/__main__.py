@@ -42,6 +42,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def load_with_overrides(
+    prog: str, config_file: str | None, overrides: dict[str, object], items: list[str]
+) -> Config | None:
+    """The configuration from a file, `overrides` and `--set NAME=VALUE` items; None (after an
+    error message on stderr) if an item or a value is bad."""
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            print(f"{prog}: error: --set expects NAME=VALUE, got {item!r}", file=sys.stderr)
+            return None
+        overrides[name.strip().replace("-", "_")] = value
+    try:
+        return load_config(config_file, overrides=overrides)
+    except ConfigError as exc:
+        print(f"{prog}: configuration error: {exc}", file=sys.stderr)
+        return None
+
+
+def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
+    """Configure logging and run a Server until SIGTERM/SIGINT; the process exit code."""
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from bridge.server import Server
+
+    async def run() -> None:
+        await Server(config, serve_mqtt=serve_mqtt).serve()
+
+    try:
+        import uvloop
+
+        uvloop.run(run())
+    except ImportError:  # pragma: no cover - uvloop is a dependency; fall back for odd platforms
+        asyncio.run(run())
+    except OSError as exc:
+        logging.getLogger(prog).error("cannot start: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, configure logging, run the server until SIGTERM/SIGINT."""
     args = build_parser().parse_args(argv)
@@ -51,49 +94,22 @@ def main(argv: list[str] | None = None) -> int:
         "log_level": args.log_level,
         "node_id": args.node_id,
     }
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep:
-            print(f"mqtt-bridge: error: --set expects NAME=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        overrides[name.strip().replace("-", "_")] = value
-    try:
-        config = load_config(args.config, overrides=overrides)
-    except ConfigError as exc:
-        print(f"mqtt-bridge: configuration error: {exc}", file=sys.stderr)
+    config = load_with_overrides("mqtt-bridge", args.config, overrides, args.set)
+    if config is None:
         return 2
     if args.print_config:
         for name in SETTINGS:
             print(f"{name} = {getattr(config, name)!r}")
         return 0
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     from bridge.auth import AuthConfigError
     from bridge.server import Server
-
-    async def run() -> None:
-        await Server(config).serve()
 
     try:
         Server.check(config)
     except AuthConfigError as exc:
         print(f"mqtt-bridge: configuration error: {exc}", file=sys.stderr)
         return 2
-
-    try:
-        import uvloop
-
-        uvloop.run(run())
-    except ImportError:  # pragma: no cover - uvloop is a dependency; fall back for odd platforms
-        asyncio.run(run())
-    except OSError as exc:
-        logging.getLogger("bridge").error("cannot start: %s", exc)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return run_server(config, "bridge")
 
 
 if __name__ == "__main__":

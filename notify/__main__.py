@@ -10,13 +10,11 @@ routed into the subscribers' light queues, as the embedded notify does.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import os
 import socket
 import sys
 
-from bridge.config import ConfigError, load_config
+from bridge.__main__ import load_with_overrides, run_server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,16 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         "node_id": args.node_id or f"notify-{socket.gethostname()}-{os.getpid()}",
         "store": "rocketmq",
     }
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep:
-            print(f"notify: error: --set expects NAME=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        overrides[name.strip().replace("-", "_")] = value
-    try:
-        config = load_config(args.config, overrides=overrides)
-    except ConfigError as exc:
-        print(f"notify: configuration error: {exc}", file=sys.stderr)
+    config = load_with_overrides("notify", args.config, overrides, args.set)
+    if config is None:
         return 2
     if not config.clustered:
         print(
@@ -62,27 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     config.notify = True
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    from bridge.server import Server
-
-    async def run() -> None:
-        await Server(config, serve_mqtt=False).serve()
-
-    try:
-        import uvloop
-
-        uvloop.run(run())
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        asyncio.run(run())
-    except OSError as exc:
-        logging.getLogger("notify").error("cannot start: %s", exc)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return run_server(config, "notify", serve_mqtt=False)
 
 
 if __name__ == "__main__":
