@@ -83,6 +83,7 @@ class Cluster:
         self._next_request = 1
         self._server: asyncio.base_events.Server | None = None
         self._membership: asyncio.Task[None] | None = None
+        self._keeper: asyncio.Task[None] | None = None
         self._judge_after = 0.0
         self.advertise = ""
         self._started = False
@@ -110,12 +111,14 @@ class Cluster:
             await self.take_over_node(self.node_id)
         self._started = True
         self._membership = loop.create_task(self._membership_loop())
+        self._keeper = loop.create_task(self._keep_links())
 
     async def stop(self) -> None:
         """Leave: the survivors take over this node's remaining sessions at once."""
         self.leaving = True
-        if self._membership is not None:
-            self._membership.cancel()
+        for task in (self._membership, self._keeper):
+            if task is not None:
+                task.cancel()
         for task in self._dialers.values():
             task.cancel()
         with contextlib.suppress(RedisError, OSError):
@@ -172,8 +175,6 @@ class Cluster:
                 continue
             self._update_members(alive)
             now = time.monotonic()
-            for link in list(self.links.values()):
-                link.check_alive(now)
             if now >= self._judge_after and self.holds_sessions:
                 for node_id in dead:
                     # A node still talking on its link is alive, whatever Redis says (its
@@ -184,6 +185,15 @@ class Cluster:
             for node_id in list(self.peer_filters) + list(self.peer_members):
                 if node_id not in alive and node_id not in dead and node_id not in self.links:
                     self.forget_peer(node_id)  # cleaned up elsewhere; its NodeGone was lost
+
+    async def _keep_links(self) -> None:
+        """Ping and check the links every half second, apart from the membership loop (whose
+        Redis calls may each take `redis_timeout` while Redis is away)."""
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for link in list(self.links.values()):
+                link.check_alive(now)
 
     def _redis_trouble(self, exc: BaseException) -> None:
         # Others' heartbeats failed too: judge nobody dead until everyone had time to beat.

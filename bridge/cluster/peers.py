@@ -53,6 +53,7 @@ class PeerLink(asyncio.Protocol):
         self.up = False
         self.closed = False
         self.last_heard = time.monotonic()
+        self.last_sent = self.last_heard
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.frames_out: Counter[str] = Counter()
         self.frames_in: Counter[str] = Counter()
@@ -69,6 +70,7 @@ class PeerLink(asyncio.Protocol):
         if self.closed or self.transport is None:
             return
         self.frames_out[type(frame).__name__] += 1
+        self.last_sent = time.monotonic()
         self.transport.write(encode(frame))
 
     def send_droppable(self, data: bytes) -> bool:
@@ -89,6 +91,7 @@ class PeerLink(asyncio.Protocol):
                 )
                 self._drop_logged_at = now
             return False
+        self.last_sent = time.monotonic()
         transport.write(data)
         return True
 
@@ -147,11 +150,13 @@ class PeerLink(asyncio.Protocol):
             self.cluster.link_down(self)
 
     def check_alive(self, now: float) -> None:
-        """Ping an idle link; close one that has been silent too long."""
+        """Ping when this side has sent nothing for a while; close a link the peer has been
+        silent on too long. Each side pings on its own sending silence, so a peer hears us even
+        when its direction is flooded and its own pings queue behind the flood."""
         silent = now - self.last_heard
         if silent > DEAD_AFTER:
             self.close(f"nothing heard for {silent:.1f} s")
-        elif silent > PING_INTERVAL:
+        elif now - self.last_sent > PING_INTERVAL:
             self.send(Ping())
 
 
