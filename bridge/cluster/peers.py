@@ -1,9 +1,10 @@
 """Peer links: one long TCP connection per pair of nodes, carrying `bridge.cluster.wire` frames.
 
 The node with the smaller id dials, the other accepts, so a pair never holds two links. Each side
-sends `Hello` first; once both have, the link is up and the `Cluster` replays its interest. A
-link that carries nothing for `PING_INTERVAL` is pinged; one silent for `DEAD_AFTER` is closed
-(a peer that froze, a cable pulled without a RST). The dialing side reconnects with backoff.
+sends `Hello` first; once both have, the link is up and the `Cluster` replays its interest. Each
+side pings when it has sent nothing for `PING_INTERVAL`; a link the peer has been silent on for
+`DEAD_AFTER` is closed (a peer that froze, a cable pulled without a RST). The dialing side
+reconnects with backoff.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("bridge.cluster")
 
 PING_INTERVAL = 2.0
-DEAD_AFTER = 6.0
+DEAD_AFTER = 10.0
 WRITE_HIGH = 4 * 1024 * 1024
 """Bytes queued on a link beyond which QoS 0 messages to the peer are dropped (counted, logged),
 as for a slow client: a flood must not queue without bound ahead of the link's control frames."""
@@ -155,9 +156,16 @@ class PeerLink(asyncio.Protocol):
         when its direction is flooded and its own pings queue behind the flood."""
         silent = now - self.last_heard
         if silent > DEAD_AFTER:
-            self.close(f"nothing heard for {silent:.1f} s")
+            # After a stall of this process, timers run before the reads that waited: look
+            # again once the loop has read what arrived, before calling the peer silent.
+            asyncio.get_running_loop().call_later(0.2, self._confirm_silence)
         elif now - self.last_sent > PING_INTERVAL:
             self.send(Ping())
+
+    def _confirm_silence(self) -> None:
+        silent = time.monotonic() - self.last_heard
+        if silent > DEAD_AFTER:
+            self.close(f"nothing heard for {silent:.1f} s")
 
 
 async def dial(cluster: Cluster, peer_id: str, address: str) -> None:
