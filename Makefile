@@ -41,6 +41,7 @@ bench: test-deps
 	$(BIN)/python tests/bench/run_bench.py $(BENCH_ARGS)
 	$(BIN)/python tests/bench/durability_contrast.py
 	$(BIN)/python tests/bench/conn_capacity.py
+	$(BIN)/python tests/bench/cluster_bench.py
 
 # A local N-node cluster behind HAProxy on 127.0.0.1:1883 (Redis, RocketMQ, N bridges).
 cluster: install
