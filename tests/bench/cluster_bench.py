@@ -82,8 +82,8 @@ from tests.bench.run_bench import (
     HOST,
     MOSQUITTO_BIN,
     REPO,
-    RESULTS_DIR,
     Broker,
+    add_loadgen_options,
     build_loadgen,
     first_line,
     fmt_ratio,
@@ -1006,15 +1006,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=DEFAULT_ROCKETMQ_JAVA_OPTS,
         help="ROCKETMQ_JAVA_OPTS for the RocketMQ JVMs (default: %(default)s)",
     )
-    ap.add_argument("--loadgen", type=Path, help="use this prebuilt loadgen binary")
-    ap.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "mqtt-bridge-bench",
-        help="where the loadgen binary is cached",
-    )
-    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    add_loadgen_options(ap)
     args = ap.parse_args(argv)
     args.broker_list = [b.strip() for b in args.brokers.split(",") if b.strip()]
     if not args.broker_list or set(args.broker_list) - {"cluster", "mosquitto"}:

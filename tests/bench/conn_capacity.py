@@ -60,8 +60,8 @@ from tests.bench.run_bench import (
     HOST,
     MOSQUITTO_BIN,
     REPO,
-    RESULTS_DIR,
     Broker,
+    add_loadgen_options,
     build_loadgen,
     first_line,
     free_port,
@@ -601,15 +601,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=60.0,
         help="seconds one step (open, ping, close) may take (default: %(default)s)",
     )
-    ap.add_argument("--loadgen", type=Path, help="use this prebuilt loadgen binary")
-    ap.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "mqtt-bridge-bench",
-        help="where the loadgen binary is cached",
-    )
-    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    add_loadgen_options(ap)
     args = ap.parse_args(argv)
     args.server_list = [n.strip() for n in args.servers.split(",") if n.strip()]
     bad = [n for n in args.server_list if n not in SERVER_NAMES]

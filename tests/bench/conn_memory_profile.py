@@ -62,7 +62,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bridge.config import load_config
 from bridge.server import Server
 from tests.bench.conn_capacity import KEEPALIVE_S, proc_status_kib
-from tests.bench.run_bench import HOST, REPO, build_loadgen, free_port, log, plain_table
+from tests.bench.run_bench import (
+    HOST,
+    REPO,
+    add_loadgen_options,
+    build_loadgen,
+    free_port,
+    log,
+    plain_table,
+)
 
 BRIDGE_DIR = str(REPO / "bridge") + os.sep
 LOOPS = ("uvloop", "asyncio")
@@ -322,14 +330,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="loopback addresses the clients connect from (default: %(default)s)",
     )
     ap.add_argument("--top", type=int, default=25, help="rows per table (default: %(default)s)")
-    ap.add_argument("--loadgen", help="use this prebuilt loadgen binary")
-    ap.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "mqtt-bridge-bench",
-        help="where the loadgen binary is cached",
-    )
+    add_loadgen_options(ap, results=False)
     ap.add_argument("--json", type=Path, help="also write the raw figures to this file")
     ap.add_argument("--child", choices=LOOPS, help=argparse.SUPPRESS)
     ap.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)

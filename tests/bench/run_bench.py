@@ -1094,6 +1094,21 @@ def markdown(
 # --------------------------------------------------------------------------- main
 
 
+def add_loadgen_options(ap: argparse.ArgumentParser, *, results: bool = True) -> None:
+    """The options every benchmark script shares: a prebuilt loadgen, where the built one is
+    cached, and (with `results`) where results are written."""
+    ap.add_argument("--loadgen", type=Path, help="use this prebuilt loadgen binary")
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / "mqtt-bridge-bench",
+        help="where the loadgen binary is cached",
+    )
+    if results:
+        ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1117,15 +1132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="raw",
         help="MQTT client implementation inside loadgen (default: raw)",
     )
-    ap.add_argument("--loadgen", type=Path, help="use this prebuilt loadgen binary")
-    ap.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "mqtt-bridge-bench",
-        help="where the loadgen binary is cached",
-    )
-    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    add_loadgen_options(ap)
     ap.add_argument(
         "--scenarios",
         default="",
