@@ -32,7 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis import asyncio as aioredis
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
@@ -150,8 +153,20 @@ def redis_client(url: str, sentinels: str, master_name: str, timeout: float) -> 
             host, _, port = part.strip().rpartition(":")
             hosts.append((host or "127.0.0.1", int(port)))
         sentinel = Sentinel(hosts, socket_timeout=timeout, socket_connect_timeout=timeout)
-        return sentinel.master_for(master_name, socket_timeout=timeout)
-    return aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        return sentinel.master_for(master_name, socket_timeout=timeout, **_retrying())
+    return aioredis.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, **_retrying()
+    )
+
+
+def _retrying() -> dict[str, Any]:
+    """Retry a command whose connection broke (a pooled connection to a Redis that restarted
+    fails once before the pool reconnects). Safe for what the registry sends: a claim run twice
+    only takes one more epoch, a fenced write or a heartbeat is the same when repeated."""
+    return {
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        "retry_on_error": [RedisConnectionError],
+    }
 
 
 class RedisRegistry:

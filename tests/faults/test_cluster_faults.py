@@ -181,6 +181,7 @@ def test_redis_restart_under_load_loses_nothing_and_nodes_recover_without_help(
         _assert_delivered(keeper, pubacked, "Redis kill -9 and restart")
         # Both nodes work as a cluster again: new sessions register, no node was declared dead.
         with paho_client(b.port, client_id="after-restart") as sub, paho_client(a.port) as pub:
+            assert sub.connack_rc[0] == 0, sub.connack_rc
             sub.client.subscribe("after/#", 1)
             wait_for_route(lambda p: pub.client.publish("after/x", p), sub)
         for node in (a, b):
