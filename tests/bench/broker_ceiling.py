@@ -1,0 +1,795 @@
+#!/usr/bin/env python3
+"""RocketMQ alone on this machine: how many messages per second can it store, and at what CPU
+cost per message?
+
+The issue asks for >= 15,900 msg/s of QoS 1, 2 KB messages "on this 2-core box with RocketMQ on
+it". The gateway reaches a fraction of that, and docs/performance.md blames part of it on the
+broker's own CPU (~90 µs per SYNC_FLUSH message). This script measures the ceiling without the
+gateway: RocketMQ 5.3.3 exactly as ``deploy/rocketmq`` configures it (``LocalRocketMQ``: one
+NameServer, one broker, this repository's broker.conf), driven by RocketMQ's own benchmark
+producer (``org.apache.rocketmq.example.benchmark.Producer``) on the official Java client.
+Run from the repository root::
+
+    .venv/bin/python tests/bench/broker_ceiling.py [--modes SYNC_FLUSH] [--sizes 2048]
+        [--threads 4,16,64,256] [--keys false,true] [--reports 3]
+
+For every flush mode (``SYNC_FLUSH`` is what the gateway uses; ``ASYNC_FLUSH`` for comparison)
+it starts a fresh RocketMQ in a temp dir, creates the topic, times 4 KiB ``fdatasync`` calls on
+the store's disk (the unit cost of a group commit), warms the broker's JIT with an unreported
+run, measures what the idle broker burns (10 s), then runs the Producer once per (size, keys,
+threads): synchronous sends (``-y false``: each thread waits for SEND_OK, with SYNC_FLUSH for
+the fsync, so the thread count is the number of sends in flight; all threads share the client's
+one connection to the broker, as the gateway pipelines its sends over one connection). The
+Producer's asynchronous mode (``-y true``) is not used: it queues sends without a bound, and on
+this machine every send of it failed and its JVM ran out of heap. The Producer prints, every
+``-ri`` (10 s here), the TPS and average RT of the last 10 one-second snapshots; the first
+``--warmup-reports`` reports are the Producer JVM's start and JIT and are not measured, the
+next ``--reports`` are. At the first and the last of those reports the script samples:
+
+* CPU (utime + stime, all threads) of the broker, NameServer and Producer JVMs, from
+  ``/proc/PID/stat``, and of the broker's threads by name (``/proc/PID/task``); the machine's
+  busy, iowait and steal time from ``/proc/stat``, and the rest of the busy time as "others" (other
+  people's work on the shared box);
+* the broker's ``putMessageTimesTotal`` and ``commitLogMaxOffset`` (GET_BROKER_RUNTIME_INFO,
+  one remoting request through deploy/rocketmq/probe.py): messages stored in the window,
+  independent of the Producer's rounding;
+* the store disk's completed writes and flush requests (``/proc/diskstats``; device-wide, so
+  other processes' flushes count too: an upper bound on the broker's group commits).
+
+Per run it reports msg/s stored, the Producer's TPS and average RT, CPU µs per message of
+broker and Producer ("marginal": the broker's minus its idle burn, the part that grows with the
+rate), and "CPU ceiling": the number of CPUs x 1 s / (broker + NameServer +
+Producer CPU per message), the rate at which those processes alone would fill every core of
+this machine. That bound, not the measured rate, answers "reachable at all?" on a machine that
+other work shares; the measured rate is a lower bound. ``--wait-quiet S`` makes every run wait
+(up to S seconds) for a lull in the other work first.
+
+Messages with ``INNER_MULTI_DISPATCH`` (light-queue dispatch, as the gateway sends) cannot be
+measured this way: the Producer sets only its own keys (``-k``), tags (``-l``) and generated
+"propN" user properties (``-p``), no property of our choosing.
+
+The Producer is not published as a jar for 5.3.x (Maven Central has ``rocketmq-example`` for
+4.x and 5.5.0 only), so the first run fetches the official source release
+(``org.apache.rocketmq:rocketmq-all:5.3.3:zip:source-release``) with Maven into a cache outside
+the repository (default ``~/.cache/mqtt-bridge/rocketmq-benchmark-5.3.3``) and compiles the two
+benchmark classes it needs against the jars ``deploy/rocketmq/fetch.sh`` caches.
+
+Prints a table and writes ``tests/bench/results/broker-ceiling-<UTC time>.json`` (every report
+line, sample and command line). Bounded: each report must come within a deadline, a time budget
+skips the remaining runs, and every process started (Producer by PID, RocketMQ through
+``LocalRocketMQ.stop``) is stopped in a ``finally``, also on Ctrl-C and SIGTERM. The logs of a
+flush mode with a failure are copied to ``tests/bench/results/broker-ceiling-<time>-logs/``.
+Exit status 1 if a run failed or a send failed in a measured window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import queue
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.bench.run_bench import (
+    DEFAULT_ROCKETMQ_JAVA_OPTS,
+    RESULTS_DIR,
+    loadavg,
+    log,
+    on_sigterm,
+    plain_table,
+    proc_cpu,
+)
+from tests.support.rocketmq import DEPLOY, LocalRocketMQ, probe
+
+ROCKETMQ_VERSION = "5.3.3"
+SOURCE_ARTIFACT = f"org.apache.rocketmq:rocketmq-all:{ROCKETMQ_VERSION}:zip:source-release"
+# Pinned like deploy/rocketmq/pom.xml pins it, so the command does not depend on Maven's default.
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
+BENCHMARK_SRC = (
+    f"rocketmq-all-{ROCKETMQ_VERSION}/example/src/main/java/org/apache/rocketmq/example/benchmark/"
+)
+# Producer.java refers to AclClient (its -a option); nothing else of the example module.
+PRODUCER_SOURCES = ("Producer.java", "AclClient.java")
+PRODUCER_MAIN = "org.apache.rocketmq.example.benchmark.Producer"
+# Same collector and heap bounds as the broker (deploy/rocketmq/env.sh): two shared cores, so no
+# concurrent GC threads; the JIT is the JVM's default (full tiered), as for a real client.
+DEFAULT_PRODUCER_JAVA_OPTS = "-Xms256m -Xmx512m -XX:+UseSerialGC"
+TOPIC = "BrokerCeiling"
+TOPIC_QUEUES = 4  # broker.conf's defaultTopicQueueNums
+REPORT_MS = 10_000  # the Producer's -ri; each report covers the 10 one-second snapshots before it
+GET_BROKER_RUNTIME_INFO = 28  # RequestCode
+IDLE_SECONDS = 10.0
+QUIET_PROBE_S = 5.0
+REPORT_RE = re.compile(
+    r"Send TPS: (?P<tps>\d+) \| Max RT\(ms\): (?P<max_rt>\d+) \| "
+    r"Average RT\(ms\):\s*(?P<avg_rt>[\d.]+) \| Send Failed: (?P<send_failed>\d+) \| "
+    r"Response Failed: (?P<response_failed>\d+)"
+)
+FIRST_REPORT_TIMEOUT_S = 120.0  # JVM start + client start + 10 s on a loaded machine
+NEXT_REPORT_TIMEOUT_S = 3 * REPORT_MS / 1000
+
+
+# --------------------------------------------------------------------------- the Producer
+
+
+def java_bin(tool: str) -> str:
+    """java/javac the way deploy/rocketmq/env.sh picks it: $JAVA, $JAVA_HOME/bin, else PATH."""
+    if tool == "java" and os.environ.get("JAVA"):
+        return os.environ["JAVA"]
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(Path(home) / "bin" / tool, os.X_OK):
+        return str(Path(home) / "bin" / tool)
+    return tool
+
+
+def ensure_producer(cache_dir: Path) -> str:
+    """Classpath of RocketMQ 5.3.3's benchmark Producer, built into cache_dir on first use.
+
+    rocketmq-example (the jar with org.apache.rocketmq.example.benchmark) is not on Maven
+    Central for 5.3.x, so the official source release is fetched with Maven and the Producer is
+    compiled against the client jars of the same version that deploy/rocketmq/fetch.sh caches;
+    those jars are its classpath at run time too.
+    """
+    fetched = subprocess.run(
+        [str(DEPLOY / "fetch.sh")], capture_output=True, text=True, timeout=1800, check=False
+    )
+    if fetched.returncode != 0:
+        raise RuntimeError(f"deploy/rocketmq/fetch.sh failed:\n{fetched.stderr}")
+    lib = fetched.stdout.strip().splitlines()[-1]
+    classes = cache_dir / "classes"
+    classpath = f"{classes}:{lib}/*"
+    marker = cache_dir / ".complete"
+    if marker.is_file() and marker.read_text() == SOURCE_ARTIFACT:
+        return classpath
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    archive = cache_dir / f"rocketmq-all-{ROCKETMQ_VERSION}-source-release.zip"
+    if not archive.is_file():
+        log(f"fetching {SOURCE_ARTIFACT} with Maven into {cache_dir}")
+        subprocess.run(
+            [
+                os.environ.get("MVN", "mvn"),
+                "-q",
+                "-B",
+                "-Dstyle.color=never",
+                f"{DEPENDENCY_PLUGIN}:copy",
+                f"-Dartifact={SOURCE_ARTIFACT}",
+                f"-DoutputDirectory={cache_dir}",
+            ],
+            check=True,
+            timeout=900,
+        )
+    src = cache_dir / "src"
+    src.mkdir(exist_ok=True)
+    with zipfile.ZipFile(archive) as zf:
+        for name in PRODUCER_SOURCES:
+            (src / name).write_bytes(zf.read(BENCHMARK_SRC + name))
+    shutil.rmtree(classes, ignore_errors=True)
+    subprocess.run(
+        [
+            java_bin("javac"),
+            "-nowarn",
+            "-d",
+            str(classes),
+            "-cp",
+            f"{lib}/*",
+            *(str(src / name) for name in PRODUCER_SOURCES),
+        ],
+        check=True,
+        timeout=600,
+    )
+    marker.write_text(SOURCE_ARTIFACT)
+    return classpath
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+@dataclass
+class Sample:
+    """Cumulative counters at one instant; a measurement is the difference of two."""
+
+    at: float  # time.monotonic()
+    broker_cpu_s: float
+    namesrv_cpu_s: float
+    producer_cpu_s: float
+    machine_busy_s: float  # all CPUs, not idle or iowait (steal included)
+    machine_iowait_s: float  # idle with a disk request outstanding (e.g. during an fsync)
+    machine_steal_s: float
+    puts: int  # broker's putMessageTimesTotal
+    commitlog_bytes: int  # broker's commitLogMaxOffset
+    disk_writes: int | None
+    disk_flushes: int | None
+    broker_threads: dict[str, float]  # CPU seconds per thread group, see thread_groups_cpu
+
+
+def thread_groups_cpu(pid: int | None) -> dict[str, float]:
+    """CPU seconds of a JVM's live threads, summed per name with the digits dropped
+    ("NettyServerCodecThread_3" -> "NettyServerCodecThread_"), from /proc/PID/task: where the
+    broker's CPU goes (Linux keeps the first 15 characters of a thread's name)."""
+    groups: dict[str, float] = {}
+    if pid is None:
+        return groups
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            raw = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        name = re.sub(r"\d+", "", raw[raw.index("(") + 1 : raw.rindex(")")])
+        fields = raw[raw.rindex(")") + 2 :].split()
+        groups[name] = groups.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return groups
+
+
+def machine_times() -> tuple[float, float, float]:
+    """(busy, iowait, steal) CPU seconds of the whole machine since boot, from /proc/stat."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    # user nice system idle iowait irq softirq steal; guest time is already in user/nice.
+    vals = [int(v) for v in fields[1:9]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(vals) - vals[3] - vals[4]) / tick, vals[4] / tick, vals[7] / tick
+
+
+def disk_of(path: Path) -> tuple[int, int]:
+    """(major, minor) of the block device holding path."""
+    dev = path.stat().st_dev
+    return os.major(dev), os.minor(dev)
+
+
+def disk_counters(device: tuple[int, int]) -> tuple[int | None, int | None]:
+    """(writes completed, flush requests completed) of a block device, from /proc/diskstats;
+    None where the device is not listed (tmpfs, overlay) or the kernel has no flush counter."""
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        parts = line.split()
+        if (int(parts[0]), int(parts[1])) == device:
+            # After major, minor, name: field 5 = writes completed, field 16 = flushes (5.5+).
+            return int(parts[7]), int(parts[18]) if len(parts) > 18 else None
+    return None, None
+
+
+def broker_counters(mq: LocalRocketMQ) -> tuple[int, int]:
+    """(messages stored, commit-log bytes) since the broker started."""
+    code, body = probe.request(mq.broker_addr, GET_BROKER_RUNTIME_INFO, timeout=10.0)
+    if code != 0:
+        raise RuntimeError(f"GET_BROKER_RUNTIME_INFO answered code {code}")
+    table = json.loads(body)["table"]
+    return int(table["putMessageTimesTotal"]), int(table["commitLogMaxOffset"])
+
+
+def take_sample(mq: LocalRocketMQ, producer_pid: int, device: tuple[int, int]) -> Sample:
+    puts, commitlog_bytes = broker_counters(mq)
+    busy, iowait, steal = machine_times()
+    writes, flushes = disk_counters(device)
+    broker_pid = mq.pid("broker")
+    return Sample(
+        at=time.monotonic(),
+        broker_cpu_s=proc_cpu(broker_pid) or 0.0,
+        namesrv_cpu_s=proc_cpu(mq.pid("namesrv")) or 0.0,
+        producer_cpu_s=proc_cpu(producer_pid) or 0.0,
+        machine_busy_s=busy,
+        machine_iowait_s=iowait,
+        machine_steal_s=steal,
+        puts=puts,
+        commitlog_bytes=commitlog_bytes,
+        disk_writes=writes,
+        disk_flushes=flushes,
+        broker_threads=thread_groups_cpu(broker_pid),
+    )
+
+
+def fdatasync_latency_ms(directory: Path, count: int = 200, block: int = 4096) -> dict[str, float]:
+    """p50/p90/max of one 4 KiB overwrite + fdatasync in a preallocated file next to the store.
+
+    A SYNC_FLUSH group commit is an msync of the preallocated, mapped commit-log file, i.e. a
+    data-only sync of the pages written since the last one; this is its cost on this disk at
+    the moment, which bounds how many group commits per second the broker can do.
+    """
+    path = directory / "fdatasync-probe"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.pwrite(fd, bytes(block * count), 0)
+        os.fsync(fd)
+        data = os.urandom(block)
+        times = []
+        for i in range(count):
+            start = time.perf_counter()
+            os.pwrite(fd, data, i * block)
+            os.fdatasync(fd)
+            times.append((time.perf_counter() - start) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    times.sort()
+    return {
+        "p50_ms": round(times[count // 2], 3),
+        "p90_ms": round(times[count * 9 // 10], 3),
+        "max_ms": round(times[-1], 3),
+    }
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class RunSpec:
+    mode: str
+    size: int
+    keys: bool
+    threads: int
+
+
+def producer_command(
+    java_opts: str, classpath: str, mq: LocalRocketMQ, spec: RunSpec, home: Path
+) -> list[str]:
+    """The Producer's command line. user.home and the logback settings keep its client logs in
+    the data dir (the client writes ~/logs/rocketmqlogs otherwise); deploy/rocketmq's start
+    scripts copied rmq.tools.logback.xml there."""
+    return [
+        java_bin("java"),
+        *shlex.split(java_opts),
+        f"-Duser.home={home}",
+        f"-Drmq.log.dir={mq.log_dir}",
+        f"-Drmq.logback.configurationFile={home}/conf/rmq.tools.logback.xml",
+        "-Drocketmq.client.logUseSlf4j=true",
+        "-cp",
+        classpath,
+        PRODUCER_MAIN,
+        "-n",
+        mq.namesrv_addr,
+        "-t",
+        TOPIC,
+        "-s",
+        str(spec.size),
+        "-w",
+        str(spec.threads),
+        "-k",
+        str(spec.keys).lower(),
+        "-y",
+        "false",
+        "-ri",
+        str(REPORT_MS),
+    ]
+
+
+def _pump(stream: Any, lines: queue.Queue[str | None], out: Any) -> None:
+    """Copy the Producer's output to its log file and hand every line to the main thread."""
+    for line in stream:
+        out.write(line)
+        out.flush()
+        lines.put(line)
+    lines.put(None)
+
+
+def run_producer(
+    mq: LocalRocketMQ,
+    cmd: list[str],
+    log_path: Path,
+    device: tuple[int, int],
+    warmup_reports: int,
+    reports: int,
+    idle_broker_pct: float = 0.0,
+) -> dict[str, Any]:
+    """Run the Producer until warmup_reports + reports reports; sample the counters at report
+    number warmup_reports and at the last one; kill the Producer (by PID) in any case."""
+    parsed: list[dict[str, float]] = []
+    samples: list[Sample] = []
+    lines: queue.Queue[str | None] = queue.Queue()
+    with log_path.open("w") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we kill it by PID
+        )
+        reader = threading.Thread(target=_pump, args=(proc.stdout, lines, out), daemon=True)
+        reader.start()
+        try:
+            if warmup_reports == 0:
+                samples.append(take_sample(mq, proc.pid, device))
+            deadline = time.monotonic() + FIRST_REPORT_TIMEOUT_S
+            while len(parsed) < warmup_reports + reports:
+                try:
+                    line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise RuntimeError(
+                        f"the Producer's report {len(parsed) + 1} did not come in time; "
+                        f"see {log_path}"
+                    ) from None
+                if line is None:
+                    raise RuntimeError(
+                        f"the Producer exited (status {proc.wait()}); see {log_path}"
+                    )
+                match = REPORT_RE.search(line)
+                if not match:
+                    continue
+                parsed.append({k: float(v) for k, v in match.groupdict().items()})
+                deadline = time.monotonic() + NEXT_REPORT_TIMEOUT_S
+                if len(parsed) in (warmup_reports, warmup_reports + reports):
+                    samples.append(take_sample(mq, proc.pid, device))
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+            reader.join(timeout=10)
+    before = parsed[warmup_reports - 1] if warmup_reports else None
+    return summarize(parsed[warmup_reports:], before, samples[0], samples[-1], idle_broker_pct)
+
+
+def summarize(
+    window: list[dict[str, float]],
+    before: dict[str, float] | None,
+    s0: Sample,
+    s1: Sample,
+    idle_broker_pct: float,
+) -> dict[str, Any]:
+    """Rates and per-message costs between two samples; the Producer's own figures from the
+    reports that cover the same window (its failure counters are cumulative, so the last
+    warm-up report, `before`, tells the failures of the window from those of the start-up).
+
+    "marginal" broker cost subtracts what the broker burns when idle (idle_broker_pct, % of a
+    core: its 1 ms polling loops, timers, JIT): the part that scales with the message rate."""
+    seconds = s1.at - s0.at
+    msgs = s1.puts - s0.puts
+    if msgs <= 0:
+        raise RuntimeError("the broker stored no message during the measured window")
+    broker = s1.broker_cpu_s - s0.broker_cpu_s
+    namesrv = s1.namesrv_cpu_s - s0.namesrv_cpu_s
+    producer = s1.producer_cpu_s - s0.producer_cpu_s
+    busy = s1.machine_busy_s - s0.machine_busy_s
+    ncpu = os.cpu_count() or 1
+    result: dict[str, Any] = {
+        "seconds": round(seconds, 2),
+        "messages": msgs,
+        "msg_per_s": round(msgs / seconds),
+        "stored_bytes_per_msg": round((s1.commitlog_bytes - s0.commitlog_bytes) / msgs, 1),
+        "producer_tps": round(statistics.mean(r["tps"] for r in window)),
+        "producer_avg_rt_ms": round(statistics.mean(r["avg_rt"] for r in window), 3),
+        "producer_max_rt_ms_since_start": window[-1]["max_rt"],
+        "failed_in_window": int(
+            window[-1]["send_failed"]
+            + window[-1]["response_failed"]
+            - (before["send_failed"] + before["response_failed"] if before else 0)
+        ),
+        "failed_since_start": int(window[-1]["send_failed"] + window[-1]["response_failed"]),
+        "broker_us_per_msg": round(broker / msgs * 1e6, 1),
+        "broker_marginal_us_per_msg": round(
+            (broker - idle_broker_pct / 100 * seconds) / msgs * 1e6, 1
+        ),
+        "namesrv_us_per_msg": round(namesrv / msgs * 1e6, 2),
+        "producer_us_per_msg": round(producer / msgs * 1e6, 1),
+        "broker_cpu_pct": round(broker / seconds * 100),
+        "producer_cpu_pct": round(producer / seconds * 100),
+        "machine_busy_pct": round(busy / seconds * 100),
+        "machine_iowait_pct": round((s1.machine_iowait_s - s0.machine_iowait_s) / seconds * 100),
+        "machine_steal_pct": round((s1.machine_steal_s - s0.machine_steal_s) / seconds * 100),
+        "others_cpu_pct": round((busy - broker - namesrv - producer) / seconds * 100),
+        "cpu_ceiling_msg_per_s": round(ncpu * 1e6 / ((broker + namesrv + producer) / msgs * 1e6)),
+        "broker_only_ceiling_msg_per_s": round(ncpu * 1e6 / (broker / msgs * 1e6)),
+        "broker_threads_us_per_msg": {
+            name: round((cpu - s0.broker_threads.get(name, 0.0)) / msgs * 1e6, 1)
+            for name, cpu in sorted(
+                s1.broker_threads.items(),
+                key=lambda item: item[1] - s0.broker_threads.get(item[0], 0.0),
+                reverse=True,
+            )
+            if cpu > s0.broker_threads.get(name, 0.0)
+        },
+        "samples": [asdict(s0), asdict(s1)],
+        "reports": window,
+    }
+    if s0.disk_flushes is not None and s1.disk_flushes is not None:
+        flushes = s1.disk_flushes - s0.disk_flushes
+        result["disk_flushes_per_s"] = round(flushes / seconds)
+        result["msgs_per_disk_flush"] = round(msgs / flushes, 1) if flushes else None
+    if s0.disk_writes is not None and s1.disk_writes is not None:
+        result["disk_writes_per_s"] = round((s1.disk_writes - s0.disk_writes) / seconds)
+    return result
+
+
+# --------------------------------------------------------------------------- main
+
+
+def csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--modes", default="SYNC_FLUSH,ASYNC_FLUSH", help="flushDiskType values")
+    p.add_argument("--sizes", default="2048,100", help="message body sizes in bytes (-s)")
+    p.add_argument(
+        "--threads", default="4,16,64,256", help="Producer synchronous send threads (-w)"
+    )
+    p.add_argument(
+        "--keys", default="false", help="Producer -k values: true sets a key the broker indexes"
+    )
+    p.add_argument(
+        "--warmup-reports",
+        type=int,
+        default=1,
+        help="Producer reports (10 s each) before the measured window (default: %(default)s)",
+    )
+    p.add_argument(
+        "--reports", type=int, default=3, help="reports measured per run (default: %(default)s)"
+    )
+    p.add_argument(
+        "--broker-warmup-reports",
+        type=int,
+        default=3,
+        help="length of the unreported run (16 threads, first size) that warms the broker's JIT "
+        "after each start, in reports; 0: none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--rocketmq-java-opts",
+        default=DEFAULT_ROCKETMQ_JAVA_OPTS,
+        help="ROCKETMQ_JAVA_OPTS for the RocketMQ JVMs (default: %(default)s)",
+    )
+    p.add_argument("--producer-java-opts", default=DEFAULT_PRODUCER_JAVA_OPTS)
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before each run wait up to S seconds for other processes to use less than "
+        "--quiet-pct of a core for 5 s (default: no wait)",
+    )
+    p.add_argument("--quiet-pct", type=float, default=20.0)
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=1800.0,
+        help="seconds after which remaining runs are skipped (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / "mqtt-bridge"
+        / f"rocketmq-benchmark-{ROCKETMQ_VERSION}",
+    )
+    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--keep-data", action="store_true", help="keep the temp dir (store, logs)")
+    args = p.parse_args(argv)
+    args.modes = csv(args.modes)
+    for mode in args.modes:
+        if mode not in ("SYNC_FLUSH", "ASYNC_FLUSH"):
+            p.error(f"--modes: {mode!r} is not SYNC_FLUSH or ASYNC_FLUSH")
+    args.sizes = [int(v) for v in csv(args.sizes)]
+    args.threads = [int(v) for v in csv(args.threads)]
+    args.keys = [v.lower() == "true" for v in csv(args.keys)]
+    if args.reports < 1 or args.warmup_reports < 0 or args.broker_warmup_reports < 0:
+        p.error("--reports must be >= 1, the warm-ups >= 0")
+    return args
+
+
+def wait_for_quiet(mq: LocalRocketMQ, limit_s: float, others_max_pct: float) -> float | None:
+    """Wait up to limit_s for a 5-second stretch in which the rest of the machine (busy time
+    minus our broker and NameServer) used less than others_max_pct of a core; return that
+    share, or None when the machine stayed busy. Other people's work on the shared cores takes
+    CPU from the broker and client and lowers the measured rate, so runs can wait for a lull."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        ours0 = (proc_cpu(mq.pid("broker")) or 0.0) + (proc_cpu(mq.pid("namesrv")) or 0.0)
+        busy0, t0 = machine_times()[0], time.monotonic()
+        time.sleep(QUIET_PROBE_S)
+        ours1 = (proc_cpu(mq.pid("broker")) or 0.0) + (proc_cpu(mq.pid("namesrv")) or 0.0)
+        others = (machine_times()[0] - busy0 - (ours1 - ours0)) / (time.monotonic() - t0) * 100
+        if others < others_max_pct:
+            return round(others, 1)
+        if time.monotonic() + QUIET_PROBE_S > deadline:
+            return None
+
+
+def idle_cpu_pct(mq: LocalRocketMQ, seconds: float) -> float:
+    """CPU the broker JVM burns with no client, % of a core, over `seconds`."""
+    pid = mq.pid("broker")
+    cpu0, t0 = proc_cpu(pid) or 0.0, time.monotonic()
+    time.sleep(seconds)
+    cpu1, t1 = proc_cpu(pid) or 0.0, time.monotonic()
+    return round((cpu1 - cpu0) / (t1 - t0) * 100, 1)
+
+
+def bench_mode(
+    mode: str, args: argparse.Namespace, classpath: str, workdir: Path, deadline: float
+) -> dict[str, Any]:
+    """Start a RocketMQ with this flush mode, run every spec, stop it. The logs of a mode with
+    a failure are copied to the results dir (the temp dir is deleted)."""
+    mq = LocalRocketMQ(workdir / mode.lower(), flush_disk_type=mode)
+    out: dict[str, Any] = {"mode": mode, "runs": [], "errors": []}
+    try:
+        started = time.monotonic()
+        mq.start()
+        out["start_s"] = round(time.monotonic() - started, 1)
+        mq.create_topic(TOPIC, queues=TOPIC_QUEUES)
+        device = disk_of(mq.data_dir)
+        out["fdatasync_4k_before"] = fdatasync_latency_ms(mq.data_dir)
+        log(
+            f"{mode}: RocketMQ up in {out['start_s']} s ({mq.namesrv_addr}, {mq.broker_addr}); "
+            f"fdatasync 4 KiB {out['fdatasync_4k_before']}"
+        )
+        home = mq.data_dir / "home"
+        if args.broker_warmup_reports:
+            spec = RunSpec(mode, args.sizes[0], False, 16)
+            cmd = producer_command(args.producer_java_opts, classpath, mq, spec, home)
+            log(f"{mode}: warming the broker up ({args.broker_warmup_reports} reports)")
+            warmup_log = mq.log_dir / "producer-warmup.out"
+            run_producer(mq, cmd, warmup_log, device, args.broker_warmup_reports - 1, 1)
+        out["broker_idle_cpu_pct"] = idle_cpu_pct(mq, IDLE_SECONDS)
+        log(f"{mode}: idle broker: {out['broker_idle_cpu_pct']}% of a core")
+        for size, keys, threads in itertools.product(args.sizes, args.keys, args.threads):
+            spec = RunSpec(mode, size, keys, threads)
+            if time.monotonic() > deadline:
+                out["errors"].append(f"skipped (budget): {spec}")
+                continue
+            cmd = producer_command(args.producer_java_opts, classpath, mq, spec, home)
+            run_log = mq.log_dir / f"producer-{size}B-keys{int(keys)}-w{threads}.out"
+            if args.wait_quiet:
+                started = time.monotonic()
+                quiet = wait_for_quiet(mq, args.wait_quiet, args.quiet_pct)
+                log(
+                    f"  waited {time.monotonic() - started:.0f} s for a lull: others "
+                    + ("stayed busy" if quiet is None else f"at {quiet}% of a core")
+                )
+            load_before = loadavg()
+            try:
+                result = run_producer(
+                    mq,
+                    cmd,
+                    run_log,
+                    device,
+                    args.warmup_reports,
+                    args.reports,
+                    out["broker_idle_cpu_pct"],
+                )
+            except RuntimeError as exc:
+                out["errors"].append(f"{spec}: {exc}")
+                log(f"  {spec}: FAILED: {exc}")
+                continue
+            result.update(asdict(spec), command=shlex.join(cmd), loadavg_before=load_before)
+            if args.wait_quiet:
+                result["others_cpu_pct_before"] = quiet
+            result["loadavg_after"] = loadavg()
+            out["runs"].append(result)
+            log(
+                f"  {mode} {size} B keys={keys} w={threads}: {result['msg_per_s']} msg/s, "
+                f"RT {result['producer_avg_rt_ms']} ms, broker {result['broker_us_per_msg']} "
+                f"µs/msg, producer {result['producer_us_per_msg']} µs/msg, others "
+                f"{result['others_cpu_pct']}% of a core (load {result['loadavg_after']})"
+            )
+            top = list(result["broker_threads_us_per_msg"].items())[:6]
+            log("    broker threads, µs/msg: " + ", ".join(f"{n} {us}" for n, us in top))
+        out["fdatasync_4k_after"] = fdatasync_latency_ms(mq.data_dir)
+    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
+        # The broker is gone or unreachable (a failed run alone is caught above): stop this mode.
+        out["errors"].append(f"{mode}: {exc}")
+        log(f"{mode}: FAILED: {exc}")
+    finally:
+        mq.stop(graceful=False)
+    if out["errors"] or any(r["failed_since_start"] for r in out["runs"]):
+        kept = args.results_dir / f"{args.result_name}-logs" / mode.lower()
+        shutil.copytree(mq.log_dir, kept, dirs_exist_ok=True)
+        out["logs"] = str(kept)
+    return out
+
+
+COLUMNS = [
+    ("mode", "flush"),
+    ("size", "size B"),
+    ("keys", "keys"),
+    ("threads", "threads"),
+    ("msg_per_s", "msg/s"),
+    ("producer_tps", "Producer TPS"),
+    ("producer_avg_rt_ms", "avg RT ms"),
+    ("broker_us_per_msg", "broker µs/msg"),
+    ("broker_marginal_us_per_msg", "marginal"),
+    ("producer_us_per_msg", "producer µs/msg"),
+    ("broker_cpu_pct", "broker %core"),
+    ("producer_cpu_pct", "producer %core"),
+    ("others_cpu_pct", "others %core"),
+    ("machine_busy_pct", "busy %"),
+    ("machine_iowait_pct", "iowait %"),
+    ("disk_flushes_per_s", "disk flushes/s"),
+    ("msgs_per_disk_flush", "msgs/flush"),
+    ("cpu_ceiling_msg_per_s", "CPU ceiling msg/s"),
+]
+
+
+def cell(key: str, value: Any) -> str:
+    """Thousands separators for counts and rates; sizes, flags and ratios as they are."""
+    if isinstance(value, int) and not isinstance(value, bool) and key != "size":
+        return f"{value:,}"
+    return "-" if value is None else str(value)
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    body = [[cell(key, r.get(key)) for key, _ in COLUMNS] for r in runs]
+    return plain_table([head for _, head in COLUMNS], body, right=set(range(1, len(COLUMNS))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = dt.datetime.now(dt.UTC)
+    args.result_name = f"broker-ceiling-{started:%Y%m%d-%H%M%S}"
+    deadline = time.monotonic() + args.budget
+    os.environ["ROCKETMQ_JAVA_OPTS"] = args.rocketmq_java_opts  # read by LocalRocketMQ._env()
+    report: dict[str, Any] = {
+        "started_utc": started.isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "rocketmq_version": ROCKETMQ_VERSION,
+        "producer": f"{PRODUCER_MAIN} from {SOURCE_ARTIFACT}",
+        "rocketmq_java_opts": args.rocketmq_java_opts,
+        "producer_java_opts": args.producer_java_opts,
+        "cpus": os.cpu_count(),
+        "uptime_at_start": subprocess.run(
+            ["uptime"], capture_output=True, text=True, check=False
+        ).stdout.strip(),
+        "modes": [],
+    }
+    log(f"load: {report['uptime_at_start']}")
+    classpath = ensure_producer(args.cache_dir)
+    workdir = Path(tempfile.mkdtemp(prefix="broker-ceiling-"))
+    try:
+        for mode in args.modes:
+            report["modes"].append(bench_mode(mode, args, classpath, workdir, deadline))
+    finally:
+        if args.keep_data:
+            log(f"data kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report["loadavg_at_end"] = loadavg()
+    runs = [run for m in report["modes"] for run in m["runs"]]
+    errors = [e for m in report["modes"] for e in m["errors"]]
+    errors += [
+        f"{r['mode']} {r['size']} B w={r['threads']}: {r['failed_in_window']} sends failed"
+        for r in runs
+        if r["failed_in_window"]
+    ]
+    # Failures before the window (Producer start-up on a starved machine) do not touch the
+    # figures, but are shown.
+    notes = [
+        f"{r['mode']} {r['size']} B w={r['threads']}: {r['failed_since_start']} sends failed "
+        "before the measured window"
+        for r in runs
+        if r["failed_since_start"] and not r["failed_in_window"]
+    ]
+    report["errors"], report["notes"] = errors, notes
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    path = args.results_dir / f"{args.result_name}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    log("")
+    log(table(runs) if runs else "no run completed")
+    for m in report["modes"]:
+        log(
+            f"{m['mode']}: idle broker {m.get('broker_idle_cpu_pct')}% of a core; fdatasync "
+            f"4 KiB before {m.get('fdatasync_4k_before')}, after {m.get('fdatasync_4k_after')}"
+        )
+    for note in notes:
+        log(f"note: {note}")
+    log(f"load at start: {report['uptime_at_start']}; at end: {report['loadavg_at_end']}")
+    for e in errors:
+        log(f"ERROR: {e}")
+    log(f"results: {path}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
