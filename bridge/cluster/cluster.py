@@ -421,7 +421,7 @@ class Cluster:
 
     def forget_peer(self, peer: str) -> None:
         """Drop everything known of a peer's interest (it is dead and cleaned up)."""
-        self._remove_filters(peer, set(self.peer_filters.pop(peer, set())))
+        self._remove_filters(peer, set(self.peer_filters.get(peer, ())))
         self.peer_filters.pop(peer, None)
         for share_filter, client_id in list(self.peer_members.get(peer, {})):
             self._shared_member_gone(peer, share_filter, client_id)
