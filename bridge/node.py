@@ -45,10 +45,13 @@ from bridge.state import (
     KIND_QOS2_IN,
     KIND_RETAINED,
     KIND_SESSION,
+    PEER_PREFIX,
     SHARED_QUEUE_PREFIX,
     decode_message,
     encode_message,
+    peer_subscriber,
     shared_queue,
+    will_of,
 )
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StaleOwner, StoreUnavailable
 from bridge.subscriptions import SubscriptionHandling
@@ -57,9 +60,6 @@ if TYPE_CHECKING:
     from bridge.cluster.cluster import Cluster
     from bridge.cluster.registry import Claim
     from bridge.connection import Connection
-
-PEER_PREFIX = "\x00"
-"""Trie subscriber ids that stand for a peer node (see `bridge.cluster.cluster`)."""
 
 DurableCallback = Callable[[int | None, BaseException | None], None]
 
@@ -125,10 +125,10 @@ class Node(SubscriptionHandling):
             await self.store.put_meta([MetaUpdate(KIND_QOS2_IN, k, None) for k in stale])
         orphans = dict(self.store.meta(KIND_ONLINE))
         for client_id, data in orphans.items():
-            will = json.loads(data).get("will")
+            will = will_of(data)
             if will is not None:
                 log.info("publishing the will of %s, connected when the node stopped", client_id)
-                await self._publish_will(client_id, decode_message(will.encode()))
+                await self._publish_will(client_id, will)
             else:
                 await self.store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)])
         log.info(
@@ -170,9 +170,9 @@ class Node(SubscriptionHandling):
                 self._restore_qos2_marker(session, int(name[3:]), value)
         return session
 
-    async def publish_orphan_will(self, client_id: str, will: str) -> None:
+    async def publish_orphan_will(self, client_id: str, will: Message) -> None:
         """Publish the will of a client whose node died (its online record goes with it)."""
-        await self._publish_will(client_id, decode_message(will.encode()))
+        await self._publish_will(client_id, will)
 
     async def clear_online(self, client_id: str) -> None:
         await self.store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)])
@@ -398,11 +398,10 @@ class Node(SubscriptionHandling):
         if not previous or previous == self.node_id:
             return False
         state = await cluster.request_release(previous, client_id, claim.epoch)
-        online = json.loads(claim.online) if claim.online else {}
-        if online.get("will"):
+        will = will_of(claim.online)
+        if will is not None:
             # The old connection ends without DISCONNECT: its will is due, and only the node
             # that took the online record (atomically, in the claim) publishes it.
-            will = decode_message(online["will"].encode())
             self.spawn(self._publish_will(client_id, will, clear_online=False))
         records = dict(claim.records)
         if state:
@@ -417,12 +416,13 @@ class Node(SubscriptionHandling):
             return True
         return False
 
-    def release_session(self, client_id: str, epoch: int) -> bytes:
-        """Another node took the client over at `epoch`: close its connection here (its will is
-        the new owner's to publish), drop the session from the tables, hand over its state."""
+    def release_session(self, client_id: str, epoch: int | None = None) -> bytes:
+        """Another node took the client over (at `epoch`, if known): close its connection here
+        (its will is the new owner's to publish), drop the session from the tables, hand over
+        its state."""
         assert self.cluster is not None
         own = self.cluster.registry.epochs.get(client_id)
-        if own is not None and own > epoch:
+        if own is not None and epoch is not None and own > epoch:
             return b""  # taken back by this node since: the request is stale
         session = self.sessions.get(client_id)
         state = b""
@@ -451,7 +451,7 @@ class Node(SubscriptionHandling):
         for client_id in client_ids:
             if client_id not in self.cluster.registry.epochs:
                 log.warning("client %s: owned by another node now; dropped here", client_id)
-                self.release_session(client_id, 1 << 62)
+                self.release_session(client_id)
 
     def _online_record(self, conn: Connection, will: Will | None) -> bytes:
         record: dict[str, Any] = {"peer": conn.peer, "at": time.time(), "node": self.node_id}
@@ -599,15 +599,11 @@ class Node(SubscriptionHandling):
         self._deliver_qos0(message)
 
     def _deliver_qos0(self, message: Message) -> None:
-        subscribers = self.trie.match_subscribers(message.topic)
         data = codec.encode_publish(message.topic, message.payload, 0)
         connections = self.connections
-        for client_id in subscribers:
-            conn = connections.get(client_id)
-            if conn is not None:
-                conn.send_droppable(data)
-            elif client_id[0] == PEER_PREFIX and self.cluster is not None:
-                self.cluster.forward(client_id[1:], message)
+        peers = self._send_to_subscribers(message.topic, data)
+        if peers and self.cluster is not None:
+            self.cluster.forward(peers, message)
         if self.shared:
             for _share_filter, group in self.shared.match(message.topic):
                 member = group.pick(self.reachable)
@@ -618,14 +614,22 @@ class Node(SubscriptionHandling):
                 elif self.cluster is not None:
                     self.cluster.deliver(member, message)
 
-    def deliver_forwarded(self, topic: str, payload: bytes) -> None:
-        """A QoS 0 message a peer forwarded: to this node's own (non-shared) subscribers."""
-        data = codec.encode_publish(topic, payload, 0)
+    def _send_to_subscribers(self, topic: str, data: bytes) -> list[str]:
+        """Send an encoded QoS 0 PUBLISH to this node's connected (non-shared) subscribers of
+        `topic`; the peers among the matches (they have subscribers of their own)."""
         connections = self.connections
+        peers: list[str] = []
         for client_id in self.trie.match_subscribers(topic):
             conn = connections.get(client_id)
             if conn is not None:
                 conn.send_droppable(data)
+            elif client_id[0] == PEER_PREFIX:
+                peers.append(client_id[1:])
+        return peers
+
+    def deliver_forwarded(self, topic: str, payload: bytes) -> None:
+        """A QoS 0 message a peer forwarded: to this node's own (non-shared) subscribers."""
+        self._send_to_subscribers(topic, codec.encode_publish(topic, payload, 0))
 
     def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
         """A QoS 0 message a peer picked this node's client for (shared subscription)."""
@@ -790,7 +794,7 @@ class Node(SubscriptionHandling):
         if self.cluster is None or client_id in self.sessions:
             return client_id
         peer = self.cluster.node_of(client_id)
-        return PEER_PREFIX + peer if peer else client_id
+        return peer_subscriber(peer) if peer else client_id
 
     def route_backend_message(self, message: Message) -> list[str]:
         """A message a backend produced straight into the store (notify found it): keep it as

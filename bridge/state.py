@@ -24,6 +24,24 @@ KIND_QOS2_IN = "q2in"
 
 RETAINED_DELIVERY = "mqtt.retained-delivery"
 SHARED_QUEUE_PREFIX = "s:"
+PEER_PREFIX = "\x00"
+"""Subscriber ids in a node's trie that stand for a peer node (no ClientId contains NUL)."""
+
+
+def peer_subscriber(node_id: str) -> str:
+    """The trie subscriber id of a peer node."""
+    return PEER_PREFIX + node_id
+
+
+def will_of(online_record: bytes | None) -> Message | None:
+    """The will in an `online` record (JSON: peer, at, node, will), None if it has none."""
+    if not online_record:
+        return None
+    try:
+        will = json.loads(online_record).get("will")
+    except (ValueError, AttributeError):
+        return None
+    return decode_message(will.encode()) if will else None
 
 
 def shared_queue(share_filter: str, client_id: str) -> str:

@@ -32,22 +32,16 @@ from redis.exceptions import RedisError
 
 from bridge.cluster import wire
 from bridge.cluster.peers import PeerLink, dial
-from bridge.cluster.registry import RedisRegistry, decode_online
+from bridge.cluster.registry import RedisRegistry
 from bridge.config import Config, parse_listen
 from bridge.mqtt.topics import parse_shared
+from bridge.state import peer_subscriber, will_of
 from bridge.storage.base import Message, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.node import Node
 
 log = logging.getLogger("bridge.cluster")
-
-PEER_PREFIX = "\x00"
-"""Subscriber ids in the trie that stand for a peer node (a ClientId never contains NUL)."""
-
-
-def peer_subscriber(node_id: str) -> str:
-    return PEER_PREFIX + node_id
 
 
 class Cluster:
@@ -79,7 +73,8 @@ class Cluster:
         """Filter -> local sessions subscribed to it (what this node advertises)."""
         self._removals: set[str] = set()
         self._removal_timer: asyncio.TimerHandle | None = None
-        self._requests: dict[int, asyncio.Future[bytes]] = {}
+        self._requests: dict[int, tuple[str, asyncio.Future[bytes | None]]] = {}
+        """Release request id -> (peer asked, its answer)."""
         self._next_request = 1
         self._server: asyncio.base_events.Server | None = None
         self._membership: asyncio.Task[None] | None = None
@@ -242,13 +237,13 @@ class Cluster:
             claim = await self.registry.claim(client_id, None, only_from=dead)
             if claim is None:
                 continue  # taken over by a client's new connection meanwhile
-            online = decode_online(claim.online)
             if not claim.was_clean and "subs" in claim.records:
                 self.node.adopt_session(client_id, claim)
                 adopted += 1
-            if online.get("will"):
+            will = will_of(claim.online)
+            if will is not None:
                 wills += 1
-                await self.node.publish_orphan_will(client_id, online["will"])
+                await self.node.publish_orphan_will(client_id, will)
             elif claim.online is not None:
                 await self.node.clear_online(client_id)
             if claim.was_clean or "subs" not in claim.records:
@@ -302,9 +297,9 @@ class Cluster:
         if self.links.get(link.peer_id) is link:
             del self.links[link.peer_id]
             self.stats["links_down"] += 1
-        for request, future in list(self._requests.items()):
-            if getattr(future, "peer", None) == link.peer_id and not future.done():
-                future.set_result(b"")
+        for request, (peer, future) in list(self._requests.items()):
+            if peer == link.peer_id and not future.done():
+                future.set_result(None)  # not answered: the caller uses the registry's copy
                 del self._requests[request]
 
     def on_frame(self, link: PeerLink, frame: wire.Frame) -> None:
@@ -338,9 +333,9 @@ class Cluster:
             state = node.release_session(frame.client_id, frame.epoch)
             link.send(wire.Released(frame.request, frame.client_id, state))
         elif isinstance(frame, wire.Released):
-            future = self._requests.pop(frame.request, None)
-            if future is not None and not future.done():
-                future.set_result(frame.state)
+            pending = self._requests.pop(frame.request, None)
+            if pending is not None and not pending[1].done():
+                pending[1].set_result(frame.state)
         elif isinstance(frame, wire.NodeGone):
             if frame.node_id == peer:
                 self._leaving.add(peer)  # it drains: take over its sessions without waiting
@@ -468,13 +463,14 @@ class Cluster:
 
     # -- messages to peers -----------------------------------------------------------------------
 
-    def forward(self, peer: str, message: Message) -> None:
-        """A QoS 0 message for a peer's subscribers (dropped, and counted, if the link is down
-        or backed up: QoS 0 is at most once)."""
-        link = self.links.get(peer)
+    def forward(self, peers: list[str], message: Message) -> None:
+        """A QoS 0 message for these peers' subscribers, encoded once (dropped, and counted,
+        where a link is down or backed up: QoS 0 is at most once)."""
         data = wire.encode_forward(message.topic, message.payload, int(message.retain))
-        if link is None or not link.send_droppable(data):
-            self.node.metrics.inc("dropped_peer_link")
+        for peer in peers:
+            link = self.links.get(peer)
+            if link is None or not link.send_droppable(data):
+                self.node.metrics.inc("dropped_peer_link")
 
     def deliver(self, client_id: str, message: Message) -> None:
         link = self.links.get(self.member_node.get(client_id, ""))
@@ -513,9 +509,8 @@ class Cluster:
             return None
         request = self._next_request
         self._next_request += 1
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        future.peer = peer  # type: ignore[attr-defined]
-        self._requests[request] = future
+        future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._requests[request] = (peer, future)
         link.send(wire.Release(request, client_id, epoch))
         try:
             return await asyncio.wait_for(future, self.config.takeover_timeout)

@@ -454,14 +454,3 @@ class RedisRegistry:
             pipe.delete(self.owned_key(dead))
             pipe.delete(f"{self.prefix}:cleanup:{dead}")
             await pipe.execute()
-
-
-def decode_online(record: bytes | None) -> dict[str, Any]:
-    """An `online` record (JSON: peer, at, node, will), {} if absent or unreadable."""
-    if not record:
-        return {}
-    try:
-        value = json.loads(record)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -340,9 +340,7 @@ class RocketMQStore:
         send = self._make_send(message, names, callback)
         if updates:
             send.meta_durable = self._submit_meta(updates)
-        self._sendq.append(send)
-        if self._pump_task is None:
-            self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+        self._enqueue(send)
         return future
 
     def append_unqueued(self, message: Message) -> None:
@@ -351,7 +349,11 @@ class RocketMQStore:
         if len(self._sendq) + len(self._inflight) >= self.max_pending:
             self.stats["unqueued_dropped"] += 1
             raise StoreUnavailable(f"{self.max_pending} messages already wait for the broker")
-        self._sendq.append(self._make_send(message, (), None))
+        self._enqueue(self._make_send(message, (), None))
+
+    def _enqueue(self, send: _Send) -> None:
+        """Queue a send behind the others; start the pump if it is not running."""
+        self._sendq.append(send)
         if self._pump_task is None:
             self._pump_task = asyncio.get_running_loop().create_task(self._pump())
 
@@ -383,9 +385,7 @@ class RocketMQStore:
         send.properties[MULTI_DISPATCH] = LMQ_DISPATCH_SEPARATOR.join(lmqs)
         send.properties[PROP_ORIGIN] = origin
         send.queues = tuple(q for q in (self._queue_of(name) for name in lmqs) if q is not None)
-        self._sendq.append(send)
-        if self._pump_task is None:
-            self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+        self._enqueue(send)
         return future
 
     def lmq_of(self, queue: str) -> str:
