@@ -113,6 +113,13 @@ class _Batch:
     future: asyncio.Future[None]
 
 
+def _unavailable(exc: RedisError) -> StoreUnavailable:
+    """What a Redis failure means to the node: a time-out may have been applied."""
+    if isinstance(exc, RedisTimeout):
+        return StoreUnavailable(f"Redis timed out: {exc}", maybe_stored=True)
+    return StoreUnavailable(f"Redis is unavailable: {exc}")
+
+
 def _fail(future: asyncio.Future[None], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
@@ -277,13 +284,8 @@ class RedisRegistry:
             batches, self._queue = self._queue, []
             try:
                 results = await self._execute(batches)
-            except RedisTimeout as exc:
-                error = StoreUnavailable(f"Redis timed out: {exc}", maybe_stored=True)
-                for batch in batches:
-                    _fail(batch.future, error)
-                continue
             except RedisError as exc:
-                error = StoreUnavailable(f"Redis is unavailable: {exc}")
+                error = _unavailable(exc)
                 for batch in batches:
                     _fail(batch.future, error)
                 continue
@@ -344,26 +346,22 @@ class RedisRegistry:
         """Take the client over (atomically, at the next epoch), recording its clean-session
         flag (None: keep it). With `only_from`, only if that node owns it now (adopting a dead
         node's sessions); None if it does not."""
+        flag = "" if clean is None else "1" if clean else "0"
         try:
-            if self.wait_replicas:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    await self._claim(
-                        keys=[self.client_key(client_id), f"{self.prefix}:epoch"],
-                        args=self._claim_args(client_id, clean, only_from),
-                        client=pipe,
-                    )
-                    pipe.wait(self.wait_replicas, int(self.wait_timeout * 1000))
-                    result, replicas = await pipe.execute()
-                self._check_replicated(replicas)
-            else:
-                result = await self._claim(
+            async with self.redis.pipeline(transaction=False) as pipe:
+                await self._claim(
                     keys=[self.client_key(client_id), f"{self.prefix}:epoch"],
-                    args=self._claim_args(client_id, clean, only_from),
+                    args=[f"{self.prefix}:owned:", self.node_id, flag, only_from, client_id],
+                    client=pipe,
                 )
-        except RedisTimeout as exc:
-            raise StoreUnavailable(f"Redis timed out: {exc}", maybe_stored=True) from exc
+                if self.wait_replicas:
+                    pipe.wait(self.wait_replicas, int(self.wait_timeout * 1000))
+                replies = await pipe.execute()
+            if self.wait_replicas:
+                self._check_replicated(replies[1])
         except RedisError as exc:
-            raise StoreUnavailable(f"Redis is unavailable: {exc}") from exc
+            raise _unavailable(exc) from exc
+        result = replies[0]
         if result is None:
             return None
         epoch, flat = int(result[0]), result[1]
@@ -373,10 +371,6 @@ class RedisRegistry:
         was_clean = records.pop("clean", b"0") == b"1"
         self.epochs[client_id] = epoch
         return Claim(epoch, previous, records, was_clean)
-
-    def _claim_args(self, client_id: str, clean: bool | None, only_from: str) -> list[str]:
-        flag = "" if clean is None else "1" if clean else "0"
-        return [f"{self.prefix}:owned:", self.node_id, flag, only_from, client_id]
 
     def disown(self, client_id: str) -> None:
         """This node no longer owns the client (released to another node)."""
