@@ -92,6 +92,7 @@ from tests.bench.run_bench import (
     get_path,
     is_rocketmq_jvm,
     loadavg,
+    loadgen_args,
     log,
     machine_busy_s,
     make_mosquitto,
@@ -183,22 +184,23 @@ def build_scenarios(quick: bool) -> list[Scenario]:
                         size=size,
                         timeout_s=tp_timeout,
                         scaling=route == "lb",
-                        args={
-                            "-mode": "throughput",
-                            "-qos": str(qos),
-                            "-pubs": "10",
-                            "-subs": "10",
-                            "-pairs": "true",
-                            "-size": str(size),
-                            "-count": str(counts[qos]),
-                            "-duration": f"{tp_dur}s",
-                            "-timeout": f"{tp_timeout}s",
-                            "-idle": tp_idle,
-                            "-window": "100",
-                            "-settle": SETTLE,
-                            **({"-interleave": "true"} if route == "lb" else {}),
-                            **({"-stamp": "true"} if qos == 1 else {}),
-                        },
+                        args=loadgen_args(
+                            "throughput",
+                            qos,
+                            pubs=10,
+                            subs=10,
+                            size=size,
+                            count=counts[qos],
+                            duration=tp_dur,
+                            timeout=tp_timeout,
+                            idle=tp_idle,
+                            flags={
+                                "-pairs": "true",
+                                "-settle": SETTLE,
+                                **({"-interleave": "true"} if route == "lb" else {}),
+                                **({"-stamp": "true"} if qos == 1 else {}),
+                            },
+                        ),
                     )
                 )
         for qos in (0, 1):
@@ -211,20 +213,15 @@ def build_scenarios(quick: bool) -> list[Scenario]:
                     qos=qos,
                     size=2048,
                     timeout_s=lat_timeout,
-                    args={
-                        "-mode": "latency",
-                        "-qos": str(qos),
-                        "-pubs": "1",
-                        "-subs": "1",
-                        "-size": "2048",
-                        "-rate": "1000",
-                        "-count": "1000000",
-                        "-duration": f"{lat_dur}s",
-                        "-timeout": f"{lat_timeout}s",
-                        "-idle": "1s",
-                        "-window": "100",
-                        "-settle": SETTLE,
-                    },
+                    args=loadgen_args(
+                        "latency",
+                        qos,
+                        size=2048,
+                        rate=1000,
+                        duration=lat_dur,
+                        timeout=lat_timeout,
+                        flags={"-settle": SETTLE},
+                    ),
                 )
             )
     return out
@@ -234,35 +231,30 @@ def cluster_warmup_args(quick: bool, seconds: int) -> dict[str, str]:
     """QoS 1 10 -> 10 pairs, 2 KB, through HAProxy: runs RocketMQ's send path until the JIT has
     compiled it (a cold JVM is several times slower for its first seconds) and exercises a node
     that was just added before it is measured."""
-    return {
-        "-mode": "throughput",
-        "-qos": "1",
-        "-pubs": "10",
-        "-subs": "10",
-        "-pairs": "true",
-        "-size": "2048",
-        "-count": "5000" if quick else "100000",
-        "-duration": f"{seconds}s",
-        "-timeout": f"{seconds + 6}s",
-        "-idle": "1s",
-        "-window": "100",
-        "-settle": SETTLE,
-    }
+    return loadgen_args(
+        "throughput",
+        1,
+        pubs=10,
+        subs=10,
+        size=2048,
+        count=5000 if quick else 100_000,
+        duration=f"{seconds}s",
+        timeout=f"{seconds + 6}s",
+        flags={"-pairs": "true", "-settle": SETTLE},
+    )
 
 
-MOSQUITTO_WARMUP = {
-    "-mode": "throughput",
-    "-qos": "1",
-    "-pubs": "10",
-    "-subs": "10",
-    "-pairs": "true",
-    "-size": "2048",
-    "-count": "20000",
-    "-duration": "3s",
-    "-timeout": "8s",
-    "-idle": "1s",
-    "-window": "100",
-}
+MOSQUITTO_WARMUP = loadgen_args(
+    "throughput",
+    1,
+    pubs=10,
+    subs=10,
+    size=2048,
+    count=20_000,
+    duration="3s",
+    timeout="8s",
+    flags={"-pairs": "true"},
+)
 
 
 # --------------------------------------------------------------------------- the cluster

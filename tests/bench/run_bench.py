@@ -105,6 +105,44 @@ class Scenario:
         ]
 
 
+def loadgen_args(
+    mode: str,
+    qos: int,
+    *,
+    size: int,
+    duration: float | str,
+    timeout: float | str,
+    count: int = 1_000_000,
+    pubs: int = 1,
+    subs: int = 1,
+    rate: int | None = None,
+    idle: str = "1s",
+    window: int | None = 100,
+    flags: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The load generator's flags for one run (every benchmark script builds its runs here)."""
+
+    def seconds(value: float | str) -> str:
+        return value if isinstance(value, str) else f"{value}s"
+
+    args = {
+        "-mode": mode,
+        "-qos": str(qos),
+        "-pubs": str(pubs),
+        "-subs": str(subs),
+        "-size": str(size),
+        "-count": str(count),
+        "-duration": seconds(duration),
+        "-timeout": seconds(timeout),
+        "-idle": idle,
+    }
+    if rate is not None:
+        args["-rate"] = str(rate)
+    if window is not None:
+        args["-window"] = str(window)
+    return {**args, **(flags or {})}
+
+
 def build_scenarios(quick: bool) -> list[Scenario]:
     # Publish-phase cap, hard cap and drain-idle for throughput; run length and
     # hard cap for latency; message counts per throughput scenario.
@@ -131,18 +169,16 @@ def build_scenarios(quick: bool) -> list[Scenario]:
                 subs=subs,
                 size=size,
                 timeout_s=tp_timeout,
-                args={
-                    "-mode": "throughput",
-                    "-qos": str(qos),
-                    "-pubs": "1",
-                    "-subs": str(subs),
-                    "-size": str(size),
-                    "-count": str(count),
-                    "-duration": f"{tp_dur}s",
-                    "-timeout": f"{tp_timeout}s",
-                    "-idle": tp_idle,
-                    "-window": "100",
-                },
+                args=loadgen_args(
+                    "throughput",
+                    qos,
+                    subs=subs,
+                    size=size,
+                    count=count,
+                    duration=tp_dur,
+                    timeout=tp_timeout,
+                    idle=tp_idle,
+                ),
             )
 
         def lt(
@@ -156,19 +192,9 @@ def build_scenarios(quick: bool) -> list[Scenario]:
                 subs=1,
                 size=size,
                 timeout_s=lat_timeout,
-                args={
-                    "-mode": "latency",
-                    "-qos": str(qos),
-                    "-pubs": "1",
-                    "-subs": "1",
-                    "-size": str(size),
-                    "-rate": str(rate),
-                    "-count": "1000000",
-                    "-duration": f"{lat_dur}s",
-                    "-timeout": f"{lat_timeout}s",
-                    "-idle": "1s",
-                    "-window": "100",
-                },
+                args=loadgen_args(
+                    "latency", qos, size=size, rate=rate, duration=lat_dur, timeout=lat_timeout
+                ),
             )
 
         out += [
@@ -223,20 +249,18 @@ def build_rocketmq_scenarios(quick: bool) -> list[Scenario]:
                     group="rocketmq",
                     brokers=every,
                     pubs=n,
-                    args={
-                        "-mode": "throughput",
-                        "-qos": "1",
-                        "-pubs": str(n),
-                        "-subs": str(n),
-                        "-size": str(size),
-                        "-count": str(count),
-                        "-duration": f"{tp_dur}s",
-                        "-timeout": f"{tp_timeout}s",
-                        "-idle": tp_idle,
-                        "-window": "100",
-                        "-stamp": "true",
-                        **({"-pairs": "true"} if n > 1 else {}),
-                    },
+                    args=loadgen_args(
+                        "throughput",
+                        1,
+                        pubs=n,
+                        subs=n,
+                        size=size,
+                        count=count,
+                        duration=tp_dur,
+                        timeout=tp_timeout,
+                        idle=tp_idle,
+                        flags={"-stamp": "true", **({"-pairs": "true"} if n > 1 else {})},
+                    ),
                 )
             )
     # 1,000 msg/s is the "moderate rate" of the target; 200 msg/s shows the latency of a
@@ -253,19 +277,9 @@ def build_rocketmq_scenarios(quick: bool) -> list[Scenario]:
                 timeout_s=lat_timeout,
                 group="rocketmq",
                 brokers=every,
-                args={
-                    "-mode": "latency",
-                    "-qos": "1",
-                    "-pubs": "1",
-                    "-subs": "1",
-                    "-size": "2048",
-                    "-rate": str(rate),
-                    "-count": "1000000",
-                    "-duration": f"{lat_dur}s",
-                    "-timeout": f"{lat_timeout}s",
-                    "-idle": "1s",
-                    "-window": "100",
-                },
+                args=loadgen_args(
+                    "latency", 1, size=2048, rate=rate, duration=lat_dur, timeout=lat_timeout
+                ),
             )
         )
     return out
@@ -277,29 +291,23 @@ def warmup_args(quick: bool, broker: str = "") -> list[dict[str, str]]:
         # QoS 1 only, 100 B then 2 KB, long enough for the broker JVM's JIT to compile the
         # send path (a cold JVM is several times slower for the first seconds).
         dur, cap = ("3s", "6s") if quick else ("8s", "12s")
-        rq = {
-            "-mode": "throughput",
-            "-pubs": "1",
-            "-subs": "1",
-            "-qos": "1",
-            "-window": "100",
-            "-count": n if quick else "30000",
-            "-duration": dur,
-            "-timeout": cap,
-            "-idle": "1s",
-        }
-        return [{**rq, "-size": "100"}, {**rq, "-size": "2048"}]
-    common = {
-        "-mode": "throughput",
-        "-pubs": "1",
-        "-subs": "1",
-        "-size": "100",
-        "-count": n,
-        "-duration": "3s",
-        "-timeout": "6s",
-        "-idle": "1s",
-    }
-    return [{**common, "-qos": "0"}, {**common, "-qos": "1", "-window": "100"}]
+        count = int(n) if quick else 30_000
+        return [
+            loadgen_args("throughput", 1, size=size, count=count, duration=dur, timeout=cap)
+            for size in (100, 2048)
+        ]
+    return [
+        loadgen_args(
+            "throughput",
+            qos,
+            size=100,
+            count=int(n),
+            duration="3s",
+            timeout="6s",
+            window=100 if qos else None,
+        )
+        for qos in (0, 1)
+    ]
 
 
 # --------------------------------------------------------------------------- helpers

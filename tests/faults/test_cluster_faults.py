@@ -84,6 +84,18 @@ def _assert_delivered(subscriber: Qos1Subscriber, pubacked: set[str], what: str)
     assert not lost, f"{len(lost)} PUBACKed messages lost, e.g. {sorted(lost)[:5]}"
 
 
+def _two_nodes_and_a_keeper(
+    cluster: ClusterLauncher,
+) -> tuple[BridgeProcess, BridgeProcess, Qos1Subscriber]:
+    """Nodes a and b linked, and a persistent QoS 1 subscriber of `load/#` on b, running."""
+    a, b = cluster.start("a"), cluster.start("b")
+    cluster.wait_linked()
+    _subscribe_everywhere([b, a], "keeper", "load/#")
+    keeper = Qos1Subscriber(b.port, "keeper")
+    keeper.start()
+    return a, b, keeper
+
+
 @pytest.fixture
 def cluster(
     bridge_factory: Callable[..., BridgeProcess],
@@ -166,11 +178,7 @@ def test_redis_restart_under_load_loses_nothing_and_nodes_recover_without_help(
         cluster = ClusterLauncher(
             bridge_factory, rocketmq.namesrv_addr, (f"redis_url={redis.url}",)
         )
-        a, b = cluster.start("a"), cluster.start("b")
-        cluster.wait_linked()
-        _subscribe_everywhere([b, a], "keeper", "load/#")
-        keeper = Qos1Subscriber(b.port, "keeper")
-        keeper.start()
+        a, b, keeper = _two_nodes_and_a_keeper(cluster)
 
         def restart_redis() -> None:
             redis.kill()
@@ -206,11 +214,7 @@ def test_sentinel_failover_of_redis_master_under_load_loses_nothing_and_nodes_fo
                 "redis_wait_replicas=1",
             ),
         )
-        a, b = cluster.start("a"), cluster.start("b")
-        cluster.wait_linked()
-        _subscribe_everywhere([b, a], "keeper", "load/#")
-        keeper = Qos1Subscriber(b.port, "keeper")
-        keeper.start()
+        a, b, keeper = _two_nodes_and_a_keeper(cluster)
         old_master = sentinel.master_addr()
         _publishers, pubacked = _run_load(a.port, sentinel.failover)
         assert sentinel.master_addr() != old_master
