@@ -3,12 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+SPARK_STAMP := $(VENV)/.spark-stamp
 LISTEN ?= 0.0.0.0:1883
 DATA   ?= ./data
 PYTEST_ARGS ?=
 N      ?= 3
 
-.PHONY: install run test test-deps lint bench clean cluster cluster-stop
+.PHONY: install install-spark run test test-deps lint bench clean cluster cluster-stop
 
 install: $(STAMP)
 
@@ -18,10 +19,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# PySpark and its Python dependencies (pyarrow, pandas, matplotlib): for the Spark source, jobs,
+# tests and demo; not needed to run a gateway.
+install-spark: $(SPARK_STAMP)
+
+$(SPARK_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,spark]'
+	touch $(SPARK_STAMP)
+
 run: install
 	$(BIN)/mqtt-bridge --listen $(LISTEN) --data-dir $(DATA)
 
-test-deps: install
+test-deps: install install-spark
 	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
 		default-jre-headless:java maven:mvn \
 		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps

@@ -43,21 +43,6 @@ from bridge.storage.rocketmq_wire import ResponseCode
 
 log = logging.getLogger("notify")
 
-_SYSTEM_PREFIXES = ("%RETRY%", "%DLQ%", "%LMQ%", "rmq_sys_", "RMQ_SYS_", "CID_RMQ_SYS_")
-_SYSTEM_TOPICS = frozenset(
-    {
-        "TBW102",
-        "SCHEDULE_TOPIC_XXXX",
-        "BenchmarkTest",
-        "OFFSET_MOVED_EVENT",
-        "SELF_TEST_TOPIC",
-        "TRANS_CHECK_MAX_TIME_TOPIC",
-        "RMQ_SYS_TRANS_HALF_TOPIC",
-        "RMQ_SYS_TRACE_TOPIC",
-        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
-    }
-)
-
 
 class Sink(Protocol):
     """Where a notifier's findings go (a bridge node, or a link to remote bridges)."""
@@ -154,14 +139,6 @@ class Notifier:
 
     # --- membership and queue assignment --------------------------------------------------------
 
-    def _wanted(self, topic: str) -> bool:
-        return topic not in _SYSTEM_TOPICS and not topic.startswith(_SYSTEM_PREFIXES)
-
-    async def _topics(self) -> list[str]:
-        brokers = await self.client.cluster_brokers(refresh=True)
-        names = set(brokers) | {b.cluster for b in brokers.values()}
-        return [t for t in await self.client.topic_list() if t not in names and self._wanted(t)]
-
     async def _run(self) -> None:
         while not self._stopped:
             try:
@@ -174,7 +151,7 @@ class Notifier:
             await asyncio.sleep(self.refresh_interval)
 
     async def _rebalance(self) -> None:
-        topics = await self._topics()
+        topics = await self.client.data_topics()
         if self._initial_topics is None:
             self._initial_topics = set(topics)
         self.client.register_consumer(self.group, topics)
@@ -187,12 +164,7 @@ class Notifier:
                 if exc.code == ResponseCode.TOPIC_NOT_EXIST:
                     continue
                 raise
-            queues = sorted(
-                (info.broker_name, qid)
-                for info in route.queues
-                if info.broker_name in route.brokers
-                for qid in range(info.read_queue_nums)
-            )
+            queues = route.read_queues()
             members = await self.client.consumer_ids(self.group, topic) or [self.client.client_id]
             if self.client.client_id not in members:
                 members = sorted([*members, self.client.client_id])

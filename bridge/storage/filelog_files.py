@@ -146,7 +146,8 @@ def segment_path(log_dir: Path, base: int) -> Path:
     return log_dir / f"{base:020d}.log"
 
 
-def _list_segments(log_dir: Path) -> list[tuple[int, Path]]:
+def list_segments(log_dir: Path) -> list[tuple[int, Path]]:
+    """(base, path) of every segment file in `log_dir`, oldest first."""
     found = []
     for name in os.listdir(log_dir):
         stem, dot, ext = name.partition(".")
@@ -263,7 +264,7 @@ def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> R
     snapshot_pos, meta, ends = snapshot if snapshot is not None else (0, {}, {})
     result = Recovered([], meta=meta, snapshot_pos=snapshot_pos)
     replayer = _Replayer(result.queues, meta, snapshot_pos)
-    files = _list_segments(log_dir)
+    files = list_segments(log_dir)
     try:
         for i, (base, path) in enumerate(files):
             is_last = i == len(files) - 1

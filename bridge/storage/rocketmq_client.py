@@ -92,6 +92,24 @@ def _parse_tags(subscription: str) -> frozenset[str] | None:
     return frozenset(tag.strip() for tag in expression.split("||") if tag.strip())
 
 
+SYSTEM_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%", "%LMQ%", "rmq_sys_", "RMQ_SYS_", "CID_RMQ_SYS_")
+SYSTEM_TOPICS = frozenset(
+    {
+        "TBW102",
+        "SCHEDULE_TOPIC_XXXX",
+        "BenchmarkTest",
+        "OFFSET_MOVED_EVENT",
+        "SELF_TEST_TOPIC",
+        "TRANS_CHECK_MAX_TIME_TOPIC",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRACE_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    }
+)
+"""Topics that hold no application messages: the broker's own, retry and dead-letter topics of
+consumer groups, and light message queues (`data_topics` leaves them out)."""
+
+
 # --- the client --------------------------------------------------------------------------------
 
 
@@ -529,6 +547,25 @@ class RocketMQClient(NameServerRouting):
         self._check(response, RequestCode.GET_MIN_OFFSET)
         return int(response.ext_fields["offset"])
 
+    async def offset_at(
+        self, topic: str, queue_id: int, timestamp_ms: int, *, broker_name: str | None = None
+    ) -> int:
+        """The offset of the queue's first message stored at or after `timestamp_ms`
+        (SEARCH_OFFSET_BY_TIMESTAMP, lower boundary); the max offset if there is none."""
+        response = await self._broker_call(
+            topic,
+            broker_name,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+            {
+                "topic": topic,
+                "queueId": str(queue_id),
+                "timestamp": str(timestamp_ms),
+                "boundaryType": "LOWER",
+            },
+        )
+        self._check(response, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP)
+        return int(response.ext_fields["offset"])
+
     async def query_messages_by_key(
         self,
         topic: str,
@@ -616,6 +653,19 @@ class RocketMQClient(NameServerRouting):
             return sorted(str(topic) for topic in topics)
         except (AttributeError, TypeError) as exc:
             raise RemotingProtocolError(f"malformed topic list: {exc!r}") from None
+
+    async def data_topics(self) -> list[str]:
+        """The topics holding application messages: `topic_list` without system topics, retry,
+        dead-letter and light-message-queue topics, and the cluster's and brokers' own names."""
+        brokers = await self.cluster_brokers(refresh=True)
+        names = set(brokers) | {b.cluster for b in brokers.values()}
+        return [
+            topic
+            for topic in await self.topic_list()
+            if topic not in names
+            and topic not in SYSTEM_TOPICS
+            and not topic.startswith(SYSTEM_TOPIC_PREFIXES)
+        ]
 
     async def create_topic(
         self,

@@ -158,6 +158,11 @@ def _unescape_value(value: str) -> str:
     return value.replace("%01", "\x01").replace("%02", "\x02").replace("%25", "%")
 
 
+def tag_of(mqtt_topic: str) -> str:
+    """The TAGS value of messages published to `mqtt_topic` (readers filter on it)."""
+    return _escape_value(mqtt_topic) or EMPTY_VALUE
+
+
 def to_rocketmq(
     message: Message, queues: Sequence[str]
 ) -> tuple[str, str, str, dict[str, str], bytes]:
@@ -181,8 +186,7 @@ def to_rocketmq(
     if not body:
         properties[PROP_EMPTY] = "1"
         body = EMPTY_BODY
-    tag = _escape_value(message.topic) or EMPTY_VALUE
-    return rocketmq_topic(message.topic), tag, message.key, properties, body
+    return rocketmq_topic(message.topic), tag_of(message.topic), message.key, properties, body
 
 
 def from_rocketmq(

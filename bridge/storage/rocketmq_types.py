@@ -149,6 +149,15 @@ class TopicRoute:
                 out.extend((queue.broker_name, i) for i in range(queue.write_queue_nums))
         return out
 
+    def read_queues(self) -> list[tuple[str, int]]:
+        """(broker name, queue id) of every readable queue whose broker is known, sorted."""
+        return sorted(
+            (queue.broker_name, i)
+            for queue in self.queues
+            if queue.perm & PERM_READ and queue.broker_name in self.brokers
+            for i in range(queue.read_queue_nums)
+        )
+
     def master_addr(self, broker_name: str | None = None) -> str:
         """The master address of `broker_name` (or of the first broker holding readable queues)."""
         names = [broker_name] if broker_name else [q.broker_name for q in self.queues]

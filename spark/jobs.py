@@ -1,0 +1,461 @@
+"""The factory BI jobs: a streaming job that keeps the tables up to date, and a batch back-fill.
+
+    python -m spark.jobs stream   --nameserver 127.0.0.1:9876 --out bi/ --checkpoint ck/
+    python -m spark.jobs backfill --nameserver 127.0.0.1:9876 --out bi/ \
+        --from 2026-11-01T00:00 --to 2026-11-08T00:00
+    python -m spark.jobs show --out bi/
+
+(`--path DATA_DIR` instead of `--nameserver` reads a bridge's embedded store.)
+
+The streaming job runs three queries on the `rocketmq` source, each with its own checkpoint:
+
+* ingest: every message to `telemetry` (valid payloads) or `quarantine` (with the reason);
+* line_minute: per line and minute, appended once the watermark has passed the minute;
+* intervals: per device, closed state and alarm intervals (`state_intervals`,
+  `alarm_intervals`), and after each micro-batch `availability` and `alarm_summary` are
+  recomputed for the days it touched.
+
+Writes are idempotent per micro-batch (a batch's rows go to `batch=<id>`, overwritten if Spark
+replays the batch after a crash) or go through Spark's own exactly-once file sink, so a query
+stopped or killed at any point and restarted from its checkpoint counts every message once.
+Messages are deduplicated on (device, seq) within the watermark (a QoS 1 retransmission is
+stored twice). Rows later than the watermark are dropped by Spark and counted in the query
+progress (`numRowsDroppedByWatermark`). Table layouts: docs/spark.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+
+from spark import tables
+from spark.intervals import DeviceTrack, Shifts
+from spark.telemetry import TOPIC_PREFIX
+
+log = logging.getLogger("spark.jobs")
+
+TELEMETRY_FILTER = f"{TOPIC_PREFIX}/+/+/telemetry"
+GOLD_TABLES = ("availability", "alarm_summary")
+ALL_TABLES = (
+    "telemetry",
+    "quarantine",
+    "line_minute",
+    "state_intervals",
+    "alarm_intervals",
+    "availability",
+    "alarm_summary",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """Where to read, where to write, and the knobs both jobs share."""
+
+    out: str
+    nameserver: str | None = None
+    path: str | None = None
+    topic_filter: str = TELEMETRY_FILTER
+    shifts: Shifts = field(default_factory=Shifts)
+    watermark_s: int = 120
+    """How late (device time) a message may arrive and still count."""
+
+    def source(self, spark: SparkSession, *, streaming: bool) -> tuple[DataFrame, dict[str, str]]:
+        options = {"topicFilter": self.topic_filter}
+        if self.nameserver:
+            options["nameserver"] = self.nameserver
+        reader = spark.readStream if streaming else spark.read
+        fmt = reader.format("rocketmq")
+        if self.path:
+            options["path"] = self.path
+        return fmt, options
+
+    def table(self, name: str) -> str:
+        return str(Path(self.out) / name)
+
+
+# --- batch ---------------------------------------------------------------------------------
+
+
+def run_backfill(
+    spark: SparkSession, config: JobConfig, start_ms: int | None, end_ms: int | None
+) -> dict[str, int]:
+    """Rebuild every table from the messages of devices' time [start_ms, end_ms) (all when
+    None), replacing what the tables held. Returns the row count of each table."""
+    fmt, options = config.source(spark, streaming=False)
+    if start_ms is not None:
+        # Stored no earlier than the device time it reports, less the watermark of clock skew.
+        options["startingTimestamp"] = str(max(0, start_ms - config.watermark_s * 1000))
+    raw = fmt.options(**options).load()
+    parsed = tables.parse(raw).cache()
+    good = tables.valid(parsed)
+    if start_ms is not None:
+        good = good.where(F.col("ts_ms") >= start_ms)
+    if end_ms is not None:
+        good = good.where(F.col("ts_ms") < end_ms)
+    good = good.dropDuplicates(["device", "seq"]).cache()
+    intervals = tables.intervals(good).cache()
+    states = tables.state_intervals(intervals)
+    alarms = tables.alarm_intervals(intervals)
+    outputs = {
+        "telemetry": good.select(*tables.TELEMETRY_COLUMNS),
+        "quarantine": tables.quarantined(parsed),
+        "line_minute": tables.line_minute(good),
+        "state_intervals": states,
+        "alarm_intervals": alarms,
+        "availability": tables.availability(states, config.shifts),
+        "alarm_summary": tables.alarm_summary(alarms),
+    }
+    counts = {}
+    for name, frame in outputs.items():
+        writer = frame.write.mode("overwrite")
+        if name in GOLD_TABLES:
+            writer = writer.partitionBy(_gold_partition(name))
+        writer.parquet(config.table(name))
+        counts[name] = spark.read.parquet(config.table(name)).count()
+    parsed.unpersist()
+    return counts
+
+
+def _gold_partition(name: str) -> str:
+    return "shift_date" if name == "availability" else "date"
+
+
+# --- streaming -----------------------------------------------------------------------------
+
+
+def _track_devices(
+    key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
+    """applyInPandasWithState: one device's new messages (or a timeout) -> closed intervals."""
+    device = key[0]
+    track = DeviceTrack.from_json(device, state.get[0]) if state.exists else DeviceTrack(device)
+    samples = [] if state.hasTimedOut else [s for f in frames for s in tables.samples_of(f)]
+    watermark = state.getCurrentWatermarkMs()
+    closed, late = track.advance(samples, watermark)
+    if late:
+        log.warning(
+            "device %s: %d messages older than ones already applied; left out", device, late
+        )
+    state.update((track.to_json(),))
+    due = track.next_due
+    if due is not None:
+        # Called again once the watermark passes the oldest pending message.
+        state.setTimeoutTimestamp(max(due, watermark + 1))
+    yield tables.interval_frame(closed)
+
+
+def _write_batch(frame: DataFrame, path: str, batch_id: int) -> None:
+    """A micro-batch's rows into `path/batch=<id>`, replaced if Spark replays the batch."""
+    frame.write.mode("overwrite").parquet(f"{path}/batch={batch_id}")
+
+
+def _ingest_batch(config: JobConfig):  # type: ignore[no-untyped-def]
+    def write(batch: DataFrame, batch_id: int) -> None:
+        batch = batch.cache()
+        try:
+            good = tables.valid(batch).dropDuplicates(["device", "seq"])
+            _write_batch(
+                good.select(*tables.TELEMETRY_COLUMNS), config.table("telemetry"), batch_id
+            )
+            _write_batch(tables.quarantined(batch), config.table("quarantine"), batch_id)
+        finally:
+            batch.unpersist()
+
+    return write
+
+
+def _intervals_batch(config: JobConfig):  # type: ignore[no-untyped-def]
+    def write(batch: DataFrame, batch_id: int) -> None:
+        batch = batch.cache()
+        try:
+            states = tables.state_intervals(batch)
+            alarms = tables.alarm_intervals(batch)
+            _write_batch(states, config.table("state_intervals"), batch_id)
+            _write_batch(alarms, config.table("alarm_intervals"), batch_id)
+            days = [
+                r[0] for r in batch.select(F.to_date("start").cast("string")).distinct().collect()
+            ]
+            if days:
+                refresh_gold(batch.sparkSession, config, sorted(days))
+        finally:
+            batch.unpersist()
+
+    return write
+
+
+def refresh_gold(spark: SparkSession, config: JobConfig, days: list[str]) -> None:
+    """Recompute `availability` and `alarm_summary` for `days` (and the shifts they touch)
+    from the interval tables, replacing those days' partitions."""
+    lo = int(datetime.fromisoformat(days[0]).replace(tzinfo=UTC).timestamp() * 1000)
+    hi = int(datetime.fromisoformat(days[-1]).replace(tzinfo=UTC).timestamp() * 1000)
+    day_ms = 86_400_000
+    window_lo = F.lit(datetime.fromtimestamp((lo - day_ms) / 1000, tz=UTC))
+    window_hi = F.lit(datetime.fromtimestamp((hi + 2 * day_ms) / 1000, tz=UTC))
+    touched = list(days)
+    shift_days = sorted({*touched, *(_previous_day(d) for d in touched)})
+    states = spark.read.parquet(config.table("state_intervals")).where(
+        (F.col("end") > window_lo) & (F.col("start") < window_hi)
+    )
+    table = tables.availability(states.drop("batch"), config.shifts).where(
+        F.col("shift_date").isin(shift_days)
+    )
+    _overwrite_partitions(table, config.table("availability"), "shift_date")
+    alarms = spark.read.parquet(config.table("alarm_intervals")).drop("batch")
+    summary = tables.alarm_summary(alarms.where(F.to_date("start").cast("string").isin(touched)))
+    _overwrite_partitions(summary, config.table("alarm_summary"), "date")
+
+
+def _previous_day(day: str) -> str:
+    return (datetime.fromisoformat(day) - pd.Timedelta(days=1)).date().isoformat()
+
+
+def _overwrite_partitions(frame: DataFrame, path: str, column: str) -> None:
+    spark = frame.sparkSession
+    previous = spark.conf.get("spark.sql.sources.partitionOverwriteMode")
+    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    try:
+        frame.write.mode("overwrite").partitionBy(column).parquet(path)
+    finally:
+        spark.conf.set("spark.sql.sources.partitionOverwriteMode", previous or "static")
+
+
+def start_streams(
+    spark: SparkSession,
+    config: JobConfig,
+    checkpoint: str,
+    *,
+    trigger_s: float = 5.0,
+    available_now: bool = False,
+    max_per_trigger: int | None = None,
+    starting_offsets: str = "earliest",
+) -> list[StreamingQuery]:
+    """Start the three queries; each resumes from its checkpoint under `checkpoint`."""
+    fmt, options = config.source(spark, streaming=True)
+    options["startingOffsets"] = starting_offsets
+    if max_per_trigger:
+        options["maxMessagesPerTrigger"] = str(max_per_trigger)
+
+    def parsed() -> DataFrame:
+        return tables.parse(fmt.options(**options).load())
+
+    def deduplicated() -> DataFrame:
+        watermark = f"{config.watermark_s} seconds"
+        rows = tables.valid(parsed()).withWatermark("ts", watermark)
+        return rows.dropDuplicatesWithinWatermark(["device", "seq"])
+
+    def trigger(writer):  # type: ignore[no-untyped-def]
+        if available_now:
+            return writer.trigger(availableNow=True)
+        return writer.trigger(processingTime=f"{trigger_s} seconds")
+
+    ck = Path(checkpoint)
+    queries = []
+    ingest = parsed().writeStream.foreachBatch(_ingest_batch(config))
+    queries.append(
+        trigger(ingest.option("checkpointLocation", str(ck / "ingest"))).queryName("ingest").start()
+    )
+    minutes = tables.line_minute(deduplicated()).writeStream.format("parquet").outputMode("append")
+    queries.append(
+        trigger(
+            minutes.option("path", config.table("line_minute")).option(
+                "checkpointLocation", str(ck / "line_minute")
+            )
+        )
+        .queryName("line_minute")
+        .start()
+    )
+    columns = ["device", "line", "station", "seq", "ts", "ts_ms", "state", "alarms"]
+    stateful = (
+        deduplicated()
+        .select(*columns)
+        .groupBy("device")
+        .applyInPandasWithState(
+            _track_devices,
+            tables.INTERVAL_DDL,
+            "track STRING",
+            "append",
+            GroupStateTimeout.EventTimeTimeout,
+        )
+    )
+    intervals = stateful.writeStream.foreachBatch(_intervals_batch(config))
+    queries.append(
+        trigger(intervals.option("checkpointLocation", str(ck / "intervals")))
+        .queryName("intervals")
+        .start()
+    )
+    return queries
+
+
+# --- reading the tables ---------------------------------------------------------------------
+
+
+def read_table(spark: SparkSession, config: JobConfig, name: str) -> DataFrame | None:
+    """A table as the jobs left it (without the micro-batch column), or None if not written."""
+    path = Path(config.table(name))
+    if not path.exists() or not any(path.rglob("*.parquet")):
+        return None
+    frame = spark.read.parquet(str(path))
+    return frame.drop("batch") if "batch" in frame.columns else frame
+
+
+def show_tables(spark: SparkSession, config: JobConfig, rows: int = 20) -> None:
+    order = {
+        "telemetry": ["device", "seq"],
+        "quarantine": ["store_time"],
+        "line_minute": ["minute", "line"],
+        "state_intervals": ["device", "start"],
+        "alarm_intervals": ["device", "start"],
+        "availability": ["shift_date", "shift", "device"],
+        "alarm_summary": ["date", "code"],
+    }
+    for name in ALL_TABLES:
+        frame = read_table(spark, config, name)
+        if frame is None:
+            print(f"\n== {name}: (no rows yet)")
+            continue
+        print(f"\n== {name}: {frame.count()} rows")
+        if name == "quarantine":
+            frame = frame.withColumn("payload", F.substring(F.col("payload").cast("string"), 1, 40))
+        frame.orderBy(*order[name]).show(rows, truncate=False)
+
+
+# --- command line --------------------------------------------------------------------------
+
+
+def _time(text: str) -> int:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected an ISO time like 2026-11-01T06:00"
+        ) from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp() * 1000)
+
+
+def _shifts(text: str) -> Shifts:
+    try:
+        return Shifts.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m spark.jobs", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, *, source: bool = True) -> None:
+        p.add_argument("--out", required=True, help="directory of the tables")
+        if source:
+            where = p.add_mutually_exclusive_group(required=True)
+            where.add_argument("--nameserver", help="RocketMQ NameServer host:port")
+            where.add_argument("--path", help="data directory of a bridge on the embedded store")
+            p.add_argument("--topic-filter", default=TELEMETRY_FILTER)
+            p.add_argument(
+                "--shifts",
+                type=_shifts,
+                default=Shifts(),
+                help="shift start times, UTC (default 06:00,14:00,22:00)",
+            )
+            p.add_argument(
+                "--watermark",
+                type=int,
+                default=120,
+                metavar="SECONDS",
+                help="how late a message may arrive, device time (default 120)",
+            )
+
+    stream = sub.add_parser("stream", help="keep the tables up to date")
+    common(stream)
+    stream.add_argument("--checkpoint", required=True)
+    stream.add_argument("--trigger", type=float, default=5.0, metavar="SECONDS")
+    stream.add_argument("--max-per-trigger", type=int, default=None)
+    stream.add_argument("--starting-offsets", default="earliest")
+    stream.add_argument(
+        "--available-now", action="store_true", help="process what is stored now, then stop"
+    )
+    stream.add_argument(
+        "--for",
+        dest="run_for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this long (default: run until interrupted)",
+    )
+    backfill = sub.add_parser("backfill", help="rebuild the tables from a time range")
+    common(backfill)
+    backfill.add_argument("--from", dest="start", type=_time, default=None)
+    backfill.add_argument("--to", dest="end", type=_time, default=None)
+    show = sub.add_parser("show", help="print the tables")
+    common(show, source=False)
+    show.add_argument("--rows", type=int, default=20)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    from spark.session import spark_session
+
+    if args.command == "show":
+        spark = spark_session("factory-bi-show")
+        show_tables(spark, JobConfig(out=args.out), args.rows)
+        return 0
+    config = JobConfig(
+        out=args.out,
+        nameserver=args.nameserver,
+        path=args.path,
+        topic_filter=args.topic_filter,
+        shifts=args.shifts,
+        watermark_s=args.watermark,
+    )
+    spark = spark_session(f"factory-bi-{args.command}")
+    if args.command == "backfill":
+        counts = run_backfill(spark, config, args.start, args.end)
+        for name, count in counts.items():
+            print(f"{name}: {count} rows")
+        return 0
+    queries = start_streams(
+        spark,
+        config,
+        args.checkpoint,
+        trigger_s=args.trigger,
+        available_now=args.available_now,
+        max_per_trigger=args.max_per_trigger,
+        starting_offsets=args.starting_offsets,
+    )
+    try:
+        if args.available_now:
+            for query in queries:
+                query.awaitTermination()
+        else:
+            spark.streams.awaitAnyTermination(args.run_for)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for query in queries:
+            query.stop()
+    failed = [q.name for q in queries if q.exception() is not None]
+    if failed:
+        print(f"error: queries failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""`rocketmq`: a PySpark data source over the MQTT messages the bridges stored.
+
+    spark.dataSource.register(RocketMQDataSource)
+    spark.read.format("rocketmq").option("nameserver", "127.0.0.1:9876").load()
+    spark.readStream.format("rocketmq").option("nameserver", ...).option("topicFilter",
+        "factory/+/+/telemetry").option("startingOffsets", "earliest").load()
+    spark.read.format("rocketmq").load("./data")          # a bridge on the embedded store
+
+Written with PySpark's Python Data Source API (4.2+). One input partition per RocketMQ queue
+(per log segment for the embedded store); offsets per queue are what Spark checkpoints, so a
+restarted query resumes exactly where it stopped. Options, columns and offset format:
+docs/spark.md. The reading itself is in spark/rocketmq_reader.py and spark/log_reader.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from spark import log_reader
+from spark import rocketmq_reader as rmq
+from spark.options import EARLIEST, LATEST, SourceOptions, parse_options
+from spark.rows import ARROW_SCHEMA, SCHEMA_DDL
+
+
+class RangePartition(InputPartition):
+    """One Spark task: a `rmq.QueueRange` or a `log_reader.LogRange`."""
+
+    def __init__(self, value: rmq.QueueRange | log_reader.LogRange) -> None:
+        super().__init__(value)
+        self.value = value
+
+
+def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    value = getattr(partition, "value", None)
+    if value is None:  # Spark reads one empty partition when `partitions()` found none
+        return iter(())
+    if isinstance(value, rmq.QueueRange):
+        return rmq.read_range(options, value)
+    return log_reader.read_range(options, value)
+
+
+class _Offsets:
+    """Offsets and partitions of one store, as the JSON-able dicts Spark checkpoints."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    # -- the embedded log: {"embedded": position}
+
+    def _log_position(self, spec: str | dict[str, Any], timestamp: int | None) -> int:
+        assert self.options.path is not None
+        path = self.options.path
+        if timestamp is not None:
+            return log_reader.position_at(path, timestamp)
+        given = spec.get(log_reader.EMBEDDED, EARLIEST) if isinstance(spec, dict) else spec
+        if given in ("earliest", EARLIEST):
+            return log_reader.first_position(path)
+        if given in ("latest", LATEST):
+            return log_reader.scan_end(path, log_reader.first_position(path))
+        return int(given)
+
+    # -- both stores
+
+    def start(self) -> dict[str, Any]:
+        o = self.options
+        if o.path is not None:
+            return {log_reader.EMBEDDED: self._log_position(o.starting, o.starting_timestamp)}
+
+        async def work(client: Any) -> dict[str, Any]:
+            queues = await rmq.list_queues(client, o)
+            return rmq.to_json(await rmq.resolve(client, queues, o.starting, o.starting_timestamp))
+
+        return rmq.run_with_client(o, work)
+
+    def end(self) -> dict[str, Any]:
+        """Where a batch read ends."""
+        o = self.options
+        if o.path is not None:
+            return {log_reader.EMBEDDED: self._log_position(o.ending, o.ending_timestamp)}
+
+        async def work(client: Any) -> dict[str, Any]:
+            queues = await rmq.list_queues(client, o)
+            return rmq.to_json(await rmq.resolve(client, queues, o.ending, o.ending_timestamp))
+
+        return rmq.run_with_client(o, work)
+
+    def latest(self, start: dict[str, Any], max_messages: int | None) -> dict[str, Any]:
+        """The newest offsets, at most `max_messages` past `start`."""
+        o = self.options
+        if o.path is not None:
+            begin = int(start.get(log_reader.EMBEDDED, log_reader.first_position(o.path)))
+            return {log_reader.EMBEDDED: log_reader.scan_end(o.path, begin, max_messages)}
+
+        async def work(client: Any) -> dict[str, Any]:
+            queues = await rmq.list_queues(client, o)
+            ends = await rmq.end_offsets(client, queues)
+            begin = rmq.from_json(start)
+            # A queue may only move forward; one the broker no longer lists keeps its offset.
+            merged = {**begin, **{q: max(e, begin.get(q, 0)) for q, e in ends.items()}}
+            if max_messages is not None:
+                merged = rmq.limit_range(begin, merged, max_messages)
+            return rmq.to_json(merged)
+
+        return rmq.run_with_client(o, work)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        o = self.options
+        if o.path is not None:
+            lo = int(start.get(log_reader.EMBEDDED, 0))
+            hi = int(end.get(log_reader.EMBEDDED, 0))
+            return [RangePartition(r) for r in log_reader.split(o.path, lo, hi)]
+        begin = rmq.from_json(start)
+        parts: list[InputPartition] = []
+        for (topic, broker, queue), stop in sorted(rmq.from_json(end).items()):
+            first = begin.get((topic, broker, queue), 0)  # a queue new since `start`: all of it
+            if stop > first:
+                parts.append(RangePartition(rmq.QueueRange(topic, broker, queue, first, stop)))
+        return parts
+
+
+class RocketMQBatchReader(DataSourceReader):
+    """`spark.read`: the messages between startingOffsets and endingOffsets, fixed at planning."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        offsets = _Offsets(self.options)
+        return offsets.partitions(offsets.start(), offsets.end())
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, partition)
+
+
+class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """`spark.readStream`: micro-batches of per-queue offset ranges, at most
+    maxMessagesPerTrigger messages each when that option is set."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._target: dict[str, Any] | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        return _Offsets(self.options).start()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_per_trigger is not None:
+            return ReadMaxRows(self.options.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # The offsets of "now": a query with trigger(availableNow=True) stops there.
+        offsets = _Offsets(self.options)
+        self._target = offsets.latest({}, None)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        offsets = _Offsets(self.options)
+        latest = offsets.latest(start, max_rows)
+        if self._target is not None:
+            latest = _at_most(latest, self._target, start)
+        return latest
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return _Offsets(self.options).partitions(start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: Spark's checkpoint holds the offsets."""
+
+
+def _at_most(
+    latest: dict[str, Any], target: dict[str, Any], start: dict[str, Any]
+) -> dict[str, Any]:
+    """`latest` with no offset past `target` (nor behind `start`)."""
+    out: dict[str, Any] = {}
+    for topic, value in latest.items():
+        if isinstance(value, dict):
+            limits = target.get(topic, {})
+            floor = start.get(topic, {})
+            out[topic] = {
+                q: max(floor.get(q, 0), min(o, limits.get(q, o))) for q, o in value.items()
+            }
+        else:
+            out[topic] = max(
+                int(start.get(topic, 0)), min(int(value), int(target.get(topic, value)))
+            )
+    return out
+
+
+class RocketMQDataSource(DataSource):
+    """The `rocketmq` format: MQTT messages stored in RocketMQ or in the embedded log."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rocketmq"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def _check_schema(self, schema: StructType) -> None:
+        if [f.name for f in schema.fields] != ARROW_SCHEMA.names:
+            raise ValueError(
+                "the rocketmq source has a fixed schema; do not pass one (.schema(...)): "
+                + SCHEMA_DDL
+            )
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        self._check_schema(schema)
+        return RocketMQBatchReader(parse_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self._check_schema(schema)
+        return RocketMQStreamReader(parse_options(self.options, streaming=True))

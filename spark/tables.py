@@ -1,0 +1,248 @@
+"""The factory BI tables as DataFrame transformations, shared by the batch and streaming jobs.
+
+    parse(raw)            source rows -> one row per message: telemetry fields or an error
+    line_minute(valid)    per line and minute: good, bad, total, scrap rate, messages
+    intervals(valid)      closed state and alarm intervals per device (batch form)
+    availability(states)  per device and shift: seconds in each state, availability
+    alarm_summary(alarms) per day and alarm code: count, total and longest duration, devices
+
+Table layouts are in docs/spark.md. Payloads are checked by `spark.telemetry.validate`, the
+same rules the simulator's tests and docs/telemetry.md use; a payload it refuses becomes a
+quarantine row carrying the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark.intervals import Interval, Sample, Shifts, batch_intervals
+from spark.telemetry import validate
+
+PARSED_DDL = (
+    "device STRING, line STRING, station STRING, seq BIGINT, ts TIMESTAMP, ts_ms BIGINT, "
+    "state STRING, good BIGINT, bad BIGINT, alarms ARRAY<STRING>, error STRING, "
+    "topic STRING, payload BINARY, key STRING, publish_time TIMESTAMP, store_time TIMESTAMP, "
+    "broker STRING, queue INT, offset BIGINT"
+)
+TELEMETRY_COLUMNS = [
+    "device", "line", "station", "seq", "ts", "state", "good", "bad", "alarms",
+    "topic", "key", "store_time",
+]  # fmt: skip
+QUARANTINE_COLUMNS = [
+    "error", "topic", "payload", "key", "publish_time", "store_time", "broker", "queue", "offset",
+]  # fmt: skip
+INTERVAL_DDL = (
+    "kind STRING, device STRING, line STRING, station STRING, what STRING, "
+    "start TIMESTAMP, `end` TIMESTAMP, duration_s DOUBLE"
+)
+
+_PASSED = ("topic", "payload", "key", "publish_time", "store_time", "broker", "queue", "offset")
+_PARSED_FIELDS = ("device", "line", "station", "seq", "ts", "state", "good", "bad", "alarms")
+
+
+def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    schema = _parsed_arrow_schema()
+    for batch in batches:
+        columns: dict[str, list[object]] = {name: [] for name in schema.names}
+        payloads = batch.column("payload").to_pylist()
+        for payload in payloads:
+            record, reason = validate(payload or b"")
+            for name in _PARSED_FIELDS:
+                columns[name].append(record[name] if record is not None else None)
+            ts = record["ts"] if record is not None else None
+            columns["ts"][-1] = ts * 1000 if ts is not None else None
+            columns["ts_ms"].append(ts)
+            columns["error"].append(reason)
+        for name in _PASSED:
+            columns[name] = batch.column(name).to_pylist()
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(columns[f.name], type=f.type) for f in schema], schema=schema
+        )
+
+
+def _parsed_arrow_schema() -> pa.Schema:
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.schema(
+        [
+            ("device", pa.string()),
+            ("line", pa.string()),
+            ("station", pa.string()),
+            ("seq", pa.int64()),
+            ("ts", ts),
+            ("ts_ms", pa.int64()),
+            ("state", pa.string()),
+            ("good", pa.int64()),
+            ("bad", pa.int64()),
+            ("alarms", pa.list_(pa.string())),
+            ("error", pa.string()),
+            ("topic", pa.string()),
+            ("payload", pa.binary()),
+            ("key", pa.string()),
+            ("publish_time", ts),
+            ("store_time", ts),
+            ("broker", pa.string()),
+            ("queue", pa.int32()),
+            ("offset", pa.int64()),
+        ]
+    )
+
+
+def parse(raw: DataFrame) -> DataFrame:
+    """Source rows -> PARSED_DDL rows: telemetry fields (error null) or an error (fields null)."""
+    return raw.select(*_PASSED).mapInArrow(_parse_batches, PARSED_DDL)
+
+
+def valid(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.col("error").isNull())
+
+
+def quarantined(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.col("error").isNotNull()).select(*QUARANTINE_COLUMNS)
+
+
+def line_minute(valid_rows: DataFrame) -> DataFrame:
+    """Good and bad parts per line and minute of device time; scrap rate = bad / (good + bad)
+    (null in a minute without parts). Works on a stream with a watermark on `ts`."""
+    grouped = valid_rows.groupBy(F.window("ts", "1 minute"), "line").agg(
+        F.sum("good").alias("good"),
+        F.sum("bad").alias("bad"),
+        F.count(F.lit(1)).alias("messages"),
+    )
+    total = F.col("good") + F.col("bad")
+    return grouped.select(
+        "line",
+        F.col("window.start").alias("minute"),
+        "good",
+        "bad",
+        total.alias("total"),
+        F.when(total > 0, F.col("bad") / total).alias("scrap_rate"),
+        "messages",
+    )
+
+
+def samples_of(frame: pd.DataFrame) -> list[Sample]:
+    """The interval builder's samples from a pandas frame of valid rows."""
+    return [
+        Sample(int(ts), int(seq), str(state), frozenset(alarms), str(line), str(station))
+        for ts, seq, state, alarms, line, station in zip(
+            frame["ts_ms"],
+            frame["seq"],
+            frame["state"],
+            frame["alarms"],
+            frame["line"],
+            frame["station"],
+            strict=True,
+        )
+    ]
+
+
+def interval_frame(closed: list[Interval]) -> pd.DataFrame:
+    """Intervals as a pandas frame of INTERVAL_DDL."""
+
+    def text(values: list[str]) -> pd.Series:
+        return pd.Series(values, dtype=object)  # an empty list would become float64
+
+    return pd.DataFrame(
+        {
+            "kind": text([i.kind for i in closed]),
+            "device": text([i.device for i in closed]),
+            "line": text([i.line for i in closed]),
+            "station": text([i.station for i in closed]),
+            "what": text([i.what for i in closed]),
+            "start": pd.to_datetime(pd.Series([i.start for i in closed], dtype="int64"), unit="ms"),
+            "end": pd.to_datetime(pd.Series([i.end for i in closed], dtype="int64"), unit="ms"),
+            "duration_s": pd.Series([(i.end - i.start) / 1000 for i in closed], dtype="float64"),
+        }
+    )
+
+
+def _batch_device(key: tuple[str], frame: pd.DataFrame) -> pd.DataFrame:
+    return interval_frame(batch_intervals(key[0], samples_of(frame)))
+
+
+def intervals(valid_rows: DataFrame) -> DataFrame:
+    """Every closed state and alarm interval of the given (deduplicated) messages."""
+    columns = ["device", "line", "station", "seq", "ts_ms", "state", "alarms"]
+    return valid_rows.select(*columns).groupBy("device").applyInPandas(_batch_device, INTERVAL_DDL)
+
+
+def state_intervals(all_intervals: DataFrame) -> DataFrame:
+    return all_intervals.where(F.col("kind") == "state").select(
+        "device", "line", "station", F.col("what").alias("state"), "start", "end", "duration_s"
+    )
+
+
+def alarm_intervals(all_intervals: DataFrame) -> DataFrame:
+    return all_intervals.where(F.col("kind") == "alarm").select(
+        "device", "line", "station", F.col("what").alias("code"), "start", "end", "duration_s"
+    )
+
+
+_PIECES_DDL = (
+    "device STRING, line STRING, shift_date STRING, shift INT, shift_start TIMESTAMP, "
+    "state STRING, seconds DOUBLE"
+)
+
+
+def _shift_pieces(shifts: Shifts):  # type: ignore[no-untyped-def]
+    def split(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            rows = []
+            starts = frame["start"].astype("datetime64[ms]").astype("int64")
+            ends = frame["end"].astype("datetime64[ms]").astype("int64")
+            for device, line, state, start, end in zip(
+                frame["device"], frame["line"], frame["state"], starts, ends, strict=True
+            ):
+                for date, number, shift_start, ms in shifts.pieces(int(start), int(end)):
+                    rows.append((device, line, date, number, shift_start, state, ms / 1000))
+            columns = list(zip(*rows, strict=True)) if rows else [()] * 7
+            out = pd.DataFrame(
+                {
+                    "device": pd.Series(columns[0], dtype=object),
+                    "line": pd.Series(columns[1], dtype=object),
+                    "shift_date": pd.Series(columns[2], dtype=object),
+                    "shift": pd.Series(columns[3], dtype="int32"),
+                    "shift_start": pd.to_datetime(pd.Series(columns[4], dtype="int64"), unit="ms"),
+                    "state": pd.Series(columns[5], dtype=object),
+                    "seconds": pd.Series(columns[6], dtype="float64"),
+                }
+            )
+            yield out
+
+    return split
+
+
+def availability(states: DataFrame, shifts: Shifts) -> DataFrame:
+    """Per device and shift: seconds RUNNING, IDLE, DOWN, SETUP within closed state intervals,
+    observed = their sum, availability = running / observed."""
+    pieces = states.select("device", "line", "state", "start", "end").mapInPandas(
+        _shift_pieces(shifts), _PIECES_DDL
+    )
+
+    def seconds_in(state: str) -> F.Column:
+        return F.sum(F.when(F.col("state") == state, F.col("seconds")).otherwise(0.0))
+
+    table = pieces.groupBy("device", "line", "shift_date", "shift", "shift_start").agg(
+        seconds_in("RUNNING").alias("running_s"),
+        seconds_in("IDLE").alias("idle_s"),
+        seconds_in("DOWN").alias("down_s"),
+        seconds_in("SETUP").alias("setup_s"),
+        F.sum("seconds").alias("observed_s"),
+    )
+    return table.withColumn("availability", F.col("running_s") / F.col("observed_s"))
+
+
+def alarm_summary(alarms: DataFrame) -> DataFrame:
+    """Per day (of the alarm's start, UTC) and code: how many, total and longest seconds, and
+    how many devices raised it."""
+    return alarms.groupBy(F.to_date("start").cast("string").alias("date"), "code").agg(
+        F.count(F.lit(1)).alias("count"),
+        F.sum("duration_s").alias("total_s"),
+        F.max("duration_s").alias("max_s"),
+        F.countDistinct("device").alias("devices"),
+    )
