@@ -1,0 +1,92 @@
+"""Fixtures of the Spark tests: one local Spark session for the session, MQTT publishing helpers.
+
+Spark runs in local mode with this interpreter as its Python workers; it reads the real RocketMQ
+of the `rocketmq` fixture (deploy/rocketmq) through the `rocketmq` data source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from pyspark.sql import SparkSession
+
+from spark.session import spark_session
+from tests.support.processes import BridgeProcess
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session("tests")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def rocketmq_bridge(bridge_factory: Callable[..., BridgeProcess], rocketmq) -> BridgeProcess:
+    """A bridge storing into the session's RocketMQ (its own light-queue namespace)."""
+    return bridge_factory(
+        "store=rocketmq",
+        f"rocketmq_namesrv={rocketmq.namesrv_addr}",
+        f"rocketmq_namespace={unique('sp')}",
+    )
+
+
+Publication = tuple[str, bytes] | tuple[str, bytes, int]
+
+
+def publish_all(port: int, messages: Sequence[Publication], client_id: str | None = None) -> None:
+    """Publish over MQTT 3.1.1 (QoS 1 unless given), each acknowledged before the next is sent,
+    so all are stored when this returns (QoS 0 ones are stored without being awaited)."""
+    client = paho.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=client_id or unique("pub-"),
+        protocol=paho.MQTTv311,
+    )
+    connected = threading.Event()
+    client.on_connect = lambda *_args: connected.set()
+    client.connect("127.0.0.1", port, 30)
+    client.loop_start()
+    try:
+        assert connected.wait(15), f"could not connect to the bridge on port {port}"
+        for item in messages:
+            topic, payload = item[0], item[1]
+            qos = item[2] if len(item) > 2 else 1  # type: ignore[misc]
+            info = client.publish(topic, payload, qos=qos)
+            info.wait_for_publish(30)
+            assert info.is_published(), f"publish to {topic} was not acknowledged"
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def produce_backend_message(
+    nameserver: str, topic: str, payload: bytes, properties: dict[str, str]
+) -> None:
+    """Send a message straight into RocketMQ as a backend does, with the bridge's mapping
+    (MQTT 5 user properties travel as `mqtt.user.<name>`)."""
+    from bridge.storage.base import Message
+    from bridge.storage.rocketmq_client import RocketMQClient
+    from bridge.storage.rocketmq_mapping import to_rocketmq
+
+    message = Message(
+        topic=topic, payload=payload, qos=1, key=unique("backend-"), properties=properties
+    )
+    rmq_topic, tag, key, props, body = to_rocketmq(message, ())
+
+    async def send() -> None:
+        async with RocketMQClient(nameserver, client_id=unique("t-"), producer_group="tests") as c:
+            await c.send(rmq_topic, body, tags=tag, keys=key, properties=props)
+
+    asyncio.run(send())

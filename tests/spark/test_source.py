@@ -1,0 +1,234 @@
+"""The `rocketmq` data source against a real bridge, a real RocketMQ and a local Spark.
+
+Messages go in over MQTT (paho, MQTT 5) through a bridge with store=rocketmq; Spark reads them
+back with `spark.read` / `spark.readStream`. Every test uses a first MQTT level of its own, so
+its own RocketMQ topic on the session's broker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from tests.spark.conftest import produce_backend_message, publish_all, unique
+from tests.support.load import wait_until
+from tests.support.processes import BridgeProcess
+
+pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]
+
+
+def source(spark: SparkSession, nameserver: str, **options: str):  # type: ignore[no-untyped-def]
+    return spark.read.format("rocketmq").option("nameserver", nameserver).options(**options)
+
+
+def count_when_stored(spark: SparkSession, nameserver: str, expected: int, **options: str) -> int:
+    """Row count once it reaches `expected` (QoS 0 messages are stored without being awaited)."""
+    counts: list[int] = []
+
+    def reached() -> bool:
+        counts.append(source(spark, nameserver, **options).load().count())
+        return counts[-1] >= expected
+
+    wait_until(reached, 30, f"{expected} stored messages")
+    return counts[-1]
+
+
+def test_batch_read_returns_every_stored_message_with_its_mqtt_fields(
+    spark: SparkSession, rocketmq, rocketmq_bridge: BridgeProcess
+) -> None:
+    top = unique("src")
+    publisher = unique("dev-")
+    publish_all(
+        rocketmq_bridge.port,
+        [
+            (f"{top}/line1/m1", b"one", 1),
+            (f"{top}/line1/m2", b"\x00\xffbinary", 2),
+            (f"{top}/line2/m1", b"", 1),
+            (f"{top}/line2/m2", b"zero", 0),
+        ],
+        client_id=publisher,
+    )
+    ns = rocketmq.namesrv_addr
+    produce_backend_message(ns, f"{top}/backend", b"from a backend", {"unit": "kg", "n": "7"})
+    assert count_when_stored(spark, ns, 5, topics=top) == 5
+    rows = {r.topic: r for r in source(spark, ns, topics=top).load().collect()}
+    backend = rows.pop(f"{top}/backend")
+    assert backend.properties == {"unit": "kg", "n": "7"}
+    assert bytes(backend.payload) == b"from a backend" and backend.qos == 1
+    assert set(rows) == {f"{top}/line1/m1", f"{top}/line1/m2", f"{top}/line2/m1", f"{top}/line2/m2"}
+    first = rows[f"{top}/line1/m1"]
+    assert bytes(first.payload) == b"one"
+    assert first.qos == 1 and first.retain is False
+    assert first.properties == {}
+    assert bytes(rows[f"{top}/line1/m2"].payload) == b"\x00\xffbinary"
+    assert rows[f"{top}/line1/m2"].qos == 2
+    assert bytes(rows[f"{top}/line2/m1"].payload) == b""  # RocketMQ's placeholder body hidden
+    assert rows[f"{top}/line2/m2"].qos == 0
+    for row in rows.values():
+        assert row.publisher == publisher
+        assert row.node and row.key and row.broker
+        assert row.rocketmq_topic == top
+        assert row.store_time >= row.publish_time.replace(microsecond=0)
+    keys = [r.key for r in rows.values()]
+    assert len(set(keys)) == 4
+    places = [(r.broker, r.queue, r.offset) for r in rows.values()]
+    assert len(set(places)) == 4
+
+
+def test_topic_filter_selects_rows_by_exact_topic_and_by_wildcards(
+    spark: SparkSession, rocketmq, rocketmq_bridge: BridgeProcess
+) -> None:
+    top = unique("flt")
+    topics = [f"{top}/a/1", f"{top}/a/2", f"{top}/b/1", f"{top}/a/1", f"{top}/a/1/deep"]
+    publish_all(rocketmq_bridge.port, [(t, t.encode()) for t in topics])
+    ns = rocketmq.namesrv_addr
+    expected = {
+        f"{top}/a/1": 2,  # exact: pushed to the broker as a tag
+        f"{top}/a/+": 3,
+        f"{top}/+/1": 3,
+        f"{top}/#": 5,
+        f"{top}/a/#": 4,
+    }
+    for topic_filter, count in expected.items():
+        rows = source(spark, ns, topicFilter=topic_filter).load().collect()
+        assert len(rows) == count, topic_filter
+    # The RocketMQ topic comes from the filter's first level; `topics` names it explicitly.
+    assert source(spark, ns, topics=top, topicFilter="+/b/1").load().count() == 1
+
+
+def test_offsets_and_timestamps_bound_a_batch_read(
+    spark: SparkSession, rocketmq, rocketmq_bridge: BridgeProcess
+) -> None:
+    top = unique("rng")
+    ns = rocketmq.namesrv_addr
+    publish_all(rocketmq_bridge.port, [(f"{top}/x", b"early-%d" % i) for i in range(6)])
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    publish_all(rocketmq_bridge.port, [(f"{top}/x", b"late-%d" % i) for i in range(5)])
+    early = source(spark, ns, topics=top, endingTimestamp=str(cut)).load().collect()
+    late = source(spark, ns, topics=top, startingTimestamp=str(cut)).load().collect()
+    assert sorted(bytes(r.payload) for r in early) == sorted(b"early-%d" % i for i in range(6))
+    assert sorted(bytes(r.payload) for r in late) == sorted(b"late-%d" % i for i in range(5))
+
+    # The offsets just past the early messages, as JSON, start where the timestamp did.
+    ends: dict[str, int] = {}
+    for row in early:
+        place = f"{row.broker}:{row.queue}"
+        ends[place] = max(ends.get(place, 0), row.offset + 1)
+    starting = "{" + f'"{top}": {{' + ", ".join(f'"{q}": {o}' for q, o in ends.items()) + "}}"
+    from_json = source(spark, ns, topics=top, startingOffsets=starting).load().collect()
+    assert sorted(bytes(r.payload) for r in from_json) == sorted(b"late-%d" % i for i in range(5))
+    latest = source(spark, ns, topics=top, startingOffsets="latest").load().count()
+    assert latest == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "complaint"),
+    [
+        ({}, "nameserver"),
+        ({"nameserver": "127.0.0.1:1", "topicFilter": "a/#/b"}, "topicFilter"),
+        ({"nameserver": "127.0.0.1:1", "maxMessagesPerTrigger": "5"}, "maxMessagesPerTrigger"),
+        ({"nameserver": "127.0.0.1:1", "startingOffsets": "soonest"}, "startingOffsets"),
+        ({"nameserver": "127.0.0.1:1", "startingOffsets": '{"t": {"b:0": 1.5}}'}, "Offsets"),
+        ({"nameserver": "127.0.0.1:1", "pullBatchSize": "0"}, "pullBatchSize"),
+        ({"nameserver": "127.0.0.1:1", "path": "/tmp"}, "exactly one"),
+    ],
+)
+def test_bad_options_are_refused_with_a_message_naming_the_option(
+    spark: SparkSession, options: dict[str, str], complaint: str
+) -> None:
+    with pytest.raises(Exception, match=complaint):
+        spark.read.format("rocketmq").options(**options).load().count()
+
+
+def test_a_stream_takes_at_most_max_messages_per_trigger_and_resumes_from_its_checkpoint(
+    spark: SparkSession, rocketmq, rocketmq_bridge: BridgeProcess, tmp_path: Path
+) -> None:
+    top = unique("stm")
+    ns = rocketmq.namesrv_addr
+    publish_all(rocketmq_bridge.port, [(f"{top}/m", b"a%d" % i) for i in range(30)])
+
+    def run_once() -> list[int]:
+        frame = (
+            spark.readStream.format("rocketmq")
+            .option("nameserver", ns)
+            .option("topics", top)
+            .option("startingOffsets", "earliest")
+            .option("maxMessagesPerTrigger", "7")
+            .load()
+        )
+        query = (
+            frame.select("payload", "broker", "queue", "offset")
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180), "the availableNow query did not finish"
+        assert query.exception() is None
+        return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+    first = run_once()
+    assert sum(first) == 30 and max(first) <= 7
+    publish_all(rocketmq_bridge.port, [(f"{top}/m", b"b%d" % i) for i in range(12)])
+    second = run_once()
+    assert sum(second) == 12 and max(second) <= 7
+    rows = spark.read.parquet(str(tmp_path / "out")).collect()
+    payloads = Counter(bytes(r.payload) for r in rows)
+    expected = {b"a%d" % i for i in range(30)} | {b"b%d" % i for i in range(12)}
+    assert set(payloads) == expected and set(payloads.values()) == {1}
+    assert len({(r.broker, r.queue, r.offset) for r in rows}) == 42
+
+
+def test_the_embedded_store_log_is_read_by_the_same_source(
+    spark: SparkSession, bridge: BridgeProcess, tmp_path: Path
+) -> None:
+    publisher = unique("emb-")
+    publish_all(
+        bridge.port,
+        [("plant/a", b"1", 1), ("plant/b", b"2", 2), ("other/c", b"3", 1)],
+        client_id=publisher,
+    )
+    data = str(bridge.data_dir)
+    rows = spark.read.format("rocketmq").load(data).collect()
+    assert sorted((r.topic, bytes(r.payload), r.qos) for r in rows) == [
+        ("other/c", b"3", 1),
+        ("plant/a", b"1", 1),
+        ("plant/b", b"2", 2),
+    ]
+    assert {r.publisher for r in rows} == {publisher}
+    assert {r.broker for r in rows} == {"embedded"}
+    filtered = spark.read.format("rocketmq").option("topicFilter", "plant/+").load(data)
+    assert filtered.count() == 2
+
+    def stream_once() -> int:
+        frame = (
+            spark.readStream.format("rocketmq")
+            .option("path", data)
+            .option("startingOffsets", "earliest")
+            .option("maxMessagesPerTrigger", "2")
+            .load()
+        )
+        query = (
+            frame.select("topic", "offset")
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180)
+        assert query.exception() is None
+        return sum(p["numInputRows"] for p in query.recentProgress)
+
+    assert stream_once() == 3
+    publish_all(bridge.port, [("plant/d", b"4"), ("plant/e", b"5")])
+    assert stream_once() == 2
+    offsets = [r.offset for r in spark.read.parquet(str(tmp_path / "out")).collect()]
+    assert len(offsets) == len(set(offsets)) == 5
