@@ -7,17 +7,19 @@
 
 (`--path DATA_DIR` instead of `--nameserver` reads a bridge's embedded store.)
 
-The streaming job runs three queries on the `rocketmq` source, each with its own checkpoint:
+The streaming job runs four queries on the `rocketmq` source, each with its own checkpoint:
 
-* ingest: every message to `telemetry` (valid payloads) or `quarantine` (with the reason);
+* telemetry: every valid message once (deduplicated on device and seq);
+* quarantine: every malformed message, with the reason;
 * line_minute: per line and minute, appended once the watermark has passed the minute;
 * intervals: per device, closed state and alarm intervals (`state_intervals`,
   `alarm_intervals`), and after each micro-batch `availability` and `alarm_summary` are
   recomputed for the days it touched.
 
-Writes are idempotent per micro-batch (a batch's rows go to `batch=<id>`, overwritten if Spark
-replays the batch after a crash) or go through Spark's own exactly-once file sink, so a query
-stopped or killed at any point and restarted from its checkpoint counts every message once.
+The first three write through Spark's exactly-once file sink; the intervals query writes each
+micro-batch's rows to `batch=<id>`, replaced if Spark replays the batch after a crash. So a
+query stopped or killed at any point and restarted from its checkpoint counts every message
+once.
 Messages are deduplicated on (device, seq) within the watermark (a QoS 1 retransmission is
 stored twice). Rows later than the watermark are dropped by Spark and counted in the query
 progress (`numRowsDroppedByWatermark`). Table layouts: docs/spark.md.
@@ -160,21 +162,6 @@ def _write_batch(frame: DataFrame, path: str, batch_id: int) -> None:
     frame.write.mode("overwrite").parquet(f"{path}/batch={batch_id}")
 
 
-def _ingest_batch(config: JobConfig):  # type: ignore[no-untyped-def]
-    def write(batch: DataFrame, batch_id: int) -> None:
-        batch = batch.cache()
-        try:
-            good = tables.valid(batch).dropDuplicates(["device", "seq"])
-            _write_batch(
-                good.select(*tables.TELEMETRY_COLUMNS), config.table("telemetry"), batch_id
-            )
-            _write_batch(tables.quarantined(batch), config.table("quarantine"), batch_id)
-        finally:
-            batch.unpersist()
-
-    return write
-
-
 def _intervals_batch(config: JobConfig):  # type: ignore[no-untyped-def]
     def write(batch: DataFrame, batch_id: int) -> None:
         batch = batch.cache()
@@ -240,7 +227,7 @@ def start_streams(
     max_per_trigger: int | None = None,
     starting_offsets: str = "earliest",
 ) -> list[StreamingQuery]:
-    """Start the three queries; each resumes from its checkpoint under `checkpoint`."""
+    """Start the four queries; each resumes from its checkpoint under `checkpoint`."""
     fmt, options = config.source(spark, streaming=True)
     options["startingOffsets"] = starting_offsets
     if max_per_trigger:
@@ -261,20 +248,20 @@ def start_streams(
 
     ck = Path(checkpoint)
     queries = []
-    ingest = parsed().writeStream.foreachBatch(_ingest_batch(config))
-    queries.append(
-        trigger(ingest.option("checkpointLocation", str(ck / "ingest"))).queryName("ingest").start()
-    )
-    minutes = tables.line_minute(deduplicated()).writeStream.format("parquet").outputMode("append")
-    queries.append(
-        trigger(
-            minutes.option("path", config.table("line_minute")).option(
-                "checkpointLocation", str(ck / "line_minute")
-            )
+
+    def to_files(frame: DataFrame, name: str) -> None:
+        # Spark's file sink: a micro-batch's files count only once its commit is logged.
+        writer = (
+            frame.writeStream.format("parquet")
+            .outputMode("append")
+            .option("path", config.table(name))
+            .option("checkpointLocation", str(ck / name))
         )
-        .queryName("line_minute")
-        .start()
-    )
+        queries.append(trigger(writer).queryName(name).start())
+
+    to_files(deduplicated().select(*tables.TELEMETRY_COLUMNS), "telemetry")
+    to_files(tables.quarantined(parsed()), "quarantine")
+    to_files(tables.line_minute(deduplicated()), "line_minute")
     columns = ["device", "line", "station", "seq", "ts", "ts_ms", "state", "alarms"]
     stateful = (
         deduplicated()
