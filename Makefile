@@ -41,7 +41,8 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/auth.py bridge/passwd.py \
 		bridge/config.py bridge/state.py bridge/cluster/wire.py bridge/storage/rocketmq_mapping.py \
-		bridge/storage/rocketmq_wire.py bridge/storage/rocketmq_messages.py bridge/storage/rocketmq_bytes.py
+		bridge/storage/rocketmq_wire.py bridge/storage/rocketmq_messages.py bridge/storage/rocketmq_bytes.py \
+		spark/intervals.py spark/options.py spark/telemetry.py
 
 test: test-deps lint
 	$(BIN)/pytest $(PYTEST_ARGS)
