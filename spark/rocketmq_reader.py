@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ QueueKey = tuple[str, str, int]
 """(RocketMQ topic, broker name, queue id)."""
 
 STALL_LIMIT = 20
-"""Pulls in a row that may return nothing short of the range's end before the read fails."""
+"""Pulls in a row (with growing pauses, ~8 s in all) that may return nothing short of the
+range's end before the read fails."""
 
 
 class DataLossError(RuntimeError):
@@ -246,6 +248,8 @@ def _pull_range(
         yield from batcher.full_batches()
         advanced = max(offset, min(result.next_offset, part.end))
         stalls = 0 if advanced > offset else stalls + 1
+        if stalls:
+            time.sleep(min(0.05 * stalls, 0.5))  # e.g. the broker still indexing the range
         if stalls >= STALL_LIMIT:
             raise RuntimeError(
                 f"{part.topic} {queue_id(part.broker, part.queue)}: no progress at offset "
