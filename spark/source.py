@@ -77,28 +77,24 @@ class _Offsets:
 
     # -- both stores
 
-    def start(self) -> dict[str, Any]:
+    def _resolve(self, spec: str | dict[str, Any], timestamp: int | None) -> dict[str, Any]:
         o = self.options
         if o.path is not None:
-            return {log_reader.EMBEDDED: self._log_position(o.starting, o.starting_timestamp)}
+            return {log_reader.EMBEDDED: self._log_position(spec, timestamp)}
 
         async def work(client: Any) -> dict[str, Any]:
             queues = await rmq.list_queues(client, o)
-            return rmq.to_json(await rmq.resolve(client, queues, o.starting, o.starting_timestamp))
+            return rmq.to_json(await rmq.resolve(client, queues, spec, timestamp))
 
         return rmq.run_with_client(o, work)
+
+    def start(self) -> dict[str, Any]:
+        """Where a read starts (startingOffsets / startingTimestamp)."""
+        return self._resolve(self.options.starting, self.options.starting_timestamp)
 
     def end(self) -> dict[str, Any]:
-        """Where a batch read ends."""
-        o = self.options
-        if o.path is not None:
-            return {log_reader.EMBEDDED: self._log_position(o.ending, o.ending_timestamp)}
-
-        async def work(client: Any) -> dict[str, Any]:
-            queues = await rmq.list_queues(client, o)
-            return rmq.to_json(await rmq.resolve(client, queues, o.ending, o.ending_timestamp))
-
-        return rmq.run_with_client(o, work)
+        """Where a batch read ends (endingOffsets / endingTimestamp)."""
+        return self._resolve(self.options.ending, self.options.ending_timestamp)
 
     def latest(self, start: dict[str, Any], max_messages: int | None) -> dict[str, Any]:
         """The newest offsets, at most `max_messages` past `start`."""
