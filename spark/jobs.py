@@ -28,14 +28,17 @@ progress (`numRowsDroppedByWatermark`). Table layouts: docs/spark.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -154,7 +157,8 @@ def _track_devices(
     if due is not None:
         # Called again once the watermark passes the oldest pending message.
         state.setTimeoutTimestamp(max(due, watermark + 1))
-    yield tables.interval_frame(closed)
+    if closed:  # an empty frame would only be concatenated away
+        yield tables.interval_frame(closed)
 
 
 def _write_batch(frame: DataFrame, path: str, batch_id: int) -> None:
@@ -417,31 +421,67 @@ def main(argv: list[str] | None = None) -> int:
         for name, count in counts.items():
             print(f"{name}: {count} rows")
         return 0
-    queries = start_streams(
-        spark,
-        config,
-        args.checkpoint,
-        trigger_s=args.trigger,
-        available_now=args.available_now,
-        max_per_trigger=args.max_per_trigger,
-        starting_offsets=args.starting_offsets,
-    )
+    return run_streams(spark, config, args)
+
+
+RESTARTS = 3
+"""Times the streaming job restarts its queries from their checkpoints after a failure."""
+
+
+def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace) -> int:
+    """Run the streaming queries until interrupted (or `--for`, or all data with
+    `--available-now`). A query that fails (a broker restart, or Spark's Python worker not
+    connecting back in time on a loaded machine) stops them all; they are restarted from their
+    checkpoints, which is exactly-once, up to RESTARTS times."""
+    deadline = None if args.run_for is None else time.monotonic() + args.run_for
+    for attempt in range(RESTARTS + 1):
+        queries = start_streams(
+            spark,
+            config,
+            args.checkpoint,
+            trigger_s=args.trigger,
+            available_now=args.available_now,
+            max_per_trigger=args.max_per_trigger,
+            starting_offsets=args.starting_offsets,
+        )
+        failed = _await_queries(spark, queries, args.available_now, deadline)
+        if failed is None:
+            return 0
+        if attempt == RESTARTS:
+            print(f"error: query {failed[0]} failed: {failed[1]}", file=sys.stderr)
+            return 1
+        log.error("query %s failed (%s); restarting from the checkpoints", *failed)
+    return 1
+
+
+def _await_queries(
+    spark: SparkSession, queries: list[StreamingQuery], available_now: bool, deadline: float | None
+) -> tuple[str, str] | None:
+    """Wait as asked; None when the queries ended well, else (query name, first error line)."""
     try:
-        if args.available_now:
+        if available_now:
             for query in queries:
-                query.awaitTermination()
+                with contextlib.suppress(StreamingQueryException):
+                    query.awaitTermination()
         else:
-            spark.streams.awaitAnyTermination(args.run_for)
+            while deadline is None or time.monotonic() < deadline:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                with contextlib.suppress(StreamingQueryException):
+                    if spark.streams.awaitAnyTermination(wait):
+                        break
+                if deadline is None or any(q.exception() for q in queries):
+                    break
     except KeyboardInterrupt:
         pass
     finally:
         for query in queries:
             query.stop()
-    failed = [q.name for q in queries if q.exception() is not None]
-    if failed:
-        print(f"error: queries failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+        spark.streams.resetTerminated()
+    for query in queries:
+        error = query.exception()
+        if error is not None:
+            return query.name or "?", str(error).strip().splitlines()[0][:300]
+    return None
 
 
 if __name__ == "__main__":

@@ -43,6 +43,19 @@ from spark.simulate_link import (
     _DeviceLink,
 )
 
+__all__ = [
+    "Options",
+    "SimulatorError",
+    "Summary",
+    "build_parser",
+    "device_names",
+    "format_progress",
+    "format_summary",
+    "main",
+    "parse_options",
+    "run",
+]
+
 STATIONS_PER_LINE: Final = 5
 CONCURRENT_CONNECTS: Final = 256
 """Connection attempts at one time, so thousands of devices do not overflow the listen queue."""
