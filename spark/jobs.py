@@ -29,13 +29,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from pyspark.errors import StreamingQueryException
@@ -166,7 +171,45 @@ def _write_batch(frame: DataFrame, path: str, batch_id: int) -> None:
     frame.write.mode("overwrite").parquet(f"{path}/batch={batch_id}")
 
 
-def _intervals_batch(config: JobConfig):  # type: ignore[no-untyped-def]
+class GoldRefresher:
+    """Keeps `availability` and `alarm_summary` up to date for the days new intervals touch,
+    recomputing them at most every `every_s` seconds (they read the whole day's intervals, so
+    doing it after every micro-batch would slow the stream down).
+
+    Days waiting for a refresh are kept in a file under the intervals checkpoint, written before
+    the micro-batch's intervals count as done, so a job killed in between refreshes them after
+    its restart."""
+
+    def __init__(self, config: JobConfig, checkpoint: Path, every_s: float) -> None:
+        self.config = config
+        self.every_s = every_s
+        self.path = checkpoint / "gold-pending.json"
+        self.pending: set[str] = set()
+        if self.path.exists():
+            self.pending = set(json.loads(self.path.read_text()))
+        self.last = 0.0
+
+    def add(self, days: Iterable[str]) -> None:
+        new = set(days) - self.pending
+        if new:
+            self.pending |= new
+            self._save()
+
+    def maybe_refresh(self, spark: SparkSession, *, force: bool = False) -> None:
+        if self.pending and (force or time.monotonic() - self.last >= self.every_s):
+            refresh_gold(spark, self.config, sorted(self.pending))
+            self.pending.clear()
+            self._save()
+            self.last = time.monotonic()
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(self.pending)))
+        os.replace(tmp, self.path)
+
+
+def _intervals_batch(config: JobConfig, gold: GoldRefresher):  # type: ignore[no-untyped-def]
     def write(batch: DataFrame, batch_id: int) -> None:
         batch = batch.cache()
         try:
@@ -174,11 +217,10 @@ def _intervals_batch(config: JobConfig):  # type: ignore[no-untyped-def]
             alarms = tables.alarm_intervals(batch)
             _write_batch(states, config.table("state_intervals"), batch_id)
             _write_batch(alarms, config.table("alarm_intervals"), batch_id)
-            days = [
+            gold.add(
                 r[0] for r in batch.select(F.to_date("start").cast("string")).distinct().collect()
-            ]
-            if days:
-                refresh_gold(batch.sparkSession, config, sorted(days))
+            )
+            gold.maybe_refresh(batch.sparkSession)
         finally:
             batch.unpersist()
 
@@ -230,10 +272,13 @@ def start_streams(
     available_now: bool = False,
     max_per_trigger: int | None = None,
     starting_offsets: str = "earliest",
+    gold: GoldRefresher | None = None,
 ) -> list[StreamingQuery]:
-    """Start the four queries; each resumes from its checkpoint under `checkpoint`."""
+    """Start the four queries; each resumes from its checkpoint under `checkpoint`. A new
+    query starts at `starting_offsets`, resolved once here so that all four start at the same
+    offsets (each would otherwise resolve "latest" at its own first trigger)."""
     fmt, options = config.source(spark, streaming=True)
-    options["startingOffsets"] = starting_offsets
+    options["startingOffsets"] = json.dumps(_resolved_start(options, starting_offsets))
     if max_per_trigger:
         options["maxMessagesPerTrigger"] = str(max_per_trigger)
 
@@ -279,13 +324,23 @@ def start_streams(
             GroupStateTimeout.EventTimeTimeout,
         )
     )
-    intervals = stateful.writeStream.foreachBatch(_intervals_batch(config))
+    if gold is None:
+        gold = GoldRefresher(config, ck / "intervals", 0.0 if available_now else 60.0)
+    intervals = stateful.writeStream.foreachBatch(_intervals_batch(config, gold))
     queries.append(
         trigger(intervals.option("checkpointLocation", str(ck / "intervals")))
         .queryName("intervals")
         .start()
     )
     return queries
+
+
+def _resolved_start(options: dict[str, str], starting_offsets: str) -> dict[str, Any]:
+    from spark.options import parse_options
+    from spark.source import start_offsets
+
+    return start_offsets(parse_options({**options, "startingOffsets": starting_offsets},
+                                       streaming=True))  # fmt: skip
 
 
 # --- reading the tables ---------------------------------------------------------------------
@@ -429,11 +484,18 @@ RESTARTS = 3
 
 
 def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace) -> int:
-    """Run the streaming queries until interrupted (or `--for`, or all data with
+    """Run the streaming queries until SIGINT/SIGTERM (or `--for`, or all data with
     `--available-now`). A query that fails (a broker restart, or Spark's Python worker not
     connecting back in time on a loaded machine) stops them all; they are restarted from their
     checkpoints, which is exactly-once, up to RESTARTS times."""
     deadline = None if args.run_for is None else time.monotonic() + args.run_for
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        # Stop between micro-batches rather than interrupt a call into the JVM.
+        signal.signal(signum, lambda *_: stop.set())
+    gold = GoldRefresher(
+        config, Path(args.checkpoint) / "intervals", 0.0 if args.available_now else 60.0
+    )
     for attempt in range(RESTARTS + 1):
         queries = start_streams(
             spark,
@@ -443,9 +505,11 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
             available_now=args.available_now,
             max_per_trigger=args.max_per_trigger,
             starting_offsets=args.starting_offsets,
+            gold=gold,
         )
-        failed = _await_queries(spark, queries, args.available_now, deadline)
+        failed = _await_queries(queries, args.available_now, deadline, stop)
         if failed is None:
+            gold.maybe_refresh(spark, force=True)
             return 0
         if attempt == RESTARTS:
             print(f"error: query {failed[0]} failed: {failed[1]}", file=sys.stderr)
@@ -455,33 +519,30 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
 
 
 def _await_queries(
-    spark: SparkSession, queries: list[StreamingQuery], available_now: bool, deadline: float | None
+    queries: list[StreamingQuery],
+    available_now: bool,
+    deadline: float | None,
+    stop: threading.Event,
 ) -> tuple[str, str] | None:
-    """Wait as asked; None when the queries ended well, else (query name, first error line)."""
-    try:
-        if available_now:
-            for query in queries:
-                with contextlib.suppress(StreamingQueryException):
-                    query.awaitTermination()
-        else:
-            while deadline is None or time.monotonic() < deadline:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                with contextlib.suppress(StreamingQueryException):
-                    if spark.streams.awaitAnyTermination(wait):
-                        break
-                if deadline is None or any(q.exception() for q in queries):
-                    break
-    except KeyboardInterrupt:
-        pass
-    finally:
+    """Wait as asked; None when the queries ended well (or were asked to stop), else (query
+    name, first line of its error)."""
+    failure = None
+    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
         for query in queries:
-            query.stop()
-        spark.streams.resetTerminated()
+            with contextlib.suppress(StreamingQueryException):
+                query.awaitTermination(0.2)
+        ended = [q for q in queries if not q.isActive]
+        failure = next(
+            ((q.name or "?", str(q.exception())) for q in ended if q.exception() is not None),
+            None,
+        )
+        if failure is not None or (ended and (not available_now or len(ended) == len(queries))):
+            break
     for query in queries:
-        error = query.exception()
-        if error is not None:
-            return query.name or "?", str(error).strip().splitlines()[0][:300]
-    return None
+        query.stop()
+    if failure is None:
+        return None
+    return failure[0], failure[1].strip().splitlines()[0][:300]
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def spark_session(
         SparkSession.builder.appName(app)
         .master(master)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", "1g")

@@ -130,6 +130,12 @@ class _Offsets:
         return parts
 
 
+def start_offsets(options: SourceOptions) -> dict[str, Any]:
+    """The concrete offsets startingOffsets/startingTimestamp stand for now (what a new stream
+    would checkpoint as its start), as JSON-able dicts."""
+    return _Offsets(options).start()
+
+
 class RocketMQBatchReader(DataSourceReader):
     """`spark.read`: the messages between startingOffsets and endingOffsets, fixed at planning."""
 
