@@ -8,8 +8,9 @@ LISTEN ?= 0.0.0.0:1883
 DATA   ?= ./data
 PYTEST_ARGS ?=
 N      ?= 3
+DEMO_ARGS ?=
 
-.PHONY: install install-spark run test test-deps lint bench clean cluster cluster-stop
+.PHONY: install install-spark run test test-deps lint bench clean cluster cluster-stop spark-demo
 
 install: $(STAMP)
 
@@ -52,6 +53,16 @@ bench: test-deps
 	$(BIN)/python tests/bench/durability_contrast.py
 	$(BIN)/python tests/bench/conn_capacity.py
 	$(BIN)/python tests/bench/cluster_bench.py
+	$(BIN)/python tests/bench/spark_bench.py
+
+# The factory BI pipeline end to end in a few minutes (spark/demo.py): RocketMQ, a bridge,
+# simulated devices, the streaming and back-fill jobs, their tables and a chart, all under
+# ./.spark-demo; everything it starts is stopped at the end. Options: DEMO_ARGS="--help".
+spark-demo: install install-spark
+	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
+		default-jre-headless:java maven:mvn
+	deploy/rocketmq/fetch.sh
+	$(BIN)/python -m spark.demo $(DEMO_ARGS)
 
 # A local N-node cluster behind HAProxy on 127.0.0.1:1883 (Redis, RocketMQ, N bridges).
 cluster: install
