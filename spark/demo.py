@@ -39,7 +39,6 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -418,21 +417,6 @@ def run(options: Options, step: Steps) -> int:
 # --- command line ------------------------------------------------------------------------------
 
 
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    """An argparse type: `kind` of the text, which must be > 0."""
-
-    def convert(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return convert
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m spark.demo",
@@ -440,26 +424,28 @@ def build_parser() -> argparse.ArgumentParser:
         "the streaming and back-fill jobs, their tables and a chart.",
     )
     add = parser.add_argument
+    positive = simulate.number_option(float, 0, open_low=True)
+    positive_int = simulate.number_option(int, 0, open_low=True)
     add("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help="(default ./.spark-demo; wiped)")
-    add("--duration", type=_positive(float), default=60.0, help="seconds of simulation (60)")
-    add("--lines", type=_positive(int), default=3, help="production lines (3)")
-    add("--devices-per-line", type=_positive(int), default=8, help="devices per line (8)")
+    add("--duration", type=positive, default=60.0, help="seconds of simulation (60)")
+    add("--lines", type=positive_int, default=3, help="production lines (3)")
+    add("--devices-per-line", type=positive_int, default=8, help="devices per line (8)")
     add(
         "--rate",
-        type=_positive(float),
+        type=positive,
         default=None,
         metavar="MSG/S",
         help="simulator's ceiling (default: twice what the devices need)",
     )
     add(
         "--device-minutes",
-        type=_positive(float),
+        type=positive,
         default=40.0,
         help="factory time the devices cover during --duration (40)",
     )
     add(
         "--catch-up-timeout",
-        type=_positive(float),
+        type=positive,
         default=180.0,
         metavar="SECONDS",
         help="how long the stream may take to write everything after the simulation (180)",

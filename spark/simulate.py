@@ -52,6 +52,7 @@ __all__ = [
     "format_progress",
     "format_summary",
     "main",
+    "number_option",
     "parse_options",
     "run",
 ]
@@ -296,7 +297,7 @@ async def run(
 # --- the command line ------------------------------------------------------------------------
 
 
-def _number(
+def number_option(
     kind: Callable[[str], Any], low: float, high: float = math.inf, *, open_low: bool
 ) -> Callable[[str], Any]:
     """An argparse type: `kind` within (low, high] if open_low else [low, high]."""
@@ -325,10 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
         "MQTT, one connection per device. Stops after --count messages or --duration seconds.",
     )
     add = parser.add_argument
-    positive_int = _number(int, 0, open_low=True)
-    positive = _number(float, 0, open_low=True)
+    positive_int = number_option(int, 0, open_low=True)
+    positive = number_option(float, 0, open_low=True)
     add("--host", default="127.0.0.1", help="broker host (default 127.0.0.1)")
-    add("--port", type=_number(int, 1, 65535, open_low=False), default=1883, help="(default 1883)")
+    port = number_option(int, 1, 65535, open_low=False)
+    add("--port", type=port, default=1883, help="(default 1883)")
     add(
         "--lines",
         metavar="N",
@@ -382,13 +384,13 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--start-ms",
         metavar="MS",
-        type=_number(int, telemetry.TS_MIN, telemetry.TS_MAX - 1, open_low=False),
+        type=number_option(int, telemetry.TS_MIN, telemetry.TS_MAX - 1, open_low=False),
         help="device clocks' start, epoch ms (default: now)",
     )
     add(
         "--malformed",
         metavar="FRACTION",
-        type=_number(float, 0, 1, open_low=False),
+        type=number_option(float, 0, 1, open_low=False),
         default=0.0,
         help="fraction of messages replaced by malformed payloads (default 0)",
     )
