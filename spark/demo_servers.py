@@ -93,20 +93,30 @@ class Child:
         return DemoError(f"{what} (exit {self.exited()}; log {self.log_path}): {self.reason()}")
 
     def stop(self) -> None:
-        """SIGTERM to the whole group (a Spark driver takes its JVM and Python workers along),
-        SIGKILL to what is left after STOP_TIMEOUT."""
+        """SIGTERM to the process itself (a Spark driver then stops its queries between
+        micro-batches, and its JVM and Python workers end with it), SIGKILL to the whole group
+        if anything is left after STOP_TIMEOUT. SIGTERM to the group would stop the JVM under
+        the driver's feet."""
         if self.proc is None:
             return
         pgid = self.proc.pid
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
-            deadline = time.monotonic() + STOP_TIMEOUT
-            while time.monotonic() < deadline:
-                self.proc.poll()  # reap the leader, else it stays a member as a zombie
-                if not _group_alive(pgid):
-                    return
-                time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pgid, signal.SIGTERM)
+        if self._wait_gone(pgid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        self._wait_gone(pgid)
+
+    def _wait_gone(self, pgid: int) -> bool:
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            self.proc.poll()  # reap the leader, else it stays a member as a zombie
+            if not _group_alive(pgid):
+                return True
+            time.sleep(0.1)
+        return False
 
 
 def _can_bind(port: int) -> bool:

@@ -509,7 +509,13 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
         )
         failed = _await_queries(queries, args.available_now, deadline, stop)
         if failed is None:
-            gold.maybe_refresh(spark, force=True)
+            try:
+                gold.maybe_refresh(spark, force=True)
+            except Exception:
+                if not stop.is_set():
+                    raise
+                log.info("stopping: availability left for the next run (days kept in %s)",
+                         gold.path)  # fmt: skip
             return 0
         if attempt == RESTARTS:
             print(f"error: query {failed[0]} failed: {failed[1]}", file=sys.stderr)
@@ -528,9 +534,14 @@ def _await_queries(
     name, first line of its error)."""
     failure = None
     while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-        for query in queries:
-            with contextlib.suppress(StreamingQueryException):
-                query.awaitTermination(0.2)
+        try:
+            for query in queries:
+                with contextlib.suppress(StreamingQueryException):
+                    query.awaitTermination(0.2)
+        except Exception:
+            if stop.is_set():  # a signal to the whole process group stops the JVM too
+                break
+            raise
         ended = [q for q in queries if not q.isActive]
         failure = next(
             ((q.name or "?", str(q.exception())) for q in ended if q.exception() is not None),
@@ -539,8 +550,13 @@ def _await_queries(
         if failure is not None or (ended and (not available_now or len(ended) == len(queries))):
             break
     for query in queries:
-        query.stop()
-    if failure is None:
+        try:
+            query.stop()
+        except Exception as exc:  # the JVM may be going down with us
+            if not stop.is_set():
+                raise
+            log.info("stopping %s: %s", query.name, str(exc).strip().splitlines()[0][:200])
+    if failure is None or stop.is_set():
         return None
     return failure[0], failure[1].strip().splitlines()[0][:300]
 
