@@ -207,6 +207,20 @@ class Shifts:
         return out
 
 
+def days_touched(intervals: Iterable[tuple[str, int, int]], shifts: Shifts) -> set[str]:
+    """The days whose daily tables new closed intervals change, from (kind, start ms, end ms):
+    every shift date a state interval overlaps (availability is per shift, and an interval
+    can run across midnight into the next day's shifts), and the start date of an alarm (the
+    alarm summary counts an alarm on the day it began)."""
+    days: set[str] = set()
+    for kind, start, end in intervals:
+        if kind == "state":
+            days.update(date for date, _, _, _ in shifts.pieces(start, end))
+        else:
+            days.add(datetime.fromtimestamp(start / 1000, tz=UTC).date().isoformat())
+    return days
+
+
 def batch_intervals(device: str, samples: Sequence[Sample]) -> list[Interval]:
     """Every closed interval of a device's samples at once (a back-fill)."""
     track = DeviceTrack(device)

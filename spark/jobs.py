@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from spark import tables
-from spark.intervals import DeviceTrack, Shifts
+from spark.intervals import DeviceTrack, Shifts, days_touched
 from spark.telemetry import TOPIC_PREFIX
 
 log = logging.getLogger("spark.jobs")
@@ -217,9 +217,8 @@ def _intervals_batch(config: JobConfig, gold: GoldRefresher):  # type: ignore[no
             alarms = tables.alarm_intervals(batch)
             _write_batch(states, config.table("state_intervals"), batch_id)
             _write_batch(alarms, config.table("alarm_intervals"), batch_id)
-            gold.add(
-                r[0] for r in batch.select(F.to_date("start").cast("string")).distinct().collect()
-            )
+            closed = batch.select("kind", F.unix_millis("start"), F.unix_millis("end")).collect()
+            gold.add(days_touched(closed, config.shifts))
             gold.maybe_refresh(batch.sparkSession)
         finally:
             batch.unpersist()
@@ -228,29 +227,19 @@ def _intervals_batch(config: JobConfig, gold: GoldRefresher):  # type: ignore[no
 
 
 def refresh_gold(spark: SparkSession, config: JobConfig, days: list[str]) -> None:
-    """Recompute `availability` and `alarm_summary` for `days` (and the shifts they touch)
-    from the interval tables, replacing those days' partitions."""
-    lo = int(datetime.fromisoformat(days[0]).replace(tzinfo=UTC).timestamp() * 1000)
-    hi = int(datetime.fromisoformat(days[-1]).replace(tzinfo=UTC).timestamp() * 1000)
-    day_ms = 86_400_000
-    window_lo = F.lit(datetime.fromtimestamp((lo - day_ms) / 1000, tz=UTC))
-    window_hi = F.lit(datetime.fromtimestamp((hi + 2 * day_ms) / 1000, tz=UTC))
-    touched = list(days)
-    shift_days = sorted({*touched, *(_previous_day(d) for d in touched)})
-    states = spark.read.parquet(config.table("state_intervals")).where(
-        (F.col("end") > window_lo) & (F.col("start") < window_hi)
-    )
-    table = tables.availability(states.drop("batch"), config.shifts).where(
-        F.col("shift_date").isin(shift_days)
-    )
+    """Recompute `availability` (shift dates) and `alarm_summary` (alarm start dates) for
+    `days` from the interval tables, replacing those days' partitions."""
+    first = datetime.fromisoformat(min(days)).replace(tzinfo=UTC)
+    # A shift of day d lies within [d 00:00, d+2 00:00): its start is a time of day d, and it
+    # ends at the latest at the first shift start of d+1.
+    last = datetime.fromisoformat(max(days)).replace(tzinfo=UTC) + timedelta(days=2)
+    states = spark.read.parquet(config.table("state_intervals")).drop("batch")
+    overlapping = states.where((F.col("end") > F.lit(first)) & (F.col("start") < F.lit(last)))
+    table = tables.availability(overlapping, config.shifts).where(F.col("shift_date").isin(days))
     _overwrite_partitions(table, config.table("availability"), "shift_date")
     alarms = spark.read.parquet(config.table("alarm_intervals")).drop("batch")
-    summary = tables.alarm_summary(alarms.where(F.to_date("start").cast("string").isin(touched)))
+    summary = tables.alarm_summary(alarms.where(F.to_date("start").cast("string").isin(days)))
     _overwrite_partitions(summary, config.table("alarm_summary"), "date")
-
-
-def _previous_day(day: str) -> str:
-    return (datetime.fromisoformat(day) - pd.Timedelta(days=1)).date().isoformat()
 
 
 def _overwrite_partitions(frame: DataFrame, path: str, column: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark.intervals import DeviceTrack, Interval, Sample, Shifts, batch_intervals
+from spark.intervals import DeviceTrack, Interval, Sample, Shifts, batch_intervals, days_touched
 
 T0 = int(datetime(2026, 1, 5, 6, 0, tzinfo=UTC).timestamp() * 1000)
 
@@ -198,3 +198,15 @@ def test_shift_pieces_add_up_to_the_interval(offset: int, length: int) -> None:
 def test_bad_shift_starts_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         Shifts.parse(text)
+
+
+def test_an_interval_across_midnight_touches_the_next_days_shifts_too() -> None:
+    days = days_touched([("state", ms("2026-01-05T21:00"), ms("2026-01-06T07:00"))], Shifts())
+    assert days == {"2026-01-05", "2026-01-06"}
+    # 01:00-02:00 is the night shift that began the day before.
+    assert days_touched([("state", ms("2026-01-06T01:00"), ms("2026-01-06T02:00"))], Shifts()) == {
+        "2026-01-05"
+    }
+    assert days_touched([("alarm", ms("2026-01-06T01:00"), ms("2026-01-07T02:00"))], Shifts()) == {
+        "2026-01-06"
+    }
