@@ -40,7 +40,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from pyspark.errors import StreamingQueryException
@@ -51,6 +50,8 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from spark import tables
 from spark.intervals import DeviceTrack, Shifts, days_touched
+from spark.options import parse_options
+from spark.source import start_offsets
 from spark.telemetry import TOPIC_PREFIX
 
 log = logging.getLogger("spark.jobs")
@@ -80,15 +81,14 @@ class JobConfig:
     watermark_s: int = 120
     """How late (device time) a message may arrive and still count."""
 
-    def source(self, spark: SparkSession, *, streaming: bool) -> tuple[DataFrame, dict[str, str]]:
-        options = {"topicFilter": self.topic_filter}
+    def source_options(self, **extra: str) -> dict[str, str]:
+        """Options of the `rocketmq` source reading this job's telemetry."""
+        options = {"topicFilter": self.topic_filter, **extra}
         if self.nameserver:
             options["nameserver"] = self.nameserver
-        reader = spark.readStream if streaming else spark.read
-        fmt = reader.format("rocketmq")
         if self.path:
             options["path"] = self.path
-        return fmt, options
+        return options
 
     def table(self, name: str) -> str:
         return str(Path(self.out) / name)
@@ -102,11 +102,11 @@ def run_backfill(
 ) -> dict[str, int]:
     """Rebuild every table from the messages of devices' time [start_ms, end_ms) (all when
     None), replacing what the tables held. Returns the row count of each table."""
-    fmt, options = config.source(spark, streaming=False)
+    options = config.source_options()
     if start_ms is not None:
         # Stored no earlier than the device time it reports, less the watermark of clock skew.
         options["startingTimestamp"] = str(max(0, start_ms - config.watermark_s * 1000))
-    raw = fmt.options(**options).load()
+    raw = spark.read.format("rocketmq").options(**options).load()
     parsed = tables.parse(raw).cache()
     good = tables.valid(parsed)
     if start_ms is not None:
@@ -266,13 +266,16 @@ def start_streams(
     """Start the four queries; each resumes from its checkpoint under `checkpoint`. A new
     query starts at `starting_offsets`, resolved once here so that all four start at the same
     offsets (each would otherwise resolve "latest" at its own first trigger)."""
-    fmt, options = config.source(spark, streaming=True)
-    options["startingOffsets"] = json.dumps(_resolved_start(options, starting_offsets))
+    options = config.source_options()
+    start = start_offsets(
+        parse_options({**options, "startingOffsets": starting_offsets}, streaming=True)
+    )
+    options["startingOffsets"] = json.dumps(start)
     if max_per_trigger:
         options["maxMessagesPerTrigger"] = str(max_per_trigger)
 
     def parsed() -> DataFrame:
-        return tables.parse(fmt.options(**options).load())
+        return tables.parse(spark.readStream.format("rocketmq").options(**options).load())
 
     def deduplicated() -> DataFrame:
         watermark = f"{config.watermark_s} seconds"
@@ -322,14 +325,6 @@ def start_streams(
         .start()
     )
     return queries
-
-
-def _resolved_start(options: dict[str, str], starting_offsets: str) -> dict[str, Any]:
-    from spark.options import parse_options
-    from spark.source import start_offsets
-
-    return start_offsets(parse_options({**options, "startingOffsets": starting_offsets},
-                                       streaming=True))  # fmt: skip
 
 
 # --- reading the tables ---------------------------------------------------------------------

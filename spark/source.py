@@ -38,15 +38,8 @@ from spark.options import EARLIEST, LATEST, SourceOptions, parse_options
 from spark.rows import ARROW_SCHEMA, SCHEMA_DDL
 
 
-class RangePartition(InputPartition):
-    """One Spark task: a `rmq.QueueRange` or a `log_reader.LogRange`."""
-
-    def __init__(self, value: rmq.QueueRange | log_reader.LogRange) -> None:
-        super().__init__(value)
-        self.value = value
-
-
 def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of one task; its partition holds a `rmq.QueueRange` or a `log_reader.LogRange`."""
     value = getattr(partition, "value", None)
     if value is None:  # Spark reads one empty partition when `partitions()` found none
         return iter(())
@@ -120,13 +113,13 @@ class _Offsets:
         if o.path is not None:
             lo = int(start.get(log_reader.EMBEDDED, 0))
             hi = int(end.get(log_reader.EMBEDDED, 0))
-            return [RangePartition(r) for r in log_reader.split(o.path, lo, hi)]
+            return [InputPartition(r) for r in log_reader.split(o.path, lo, hi)]
         begin = rmq.from_json(start)
         parts: list[InputPartition] = []
         for (topic, broker, queue), stop in sorted(rmq.from_json(end).items()):
             first = begin.get((topic, broker, queue), 0)  # a queue new since `start`: all of it
             if stop > first:
-                parts.append(RangePartition(rmq.QueueRange(topic, broker, queue, first, stop)))
+                parts.append(InputPartition(rmq.QueueRange(topic, broker, queue, first, stop)))
         return parts
 
 

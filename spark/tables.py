@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -42,27 +43,29 @@ INTERVAL_DDL = (
 )
 
 _PASSED = ("topic", "payload", "key", "publish_time", "store_time", "broker", "queue", "offset")
-_PARSED_FIELDS = ("device", "line", "station", "seq", "ts", "state", "good", "bad", "alarms")
+_FROM_PAYLOAD = {
+    "device": "device", "line": "line", "station": "station", "seq": "seq", "ts_ms": "ts",
+    "state": "state", "good": "good", "bad": "bad", "alarms": "alarms",
+}  # fmt: skip
+"""Column -> field of the validated payload."""
 
 
 def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     schema = _parsed_arrow_schema()
     for batch in batches:
-        columns: dict[str, list[object]] = {name: [] for name in schema.names}
-        payloads = batch.column("payload").to_pylist()
-        for payload in payloads:
-            record, reason = validate(payload or b"")
-            for name in _PARSED_FIELDS:
-                columns[name].append(record[name] if record is not None else None)
-            ts = record["ts"] if record is not None else None
-            columns["ts"][-1] = ts * 1000 if ts is not None else None
-            columns["ts_ms"].append(ts)
-            columns["error"].append(reason)
-        for name in _PASSED:
-            columns[name] = batch.column(name).to_pylist()
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(columns[f.name], type=f.type) for f in schema], schema=schema
-        )
+        checked = [validate(payload or b"") for payload in batch.column("payload").to_pylist()]
+        arrays = {
+            name: pa.array(
+                [record[field] if record else None for record, _ in checked],
+                type=schema.field(name).type,
+            )
+            for name, field in _FROM_PAYLOAD.items()
+        }
+        arrays["ts"] = pc.multiply(arrays["ts_ms"], 1000).cast(schema.field("ts").type)
+        arrays["error"] = pa.array([reason for _, reason in checked], type=pa.string())
+        for name in _PASSED:  # handed through as they came, no Python objects
+            arrays[name] = batch.column(name).cast(schema.field(name).type)
+        yield pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 
 def _parsed_arrow_schema() -> pa.Schema:
