@@ -23,6 +23,15 @@ class Config:
     """Every setting of a bridge node, with its default."""
 
     listen: list[str] = field(default_factory=lambda: ["0.0.0.0:1883"])
+    tls_listen: list[str] = field(default_factory=list)
+    ws_listen: list[str] = field(default_factory=list)
+    wss_listen: list[str] = field(default_factory=list)
+    ws_path: str = "/mqtt"
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    tls_cafile: str = ""
+    tls_client_cert: str = "none"
+    tls_cn_as_username: bool = False
     data_dir: str = "./data"
     log_level: str = "info"
     node_id: str = ""
@@ -33,6 +42,20 @@ class Config:
     notify: bool = True
     password_file: str = ""
     allow_anonymous: bool = True
+    auth_redis: bool = False
+    auth_cache_ttl: float = 60.0
+    acl_file: str = ""
+    acl_redis: bool = False
+    acl_cache_ttl: float = 60.0
+    presubscribe: list[str] = field(default_factory=list)
+    admin_listen: str = ""
+    admin_token: str = ""
+    metrics_public: bool = True
+    sys_interval: float = 10.0
+    client_events: bool = True
+    client_events_qos: int = 1
+    metering_interval: float = 10.0
+    metering_redis_url: str = ""
     fsync: bool = True
     store_qos0: bool = True
     segment_bytes: int = 64 * MiB
@@ -82,6 +105,15 @@ class Config:
 
 SETTINGS: dict[str, str] = {
     "listen": "TCP listener `HOST:PORT`; repeatable (`--listen`), comma-separated in the env var",
+    "tls_listen": "MQTT over TLS listeners `HOST:PORT` (usually 8883); need tls_certfile/keyfile",
+    "ws_listen": "MQTT over WebSocket listeners `HOST:PORT` (usually 8083)",
+    "wss_listen": "MQTT over secure WebSocket listeners `HOST:PORT` (usually 8084)",
+    "ws_path": "HTTP path of the WebSocket listeners (other paths get 404)",
+    "tls_certfile": "PEM server certificate (chain) of the TLS and WSS listeners",
+    "tls_keyfile": "PEM private key of tls_certfile",
+    "tls_cafile": "PEM CA bundle that client certificates must chain to",
+    "tls_client_cert": "`none`, `optional` or `required`: ask TLS clients for a certificate",
+    "tls_cn_as_username": "a verified client certificate's CN is the user name (no password)",
     "data_dir": "directory of the embedded store (log segments, snapshot)",
     "log_level": "`debug`, `info`, `warning` or `error`",
     "node_id": "this node's id in message properties and logs (default `<hostname>-<port>`)",
@@ -90,8 +122,22 @@ SETTINGS: dict[str, str] = {
     "rocketmq_namespace": "prefix of this gateway's light queues, to share one RocketMQ cluster",
     "rocketmq_send_timeout": "seconds to wait for SEND_OK before a publish is not acknowledged",
     "notify": "run notify inside this node (store=rocketmq); `false` when it runs on its own",
-    "password_file": "file of `user:scrypt-hash` lines (`python -m bridge.passwd`); empty: no auth",
-    "allow_anonymous": "with a password_file, accept CONNECT without user name (false: CONNACK 5)",
+    "password_file": "file of `user:hash` lines (`python -m bridge.passwd`); empty: no auth",
+    "allow_anonymous": "with auth on, accept CONNECT without user name (false: CONNACK 5)",
+    "auth_redis": "also check users stored in the cluster's Redis (`bridge.passwd --redis`)",
+    "auth_cache_ttl": "seconds a successful password check is remembered (0: never)",
+    "acl_file": "file of per-topic publish/subscribe rules (docs/operations.md); empty: all",
+    "acl_redis": "also ACL rules from the cluster's Redis; changes apply on every node at once",
+    "acl_cache_ttl": "seconds an ACL decision is cached (cleared whenever the rules change)",
+    "presubscribe": "filters every client gets on connect, `[QOS:]FILTER` with `%c`/`%u`",
+    "admin_listen": "admin HTTP API `HOST:PORT` (empty: off); keep it on a private network",
+    "admin_token": "bearer token of the admin API (empty: one is generated into data_dir)",
+    "metrics_public": "serve /metrics on the admin listener without the token (for Prometheus)",
+    "sys_interval": "seconds between `$SYS/brokers/<node>/...` statistics (0: off)",
+    "client_events": "publish `$SYS/brokers/<node>/clients/<id>/connected|disconnected` events",
+    "client_events_qos": "QoS of the client events (1: stored, so persistent subscribers get all)",
+    "metering_interval": "seconds between flushes of per-client/user counters to Redis (0: off)",
+    "metering_redis_url": "Redis for metering `redis://HOST:PORT/DB` (default: the cluster's)",
     "fsync": "fsync each group commit before PUBACK/PUBREC; `false` is NOT durable (benchmarks)",
     "store_qos0": "also write QoS 0 messages to the store (not awaited), for analytics",
     "segment_bytes": "size at which a log segment file is closed and a new one started",
@@ -213,6 +259,41 @@ def parse_listen(address: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", port
 
 
+def _validate_listeners(config: Config) -> None:
+    for name in ("tls_listen", "ws_listen", "wss_listen"):
+        for address in getattr(config, name):
+            parse_listen(address)
+    if not config.ws_path.startswith("/"):
+        raise ConfigError(f"ws_path: {config.ws_path!r} must start with /")
+    if config.tls_client_cert not in ("none", "optional", "required"):
+        raise ConfigError(
+            f"tls_client_cert: {config.tls_client_cert!r} is not none/optional/required"
+        )
+    secure = config.tls_listen or config.wss_listen
+    if secure and not (config.tls_certfile and config.tls_keyfile):
+        raise ConfigError("tls_listen/wss_listen: need tls_certfile and tls_keyfile")
+    if config.tls_client_cert != "none" and not config.tls_cafile:
+        raise ConfigError("tls_client_cert: verifying client certificates needs tls_cafile")
+    if config.tls_cn_as_username and config.tls_client_cert == "none":
+        raise ConfigError("tls_cn_as_username: needs tls_client_cert optional or required")
+
+
+def _validate_operations(config: Config) -> None:
+    from bridge.presubscribe import PresubscribeError, parse_presubscriptions
+
+    try:
+        parse_presubscriptions(config.presubscribe)
+    except PresubscribeError as exc:
+        raise ConfigError(f"presubscribe: {exc}") from None
+    if config.admin_listen:
+        parse_listen(config.admin_listen)
+    if config.client_events_qos not in (0, 1, 2):
+        raise ConfigError("client_events_qos: must be 0, 1 or 2")
+    for name in ("auth_cache_ttl", "acl_cache_ttl", "sys_interval", "metering_interval"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name}: must not be negative")
+
+
 def validate(config: Config) -> None:
     """Raise ConfigError for values that cannot work."""
     if not config.listen:
@@ -221,8 +302,16 @@ def validate(config: Config) -> None:
         parse_listen(address)
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
-    if not config.allow_anonymous and not config.password_file:
-        raise ConfigError("allow_anonymous: false needs a password_file")
+    if not config.allow_anonymous and not (
+        config.password_file or config.auth_redis or config.tls_cn_as_username
+    ):
+        raise ConfigError(
+            "allow_anonymous: false needs a password_file, auth_redis or tls_cn_as_username"
+        )
+    if (config.auth_redis or config.acl_redis) and not config.clustered:
+        raise ConfigError("auth_redis/acl_redis: need the cluster's Redis (redis_url)")
+    _validate_listeners(config)
+    _validate_operations(config)
     if config.store not in ("filelog", "rocketmq"):
         raise ConfigError(f"store: unknown backend {config.store!r} (known: filelog, rocketmq)")
     if config.store == "rocketmq" and not config.rocketmq_namesrv.strip():
