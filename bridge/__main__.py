@@ -101,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in SETTINGS:
             print(f"{name} = {getattr(config, name)!r}")
         return 0
+    from bridge.acl import AclError
     from bridge.auth import AuthConfigError
     from bridge.server import Server
+    from bridge.tls import TLSConfigError
 
     try:
         Server.check(config)
-    except AuthConfigError as exc:
+    except (AuthConfigError, AclError, TLSConfigError) as exc:
         print(f"mqtt-bridge: configuration error: {exc}", file=sys.stderr)
         return 2
     return run_server(config, "bridge")

@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from bridge.mqtt.topics import topic_matches
+
 PUBLISH = "publish"
 SUBSCRIBE = "subscribe"
 DEFAULT_CACHE_TTL = 60.0
@@ -71,12 +73,6 @@ def _literal(value: str) -> bool:
 
 def _wild_first(level: str) -> bool:
     return level in ("+", "#")
-
-
-def topic_matches_filter(topic_filter: str, topic: str) -> bool:
-    """Whether `topic` (a name) matches `topic_filter`; wildcards do not match `$` topics at the
-    first level (MQTT-4.7.2-1)."""
-    return _covers(topic_filter.split("/"), topic.split("/"))
 
 
 def covers(rule_filter: str, requested: str) -> bool:
@@ -272,7 +268,7 @@ class Acl:
             if pattern is None:
                 continue
             if action == PUBLISH:
-                hit = topic_matches_filter(pattern, topic)
+                hit = topic_matches(pattern, topic)
             elif rule.decision is Decision.ALLOW:
                 hit = covers(pattern, topic)
             else:

@@ -1,21 +1,25 @@
 """Client authentication: who may CONNECT.
 
 An `Authenticator` turns the ClientId, user name and password of a CONNECT into an `AuthResult`,
-whose value is the MQTT 3.1.1 CONNACK return code to answer with. Two implementations live here:
+whose value is the MQTT 3.1.1 CONNACK return code to answer with. Implementations here:
 
 * `AllowAll` accepts everyone (authentication off; the default).
-* `PasswordFile` checks user names and passwords against a file of scrypt hashes, one
+* `PasswordFile` checks user names and passwords against a file of salted hashes, one
   `username:hash` per line (see `python -m bridge.passwd` to maintain it).
 
-Hashes use the standard library's `hashlib.scrypt` (memory-hard, no extra dependency) and are
-stored as `scrypt$N$r$p$<salt base64>$<hash base64>`. The default cost, N=2**14, r=8, p=1, needs
-128 * r * N = 16 MiB of memory and about 10-50 ms of CPU per verification: expensive enough to make
-offline guessing of a stolen file slow, cheap enough for a broker. Because that cost would be paid
-again by every reconnect of every client (a reconnect storm after a network blip means thousands at
-once), `PasswordFile` remembers successful verifications for `cache_ttl` seconds.
+`bridge.access` adds the users kept in the cluster's Redis and client certificates.
+
+New hashes are Argon2id (argon2-cffi, the reference implementation's bindings), stored in the
+standard PHC form `$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>`: 19 MiB and two passes, OWASP's
+recommended minimum, about 20-50 ms of CPU per verification. Files written before still verify:
+`scrypt$N$r$p$<salt base64>$<hash base64>` hashes (the standard library's `hashlib.scrypt`). Either
+cost is expensive enough to make offline guessing of a stolen file slow, cheap enough for a
+broker. Because it would be paid again by every reconnect of every client (a reconnect storm after
+a network blip means thousands at once), successful verifications are remembered for `cache_ttl`
+seconds (`VerifiedCache`).
 
 `authenticate` is synchronous and, on a cache miss, CPU-bound for tens of milliseconds; callers on
-an event loop should run it in a small dedicated thread pool (`hashlib.scrypt` releases the GIL).
+an event loop should run it in a small dedicated thread pool (both hash functions release the GIL).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Protocol
 
+import argon2
+from argon2.exceptions import InvalidHashError, VerificationError
+
 from bridge.mqtt.packets import ConnackCode
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,11 @@ HASH_BYTES = 32
 # CONNECT allocate gigabytes. 128 MiB per verification is eight times the default.
 MAX_SCRYPT_MEMORY = 128 * 1024 * 1024
 MAX_P = 16
+ARGON2_TIME_COST = 2
+ARGON2_MEMORY_KIB = 19 * 1024
+ARGON2_PARALLELISM = 1
+MAX_ARGON2_MEMORY_KIB = MAX_SCRYPT_MEMORY // 1024
+MAX_ARGON2_TIME_COST = 10
 DEFAULT_CACHE_TTL = 60.0
 DEFAULT_CACHE_SIZE = 100_000
 
@@ -63,11 +75,12 @@ class AuthResult(Enum):
     ACCEPTED = ConnackCode.ACCEPTED
     BAD_CREDENTIALS = ConnackCode.BAD_USERNAME_OR_PASSWORD
     NOT_AUTHORIZED = ConnackCode.NOT_AUTHORIZED
+    UNAVAILABLE = ConnackCode.SERVER_UNAVAILABLE
 
     @property
     def connack_code(self) -> ConnackCode:
-        """The CONNACK return code to send (0 accepted, 4 bad user name or password, 5 not
-        authorized)."""
+        """The CONNACK return code to send (0 accepted, 3 the user store is unreachable, 4 bad
+        user name or password, 5 not authorized)."""
         return ConnackCode(self.value)
 
 
@@ -138,11 +151,51 @@ def _b64(text: str, what: str) -> bytes:
         raise AuthConfigError(f"{what} is not valid base64") from None
 
 
-def parse_hash(stored: str) -> ScryptHash:
+@dataclass(frozen=True, slots=True)
+class Argon2Hash:
+    """A validated Argon2 hash in PHC form (`$argon2id$v=19$m=...,t=...,p=...$salt$hash`)."""
+
+    encoded: str
+
+    def encode(self) -> str:
+        """The storage form (as read)."""
+        return self.encoded
+
+
+StoredHash = ScryptHash | Argon2Hash
+
+_ARGON2 = argon2.PasswordHasher(
+    time_cost=ARGON2_TIME_COST, memory_cost=ARGON2_MEMORY_KIB, parallelism=ARGON2_PARALLELISM
+)
+
+
+def _parse_argon2(stored: str) -> Argon2Hash:
+    try:
+        params = argon2.extract_parameters(stored)
+    except (InvalidHashError, ValueError):
+        raise AuthConfigError("hash is not a valid $argon2id$... PHC string") from None
+    if params.type not in (argon2.Type.ID, argon2.Type.I):
+        raise AuthConfigError("argon2 hash must be argon2id (or argon2i)")
+    if params.memory_cost > MAX_ARGON2_MEMORY_KIB or params.time_cost > MAX_ARGON2_TIME_COST:
+        raise AuthConfigError(
+            f"argon2 cost m={params.memory_cost} KiB t={params.time_cost} exceeds the limit "
+            f"(m <= {MAX_ARGON2_MEMORY_KIB} KiB, t <= {MAX_ARGON2_TIME_COST})"
+        )
+    if params.salt_len < 8 or not 16 <= params.hash_len <= 64:
+        raise AuthConfigError("argon2 salt shorter than 8 bytes or hash not within 16..64 bytes")
+    return Argon2Hash(stored)
+
+
+def parse_hash(stored: str) -> StoredHash:
     """Parse and validate a stored hash, or raise AuthConfigError saying what is wrong."""
-    parts = stored.strip().split("$")
+    stored = stored.strip()
+    if stored.startswith("$argon2"):
+        return _parse_argon2(stored)
+    parts = stored.split("$")
     if len(parts) != 6 or parts[0] != SCHEME:
-        raise AuthConfigError("hash is not in the form scrypt$N$r$p$<salt>$<hash>")
+        raise AuthConfigError(
+            "hash is neither $argon2id$... nor in the form scrypt$N$r$p$<salt>$<hash>"
+        )
     if not all(part.isascii() and part.isdigit() and len(part) <= 10 for part in parts[1:4]):
         raise AuthConfigError("scrypt N, r and p must be decimal integers")
     n, r, p = (int(part) for part in parts[1:4])
@@ -163,22 +216,118 @@ def _scrypt(password: bytes, salt: bytes, n: int, r: int, p: int, dklen: int) ->
 
 
 def hash_password(
-    password: str | bytes, *, n: int = DEFAULT_N, r: int = DEFAULT_R, p: int = DEFAULT_P
+    password: str | bytes,
+    *,
+    n: int | None = None,
+    r: int = DEFAULT_R,
+    p: int = DEFAULT_P,
 ) -> str:
     """Hash `password` (str is UTF-8 encoded) with a fresh random salt, in the storage form.
 
-    The defaults (N=2**14, r=8, p=1: 16 MiB, ~10-50 ms) suit a broker; raise N for more
-    resistance to offline guessing at the price of slower cache misses on CONNECT.
+    Argon2id with the module's cost (19 MiB, t=2) unless an scrypt cost `n` is given (then
+    `scrypt$N$r$p$...`; N=2**14, r=8, p=1 is 16 MiB, ~10-50 ms).
     """
-    _check_cost(n, r, p)
     secret = password.encode("utf-8") if isinstance(password, str) else password
+    if n is None:
+        return _argon2_hash(secret)
+    _check_cost(n, r, p)
     salt = secrets.token_bytes(SALT_BYTES)
     return ScryptHash(n, r, p, salt, _scrypt(secret, salt, n, r, p, HASH_BYTES)).encode()
 
 
-def _verify(stored: ScryptHash, password: bytes) -> bool:
+def _argon2_hash(secret: bytes) -> str:
+    return _ARGON2.hash(secret)
+
+
+def _argon2_verify(encoded: str, password: bytes) -> bool:
+    """The one place Argon2 verifies (tests count calls by replacing this function)."""
+    try:
+        return _ARGON2.verify(encoded, password)
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+def _verify(stored: StoredHash, password: bytes) -> bool:
+    if isinstance(stored, Argon2Hash):
+        return _argon2_verify(stored.encoded, password)
     computed = _scrypt(password, stored.salt, stored.n, stored.r, stored.p, len(stored.digest))
     return hmac.compare_digest(computed, stored.digest)
+
+
+def decoy_like(stored: StoredHash | None) -> StoredHash:
+    """A hash no password matches, as costly to check as `stored` (Argon2 if None): unknown users
+    are checked against it so that they take as long as known ones."""
+    if isinstance(stored, ScryptHash):
+        return ScryptHash(
+            stored.n,
+            stored.r,
+            stored.p,
+            secrets.token_bytes(SALT_BYTES),
+            secrets.token_bytes(len(stored.digest)),
+        )
+    return Argon2Hash(_argon2_hash(secrets.token_bytes(16)))
+
+
+class VerifiedCache:
+    """Remembers successful (user name, password) verifications for `ttl` seconds, bounded in
+    size. Keys hold an HMAC of the password under a per-process key, not the password or a plain
+    hash of it, so a memory dump yields nothing to guess offline. Thread-safe."""
+
+    def __init__(
+        self,
+        ttl: float = DEFAULT_CACHE_TTL,
+        size: int = DEFAULT_CACHE_SIZE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.size = size
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._key = secrets.token_bytes(32)
+        self._entries: dict[tuple[str, bytes], float] = {}
+        self.generation = 0
+        """Bumped by `clear`: a verification that started before must not be remembered."""
+
+    def key(self, username: str, password: bytes) -> tuple[str, bytes]:
+        """The cache key of a credential pair."""
+        return username, hmac.digest(self._key, password, "sha256")
+
+    def hit(self, key: tuple[str, bytes]) -> bool:
+        """Whether this pair was verified less than `ttl` seconds ago."""
+        now = self._clock()
+        with self._lock:
+            expires = self._entries.get(key)
+            if expires is None:
+                return False
+            if now < expires:
+                return True
+            del self._entries[key]
+            return False
+
+    def remember(self, key: tuple[str, bytes], generation: int) -> None:
+        """Remember a successful verification that began at `generation`."""
+        if self.ttl <= 0:
+            return
+        with self._lock:
+            if generation != self.generation:
+                return  # the users changed meanwhile
+            now = self._clock()
+            if len(self._entries) >= self.size:
+                expired = [k for k, expires in self._entries.items() if expires <= now]
+                for k in expired:
+                    del self._entries[k]
+                while len(self._entries) >= self.size:
+                    del self._entries[next(iter(self._entries))]  # oldest first
+            self._entries[key] = now + self.ttl
+
+    def clear(self) -> None:
+        """Forget everything (the users or their passwords changed)."""
+        with self._lock:
+            self._entries.clear()
+            self.generation += 1
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def verify_password(stored: str, password: bytes) -> bool:
@@ -197,7 +346,7 @@ def _is_skipped(line: str) -> bool:
     return not text or text.startswith("#")
 
 
-def parse_line(line: str) -> tuple[str, ScryptHash] | None:
+def parse_line(line: str) -> tuple[str, StoredHash] | None:
     """Parse one password file line: None for a blank line or comment, else (username, hash).
 
     The user name is everything before the last `:` (hashes contain none), whitespace-stripped.
@@ -214,13 +363,13 @@ def parse_line(line: str) -> tuple[str, ScryptHash] | None:
     return username, parse_hash(stored)
 
 
-def parse_password_file(path: str | os.PathLike[str]) -> dict[str, ScryptHash]:
+def parse_password_file(path: str | os.PathLike[str]) -> dict[str, StoredHash]:
     """Read a password file into {username: hash}; AuthConfigError names `file:line` on errors."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise AuthConfigError(f"cannot read password file {path}: {exc.strerror}") from None
-    users: dict[str, ScryptHash] = {}
+    users: dict[str, StoredHash] = {}
     first_seen: dict[str, int] = {}
     for number, raw in enumerate(data.splitlines(), start=1):
         try:
@@ -244,7 +393,7 @@ def parse_password_file(path: str | os.PathLike[str]) -> dict[str, ScryptHash]:
 
 
 class PasswordFile:
-    """Authenticates user name and password against a file of scrypt hashes.
+    """Authenticates user name and password against a file of salted hashes.
 
     * no user name: ACCEPTED if `allow_anonymous`, else NOT_AUTHORIZED;
     * a user name without a password, an unknown user name or a wrong password: BAD_CREDENTIALS
@@ -252,8 +401,8 @@ class PasswordFile:
 
     The file is read by the constructor and by `reload()`; a malformed file raises AuthConfigError
     then, never during `authenticate`. Successful verifications are cached for `cache_ttl` seconds
-    (0 disables the cache), keyed by user name and a keyed SHA-256 of the password, so repeated
-    CONNECTs of a client skip scrypt; `reload()` empties the cache. Thread-safe.
+    (0 disables the cache), so repeated CONNECTs of a client skip the hash; `reload()` empties the
+    cache. Thread-safe.
     """
 
     def __init__(
@@ -267,16 +416,10 @@ class PasswordFile:
     ) -> None:
         self.path = path
         self.allow_anonymous = allow_anonymous
-        self.cache_ttl = cache_ttl
-        self.cache_size = cache_size
-        self._clock = clock
+        self.cache = VerifiedCache(cache_ttl, cache_size, clock)
         self._lock = threading.Lock()
-        # Cache keys hold an HMAC of the password under a per-process key, not a plain SHA-256,
-        # so a memory dump does not yield unsalted password hashes.
-        self._cache_key = secrets.token_bytes(32)
-        self._cache: dict[tuple[str, bytes], float] = {}
-        self._users: dict[str, ScryptHash] = {}
-        self._decoy: ScryptHash | None = None
+        self._users: dict[str, StoredHash] = {}
+        self._decoy: StoredHash | None = None
         self.reload()
 
     @property
@@ -284,18 +427,19 @@ class PasswordFile:
         """The user names in the file, in file order."""
         return list(self._users)
 
+    def has_user(self, username: str) -> bool:
+        """Whether the file names this user."""
+        return username in self._users
+
     def reload(self) -> None:
         """Re-read the file and empty the cache. On AuthConfigError the previous users stay."""
         users = parse_password_file(self.path)
         _warn_if_exposed(self.path)
-        first = next(iter(users.values()), None)
-        cost = (first.n, first.r, first.p) if first else (DEFAULT_N, DEFAULT_R, DEFAULT_P)
-        # Unknown users are checked against this decoy so that they take as long as known ones.
-        decoy = ScryptHash(*cost, secrets.token_bytes(SALT_BYTES), secrets.token_bytes(HASH_BYTES))
+        decoy = decoy_like(next(iter(users.values()), None))
         with self._lock:
             self._users = users
             self._decoy = decoy
-            self._cache.clear()
+            self.cache.clear()
         log.info("password file %s: %d users", self.path, len(users))
 
     def authenticate(
@@ -308,16 +452,13 @@ class PasswordFile:
             return AuthResult.ACCEPTED if self.allow_anonymous else AuthResult.NOT_AUTHORIZED
         if password is None:
             return AuthResult.BAD_CREDENTIALS
-        key = (username, hmac.digest(self._cache_key, password, "sha256"))
-        now = self._clock()
+        cache = self.cache
+        key = cache.key(username, password)
+        if cache.hit(key):
+            return AuthResult.ACCEPTED
         with self._lock:
-            users = self._users
-            expires = self._cache.get(key)
-            if expires is not None:
-                if now < expires:
-                    return AuthResult.ACCEPTED
-                del self._cache[key]
-            stored = users.get(username)
+            generation = cache.generation
+            stored = self._users.get(username)
             decoy = self._decoy
         if stored is None:
             if decoy is not None:
@@ -325,20 +466,8 @@ class PasswordFile:
             return AuthResult.BAD_CREDENTIALS
         if not _verify(stored, password):
             return AuthResult.BAD_CREDENTIALS
-        if self.cache_ttl > 0:
-            with self._lock:
-                if self._users is users:  # not reloaded meanwhile
-                    if len(self._cache) >= self.cache_size:
-                        self._evict(now)
-                    self._cache[key] = self._clock() + self.cache_ttl
+        cache.remember(key, generation)
         return AuthResult.ACCEPTED
-
-    def _evict(self, now: float) -> None:
-        expired = [key for key, expires in self._cache.items() if expires <= now]
-        for key in expired:
-            del self._cache[key]
-        while len(self._cache) >= self.cache_size:
-            del self._cache[next(iter(self._cache))]  # oldest first (insertion order)
 
 
 def _warn_if_exposed(path: str | os.PathLike[str]) -> None:

@@ -274,6 +274,10 @@ def _validate_listeners(config: Config) -> None:
         raise ConfigError("tls_listen/wss_listen: need tls_certfile and tls_keyfile")
     if config.tls_client_cert != "none" and not config.tls_cafile:
         raise ConfigError("tls_client_cert: verifying client certificates needs tls_cafile")
+    if config.tls_client_cert != "none" and not secure:
+        # Only TLS listeners can ask for a certificate: with tls_cn_as_username and no
+        # anonymous clients, nobody could log in.
+        raise ConfigError("tls_client_cert: client certificates need tls_listen or wss_listen")
     if config.tls_cn_as_username and config.tls_client_cert == "none":
         raise ConfigError("tls_cn_as_username: needs tls_client_cert optional or required")
 

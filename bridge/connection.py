@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from bridge.acl import PUBLISH
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder, encode_puback, encode_pubrec
 from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
@@ -33,6 +34,7 @@ from bridge.mqtt.packets import (
 )
 from bridge.state import KIND_OFFSETS
 from bridge.storage.base import MetaUpdate, StoreUnavailable
+from bridge.tls import peer_cert_cn
 
 if TYPE_CHECKING:
     from bridge.node import Node
@@ -53,6 +55,10 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.client_id = ""
+        self.username: str | None = None
+        """The user name the client acts as (authenticated, or its certificate's CN)."""
+        self.cert_cn: str | None = None
+        """The CN of the client certificate TLS verified (None: plain TCP or no certificate)."""
         self.session: Session | None = None
         self.will: Will | None = None
         self.decoder = Decoder(max_packet_size=node.config.max_packet_size)
@@ -71,6 +77,16 @@ class Connection(asyncio.Protocol):
         self._last_rx = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._slow_since = 0.0
+        self._denied_topics: set[str] | None = None
+        self.close_reason = ""
+        self.listener = "tcp"
+        """The kind of listener the client came through: tcp, tls, ws or wss."""
+        self.connected_at = 0.0
+        # Metering (bridge.metering collects and resets these): PUBLISH messages and payload bytes.
+        self.msgs_in = 0
+        self.payload_in = 0
+        self.msgs_out = 0
+        self.payload_out = 0
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -79,6 +95,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
+        self.cert_cn = peer_cert_cn(transport)
         transport.set_write_buffer_limits(high=SOCKET_HIGH_WATER)
         self.node.connection_count += 1
         self._last_rx = self.loop.time()
@@ -88,6 +105,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self._last_rx = self.loop.time()
+        self.node.metrics.bytes_in += len(data)
         decoder = self.decoder
         error: MQTTProtocolError | None = None
         try:
@@ -97,9 +115,11 @@ class Connection(asyncio.Protocol):
             # Packets that arrived whole before the fault are still handled, then we close.
             error = exc
             packets = exc.packets
+        packets_in = self.node.metrics.packets_in
         for packet in packets:
             if self.closed:
                 return
+            packets_in[_TYPE_NUMBERS.get(type(packet), 0)] += 1
             if self._connecting or self._holds:
                 self._held.append(packet)
                 continue
@@ -122,6 +142,7 @@ class Connection(asyncio.Protocol):
             self.closed = True
             if self.session is not None and not self._graceful:
                 reason = f"connection lost: {exc}" if exc else "connection closed by client"
+                self.close_reason = reason
                 log.info("client %s (%s): %s", self.client_id, self.peer, reason)
         self.node.connection_count -= 1
         self.node.disconnected(self, graceful=self._graceful)
@@ -148,11 +169,13 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self._out.append(data)
+        self.node.metrics.packets_out[data[0] >> 4] += 1
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
 
-    def send_droppable(self, data: bytes) -> None:
-        """Send a QoS 0 message unless the client is too slow to take it (then count the drop)."""
+    def send_droppable(self, data: bytes, payload_size: int) -> None:
+        """Send a QoS 0 message unless the client is too slow to take it (then count the drop);
+        `payload_size` is metered."""
         transport = self.transport
         if self.closed or transport is None:
             return
@@ -172,6 +195,8 @@ class Connection(asyncio.Protocol):
                     f"bytes for {self.node.config.slow_consumer_timeout:.0f} s"
                 )
             return
+        self.msgs_out += 1
+        self.payload_out += payload_size
         self.send(data)
 
     def _flush(self) -> None:
@@ -189,6 +214,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        self.close_reason = reason
         if log_it:
             level = logging.INFO if taken_over else logging.WARNING
             log.log(level, "client %s (%s): closing: %s", self.client_id or "-", self.peer, reason)
@@ -294,18 +320,17 @@ class Connection(asyncio.Protocol):
             self.close(f"PUBLISH to {packet.topic[:64]!r}: {error}")
             return
         if packet.topic.startswith("$SYS"):
-            log.warning(
-                "client %s: PUBLISH to %r dropped: $SYS topics are the broker's",
-                self.client_id,
-                packet.topic,
-            )
-            node.metrics.inc("dropped_sys_publish")
-            if packet.qos == 1:
-                self.send(codec.encode(Puback(packet.packet_id or 0)))
-            elif packet.qos == 2:
-                self.send(codec.encode(Pubrec(packet.packet_id or 0)))
+            self._drop_publish(packet, "dropped_sys_publish", "$SYS topics are the broker's")
+            return
+        acl = node.access.acl
+        if acl.rules is not None and not acl.allows(
+            PUBLISH, self.client_id, self.username, packet.topic
+        ):
+            self._drop_publish(packet, "acl_denied_publish", "denied by the ACL")
             return
         if packet.qos == 0:
+            self.msgs_in += 1
+            self.payload_in += len(packet.payload)
             node.publish_qos0(session, packet)
             return
         packet_id = packet.packet_id
@@ -318,6 +343,8 @@ class Connection(asyncio.Protocol):
             )
             return
         qos = packet.qos
+        self.msgs_in += 1
+        self.payload_in += len(packet.payload)
         self._pending_in += 1  # before publish: a failing store may call back at once
         node.publish(
             session, packet, lambda _s, error: self._acknowledge(error, qos, packet_id, True)
@@ -326,6 +353,30 @@ class Connection(asyncio.Protocol):
             self._paused_reading = True
             if self.transport is not None:
                 self.transport.pause_reading()
+
+    def _drop_publish(self, packet: Publish, counter: str, reason: str) -> None:
+        """Drop a PUBLISH the client may not send. MQTT 3.1.1 has no way to say so: a QoS 1/2
+        message is acknowledged (else the client would resend it forever), counted and logged;
+        the first drop per topic of a connection at WARNING, repeats at DEBUG."""
+        self.node.metrics.inc(counter)
+        denied = self._denied_topics
+        if denied is None:
+            denied = self._denied_topics = set()
+        first = packet.topic not in denied
+        if first and len(denied) < 100:
+            denied.add(packet.topic)
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "client %s (user %r): PUBLISH to %r dropped: %s",
+            self.client_id,
+            self.username,
+            packet.topic,
+            reason,
+        )
+        if packet.qos == 1:
+            self.send(codec.encode(Puback(packet.packet_id or 0)))
+        elif packet.qos == 2:
+            self.send(codec.encode(Pubrec(packet.packet_id or 0)))
 
     def _acknowledge(
         self, error: BaseException | None, qos: int, packet_id: int, counted: bool = False
@@ -431,6 +482,19 @@ class Connection(asyncio.Protocol):
         self.node.disconnected(self, graceful=True)
         self.close("DISCONNECT", log_it=False)
 
+
+_TYPE_NUMBERS: dict[type, int] = {
+    Connect: 1,
+    Publish: 3,
+    Puback: 4,
+    Pubrec: 5,
+    Pubrel: 6,
+    Pubcomp: 7,
+    Subscribe: 8,
+    Unsubscribe: 10,
+    Pingreq: 12,
+    Disconnect: 14,
+}
 
 _HANDLERS: dict[type, Callable[[Connection, Any], None]] = {
     Publish: Connection._on_publish,

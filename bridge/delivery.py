@@ -62,6 +62,11 @@ class Delivery:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
+    @property
+    def running(self) -> bool:
+        """Whether a pull (a pass over the session's queues) is under way."""
+        return self._task is not None
+
     def stop(self) -> None:
         """The connection ended; never send again."""
         self._stopped = True
@@ -196,6 +201,8 @@ class Delivery:
         if qos == 0:
             conn.send(codec.encode_publish(message.topic, message.payload, 0, retain))
             self.node.metrics.counters["messages_out_qos0"] += 1
+            conn.msgs_out += 1
+            conn.payload_out += len(message.payload)
             return True
         if len(session.inflight) >= self.node.config.max_inflight:
             return None
@@ -213,4 +220,7 @@ class Delivery:
         dup = stored.offset < session.resend_below.get(queue, -1)
         conn.send(codec.encode_publish(message.topic, message.payload, qos, retain, dup, packet_id))
         self.node.metrics.counters["messages_out_qos1" if qos == 1 else "messages_out_qos2"] += 1
+        if not dup:  # a resend after a reconnect is not metered twice
+            conn.msgs_out += 1
+            conn.payload_out += len(message.payload)
         return True

@@ -18,15 +18,19 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bridge.auth import AllowAll, AuthResult, make_authenticator
+from redis import asyncio as aioredis
+
+from bridge.access import AccessControl
+from bridge.acl import PUBLISH
+from bridge.auth import AuthResult
 from bridge.config import Config
 from bridge.delivery import Delivery
 from bridge.housekeeping import Housekeeper
-from bridge.metrics import Metrics
+from bridge.metering import Meter
+from bridge.metrics import LatencyHistogram, Metrics
 from bridge.mqtt import codec
 from bridge.mqtt.packets import (
     Connack,
@@ -36,6 +40,7 @@ from bridge.mqtt.packets import (
     Will,
 )
 from bridge.mqtt.topics import parse_shared
+from bridge.presubscribe import parse_presubscriptions
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session, client_queue, filter_queue
@@ -55,6 +60,7 @@ from bridge.state import (
 )
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StaleOwner, StoreUnavailable
 from bridge.subscriptions import SubscriptionHandling
+from bridge.systopics import SysTopics
 
 if TYPE_CHECKING:
     from bridge.cluster.cluster import Cluster
@@ -84,9 +90,10 @@ class Node(SubscriptionHandling):
         self._key_counter = itertools.count(1)
         self._key_prefix = f"{self.node_id}-{uuid.uuid4().hex[:8]}-"
         self.housekeeper = Housekeeper(self)
-        self.authenticator = make_authenticator(config.password_file, config.allow_anonymous)
-        # scrypt is slow on purpose and releases the GIL: a small pool bounds its CPU and memory.
-        self._auth_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="auth")
+        self.access = AccessControl(config)
+        self.presubscriptions = parse_presubscriptions(config.presubscribe)
+        self.sys = SysTopics(self)
+        self.meter = Meter(self)
         self._background: set[asyncio.Task[Any]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
         self.connection_count = 0
@@ -138,6 +145,19 @@ class Node(SubscriptionHandling):
             len(self.retained),
         )
         self._housekeeping = asyncio.get_running_loop().create_task(self.housekeeper.run())
+        access = self.access
+        await access.start(self.cluster.registry.redis if self.cluster is not None else None)
+        log.log(logging.INFO if access.authenticating else logging.WARNING, "%s", access.describe())
+        if self.config.metering_redis_url:
+            self.meter.redis = aioredis.from_url(
+                self.config.metering_redis_url,
+                socket_timeout=self.config.redis_timeout,
+                socket_connect_timeout=self.config.redis_timeout,
+            )
+        elif self.cluster is not None:
+            self.meter.redis = self.cluster.registry.redis
+        self.meter.start()
+        self.sys.start()
 
     def _restore_session(
         self, client_id: str, subs: bytes, offsets: bytes | None, was_online: bool
@@ -179,6 +199,8 @@ class Node(SubscriptionHandling):
 
     async def stop(self) -> None:
         """Flush offsets and close the store (connections are closed by the server first)."""
+        self.sys.stop()
+        await self.meter.stop()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
         for task in list(self._background):
@@ -187,7 +209,7 @@ class Node(SubscriptionHandling):
             delivery.stop()
         await self.housekeeper.flush_offsets(durable=True)
         await self.store.close()
-        self._auth_pool.shutdown(wait=False)
+        await self.access.stop()
 
     def _subscribe_tables(self, session: Session) -> None:
         for topic_filter, qos in session.subscriptions.items():
@@ -291,23 +313,30 @@ class Node(SubscriptionHandling):
             if error:
                 conn.close(f"will topic rejected: {error}")
                 return None
-        if not isinstance(self.authenticator, AllowAll):
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._auth_pool,
-                self.authenticator.authenticate,
-                client_id,
-                packet.username,
-                packet.password,
+        result, username = await self.access.authenticate(
+            client_id, packet.username, packet.password, conn.cert_cn
+        )
+        if conn.closed:
+            return None
+        if result is not AuthResult.ACCEPTED:
+            self.metrics.inc("auth_failures")
+            self._refuse(
+                conn,
+                result.connack_code,
+                f"authentication failed ({result.name}) for user {packet.username!r}",
             )
-            if conn.closed:
-                return None
-            if result is not AuthResult.ACCEPTED:
-                self._refuse(
-                    conn,
-                    result.connack_code,
-                    f"authentication failed ({result.name}) for user {packet.username!r}",
-                )
-                return None
+            return None
+        if packet.will is not None and not self.access.acl.allows(
+            PUBLISH, client_id, username, packet.will.topic
+        ):
+            self.metrics.inc("acl_denied_will")
+            self._refuse(
+                conn,
+                ConnackCode.NOT_AUTHORIZED,
+                f"ACL denies publishing the will topic {packet.will.topic!r}",
+            )
+            return None
+        conn.username = username
         conn.client_id = client_id
         handed_over = False
         if self.cluster is not None:
@@ -355,6 +384,8 @@ class Node(SubscriptionHandling):
         try:
             if own_queue not in session.cursors:
                 session.start_queue(own_queue, await self.store.queue_end(own_queue))
+            if self.presubscriptions and await self._presubscribe(session, username):
+                updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
             await self.store.put_meta(updates, durable=True)
         except StoreUnavailable as exc:
             log.error("client %s: store unavailable during CONNECT: %s", client_id, exc)
@@ -364,6 +395,8 @@ class Node(SubscriptionHandling):
         if conn.closed or conn.session is not session:
             return None
         conn.send(codec.encode(Connack(ConnackCode.ACCEPTED, session_present)))
+        conn.connected_at = time.time()
+        self.sys.connected(conn, packet.clean_session, packet.keepalive)
         log.debug(
             "client %s connected from %s (clean=%s, present=%s)",
             client_id,
@@ -379,6 +412,27 @@ class Node(SubscriptionHandling):
             for share_filter, qos in session.shared.items():
                 self.cluster.shared_member_changed(share_filter, client_id, qos)
         return session
+
+    async def _presubscribe(self, session: Session, username: str | None) -> bool:
+        """Subscribe the session to the configured pre-subscriptions it lacks (`%c`/`%u`
+        expanded); True if a persistent session's subscriptions changed. Raises
+        StoreUnavailable (the CONNECT is refused then)."""
+        client_id = session.client_id
+        changed = False
+        for presub in self.presubscriptions:
+            topic_filter = presub.expand(client_id, username)
+            if topic_filter is None or topic_filter in session.subscriptions:
+                continue
+            if self.check_topic_limits(topic_filter):
+                continue
+            queue = filter_queue(topic_filter)
+            if queue not in session.cursors:
+                session.start_queue(queue, await self.store.queue_end(queue))
+            self.add_subscription(client_id, topic_filter, presub.qos)
+            session.subscriptions[topic_filter] = presub.qos
+            self.metrics.inc("presubscriptions")
+            changed = session.persistent
+        return changed
 
     async def _take_over_in_cluster(
         self, conn: Connection, client_id: str, clean: bool
@@ -486,8 +540,12 @@ class Node(SubscriptionHandling):
         session = conn.session
         if session is None or conn.detached:
             return
+        self.meter.take(conn)
         if not self._detach(conn):
             return  # taken over: the new connection owns the session now
+        self.sys.disconnected(
+            conn, "disconnect" if graceful else conn.close_reason or "connection lost"
+        )
         client_id = session.client_id
         will = conn.will
         if not graceful and will is not None:
@@ -596,12 +654,13 @@ class Node(SubscriptionHandling):
             except StoreUnavailable as exc:
                 self.metrics.inc("qos0_not_stored")
                 log.debug("QoS 0 message not stored: %s", exc)
-        self._deliver_qos0(message)
+        self.deliver_qos0(message)
 
-    def _deliver_qos0(self, message: Message) -> None:
+    def deliver_qos0(self, message: Message) -> None:
+        """Send a QoS 0 message to its online subscribers, here and on peers (not stored)."""
         data = codec.encode_publish(message.topic, message.payload, 0)
         connections = self.connections
-        peers = self._send_to_subscribers(message.topic, data)
+        peers = self._send_to_subscribers(message.topic, data, len(message.payload))
         if peers and self.cluster is not None:
             self.cluster.forward(peers, message)
         if self.shared:
@@ -610,11 +669,11 @@ class Node(SubscriptionHandling):
                 if member is None:
                     self.metrics.inc("dropped_no_shared_member")
                 elif member in connections:
-                    connections[member].send_droppable(data)
+                    connections[member].send_droppable(data, len(message.payload))
                 elif self.cluster is not None:
                     self.cluster.deliver(member, message)
 
-    def _send_to_subscribers(self, topic: str, data: bytes) -> list[str]:
+    def _send_to_subscribers(self, topic: str, data: bytes, payload_size: int) -> list[str]:
         """Send an encoded QoS 0 PUBLISH to this node's connected (non-shared) subscribers of
         `topic`; the peers among the matches (they have subscribers of their own)."""
         connections = self.connections
@@ -622,20 +681,20 @@ class Node(SubscriptionHandling):
         for client_id in self.trie.match_subscribers(topic):
             conn = connections.get(client_id)
             if conn is not None:
-                conn.send_droppable(data)
+                conn.send_droppable(data, payload_size)
             elif client_id[0] == PEER_PREFIX:
                 peers.append(client_id[1:])
         return peers
 
     def deliver_forwarded(self, topic: str, payload: bytes) -> None:
         """A QoS 0 message a peer forwarded: to this node's own (non-shared) subscribers."""
-        self._send_to_subscribers(topic, codec.encode_publish(topic, payload, 0))
+        self._send_to_subscribers(topic, codec.encode_publish(topic, payload, 0), len(payload))
 
     def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
         """A QoS 0 message a peer picked this node's client for (shared subscription)."""
         conn = self.connections.get(client_id)
         if conn is not None:
-            conn.send_droppable(codec.encode_publish(topic, payload, 0))
+            conn.send_droppable(codec.encode_publish(topic, payload, 0), len(payload))
         else:
             self.metrics.inc("dropped_no_shared_member")
 
@@ -651,6 +710,7 @@ class Node(SubscriptionHandling):
         qos = packet.qos
         message = self._stamp(packet.topic, packet.payload, qos, packet.retain, session.client_id)
         self.metrics.counters["messages_in_qos1" if qos == 1 else "messages_in_qos2"] += 1
+        on_durable = _timed(on_durable, self.metrics.store_latency)
         meta: list[MetaUpdate] | tuple[()] = ()
         if packet.retain:
             meta = self._retain_updates(message)
@@ -733,6 +793,28 @@ class Node(SubscriptionHandling):
             del session.inbound_qos2[packet_id]
             self.publish(session, packet, lambda _s, error: ack(error))
 
+    async def publish_internal(
+        self, topic: str, payload: bytes, qos: int, retain: bool, publisher: str
+    ) -> Message:
+        """Publish a message that comes from inside the broker (the admin API, `$SYS` statistics,
+        client events) as if a client had: routed to every matching subscription, kept as the
+        retained message if `retain`. Returns once it is durable (QoS 0: stored, not queued);
+        raises StoreUnavailable if it could not be stored."""
+        message = self._stamp(topic, payload, qos, retain, publisher)
+        meta = self._retain_updates(message) if retain else []
+        await self.route(message, meta)
+        return message
+
+    def kick(self, client_id: str, reason: str) -> bool:
+        """Close a client's connection on this node as a network failure would (its will is
+        published; a persistent session stays). False if it is not connected here."""
+        conn = self.connections.get(client_id)
+        if conn is None:
+            return False
+        conn.close(reason)
+        self.disconnected(conn, graceful=False)
+        return True
+
     async def route(self, message: Message, meta: Iterable[MetaUpdate] = ()) -> int:
         """Route and store a message (wills, system messages); returns its seq once durable."""
         outcome: asyncio.Future[tuple[int | None, BaseException | None]]
@@ -766,7 +848,7 @@ class Node(SubscriptionHandling):
         queues: list[str] = []
         woken: list[str] = []
         if message.qos == 0:
-            self._deliver_qos0(message)
+            self.deliver_qos0(message)
         else:
             for topic_filter, subscribers in self.trie.match(message.topic):
                 queues.append(filter_queue(topic_filter))
@@ -780,7 +862,8 @@ class Node(SubscriptionHandling):
                         conn = self.connections.get(member)
                         if conn is not None:
                             conn.send_droppable(
-                                codec.encode_publish(message.topic, message.payload, 0)
+                                codec.encode_publish(message.topic, message.payload, 0),
+                                len(message.payload),
                             )
                         elif self.cluster is not None:
                             self.cluster.deliver(member, message)
@@ -927,6 +1010,18 @@ class Unsettled:
             return cls(str(raw["t"]), str(raw["k"]))
         except (ValueError, KeyError, TypeError):
             return None
+
+
+def _timed(on_durable: DurableCallback, histogram: LatencyHistogram) -> DurableCallback:
+    """`on_durable` that first records how long the store took (successful stores only)."""
+    started = time.perf_counter()
+
+    def timed(seq: int | None, error: BaseException | None) -> None:
+        if error is None:
+            histogram.observe(time.perf_counter() - started)
+        on_durable(seq, error)
+
+    return timed
 
 
 def _log_unstored(_seq: int | None, error: BaseException | None) -> None:

@@ -12,13 +12,16 @@ import contextlib
 import gc
 import logging
 import signal
+from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from bridge.auth import AuthConfigError, make_authenticator
+from bridge.access import AccessControl
 from bridge.config import Config, parse_listen
 from bridge.connection import Connection
 from bridge.node import Node
+from bridge.prometheus import Exporter
 from bridge.state import KIND_ONLINE
 from bridge.storage.base import MessageStore, MetaUpdate, StoreUnavailable
 
@@ -88,6 +91,8 @@ class Server:
         self.listeners: list[asyncio.base_events.Server] = []
         self._stop = asyncio.Event()
         self.notifier: Any = None
+        self.admin: Any = None
+        """The admin HTTP API (`bridge.admin.AdminAPI`) when `admin_listen` is set."""
 
     async def start(self) -> None:
         """Restore state, then accept connections on every configured listener."""
@@ -104,20 +109,58 @@ class Server:
         # Fewer, not longer, collections: a broker allocates short-lived objects per packet;
         # the default thresholds ran a full pass several times a second under load.
         gc.set_threshold(10_000, 50, 50)
-        loop = asyncio.get_running_loop()
-        for address in self.config.listen if self.serve_mqtt else ():
-            host, port = parse_listen(address)
-            listener = await loop.create_server(
-                lambda: Connection(self.node),
-                host,
-                port,
-                backlog=4096,
-                reuse_address=True,
-                reuse_port=self.config.reuse_port or None,
-            )
-            self.listeners.append(listener)
-            for sock in listener.sockets:
-                log.info("listening for MQTT on %s:%s", *sock.getsockname()[:2])
+        if self.serve_mqtt:
+            from bridge.tls import server_context
+            from bridge.websocket import websocket_factory
+
+            config = self.config
+            tls = server_context(config)
+
+            def connections(kind: str) -> Callable[[], asyncio.Protocol]:
+                def factory() -> asyncio.Protocol:
+                    conn = Connection(self.node)
+                    conn.listener = kind
+                    return conn
+
+                return factory
+
+            kinds = [
+                ("MQTT", config.listen, connections("tcp"), None),
+                ("MQTT over TLS", config.tls_listen, connections("tls"), tls),
+                (
+                    "MQTT over WebSocket",
+                    config.ws_listen,
+                    websocket_factory(connections("ws"), config),
+                    None,
+                ),
+                (
+                    "MQTT over secure WebSocket",
+                    config.wss_listen,
+                    websocket_factory(connections("wss"), config),
+                    tls,
+                ),
+            ]
+            loop = asyncio.get_running_loop()
+            for what, addresses, factory, context in kinds:
+                for address in addresses:
+                    host, port = parse_listen(address)
+                    listener = await loop.create_server(
+                        factory,
+                        host,
+                        port,
+                        ssl=context,
+                        backlog=4096,
+                        reuse_address=True,
+                        reuse_port=config.reuse_port or None,
+                    )
+                    self.listeners.append(listener)
+                    for sock in listener.sockets:
+                        log.info("listening for %s on %s:%s", what, *sock.getsockname()[:2])
+        if self.config.admin_listen:
+            from bridge.admin import AdminAPI
+
+            self.admin = AdminAPI(self)
+            await self.admin.start()
 
     async def _start_notify(self) -> None:
         """With the RocketMQ store, run notify in this node unless it runs on its own."""
@@ -135,11 +178,24 @@ class Server:
         await self.notifier.start()
         log.info("notify embedded: consumer group %s", self.notifier.group)
 
+    @cached_property
+    def exporter(self) -> Exporter:
+        """The Prometheus exposition of this server's metrics."""
+        return Exporter(self)
+
+    def metrics_text(self) -> bytes:
+        """The metrics in the Prometheus text format (the admin API's /metrics)."""
+        return self.exporter.text()
+
     @staticmethod
     def check(config: Config) -> None:
         """Fail early, before anything starts, on settings that only load at run time
-        (raises the loader's error, e.g. AuthConfigError for a bad password file)."""
-        make_authenticator(config.password_file, config.allow_anonymous)
+        (raises the loader's error, e.g. AuthConfigError for a bad password file,
+        TLSConfigError for a bad certificate, key or CA file)."""
+        from bridge.tls import server_context
+
+        AccessControl(config)
+        server_context(config)
 
     def request_stop(self) -> None:
         """Begin an orderly shutdown (signal handlers call this)."""
@@ -158,16 +214,18 @@ class Server:
         await self.shutdown()
 
     def reload(self) -> None:
-        """SIGHUP: re-read the password file; a bad file keeps the old users in force."""
-        try:
-            self.node.authenticator.reload()
-            log.info("reloaded the password file")
-        except AuthConfigError as exc:
-            log.error("password file not reloaded, the previous users stay in force: %s", exc)
+        """SIGHUP: re-read the password and ACL files; a bad file keeps the old one in force."""
+        errors = self.node.access.reload()
+        for error in errors:
+            log.error("%s", error)
+        if not errors:
+            log.info("reloaded the password and ACL files")
 
     async def shutdown(self) -> None:
         """Stop accepting, close clients, flush and close the store."""
         log.info("shutting down")
+        if self.admin is not None:
+            self.admin.ready = False  # /ready answers 503 from now on, through the drain
         node = self.node
         node.accepting = False
         for listener in self.listeners:
@@ -191,4 +249,6 @@ class Server:
         if self.notifier is not None:
             await self.notifier.stop()
         await node.stop()
+        if self.admin is not None:
+            await self.admin.stop()
         log.info("stopped")

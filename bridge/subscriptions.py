@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from bridge.acl import SUBSCRIBE
 from bridge.metrics import Metrics
 from bridge.mqtt import codec
 from bridge.mqtt.errors import MQTTProtocolError
@@ -23,6 +24,7 @@ from bridge.state import KIND_OFFSETS, KIND_SESSION, RETAINED_DELIVERY, shared_q
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
 
 if TYPE_CHECKING:
+    from bridge.access import AccessControl
     from bridge.connection import Connection
     from bridge.delivery import Delivery
     from bridge.housekeeping import Housekeeper
@@ -44,6 +46,7 @@ class SubscriptionHandling:
     housekeeper: Housekeeper
     node_id: str
     reachable: Callable[[str], bool]
+    access: AccessControl
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         raise NotImplementedError
@@ -88,13 +91,13 @@ class SubscriptionHandling:
         routed to it is skipped), then register the filters, SUBACK and send retained messages.
         The client's later packets wait meanwhile, so a PUBLISH after SUBSCRIBE sees it."""
         try:
-            codes, retained_for = await self._register_filters(session, packet)
+            codes, retained_for = await self._register_filters(session, packet, conn.username)
         finally:
             conn.release()
         await self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for)
 
     async def _register_filters(
-        self, session: Session, packet: Subscribe
+        self, session: Session, packet: Subscribe, username: str | None
     ) -> tuple[list[int], list[tuple[str, int]]]:
         codes: list[int] = []
         retained_for: list[tuple[str, int]] = []
@@ -110,6 +113,11 @@ class SubscriptionHandling:
                 continue
             granted = min(sub.qos, 2)
             parsed = parse_shared(topic_filter)
+            checked = parsed[1] if parsed is not None else topic_filter
+            if not self.access.acl.allows(SUBSCRIBE, session.client_id, username, checked):
+                self.metrics.inc("acl_denied_subscribe")
+                codes.append(self._refuse_filter(session, topic_filter, "denied by the ACL"))
+                continue
             queue = (
                 shared_queue(topic_filter, session.client_id)
                 if parsed is not None
@@ -174,6 +182,8 @@ class SubscriptionHandling:
             qos = min(best, message.qos)
             if qos == 0:
                 conn.send(codec.encode_publish(topic, message.payload, 0, retain=True))
+                conn.msgs_out += 1
+                conn.payload_out += len(message.payload)
                 continue
             copy = Message(
                 topic=topic,

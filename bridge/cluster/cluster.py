@@ -138,10 +138,21 @@ class Cluster:
     # -- membership ------------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
+        started = getattr(self, "started_at", None)
+        if started is None:
+            started = self.started_at = time.time()  # the first heartbeat is part of start()
+        admin = ""
+        if self.config.admin_listen:
+            # Where the admin API forwards requests for this node's clients (bridge.admin).
+            admin_host, admin_port = parse_listen(self.config.admin_listen)
+            admin = _advertise_address(admin_host, admin_port)
         info = {
             "peer": self.advertise,
             "boot": self.boot_id,
             "role": "bridge" if self.holds_sessions else "notify",
+            "admin": admin,
+            "connections": len(self.node.connections),
+            "started": started,
         }
         lapsed = await self.registry.heartbeat(info, self.config.node_timeout)
         if lapsed and self._started:
@@ -490,6 +501,13 @@ class Cluster:
 
     def retained_changed(self, topic: str, record: bytes) -> None:
         self.broadcast(wire.Retained(topic, record))
+
+    def link_states(self) -> dict[str, bool]:
+        """Peer node -> whether its link is up, for every live member and every link."""
+        states = {peer: False for peer in self.members if peer != self.node_id}
+        for peer, link in self.links.items():
+            states[peer] = link.up
+        return states
 
     def is_reachable(self, client_id: str) -> bool:
         """A shared member that can take a message now: connected here or on a peer."""

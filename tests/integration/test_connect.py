@@ -271,7 +271,7 @@ def test_sighup_reloads_the_password_file(bridge_factory, password_file):
     with password_file.open("a") as fh:
         fh.write(f"device-8:{hash_password('new', n=2**10)}\n")
     os.kill(node.pid, signal.SIGHUP)
-    node.wait_for_log("reloaded the password file")
+    node.wait_for_log("reloaded the password and ACL files")
     assert connect_with(node.port, "device-8", b"new").return_code == 0
 
 

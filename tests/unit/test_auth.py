@@ -74,9 +74,36 @@ def test_salts_differ_so_equal_passwords_hash_differently():
     assert hash_password("same", **FAST) != hash_password("same", **FAST)
 
 
-def test_default_cost_is_moderate():
-    parsed = parse_hash(hash_password("x"))  # one real-cost hash: N=2**14, r=8, p=1
-    assert (parsed.n, parsed.r, parsed.p) == (2**14, 8, 1)
+def test_new_hashes_are_argon2id_at_a_moderate_cost():
+    stored = hash_password("x")  # one real-cost hash
+    assert stored.startswith("$argon2id$v=19$m=19456,t=2,p=1$")
+    assert isinstance(parse_hash(stored), auth.Argon2Hash)
+    assert verify_password(stored, b"x")
+    assert not verify_password(stored, b"y")
+
+
+def test_argon2_and_scrypt_users_live_in_one_file(tmp_path):
+    path = tmp_path / "passwd"
+    path.write_text(f"new:{hash_password('argon')}\nold:{hash_password('scrypt', **FAST)}\n")
+    path.chmod(0o600)
+    users = PasswordFile(path)
+    assert users.authenticate("c", "new", b"argon") is AuthResult.ACCEPTED
+    assert users.authenticate("c", "old", b"scrypt") is AuthResult.ACCEPTED
+    assert users.authenticate("c", "new", b"scrypt") is AuthResult.BAD_CREDENTIALS
+
+
+@pytest.mark.parametrize(
+    ("stored", "message"),
+    [
+        ("$argon2id$v=19$m=19456,t=2,p=1$short", "not a valid"),
+        ("$argon2id$v=19$m=4194304,t=2,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "exceeds the limit"),
+        ("$argon2id$v=19$m=19456,t=99,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "exceeds the limit"),
+        ("$argon2d$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "argon2id"),
+    ],
+)
+def test_malformed_or_too_costly_argon2_hash_is_refused(stored, message):
+    with pytest.raises(AuthConfigError, match=message):
+        parse_hash(stored)
 
 
 def test_wrong_password_is_rejected():
@@ -284,7 +311,7 @@ def test_cache_can_be_disabled_and_is_bounded(pwfile, scrypt_calls):
     users = PasswordFile(pwfile, cache_size=1, clock=Clock())
     users.authenticate("c", "alice", b"wonderland")
     users.authenticate("c", "bob", b"builder")  # evicts alice
-    assert len(users._cache) == 1
+    assert len(users.cache) == 1
     users.authenticate("c", "alice", b"wonderland")
     assert len(scrypt_calls) == 5
 

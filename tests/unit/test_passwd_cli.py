@@ -209,7 +209,7 @@ def test_as_a_subprocess_with_real_cost(tmp_path):
     added = cli("add", "alice", "--password-stdin", stdin="s3cret\n")
     assert added.returncode == 0, added.stderr
     assert mode(path) == 0o600
-    assert path.read_text().startswith("# users of the bridge\nalice:scrypt$16384$8$1$")
+    assert path.read_text().startswith("# users of the bridge\nalice:$argon2id$v=19$")
     assert cli("list").stdout == "alice\n"
     assert PasswordFile(path).authenticate("c", "alice", b"s3cret") is AuthResult.ACCEPTED
 

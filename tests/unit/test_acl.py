@@ -1,0 +1,187 @@
+"""ACL rules: parsing, %c/%u substitution, filter coverage and overlap, first match, the cache."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridge.acl import (
+    PUBLISH,
+    SUBSCRIBE,
+    Acl,
+    AclError,
+    covers,
+    overlaps,
+    parse_rule,
+    parse_rules,
+    substitute,
+)
+from bridge.mqtt.topics import topic_matches
+
+RULES = """
+# decision who action filter
+allow user:admin   all        #
+deny  all          subscribe  secret/#
+allow all          publish    devices/%c/telemetry
+allow all          subscribe  devices/%c/cmd
+allow user:alice   all        sensors/%u/#
+allow anonymous    subscribe  public/+
+deny  client:bad   all        #
+allow all          subscribe  shared/#
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def acl():
+    return Acl(parse_rules(RULES.splitlines(), "acl"), clock=Clock())
+
+
+def test_no_rules_allows_everything():
+    acl = Acl(None)
+    assert not acl.enabled
+    assert acl.allows(PUBLISH, "c", None, "any/topic")
+    assert acl.allows(SUBSCRIBE, "c", None, "#")
+
+
+def test_clientid_and_username_substitution(acl):
+    assert acl.allows(PUBLISH, "dev1", None, "devices/dev1/telemetry")
+    assert not acl.allows(PUBLISH, "dev1", None, "devices/dev2/telemetry")
+    assert acl.allows(SUBSCRIBE, "dev1", "u", "devices/dev1/cmd")
+    assert not acl.allows(SUBSCRIBE, "dev1", "u", "devices/+/cmd")
+    assert acl.allows(PUBLISH, "x", "alice", "sensors/alice/t1")
+    assert acl.allows(SUBSCRIBE, "x", "alice", "sensors/alice/+/temp")
+    assert not acl.allows(PUBLISH, "x", "bob", "sensors/bob/t1")  # the rule names alice
+
+
+def test_wildcards_in_an_identity_never_widen_a_rule(acl):
+    assert substitute("devices/%c/cmd", "+", None) is None
+    assert substitute("devices/%c/cmd", "#", None) is None
+    assert substitute("sensors/%u/#", "c", None) is None  # no user name
+    assert substitute("sensors/%u/#", "c", "") is None
+    assert substitute("a/%c/%u", "c1", "u1") == "a/c1/u1"
+    assert not acl.allows(SUBSCRIBE, "#", None, "devices/#")
+    assert not acl.allows(PUBLISH, "+", None, "devices/x/telemetry")
+
+
+def test_first_applying_rule_wins_and_no_match_denies(acl):
+    assert acl.allows(SUBSCRIBE, "c", "admin", "secret/x")  # admin's rule comes first
+    assert not acl.allows(SUBSCRIBE, "c", "bob", "secret/x")
+    assert not acl.allows(SUBSCRIBE, "c", "bob", "#")  # overlaps the secret deny
+    assert not acl.allows(PUBLISH, "c", "bob", "unlisted")
+    assert not acl.allows(PUBLISH, "c", None, "shared/x")  # the rule is for subscribe only
+
+
+def test_anonymous_and_client_rules(acl):
+    assert acl.allows(SUBSCRIBE, "c", None, "public/news")
+    assert not acl.allows(SUBSCRIBE, "c", "someone", "public/news")
+    # "bad" may publish its telemetry (that rule comes first) but nothing the deny catches.
+    assert acl.allows(PUBLISH, "bad", None, "devices/bad/telemetry")
+    assert not acl.allows(SUBSCRIBE, "bad", None, "shared/x")
+
+
+def test_deny_rule_for_subscribe_applies_to_any_overlap():
+    acl = Acl(parse_rules(["deny all subscribe a/secret", "allow all subscribe #"], "r"))
+    assert not acl.allows(SUBSCRIBE, "c", None, "a/+")
+    assert not acl.allows(SUBSCRIBE, "c", None, "#")
+    assert acl.allows(SUBSCRIBE, "c", None, "a/public")
+    assert acl.allows(SUBSCRIBE, "c", None, "b/#")
+
+
+def test_wildcard_rules_do_not_reach_dollar_topics():
+    acl = Acl(parse_rules(["allow all all #"], "r"))
+    assert not acl.allows(SUBSCRIBE, "c", None, "$SYS/#")
+    assert not acl.allows(PUBLISH, "c", None, "$SYS/x")
+    acl = Acl(parse_rules(["allow all subscribe $SYS/#"], "r"))
+    assert acl.allows(SUBSCRIBE, "c", None, "$SYS/brokers/+/clients/#")
+
+
+def test_cache_expires_and_is_cleared_by_replace():
+    clock = Clock()
+    acl = Acl(parse_rules(["allow all publish a"], "r"), cache_ttl=10, clock=clock)
+    assert acl.allows(PUBLISH, "c", None, "a")
+    assert acl.allows(PUBLISH, "c", None, "a")
+    assert (acl.cache_hits, acl.cache_misses) == (1, 1)
+    acl.replace(parse_rules(["deny all publish a"], "r"))
+    assert not acl.allows(PUBLISH, "c", None, "a")  # not hidden by the cached allow
+    clock.now += 11
+    assert not acl.allows(PUBLISH, "c", None, "a")
+    assert acl.cache_misses == 3
+
+
+def test_cache_is_bounded():
+    acl = Acl(parse_rules(["allow all publish #"], "r"), cache_size=3, clock=Clock())
+    for index in range(10):
+        acl.allows(PUBLISH, "c", None, f"t/{index}")
+    assert len(acl._cache) <= 3
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("allow all publish", "expected"),
+        ("permit all publish a", "not allow or deny"),
+        ("allow everyone publish a", "not all, anonymous"),
+        ("allow user: publish a", "not all, anonymous"),
+        ("allow all read a", "not publish, subscribe or all"),
+        ("allow all publish a/#/b", "'#' must be a whole last level"),
+        ("allow all publish a+/b", "'+' must be a whole level"),
+    ],
+)
+def test_malformed_rule_names_its_place(line, message):
+    with pytest.raises(AclError, match=re.escape(message)):
+        parse_rules(["# ok", line], "acl.conf")
+    with pytest.raises(AclError, match=r"acl\.conf:2"):
+        parse_rules(["# ok", line], "acl.conf")
+
+
+def test_rule_text_round_trips():
+    rule = parse_rule("ALLOW user:a SUBSCRIBE x/+/y")
+    assert rule is not None
+    assert parse_rule(rule.text()) == rule
+
+
+# -- coverage and overlap against brute force over a finite universe of topics --------------
+
+LEVELS = ["a", "b", "$x", ""]
+WORLD = [
+    "/".join(parts)
+    for depth in range(1, 5)
+    for parts in itertools.product([*LEVELS, "z"], repeat=depth)
+]
+
+level = st.sampled_from(LEVELS)
+
+
+@st.composite
+def filters(draw):
+    parts = draw(st.lists(st.one_of(level, st.just("+")), min_size=1, max_size=3))
+    if draw(st.booleans()):
+        parts.append("#")
+    return "/".join(parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(filters(), filters())
+def test_covers_means_every_topic_of_the_request_matches_the_rule(rule, requested):
+    expected = all(topic_matches(rule, t) for t in WORLD if topic_matches(requested, t))
+    assert covers(rule, requested) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(filters(), filters())
+def test_overlaps_means_some_topic_matches_both(a, b):
+    expected = any(topic_matches(a, t) and topic_matches(b, t) for t in WORLD)
+    assert overlaps(a, b) == expected
+    assert overlaps(b, a) == expected
