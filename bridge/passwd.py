@@ -1,8 +1,14 @@
-"""Maintain a password file for `bridge.auth.PasswordFile`.
+"""Maintain the users of a password file (`bridge.auth.PasswordFile`) or of the cluster's Redis
+(`auth_redis`).
 
     python -m bridge.passwd FILE add USER [--password-stdin]
     python -m bridge.passwd FILE remove USER
     python -m bridge.passwd FILE list
+    python -m bridge.passwd redis://HOST:PORT/DB [--cluster NAME] add|remove|list ...
+
+With a `redis://` (or `rediss://`) URL the users are the hash `<cluster>:users` (cluster name
+default `mqtt`, the setting `cluster_name`); every change is announced on
+`<cluster>:access-changed`, so the nodes forget cached verifications of the old password at once.
 
 `add` creates the file if needed and replaces the hash of an existing user in place; without
 `--password-stdin` it prompts twice on the terminal. The file is rewritten atomically (a temporary
@@ -180,9 +186,14 @@ def cmd_list(path: Path) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Maintain an mqtt-bridge password file (scrypt hashes)."
+        prog=PROG, description="Maintain mqtt-bridge users (Argon2id hashes) in a file or Redis."
     )
-    parser.add_argument("file", metavar="FILE", type=Path, help="the password file")
+    parser.add_argument(
+        "file", metavar="FILE", help="the password file, or redis://HOST:PORT/DB for Redis users"
+    )
+    parser.add_argument(
+        "--cluster", default="mqtt", help="cluster_name of the bridges (Redis users; default mqtt)"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add = commands.add_parser("add", help="add a user or change its password")
     add.add_argument("username", metavar="USER")
@@ -203,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
         return exc.code if isinstance(exc.code, int) else 2
+    if args.file.startswith(("redis://", "rediss://", "unix://")):
+        return _redis_main(args)
+    args.file = Path(args.file)
     try:
         if args.command == "add":
             print(cmd_add(args.file, args.username, args.password_stdin))
@@ -214,6 +228,45 @@ def main(argv: list[str] | None = None) -> int:
     except PasswdError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _redis_main(args: argparse.Namespace) -> int:
+    import redis
+    from redis.exceptions import RedisError
+
+    from bridge.access import changed_channel, users_key
+
+    key = users_key(args.cluster)
+    try:
+        client = redis.Redis.from_url(args.file, socket_timeout=5, socket_connect_timeout=5)
+    except ValueError as exc:
+        print(f"{PROG}: error: bad Redis URL {args.file!r}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.command == "add":
+            _check_username(args.username)
+            stored = hash_password(_read_password(args.password_stdin))
+            added = client.hset(key, args.username, stored)
+            client.publish(changed_channel(args.cluster), f"user {args.username}")
+            verb = "added" if added else "updated password of"
+            print(f"{verb} user {args.username!r} in {key}")
+        elif args.command == "remove":
+            if not client.hdel(key, args.username):
+                raise PasswdError(f"{key}: no user {args.username!r}")
+            client.publish(changed_channel(args.cluster), f"user {args.username}")
+            print(f"removed user {args.username!r} from {key}")
+        else:
+            for name in sorted(name.decode() for name in client.hkeys(key)):
+                print(name)
+    except PasswdError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except RedisError as exc:
+        print(f"{PROG}: error: Redis {args.file}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
     return 0
 
 
