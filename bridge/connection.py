@@ -197,6 +197,7 @@ class Connection(asyncio.Protocol):
             return
         self.msgs_out += 1
         self.payload_out += payload_size
+        self.node.metrics.counters["messages_out_qos0"] += 1
         self.send(data)
 
     def _flush(self) -> None:

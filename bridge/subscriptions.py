@@ -184,6 +184,7 @@ class SubscriptionHandling:
                 conn.send(codec.encode_publish(topic, message.payload, 0, retain=True))
                 conn.msgs_out += 1
                 conn.payload_out += len(message.payload)
+                self.metrics.counters["messages_out_qos0"] += 1
                 continue
             copy = Message(
                 topic=topic,
