@@ -80,6 +80,8 @@ class Connection(asyncio.Protocol):
         self._denied_topics: set[str] | None = None
         self.close_reason = ""
         self.listener = "tcp"
+        self.keepalive = 0
+        """The keepalive granted, in seconds (0: none)."""
         """The kind of listener the client came through: tcp, tls, ws or wss."""
         self.connected_at = 0.0
         # Metering (bridge.metering collects and resets these): PUBLISH messages and payload bytes.
@@ -276,6 +278,7 @@ class Connection(asyncio.Protocol):
             keepalive == 0 or keepalive > self.node.config.max_keepalive
         ):
             keepalive = self.node.config.max_keepalive
+        self.keepalive = keepalive
         if keepalive:
             self._keepalive_limit = keepalive * 1.5
             self._timer = self.loop.call_later(self._keepalive_limit, self._keepalive_check)

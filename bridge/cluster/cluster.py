@@ -60,6 +60,7 @@ class Cluster:
         self.boot_id = uuid.uuid4().hex[:12]
         self.links: dict[str, PeerLink] = {}
         self.members: dict[str, dict[str, Any]] = {}
+        self.started_at = time.time()
         """Alive nodes (this one included) -> their registry info."""
         self._dialers: dict[str, asyncio.Task[None]] = {}
         self.peer_filters: dict[str, set[str]] = {}
@@ -138,9 +139,6 @@ class Cluster:
     # -- membership ------------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
-        started = getattr(self, "started_at", None)
-        if started is None:
-            started = self.started_at = time.time()  # the first heartbeat is part of start()
         admin = ""
         if self.config.admin_listen:
             # Where the admin API forwards requests for this node's clients (bridge.admin).
@@ -152,7 +150,7 @@ class Cluster:
             "role": "bridge" if self.holds_sessions else "notify",
             "admin": admin,
             "connections": len(self.node.connections),
-            "started": started,
+            "started": self.started_at,
         }
         lapsed = await self.registry.heartbeat(info, self.config.node_timeout)
         if lapsed and self._started:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -35,6 +36,15 @@ def scrape(admin_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
+
+
+def api(admin_port: int, path: str) -> dict:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{admin_port}/api/v1{path}",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
 
 
 def test_client_events_tell_subscribers_who_connected_and_why_they_left(
@@ -169,10 +179,13 @@ def test_metering_counts_per_client_and_user_arrive_in_redis_exactly(
     bridge_factory: Callable[..., BridgeProcess], redis_server: LocalRedis
 ) -> None:
     cluster = f"m{uuid.uuid4().hex[:8]}"
+    admin_port = free_port()
     node = bridge_factory(
         f"metering_redis_url={redis_server.url}",
         f"cluster_name={cluster}",
         "metering_interval=0.3",
+        f"admin_listen=127.0.0.1:{admin_port}",
+        f"admin_token={TOKEN}",
     )
     payloads = [b"x" * size for size in (1, 10, 100, 1000)]
     with paho_client(node.port, "meter-sub") as sub:
@@ -197,3 +210,26 @@ def test_metering_counts_per_client_and_user_arrive_in_redis_exactly(
     assert pub_counts == {"msgs_in": "4", "bytes_in": str(total)}
     assert user_counts == pub_counts
     assert sub_counts == {"msgs_out": "4", "bytes_out": str(total)}
+    # The admin API reads the same counters back (for billing).
+    user = api(admin_port, "/metering/users/acme")
+    assert user["source"] == "redis"
+    assert (user["msgs_in"], user["bytes_in"], user["msgs_out"]) == (4, total, 0)
+    sub = api(admin_port, "/metering/clients/meter-sub")
+    assert (sub["msgs_out"], sub["bytes_out"]) == (4, total)
+    with pytest.raises(urllib.error.HTTPError) as unknown:
+        api(admin_port, "/metering/clients/never-seen")
+    assert unknown.value.code == 404
+    assert "nothing metered" in json.loads(unknown.value.read())["error"]
+
+
+def test_metering_without_redis_is_kept_by_the_node_and_read_from_the_api(
+    bridge_factory: Callable[..., BridgeProcess],
+) -> None:
+    admin_port = free_port()
+    node = bridge_factory(f"admin_listen=127.0.0.1:{admin_port}", f"admin_token={TOKEN}")
+    with paho_client(node.port, "solo") as pub:
+        for _ in range(3):
+            pub.client.publish("a/b", b"12345", qos=1).wait_for_publish(10)
+        counts = api(admin_port, "/metering/clients/solo")
+    assert counts["source"] == "node"
+    assert (counts["msgs_in"], counts["bytes_in"]) == (3, 15)
