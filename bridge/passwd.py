@@ -257,7 +257,8 @@ def _redis_main(args: argparse.Namespace) -> int:
             client.publish(changed_channel(args.cluster), f"user {args.username}")
             print(f"removed user {args.username!r} from {key}")
         else:
-            for name in sorted(name.decode() for name in client.hkeys(key)):
+            names = client.hkeys(key)
+            for name in sorted(n.decode() if isinstance(n, bytes) else str(n) for n in names):
                 print(name)
     except PasswdError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
