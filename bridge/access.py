@@ -9,7 +9,7 @@ Sources, combined:
   list `<cluster>:acl`), in order (syntax: `bridge.acl`).
 
 Files are re-read on SIGHUP (`reload`). Whoever changes the users or rules in Redis
-(`python -m bridge.passwd --redis`, `python -m bridge.aclctl`) publishes on the channel
+(`python -m bridge.passwd redis://...`, `python -m bridge.aclctl`) publishes on the channel
 `<cluster>:access-changed`; every node listens, re-reads the Redis rules and forgets its cached
 password verifications and ACL decisions at once. After the listening connection was lost (Redis
 restarted or failed over) a node re-reads everything, since a change may have been missed.

@@ -124,7 +124,7 @@ SETTINGS: dict[str, str] = {
     "notify": "run notify inside this node (store=rocketmq); `false` when it runs on its own",
     "password_file": "file of `user:hash` lines (`python -m bridge.passwd`); empty: no auth",
     "allow_anonymous": "with auth on, accept CONNECT without user name (false: CONNACK 5)",
-    "auth_redis": "also check users stored in the cluster's Redis (`bridge.passwd --redis`)",
+    "auth_redis": "also check users in the cluster's Redis (`bridge.passwd redis://...`)",
     "auth_cache_ttl": "seconds a successful password check is remembered (0: never)",
     "acl_file": "file of per-topic publish/subscribe rules (docs/operations.md); empty: all",
     "acl_redis": "also ACL rules from the cluster's Redis; changes apply on every node at once",

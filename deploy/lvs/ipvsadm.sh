@@ -14,13 +14,14 @@
 # On every node, DR mode only:
 #   ipvsadm.sh realserver VIP                VIP on lo and the ARP settings (README.md)
 #
-# Settings: PORT (1883), MODE (dr | nat), SCHEDULER (lc; wlc for unequal weights),
+# Settings: PORT (1883; run again with PORT=8883 for MQTT over TLS), MODE (dr | nat),
+#           SCHEDULER (wlc, as keepalived.conf; equal weights make it plain least connections),
 #           WEIGHT (100), IFACE (eth0, the director's interface for the VIP)
 set -euo pipefail
 
 : "${PORT:=1883}"
 : "${MODE:=dr}"
-: "${SCHEDULER:=lc}"
+: "${SCHEDULER:=wlc}"
 : "${WEIGHT:=100}"
 : "${IFACE:=eth0}"
 

