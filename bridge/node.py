@@ -819,7 +819,12 @@ class Node(SubscriptionHandling):
         """Route and store a message (wills, system messages); returns its seq once durable."""
         outcome: asyncio.Future[tuple[int | None, BaseException | None]]
         outcome = asyncio.get_running_loop().create_future()
-        self.route_submit(message, tuple(meta), lambda seq, err: outcome.set_result((seq, err)))
+
+        def settle(seq: int | None, error: BaseException | None) -> None:
+            if not outcome.done():  # the awaiting task may have been cancelled (shutdown)
+                outcome.set_result((seq, error))
+
+        self.route_submit(message, tuple(meta), settle)
         seq, error = await outcome
         if error is not None:
             raise error
