@@ -98,7 +98,6 @@ class AccessControl:
         # Password hashes are slow on purpose and release the GIL: a small pool bounds their CPU.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="auth")
         self._listener: asyncio.Task[None] | None = None
-        self.auth_failures = 0
 
     def _combined_rules(self) -> list[Rule] | None:
         if self._file_rules is None and not self.config.acl_redis:
@@ -221,10 +220,7 @@ class AccessControl:
             return AuthResult.ACCEPTED, cert_cn
         if not self.authenticating:
             return AuthResult.ACCEPTED, username
-        result = await self._check_password(client_id, username, password)
-        if result is not AuthResult.ACCEPTED:
-            self.auth_failures += 1
-        return result, username
+        return await self._check_password(client_id, username, password), username
 
     async def _check_password(
         self, client_id: str, username: str | None, password: bytes | None

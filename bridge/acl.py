@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from bridge.mqtt.topics import topic_matches
+from bridge.ttlcache import TTLCache
 
 PUBLISH = "publish"
 SUBSCRIBE = "subscribe"
@@ -212,10 +213,9 @@ class Acl:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rules = rules
-        self.cache_ttl = cache_ttl
-        self.cache_size = cache_size
-        self._clock = clock
-        self._cache: dict[tuple[str, str | None, str, str], tuple[bool, float]] = {}
+        self._cache: TTLCache[tuple[str, str | None, str, str], bool] = TTLCache(
+            cache_ttl, cache_size, clock
+        )
         self.cache_hits = 0
         self.cache_misses = 0
 
@@ -235,19 +235,13 @@ class Acl:
         if self.rules is None:
             return True
         key = (client_id, username, action, topic)
-        now = self._clock()
         cached = self._cache.get(key)
         if cached is not None:
-            if now < cached[1]:
-                self.cache_hits += 1
-                return cached[0]
-            del self._cache[key]
+            self.cache_hits += 1
+            return cached
         self.cache_misses += 1
         allowed = self.decide(action, client_id, username, topic)
-        if self.cache_ttl > 0:
-            if len(self._cache) >= self.cache_size:
-                self._evict(now)
-            self._cache[key] = (allowed, now + self.cache_ttl)
+        self._cache.put(key, allowed)
         return allowed
 
     def decide(self, action: str, client_id: str, username: str | None, topic: str) -> bool:
@@ -276,10 +270,3 @@ class Acl:
             if hit:
                 return rule
         return None
-
-    def _evict(self, now: float) -> None:
-        expired = [key for key, (_, expires) in self._cache.items() if expires <= now]
-        for key in expired:
-            del self._cache[key]
-        while len(self._cache) >= self.cache_size:
-            del self._cache[next(iter(self._cache))]

@@ -1,13 +1,11 @@
 """Client authentication: who may CONNECT.
 
-An `Authenticator` turns the ClientId, user name and password of a CONNECT into an `AuthResult`,
-whose value is the MQTT 3.1.1 CONNACK return code to answer with. Implementations here:
-
-* `AllowAll` accepts everyone (authentication off; the default).
-* `PasswordFile` checks user names and passwords against a file of salted hashes, one
-  `username:hash` per line (see `python -m bridge.passwd` to maintain it).
-
-`bridge.access` adds the users kept in the cluster's Redis and client certificates.
+Authentication turns the ClientId, user name and password of a CONNECT into an `AuthResult`,
+whose value is the MQTT 3.1.1 CONNACK return code to answer with. Here: the hashes, their cache,
+and `PasswordFile`, which checks user names and passwords against a file of salted hashes, one
+`username:hash` per line (see `python -m bridge.passwd` to maintain it). `bridge.access` puts the
+sources together (the file, the users kept in the cluster's Redis, client certificates) and is
+what the node asks.
 
 New hashes are Argon2id (argon2-cffi, the reference implementation's bindings), stored in the
 standard PHC form `$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>`: 19 MiB and two passes, OWASP's
@@ -37,12 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
 
 import argon2
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from bridge.mqtt.packets import ConnackCode
+from bridge.ttlcache import TTLCache
 
 log = logging.getLogger(__name__)
 
@@ -82,29 +80,6 @@ class AuthResult(Enum):
         """The CONNACK return code to send (0 accepted, 3 the user store is unreachable, 4 bad
         user name or password, 5 not authorized)."""
         return ConnackCode(self.value)
-
-
-class Authenticator(Protocol):
-    """Decides whether a CONNECT may proceed. Implementations must not raise for any input."""
-
-    def authenticate(
-        self, client_id: str, username: str | None, password: bytes | None
-    ) -> AuthResult:
-        """Check the credentials of a CONNECT from `client_id`."""
-        ...
-
-
-class AllowAll:
-    """Accepts every client, with or without credentials (authentication off)."""
-
-    def authenticate(
-        self, client_id: str, username: str | None, password: bytes | None
-    ) -> AuthResult:
-        """Always ACCEPTED."""
-        return AuthResult.ACCEPTED
-
-    def reload(self) -> None:
-        """Nothing to reload."""
 
 
 # -- hashes ----------------------------------------------------------------------------------
@@ -279,12 +254,9 @@ class VerifiedCache:
         size: int = DEFAULT_CACHE_SIZE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.ttl = ttl
-        self.size = size
-        self._clock = clock
         self._lock = threading.Lock()
         self._key = secrets.token_bytes(32)
-        self._entries: dict[tuple[str, bytes], float] = {}
+        self._entries: TTLCache[tuple[str, bytes], bool] = TTLCache(ttl, size, clock)
         self.generation = 0
         """Bumped by `clear`: a verification that started before must not be remembered."""
 
@@ -294,31 +266,14 @@ class VerifiedCache:
 
     def hit(self, key: tuple[str, bytes]) -> bool:
         """Whether this pair was verified less than `ttl` seconds ago."""
-        now = self._clock()
         with self._lock:
-            expires = self._entries.get(key)
-            if expires is None:
-                return False
-            if now < expires:
-                return True
-            del self._entries[key]
-            return False
+            return self._entries.get(key) is not None
 
     def remember(self, key: tuple[str, bytes], generation: int) -> None:
         """Remember a successful verification that began at `generation`."""
-        if self.ttl <= 0:
-            return
         with self._lock:
-            if generation != self.generation:
-                return  # the users changed meanwhile
-            now = self._clock()
-            if len(self._entries) >= self.size:
-                expired = [k for k, expires in self._entries.items() if expires <= now]
-                for k in expired:
-                    del self._entries[k]
-                while len(self._entries) >= self.size:
-                    del self._entries[next(iter(self._entries))]  # oldest first
-            self._entries[key] = now + self.ttl
+            if generation == self.generation:  # else the users changed meanwhile
+                self._entries.put(key, True)
 
     def clear(self) -> None:
         """Forget everything (the users or their passwords changed)."""
@@ -481,16 +436,3 @@ def _warn_if_exposed(path: str | os.PathLike[str]) -> None:
             path,
             stat.S_IMODE(mode),
         )
-
-
-def make_authenticator(password_file: str, allow_anonymous: bool = True) -> AllowAll | PasswordFile:
-    """The authenticator for the settings `password_file` and `allow_anonymous`.
-
-    An empty `password_file` turns authentication off (AllowAll); with it, `allow_anonymous=False`
-    would be contradictory and raises AuthConfigError. Raises AuthConfigError for a bad file.
-    """
-    if not password_file:
-        if not allow_anonymous:
-            raise AuthConfigError("allow_anonymous = false needs a password_file")
-        return AllowAll()
-    return PasswordFile(password_file, allow_anonymous=allow_anonymous)

@@ -248,6 +248,14 @@ class Node(SubscriptionHandling):
             for share_filter, qos in session.shared.items()
         ]
 
+    def subscription_count(self) -> int:
+        """Subscriptions (shared ones included) of the sessions held here."""
+        return sum(len(s.subscriptions) + len(s.shared) for s in self.sessions.values())
+
+    def retained_count(self) -> int:
+        """Retained messages of clients and backends (not this node's `$SYS` statistics)."""
+        return sum(1 for topic in self.retained if not topic.startswith("$SYS/"))
+
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run a background coroutine whose exceptions are logged, never lost."""
         task = asyncio.get_running_loop().create_task(coro)

@@ -78,10 +78,10 @@ class NodeCollector:
         yield _gauge(
             "subscriptions",
             "subscriptions of the sessions held by this node",
-            sum(len(s.subscriptions) + len(s.shared) for s in node.sessions.values()),
+            node.subscription_count(),
         )
         yield _gauge("retained_messages", "retained messages known to this node",
-                     sum(1 for t in node.retained if not t.startswith("$SYS/")))  # fmt: skip
+                     node.retained_count())  # fmt: skip
         yield _gauge(
             "inflight",
             "QoS 1/2 messages sent to connected clients and not yet acknowledged",

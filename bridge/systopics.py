@@ -71,10 +71,8 @@ def statistics(node: Node, started: float) -> dict[str, str]:
         "uptime": str(int(time.time() - started)),
         "clients/connected": str(len(node.connections)),
         "sessions/count": str(len(node.sessions)),
-        "subscriptions/count": str(
-            sum(len(s.subscriptions) + len(s.shared) for s in node.sessions.values())
-        ),
-        "retained/count": str(sum(1 for t in node.retained if not t.startswith("$SYS/"))),
+        "subscriptions/count": str(node.subscription_count()),
+        "retained/count": str(node.retained_count()),
         "messages/received": str(received),
         "messages/sent": str(sent),
         "messages/dropped": str(dropped),

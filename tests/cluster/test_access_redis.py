@@ -7,31 +7,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from bridge.mqtt.packets import SUBACK_FAILURE, Connect
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
-from tests.support.processes import REPO, BridgeProcess
+from tests.support.processes import REPO
 from tests.support.redis import LocalRedis
-from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def cluster(
-    bridge_factory: Callable[..., BridgeProcess],
-    rocketmq: LocalRocketMQ | ExternalRocketMQ,
-    redis_server: LocalRedis,
-) -> Iterator[ClusterLauncher]:
-    launcher = ClusterLauncher(
-        bridge_factory, rocketmq.namesrv_addr, (f"redis_url={redis_server.url}",)
-    )
-    yield launcher
-    launcher.stop_all()
 
 
 def cli(module: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ inspected and kicked through node A (A forwards to B's admin API)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,23 +14,8 @@ from tests.integration.test_admin_api import TOKEN, AdminHttp
 from tests.support.clients import RawClient, paho_client
 from tests.support.cluster import ClusterLauncher, wait_for_route
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
-from tests.support.redis import LocalRedis
-from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def cluster(
-    bridge_factory: Callable[..., BridgeProcess],
-    rocketmq: LocalRocketMQ | ExternalRocketMQ,
-    redis_server: LocalRedis,
-) -> Iterator[ClusterLauncher]:
-    launcher = ClusterLauncher(
-        bridge_factory, rocketmq.namesrv_addr, (f"redis_url={redis_server.url}",)
-    )
-    yield launcher
-    launcher.stop_all()
 
 
 def start_with_admin(cluster: ClusterLauncher, node_id: str) -> tuple[BridgeProcess, AdminHttp]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -19,24 +18,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 from tests.support.clients import paho_client
 from tests.support.cluster import ClusterLauncher, wait_for_route
 from tests.support.processes import BridgeProcess, free_port
-from tests.support.redis import LocalRedis
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def cluster(
-    bridge_factory: Callable[..., BridgeProcess],
-    rocketmq: LocalRocketMQ | ExternalRocketMQ,
-    redis_server: LocalRedis,
-) -> Iterator[ClusterLauncher]:
-    launcher = ClusterLauncher(
-        bridge_factory, rocketmq.namesrv_addr, (f"redis_url={redis_server.url}",)
-    )
-    yield launcher
-    launcher.stop_all()
 
 
 @pytest.fixture

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 
 import pytest
 
 from bridge import auth
+from bridge.access import AccessControl
 from bridge.auth import (
-    AllowAll,
     AuthConfigError,
     AuthResult,
     PasswordFile,
     hash_password,
-    make_authenticator,
     parse_hash,
     verify_password,
 )
+from bridge.config import Config, ConfigError, load_config
 from bridge.mqtt.packets import ConnackCode
 
 FAST = {"n": 2**10, "r": 8, "p": 1}  # cheap parameters: tests need speed, not resistance
@@ -158,11 +159,16 @@ def test_result_values_are_connack_codes():
     assert AuthResult.NOT_AUTHORIZED.connack_code == ConnackCode.NOT_AUTHORIZED == 5
 
 
-def test_allow_all_accepts_everyone():
-    allow = AllowAll()
-    assert allow.authenticate("c", None, None) is AuthResult.ACCEPTED
-    assert allow.authenticate("c", "anyone", b"anything") is AuthResult.ACCEPTED
-    assert allow.authenticate("c", "anyone", None) is AuthResult.ACCEPTED
+def access_result(access, username, password, cert_cn=None):
+    """What the node's access control answers a CONNECT (result only)."""
+    return asyncio.run(access.authenticate("c", username, password, cert_cn))[0]
+
+
+def test_authentication_off_accepts_everyone():
+    allow = AccessControl(Config())
+    assert access_result(allow, None, None) is AuthResult.ACCEPTED
+    assert access_result(allow, "anyone", b"anything") is AuthResult.ACCEPTED
+    assert access_result(allow, "anyone", None) is AuthResult.ACCEPTED
 
 
 def test_password_file_results(pwfile):
@@ -316,15 +322,24 @@ def test_cache_can_be_disabled_and_is_bounded(pwfile, scrypt_calls):
     assert len(scrypt_calls) == 5
 
 
-def test_make_authenticator(pwfile):
-    assert isinstance(make_authenticator(""), AllowAll)
-    with pytest.raises(AuthConfigError, match="needs a password_file"):
-        make_authenticator("", allow_anonymous=False)
-    strict = make_authenticator(str(pwfile), allow_anonymous=False)
-    assert isinstance(strict, PasswordFile)
-    assert strict.authenticate("c", None, None) is AuthResult.NOT_AUTHORIZED
-    lenient = make_authenticator(str(pwfile))
-    assert lenient.authenticate("c", None, None) is AuthResult.ACCEPTED
+def test_access_control_from_the_settings(pwfile):
+    assert not AccessControl(Config()).authenticating
+    with pytest.raises(ConfigError, match="needs a password_file"):
+        load_config(env={}, overrides={"allow_anonymous": "false"})
+    strict = AccessControl(Config(password_file=str(pwfile), allow_anonymous=False))
+    assert isinstance(strict.password_file, PasswordFile)
+    assert access_result(strict, None, None) is AuthResult.NOT_AUTHORIZED
+    assert access_result(strict, "alice", b"wonderland") is AuthResult.ACCEPTED
+    lenient = AccessControl(Config(password_file=str(pwfile)))
+    assert access_result(lenient, None, None) is AuthResult.ACCEPTED
+    certified = AccessControl(
+        Config(tls_cn_as_username=True, tls_client_cert="required", allow_anonymous=False)
+    )
+    assert asyncio.run(certified.authenticate("c", None, None, "device-7")) == (
+        AuthResult.ACCEPTED,
+        "device-7",
+    )
+    assert access_result(certified, None, None) is AuthResult.NOT_AUTHORIZED
 
 
 def test_world_readable_file_is_warned_about(pwfile, caplog):
