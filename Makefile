@@ -41,7 +41,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/auth.py bridge/passwd.py \
-		bridge/acl.py bridge/presubscribe.py bridge/metrics.py \
+		bridge/acl.py bridge/presubscribe.py bridge/metrics.py bridge/ttlcache.py \
 		bridge/config.py bridge/state.py bridge/cluster/wire.py bridge/storage/rocketmq_mapping.py \
 		bridge/storage/rocketmq_wire.py bridge/storage/rocketmq_messages.py bridge/storage/rocketmq_bytes.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
