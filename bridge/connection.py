@@ -170,17 +170,21 @@ class Connection(asyncio.Protocol):
         """Queue bytes; everything queued in one loop iteration goes out in one write."""
         if self.closed:
             return
-        self._out.append(data)
         self.node.metrics.packets_out[data[0] >> 4] += 1
+        self._queue(data)
+
+    def _queue(self, data: bytes) -> None:
+        self._out.append(data)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
 
-    def send_droppable(self, data: bytes, payload_size: int) -> None:
-        """Send a QoS 0 message unless the client is too slow to take it (then count the drop);
-        `payload_size` is metered."""
+    def send_droppable(self, data: bytes, payload_size: int) -> bool:
+        """Send a QoS 0 PUBLISH unless the client is too slow to take it (then count the drop);
+        `payload_size` is metered. True if sent: the caller counts sent messages in the node's
+        metrics (`Node.count_qos0_sent`), once per fan-out rather than once per subscriber."""
         transport = self.transport
         if self.closed or transport is None:
-            return
+            return False
         if transport.get_write_buffer_size() > self.node.config.write_buffer_high:
             self.node.metrics.inc("dropped_slow_consumer")
             now = self.loop.time()
@@ -196,11 +200,11 @@ class Connection(asyncio.Protocol):
                     f"slow consumer: socket buffer over {self.node.config.write_buffer_high} "
                     f"bytes for {self.node.config.slow_consumer_timeout:.0f} s"
                 )
-            return
+            return False
         self.msgs_out += 1
         self.payload_out += payload_size
-        self.node.metrics.counters["messages_out_qos0"] += 1
-        self.send(data)
+        self._queue(data)
+        return True
 
     def _flush(self) -> None:
         self._flush_handle = None

@@ -677,7 +677,9 @@ class Node(SubscriptionHandling):
                 if member is None:
                     self.metrics.inc("dropped_no_shared_member")
                 elif member in connections:
-                    connections[member].send_droppable(data, len(message.payload))
+                    self.count_qos0_sent(
+                        connections[member].send_droppable(data, len(message.payload))
+                    )
                 elif self.cluster is not None:
                     self.cluster.deliver(member, message)
 
@@ -686,13 +688,22 @@ class Node(SubscriptionHandling):
         `topic`; the peers among the matches (they have subscribers of their own)."""
         connections = self.connections
         peers: list[str] = []
+        sent = 0
         for client_id in self.trie.match_subscribers(topic):
             conn = connections.get(client_id)
             if conn is not None:
-                conn.send_droppable(data, payload_size)
+                sent += conn.send_droppable(data, payload_size)
             elif client_id[0] == PEER_PREFIX:
                 peers.append(client_id[1:])
+        self.count_qos0_sent(sent)
         return peers
+
+    def count_qos0_sent(self, sent: int) -> None:
+        """Count QoS 0 PUBLISH packets sent directly (`Connection.send_droppable`)."""
+        if sent:
+            metrics = self.metrics
+            metrics.counters["messages_out_qos0"] += sent
+            metrics.packets_out[3] += sent
 
     def deliver_forwarded(self, topic: str, payload: bytes) -> None:
         """A QoS 0 message a peer forwarded: to this node's own (non-shared) subscribers."""
@@ -702,7 +713,9 @@ class Node(SubscriptionHandling):
         """A QoS 0 message a peer picked this node's client for (shared subscription)."""
         conn = self.connections.get(client_id)
         if conn is not None:
-            conn.send_droppable(codec.encode_publish(topic, payload, 0), len(payload))
+            self.count_qos0_sent(
+                conn.send_droppable(codec.encode_publish(topic, payload, 0), len(payload))
+            )
         else:
             self.metrics.inc("dropped_no_shared_member")
 
@@ -874,9 +887,11 @@ class Node(SubscriptionHandling):
                     if min(group.members.get(member, 0), message.qos) == 0:
                         conn = self.connections.get(member)
                         if conn is not None:
-                            conn.send_droppable(
-                                codec.encode_publish(message.topic, message.payload, 0),
-                                len(message.payload),
+                            self.count_qos0_sent(
+                                conn.send_droppable(
+                                    codec.encode_publish(message.topic, message.payload, 0),
+                                    len(message.payload),
+                                )
                             )
                         elif self.cluster is not None:
                             self.cluster.deliver(member, message)
