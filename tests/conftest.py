@@ -3,8 +3,10 @@ RocketMQ and one Redis for the session, started on first use."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -12,6 +14,17 @@ from tests.support.clients import close_all_raw_clients
 from tests.support.processes import BridgeProcess
 from tests.support.redis import LocalRedis
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ, rocketmq_for_tests
+
+
+def _interrupted(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test run stopped with SIGTERM (a CI timeout, `kill`) ends like one stopped with Ctrl-C:
+    pytest unwinds the fixtures, so the servers they started (RocketMQ, Redis, bridges) are
+    stopped by PID instead of being left running."""
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 @pytest.fixture(scope="session")
