@@ -40,10 +40,11 @@ test-deps: install install-spark
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/auth.py bridge/passwd.py \
-		bridge/acl.py bridge/presubscribe.py bridge/metrics.py bridge/ttlcache.py \
-		bridge/config.py bridge/state.py bridge/cluster/wire.py bridge/storage/rocketmq_mapping.py \
-		bridge/storage/rocketmq_wire.py bridge/storage/rocketmq_messages.py bridge/storage/rocketmq_bytes.py \
+	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/access/auth.py \
+		bridge/access/passwd.py bridge/access/acl.py bridge/access/ttlcache.py \
+		bridge/node/presubscribe.py bridge/operations/metrics.py bridge/config.py bridge/state.py \
+		bridge/cluster/wire.py bridge/storage/rocketmq/mapping.py bridge/storage/rocketmq/wire.py \
+		bridge/storage/rocketmq/messages.py bridge/storage/rocketmq/bytes.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 
 test: test-deps lint

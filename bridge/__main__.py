@@ -66,7 +66,7 @@ def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from bridge.server import Server
+    from bridge.listeners.server import Server
 
     async def run() -> None:
         await Server(config, serve_mqtt=serve_mqtt).serve()
@@ -101,10 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in SETTINGS:
             print(f"{name} = {getattr(config, name)!r}")
         return 0
-    from bridge.acl import AclError
-    from bridge.auth import AuthConfigError
-    from bridge.server import Server
-    from bridge.tls import TLSConfigError
+    from bridge.access.acl import AclError
+    from bridge.access.auth import AuthConfigError
+    from bridge.listeners.server import Server
+    from bridge.listeners.tls import TLSConfigError
 
     try:
         Server.check(config)

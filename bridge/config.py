@@ -283,7 +283,7 @@ def _validate_listeners(config: Config) -> None:
 
 
 def _validate_operations(config: Config) -> None:
-    from bridge.presubscribe import PresubscribeError, parse_presubscriptions
+    from bridge.node.presubscribe import PresubscribeError, parse_presubscriptions
 
     try:
         parse_presubscriptions(config.presubscribe)

@@ -30,16 +30,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bridge.storage.base import Message
-from bridge.storage.rocketmq_client import RocketMQClient
-from bridge.storage.rocketmq_connection import RemotingError, RocketMQError
-from bridge.storage.rocketmq_mapping import PROP_NODE, message_of
-from bridge.storage.rocketmq_messages import (
+from bridge.storage.rocketmq import (
+    DISPATCH_TOPIC,
+    PROP_NODE,
     PROPERTY_INNER_MULTI_DISPATCH,
+    PullStatus,
+    RemotingError,
+    ResponseCode,
+    RocketMQClient,
+    RocketMQError,
     StoredMessage,
+    message_of,
 )
-from bridge.storage.rocketmq_store import DISPATCH_TOPIC
-from bridge.storage.rocketmq_types import PullStatus
-from bridge.storage.rocketmq_wire import ResponseCode
 
 log = logging.getLogger("notify")
 

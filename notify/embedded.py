@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from bridge.storage.base import Message
-from bridge.storage.rocketmq_mapping import escape_name
+from bridge.storage.rocketmq import escape_name
 from notify.core import Notifier
 
 if TYPE_CHECKING:
     from bridge.node import Node
-    from bridge.storage.rocketmq_store import RocketMQStore
+    from bridge.storage.rocketmq import RocketMQStore
 
 log = logging.getLogger("notify")
 

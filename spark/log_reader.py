@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from bridge.mqtt.topics import topic_matches
-from bridge.storage.filelog_files import list_segments
+from bridge.storage.filelog import list_segments
 from bridge.storage.records import (
     HEADER,
     HEADER_SIZE,

@@ -13,7 +13,7 @@ from typing import Any
 
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.topics import validate_topic_filter
-from bridge.storage.rocketmq_mapping import rocketmq_topic, tag_of
+from bridge.storage.rocketmq import rocketmq_topic, tag_of
 
 EARLIEST = -2
 LATEST = -1

@@ -3,7 +3,7 @@
 No Spark here. The driver side lists the queues of the topics to read and resolves offsets
 ("earliest", "latest", JSON, a timestamp) to numbers; the executor side pulls one queue's offset
 range and turns every stored message into a row. Both use the gateway's own remoting client
-(bridge.storage.rocketmq_client), synchronously: each call runs on an event loop of its own.
+(`bridge.storage.rocketmq`), synchronously: each call runs on an event loop of its own.
 
 Offsets are per queue, keyed "broker:queueId" inside each RocketMQ topic, the form Spark
 checkpoints: {"factory": {"broker-a:0": 120, "broker-a:1": 118}}. An offset is the queue offset
@@ -24,12 +24,14 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from bridge.mqtt.topics import topic_matches
-from bridge.storage.rocketmq_client import RocketMQClient
-from bridge.storage.rocketmq_connection import RemotingError
-from bridge.storage.rocketmq_mapping import message_of
-from bridge.storage.rocketmq_store import DISPATCH_TOPIC
-from bridge.storage.rocketmq_types import PullStatus
-from bridge.storage.rocketmq_wire import ResponseCode
+from bridge.storage.rocketmq import (
+    DISPATCH_TOPIC,
+    PullStatus,
+    RemotingError,
+    ResponseCode,
+    RocketMQClient,
+    message_of,
+)
 from spark.options import EARLIEST, LATEST, SourceOptions
 from spark.rows import RowBatcher
 

@@ -141,7 +141,8 @@ class Cluster:
     async def _heartbeat(self) -> None:
         admin = ""
         if self.config.admin_listen:
-            # Where the admin API forwards requests for this node's clients (bridge.admin).
+            # Where the admin API forwards requests for this node's clients
+            # (bridge.operations.admin).
             admin_host, admin_port = parse_listen(self.config.admin_listen)
             admin = _advertise_address(admin_host, admin_port)
         info = {

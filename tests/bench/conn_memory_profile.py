@@ -60,7 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bridge.config import load_config
-from bridge.server import Server
+from bridge.listeners.server import Server
 from tests.bench.conn_capacity import KEEPALIVE_S, proc_status_kib
 from tests.bench.run_bench import (
     HOST,

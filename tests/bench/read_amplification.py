@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from bridge.mqtt.topics import topic_matches  # noqa: E402
 from bridge.storage.base import Message  # noqa: E402
-from bridge.storage.rocketmq_store import RocketMQStore  # noqa: E402
+from bridge.storage.rocketmq.store import RocketMQStore  # noqa: E402
 from tests.support.rocketmq import LocalRocketMQ  # noqa: E402
 
 FILTERS = ("factory/line7/temp", "factory/+/temp")

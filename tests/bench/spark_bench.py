@@ -68,8 +68,8 @@ import pyarrow.parquet as pq
 
 from bridge.storage import FileLogStore
 from bridge.storage.base import Message
-from bridge.storage.rocketmq_client import RocketMQClient
-from bridge.storage.rocketmq_mapping import rocketmq_topic, to_rocketmq
+from bridge.storage.rocketmq.client import RocketMQClient
+from bridge.storage.rocketmq.mapping import rocketmq_topic, to_rocketmq
 from spark import telemetry
 from spark.simulate import device_names
 from tests.bench.run_bench import (

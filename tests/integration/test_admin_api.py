@@ -25,10 +25,10 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import pytest
 
-from bridge.admin import API_PREFIX, ROUTES, AdminAPI
 from bridge.config import Config, load_config
+from bridge.listeners.server import Server
 from bridge.mqtt.packets import Connack, Connect, Publish, Will
-from bridge.server import Server
+from bridge.operations.admin import API_PREFIX, ROUTES, AdminAPI
 from tests.support.clients import RawClient, paho_client
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
 

@@ -99,7 +99,7 @@ def test_sys_statistics_are_retained_and_count_the_traffic(
     assert int(stats["$SYS/brokers/n1/uptime"]) >= 0
     assert set(stats) == {
         f"$SYS/brokers/n1/{name}"
-        for name in __import__("bridge.systopics", fromlist=["STATISTICS"]).STATISTICS
+        for name in __import__("bridge.operations.systopics", fromlist=["STATISTICS"]).STATISTICS
     }
 
 

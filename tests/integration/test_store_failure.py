@@ -15,12 +15,13 @@ import pytest
 import uvloop
 
 from bridge.config import Config
-from bridge.connection import Connection
+from bridge.listeners.connection import Connection
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.packets import Connect, Publish, Pubrec, Subscribe, Subscription
 from bridge.node import Node
-from bridge.storage import FileLogStore, filelog
+from bridge.storage import FileLogStore
+from bridge.storage.filelog import store as filelog_store
 
 
 class RecordingTransport:
@@ -86,7 +87,7 @@ def test_failed_store_sends_no_pubrec_and_a_resend_is_stored(
 
         pub, transport = await open_connection(node, "publisher")
         assert transport.packets()[0].return_code == 0
-        monkeypatch.setattr(filelog, "_write_all", disk_full)
+        monkeypatch.setattr(filelog_store, "_write_all", disk_full)
         pub.data_received(codec.encode(Publish("plant/x", b"once", 2, packet_id=5)))
         await asyncio.sleep(0.2)
         assert not any(isinstance(p, Pubrec) for p in transport.packets())

@@ -21,7 +21,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.packets import Publish, Pubrec, Subscribe, Subscription
 from bridge.node import Node, Unsettled
 from bridge.storage.base import Message
-from bridge.storage.rocketmq_store import RocketMQStore
+from bridge.storage.rocketmq.store import RocketMQStore
 from notify.embedded import embedded_notifier
 from tests.integration.test_store_failure import open_connection
 from tests.support.clients import paho_client

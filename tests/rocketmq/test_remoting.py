@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from bridge.storage.rocketmq_remoting import (
+from bridge.storage.rocketmq.remoting import (
     BrokerUnavailable,
     PullStatus,
     RemotingConnection,
@@ -25,7 +25,7 @@ from bridge.storage.rocketmq_remoting import (
     RocketMQClient,
     SendStatus,
 )
-from bridge.storage.rocketmq_wire import PullSysFlag, RequestCode, ResponseCode
+from bridge.storage.rocketmq.wire import PullSysFlag, RequestCode, ResponseCode
 from tests.support.rocketmq import LocalRocketMQ
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]

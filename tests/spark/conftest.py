@@ -77,8 +77,8 @@ def produce_backend_message(
     """Send a message straight into RocketMQ as a backend does, with the bridge's mapping
     (MQTT 5 user properties travel as `mqtt.user.<name>`)."""
     from bridge.storage.base import Message
-    from bridge.storage.rocketmq_client import RocketMQClient
-    from bridge.storage.rocketmq_mapping import to_rocketmq
+    from bridge.storage.rocketmq.client import RocketMQClient
+    from bridge.storage.rocketmq.mapping import to_rocketmq
 
     message = Message(
         topic=topic, payload=payload, qos=1, key=unique("backend-"), properties=properties

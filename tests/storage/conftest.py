@@ -17,7 +17,7 @@ import pytest
 import uvloop
 
 from bridge.storage import FileLogStore, MessageStore
-from bridge.storage.rocketmq_store import RocketMQStore
+from bridge.storage.rocketmq.store import RocketMQStore
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.storage import FileLogStore, MetaUpdate, StoreUnavailable, filelog
+from bridge.storage import FileLogStore, MetaUpdate, StoreUnavailable
 from bridge.storage.base import Message
-from bridge.storage.filelog_files import write_all
+from bridge.storage.filelog import store as filelog
+from bridge.storage.filelog.files import write_all
 from bridge.storage.records import (
     HEADER,
     HEADER_SIZE,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.acl import (
+from bridge.access.acl import (
     PUBLISH,
     SUBSCRIBE,
     Acl,

@@ -8,9 +8,8 @@ import re
 
 import pytest
 
-from bridge import auth
-from bridge.access import AccessControl
-from bridge.auth import (
+from bridge.access import AccessControl, auth
+from bridge.access.auth import (
     AuthConfigError,
     AuthResult,
     PasswordFile,
@@ -36,7 +35,7 @@ class Clock:
 
 @pytest.fixture
 def scrypt_calls(monkeypatch):
-    """Count the scrypt computations of bridge.auth."""
+    """Count the scrypt computations of bridge.access.auth."""
     calls = []
     real = auth._scrypt
 
@@ -344,6 +343,6 @@ def test_access_control_from_the_settings(pwfile):
 
 def test_world_readable_file_is_warned_about(pwfile, caplog):
     pwfile.chmod(0o644)
-    with caplog.at_level("WARNING", logger="bridge.auth"):
+    with caplog.at_level("WARNING", logger="bridge.access.auth"):
         PasswordFile(pwfile)
     assert "chmod 600" in caplog.text

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge import passwd
-from bridge.auth import AuthResult, PasswordFile, hash_password
-from bridge.passwd import main
+from bridge.access import passwd
+from bridge.access.auth import AuthResult, PasswordFile, hash_password
+from bridge.access.passwd import main
 
 REPO = Path(__file__).resolve().parents[2]
 

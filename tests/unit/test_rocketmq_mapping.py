@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.storage.base import Message
-from bridge.storage.rocketmq_mapping import (
+from bridge.storage.rocketmq.mapping import (
     DEFAULT_QOS_FOR_BACKEND_MESSAGES,
     MAX_NAME,
     MULTI_DISPATCH,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.storage.rocketmq_messages import (
+from bridge.storage.rocketmq.messages import (
     MESSAGE_MAGIC_CODE,
     MessageSysFlag,
     StoredMessage,
@@ -23,7 +23,7 @@ from bridge.storage.rocketmq_messages import (
     encode_stored_message,
     send_message_v2_fields,
 )
-from bridge.storage.rocketmq_wire import (
+from bridge.storage.rocketmq.wire import (
     FrameDecoder,
     RemotingCommand,
     RemotingProtocolError,

@@ -23,9 +23,9 @@ from wsproto.events import (
     TextMessage,
 )
 
+from bridge.listeners.websocket import MAX_REQUEST_BYTES, WebSocketProtocol, WebSocketTransport
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connect, Pingreq, Publish
-from bridge.websocket import MAX_REQUEST_BYTES, WebSocketProtocol, WebSocketTransport
 
 PEER = ("192.0.2.7", 50123)
 

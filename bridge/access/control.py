@@ -1,0 +1,270 @@
+"""Access control of a node: who may connect (authentication) and what they may do (ACL).
+
+Sources, combined:
+
+* users: the password file (`password_file`), the cluster's Redis (`auth_redis`, hash
+  `<cluster>:users`, user name -> hash) and, on TLS listeners, a verified client certificate whose
+  CN is taken as the user name (`tls_cn_as_username`);
+* ACL rules: the rules file (`acl_file`) first, then the rules in the cluster's Redis (`acl_redis`,
+  list `<cluster>:acl`), in order (syntax: `bridge.access.acl`).
+
+Files are re-read on SIGHUP (`reload`). Whoever changes the users or rules in Redis
+(`python -m bridge.passwd redis://...`, `python -m bridge.aclctl`) publishes on the channel
+`<cluster>:access-changed`; every node listens, re-reads the Redis rules and forgets its cached
+password verifications and ACL decisions at once. After the listening connection was lost (Redis
+restarted or failed over) a node re-reads everything, since a change may have been missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+
+from bridge.access.acl import Acl, AclError, Rule, parse_rules
+from bridge.access.auth import (
+    AuthConfigError,
+    AuthResult,
+    PasswordFile,
+    VerifiedCache,
+    _verify,
+    decoy_like,
+    parse_hash,
+)
+
+if TYPE_CHECKING:
+    from bridge.config import Config
+
+log = logging.getLogger("bridge.access")
+
+RESUBSCRIBE_DELAY = 1.0
+
+
+def users_key(cluster: str) -> str:
+    """The Redis hash of user name -> password hash."""
+    return f"{cluster}:users"
+
+
+def acl_key(cluster: str) -> str:
+    """The Redis list of ACL rule lines."""
+    return f"{cluster}:acl"
+
+
+def changed_channel(cluster: str) -> str:
+    """The Redis channel on which changes to users or rules are announced."""
+    return f"{cluster}:access-changed"
+
+
+def load_acl_file(path: str) -> list[Rule]:
+    """The rules of an ACL file; AclError names the file and line of a bad rule."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise AclError(f"cannot read ACL file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise AclError(f"ACL file {path} is not valid UTF-8") from None
+    return parse_rules(lines, path)
+
+
+class AccessControl:
+    """The authentication and authorisation in force on a node, and where they come from."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.password_file: PasswordFile | None = None
+        if config.password_file:
+            self.password_file = PasswordFile(
+                config.password_file,
+                allow_anonymous=config.allow_anonymous,
+                cache_ttl=config.auth_cache_ttl,
+            )
+        self.redis: Any = None
+        """The cluster's Redis client, set by `start` when a Redis source is configured."""
+        self._redis_cache = VerifiedCache(config.auth_cache_ttl)
+        self._redis_decoy = None if not config.auth_redis else decoy_like(None)
+        self._file_rules: list[Rule] | None = (
+            load_acl_file(config.acl_file) if config.acl_file else None
+        )
+        self._redis_rules: list[Rule] = []
+        self.acl = Acl(self._combined_rules(), cache_ttl=config.acl_cache_ttl)
+        self.authenticating = bool(
+            config.password_file or config.auth_redis or config.tls_cn_as_username
+        )
+        # Password hashes are slow on purpose and release the GIL: a small pool bounds their CPU.
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="auth")
+        self._listener: asyncio.Task[None] | None = None
+
+    def _combined_rules(self) -> list[Rule] | None:
+        if self._file_rules is None and not self.config.acl_redis:
+            return None
+        return [*(self._file_rules or ()), *self._redis_rules]
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        if not self.authenticating:
+            auth = "authentication OFF: any client may connect, with any or no credentials"
+        else:
+            sources = [
+                name
+                for name, on in (
+                    (f"password file {self.config.password_file}", self.config.password_file),
+                    ("Redis users", self.config.auth_redis),
+                    ("client certificate CN", self.config.tls_cn_as_username),
+                )
+                if on
+            ]
+            anonymous = "allowed" if self.config.allow_anonymous else "refused"
+            auth = f"authentication by {', '.join(sources)}; anonymous clients {anonymous}"
+        if self.acl.rules is None:
+            acl = "ACL off: every client may publish and subscribe to every topic"
+        else:
+            acl = f"ACL: {len(self.acl.rules)} rules, no match denies"
+        return f"{auth}; {acl}"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, redis: Any) -> None:
+        """Read the Redis rules and listen for changes (if a Redis source is configured)."""
+        if not (self.config.auth_redis or self.config.acl_redis):
+            return
+        self.redis = redis
+        await self._load_redis_rules()
+        self._listener = asyncio.get_running_loop().create_task(self._listen())
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+        self._pool.shutdown(wait=False)
+
+    def reload(self) -> list[str]:
+        """SIGHUP: re-read the password and ACL files; returns the errors (a bad file keeps the
+        previous contents in force)."""
+        errors: list[str] = []
+        if self.password_file is not None:
+            try:
+                self.password_file.reload()
+            except AuthConfigError as exc:
+                errors.append(f"password file not reloaded, the previous users stay: {exc}")
+        if self.config.acl_file:
+            try:
+                self._file_rules = load_acl_file(self.config.acl_file)
+                self.acl.replace(self._combined_rules())
+                log.info("ACL file %s: %d rules", self.config.acl_file, len(self._file_rules))
+            except AclError as exc:
+                errors.append(f"ACL file not reloaded, the previous rules stay: {exc}")
+        return errors
+
+    async def _load_redis_rules(self) -> None:
+        if not self.config.acl_redis:
+            return
+        raw = await self.redis.lrange(acl_key(self.config.cluster_name), 0, -1)
+        lines = [item.decode("utf-8", "replace") for item in raw]
+        try:
+            rules = parse_rules(lines, acl_key(self.config.cluster_name))
+        except AclError as exc:
+            log.error("ACL rules in Redis not applied, the previous rules stay: %s", exc)
+            return
+        self._redis_rules = rules
+        self.acl.replace(self._combined_rules())
+        log.info("ACL rules from Redis: %d", len(rules))
+
+    async def changed(self) -> None:
+        """Users or rules in Redis changed: forget cached verifications, re-read the rules."""
+        self._redis_cache.clear()
+        try:
+            await self._load_redis_rules()
+        except RedisError as exc:
+            # Rules stay as they were; the listener re-reads them when Redis is back.
+            log.warning("ACL rules in Redis not re-read: %s", exc)
+
+    async def _listen(self) -> None:
+        channel = changed_channel(self.config.cluster_name)
+        first = True
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                if not first:
+                    await self.changed()  # changes may have been missed while cut off
+                first = False
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        log.info("access rules changed in Redis: reloading")
+                        await self.changed()
+            except (RedisError, OSError) as exc:
+                log.warning("not listening for access changes in Redis (%s); retrying", exc)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()
+            await asyncio.sleep(RESUBSCRIBE_DELAY)
+
+    # -- decisions ------------------------------------------------------------------------------
+
+    async def authenticate(
+        self,
+        client_id: str,
+        username: str | None,
+        password: bytes | None,
+        cert_cn: str | None = None,
+    ) -> tuple[AuthResult, str | None]:
+        """Check a CONNECT: the result and the user name the client acts as."""
+        config = self.config
+        if cert_cn is not None and config.tls_cn_as_username:
+            return AuthResult.ACCEPTED, cert_cn
+        if not self.authenticating:
+            return AuthResult.ACCEPTED, username
+        return await self._check_password(client_id, username, password), username
+
+    async def _check_password(
+        self, client_id: str, username: str | None, password: bytes | None
+    ) -> AuthResult:
+        config = self.config
+        if username is None:
+            if password is not None:
+                return AuthResult.BAD_CREDENTIALS
+            return AuthResult.ACCEPTED if config.allow_anonymous else AuthResult.NOT_AUTHORIZED
+        if password is None:
+            return AuthResult.BAD_CREDENTIALS
+        loop = asyncio.get_running_loop()
+        users = self.password_file
+        if users is not None and (users.has_user(username) or not config.auth_redis):
+            return await loop.run_in_executor(
+                self._pool, users.authenticate, client_id, username, password
+            )
+        if config.auth_redis and self.redis is not None:
+            return await self._check_redis_user(username, password)
+        return AuthResult.BAD_CREDENTIALS
+
+    async def _check_redis_user(self, username: str, password: bytes) -> AuthResult:
+        cache = self._redis_cache
+        key = cache.key(username, password)
+        if cache.hit(key):
+            return AuthResult.ACCEPTED
+        generation = cache.generation
+        try:
+            raw = await self.redis.hget(users_key(self.config.cluster_name), username)
+        except (RedisError, OSError) as exc:
+            log.warning("user %r not checked, Redis unavailable: %s", username, exc)
+            return AuthResult.UNAVAILABLE
+        loop = asyncio.get_running_loop()
+        if raw is None:
+            decoy = self._redis_decoy
+            if decoy is not None:
+                await loop.run_in_executor(self._pool, _verify, decoy, password)
+            return AuthResult.BAD_CREDENTIALS
+        try:
+            stored = parse_hash(raw.decode("utf-8", "replace"))
+        except AuthConfigError as exc:
+            log.error("user %r in Redis has an unusable hash: %s", username, exc)
+            return AuthResult.BAD_CREDENTIALS
+        if not await loop.run_in_executor(self._pool, _verify, stored, password):
+            return AuthResult.BAD_CREDENTIALS
+        cache.remember(key, generation)
+        return AuthResult.ACCEPTED

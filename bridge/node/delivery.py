@@ -1,0 +1,226 @@
+"""Per-client delivery: read the session's queues from its cursors and send to the client.
+
+A `Delivery` exists while its client is connected. It runs a task only when woken (a message was
+appended to one of its queues, an acknowledgement freed the in-flight window, the socket became
+writable again) and the task ends as soon as the client is caught up or blocked: an idle client
+costs no task and no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from bridge.mqtt import codec
+from bridge.mqtt.packets import Pubrel
+from bridge.session import Outbound, Phase, Session, packet_id_for
+from bridge.state import RETAINED_DELIVERY
+from bridge.storage.base import StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.listeners.connection import Connection
+    from bridge.node import Node
+    from bridge.storage.base import Stored
+
+log = logging.getLogger("bridge.delivery")
+
+READ_BATCH = 128
+RETRY_SECONDS = 1.0
+"""Seconds between read attempts while the store is unavailable."""
+
+
+class Delivery:
+    """The pull task of one connected client."""
+
+    __slots__ = (
+        "_pending",
+        "_retrying",
+        "_stopped",
+        "_task",
+        "blocked_on_window",
+        "conn",
+        "node",
+        "session",
+    )
+
+    def __init__(self, node: Node, session: Session, conn: Connection) -> None:
+        self.node = node
+        self.session = session
+        self.conn = conn
+        self._pending = False
+        self._retrying = False
+        self._stopped = False
+        self._task: asyncio.Task[None] | None = None
+        self.blocked_on_window = False
+
+    def wake(self) -> None:
+        """Something may be deliverable: run a pass now or right after the current one."""
+        if self._stopped:
+            return
+        self._pending = True
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    @property
+    def running(self) -> bool:
+        """Whether a pull (a pass over the session's queues) is under way."""
+        return self._task is not None
+
+    def stop(self) -> None:
+        """The connection ended; never send again."""
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def resend_inflight(self) -> None:
+        """On session resumption: resend unacknowledged PUBLISHes with DUP=1 and PUBRELs, in the
+        original order (MQTT-4.4.0-1)."""
+        conn = self.conn
+        for out in self.session.inflight.values():
+            if out.phase is Phase.AWAITING_ACK:
+                conn.send(
+                    codec.encode_publish(
+                        out.topic, out.payload, out.qos, out.retain, True, out.packet_id
+                    )
+                )
+            else:
+                conn.send(codec.encode(Pubrel(out.packet_id)))
+
+    async def _run(self) -> None:
+        try:
+            while self._pending and not self._stopped:
+                self._pending = False
+                await self._pass()
+                if self._retrying:
+                    self._retrying = False
+                    log.info("client %s: reading queued messages again", self.session.client_id)
+        except asyncio.CancelledError:
+            raise
+        except StoreUnavailable as exc:
+            # An outage of the store, not a fault of this client: keep the connection, try again.
+            if not self._retrying:
+                log.warning(
+                    "client %s: cannot read queued messages now, retrying every %.0f s: %s",
+                    self.session.client_id,
+                    RETRY_SECONDS,
+                    exc,
+                )
+            self._retrying = True
+            self.node.metrics.inc("delivery_store_errors")
+            asyncio.get_running_loop().call_later(RETRY_SECONDS, self.wake)
+        except Exception:
+            log.exception("client %s: delivery failed", self.session.client_id)
+            self.conn.close("internal error in delivery")
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+
+    async def _pass(self) -> None:
+        node = self.node
+        session = self.session
+        store = node.store
+        max_inflight = node.config.max_inflight
+        self.blocked_on_window = False
+        count, size = node.housekeeper.backlog(session)
+        if count > node.config.max_queued_messages or size > node.config.max_queued_bytes:
+            await node.housekeeper.trim_backlog(session)
+        for queue in list(session.cursors):
+            while not self._stopped:
+                cursor = session.cursors.get(queue)
+                if cursor is None or cursor >= store.end_offset(queue):
+                    break
+                free = session.window_free(max_inflight)
+                if free <= 0:
+                    self.blocked_on_window = True
+                    return
+                if not self.conn.writable:
+                    return  # resume_writing wakes us
+                # Read about what the window can take: messages read and not sent are read again.
+                result = await store.read(queue, cursor, min(READ_BATCH, max(free, 8)))
+                if self._stopped or session.cursors.get(queue) != cursor:
+                    break
+                next_offset = cursor
+                if result.lost:
+                    next_offset = cursor + result.lost
+                    session.dropped_retention += result.lost
+                    node.metrics.inc("dropped_retention", result.lost)
+                    log.warning(
+                        "client %s: %d queued messages of %s were removed by retention before "
+                        "delivery",
+                        session.client_id,
+                        result.lost,
+                        queue,
+                    )
+                blocked = False
+                for stored in result.messages:
+                    sent = self._send(queue, stored)
+                    if sent is None:
+                        blocked = True
+                        self.blocked_on_window = True
+                        break
+                    next_offset = stored.offset + 1
+                if not result.messages and not result.lost:
+                    next_offset = max(next_offset, result.next_offset)
+                session.cursors[queue] = next_offset
+                node.housekeeper.mark_offsets_dirty(session)
+                if blocked:
+                    return
+
+    def _send(self, queue: str, stored: Stored) -> bool | None:
+        """Send one message; False if skipped (delivered through another queue), None if the
+        window or packet id is not free (stop and wait for an acknowledgement)."""
+        session = self.session
+        message = stored.message
+        retain = False
+        kind = queue[0]
+        if kind == "f":
+            best_qos = -1
+            best_filter = ""
+            if len(stored.queues) == 1:
+                best_qos = session.subscriptions.get(queue[2:], -1)
+                best_filter = queue[2:]
+            else:
+                for name in stored.queues:
+                    if name[0] == "f":
+                        granted = session.subscriptions.get(name[2:])
+                        if granted is not None and (granted, name[2:]) > (best_qos, best_filter):
+                            best_qos, best_filter = granted, name[2:]
+            if best_qos < 0 or queue[2:] != best_filter:
+                return False
+            qos = min(message.qos, best_qos)
+        elif kind == "c":
+            retained_qos = message.properties.get(RETAINED_DELIVERY)
+            retain = retained_qos is not None
+            qos = min(message.qos, int(retained_qos)) if retain else message.qos
+        else:
+            share_filter = queue[2:].partition("\x00")[0]
+            qos = min(message.qos, session.shared.get(share_filter, 0))
+        conn = self.conn
+        if qos == 0:
+            conn.send(codec.encode_publish(message.topic, message.payload, 0, retain))
+            self.node.metrics.counters["messages_out_qos0"] += 1
+            conn.msgs_out += 1
+            conn.payload_out += len(message.payload)
+            return True
+        if len(session.inflight) >= self.node.config.max_inflight:
+            return None
+        packet_id = packet_id_for(stored.seq)
+        if packet_id in session.inflight:
+            return None  # id collision with an older message still in flight: wait for it
+        out = Outbound(
+            packet_id, queue, stored.offset, stored.seq, qos, message.topic, message.payload, retain
+        )
+        session.track(out)
+        if qos == 2 and stored.seq in session.released:
+            out.phase = Phase.AWAITING_PUBCOMP
+            conn.send(codec.encode(Pubrel(packet_id)))
+            return True
+        dup = stored.offset < session.resend_below.get(queue, -1)
+        conn.send(codec.encode_publish(message.topic, message.payload, qos, retain, dup, packet_id))
+        self.node.metrics.counters["messages_out_qos1" if qos == 1 else "messages_out_qos2"] += 1
+        if not dup:  # a resend after a reconnect is not metered twice
+            conn.msgs_out += 1
+            conn.payload_out += len(message.payload)
+        return True

@@ -1,0 +1,289 @@
+"""SUBSCRIBE and UNSUBSCRIBE, retained messages on subscribe, and shared-subscription hand-over.
+
+A mixin of `bridge.node.Node` (it uses the node's tables, store and connections): the node module
+keeps CONNECT, PUBLISH and session lifecycle; this one what changes the subscription tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bridge.access.acl import SUBSCRIBE
+from bridge.mqtt import codec
+from bridge.mqtt.errors import MQTTProtocolError
+from bridge.mqtt.packets import SUBACK_FAILURE, Suback, Subscribe, Unsuback, Unsubscribe
+from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_filter
+from bridge.operations.metrics import Metrics
+from bridge.router.shared import SharedSubscriptions
+from bridge.router.trie import SubscriptionTrie
+from bridge.session import Session, client_queue, filter_queue
+from bridge.state import KIND_OFFSETS, KIND_SESSION, RETAINED_DELIVERY, shared_queue
+from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.access import AccessControl
+    from bridge.listeners.connection import Connection
+    from bridge.node.delivery import Delivery
+    from bridge.node.housekeeping import Housekeeper
+
+log = logging.getLogger("bridge.node")
+
+
+class SubscriptionHandling:
+    """What SUBSCRIBE and UNSUBSCRIBE do to a node's tables and sessions."""
+
+    # Provided by Node.
+    trie: SubscriptionTrie
+    shared: SharedSubscriptions
+    store: MessageStore
+    metrics: Metrics
+    retained: dict[str, Message]
+    deliveries: dict[str, Delivery]
+    connections: dict[str, Connection]
+    housekeeper: Housekeeper
+    node_id: str
+    reachable: Callable[[str], bool]
+    access: AccessControl
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        raise NotImplementedError
+
+    def next_key(self) -> str:
+        raise NotImplementedError
+
+    def check_topic_limits(self, topic: str) -> str | None:
+        raise NotImplementedError
+
+    def add_subscription(self, client_id: str, topic_filter: str, qos: int) -> None:
+        raise NotImplementedError
+
+    def remove_subscription(self, client_id: str, topic_filter: str) -> None:
+        raise NotImplementedError
+
+    def add_shared(
+        self, client_id: str, share_filter: str, parsed: tuple[str, str], qos: int
+    ) -> None:
+        raise NotImplementedError
+
+    def remove_shared(self, client_id: str, share_filter: str) -> None:
+        raise NotImplementedError
+
+    def _reader_id(self, client_id: str) -> str:
+        raise NotImplementedError
+
+    def _wake_readers(self, client_ids: list[str], queues: list[str]) -> None:
+        raise NotImplementedError
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------
+
+    def subscribe(self, conn: Connection, session: Session, packet: Subscribe) -> None:
+        """Apply the filters at once (so a PUBLISH that follows is routed by them), then, in the
+        background, make them durable for a persistent session, answer SUBACK and send the
+        matching retained messages."""
+        conn.hold()
+        self.spawn(self._subscribe(conn, session, packet))
+
+    async def _subscribe(self, conn: Connection, session: Session, packet: Subscribe) -> None:
+        """Ask the store where each new queue ends (before the filter is routed, so no message
+        routed to it is skipped), then register the filters, SUBACK and send retained messages.
+        The client's later packets wait meanwhile, so a PUBLISH after SUBSCRIBE sees it."""
+        try:
+            codes, retained_for = await self._register_filters(session, packet, conn.username)
+        finally:
+            conn.release()
+        await self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for)
+
+    async def _register_filters(
+        self, session: Session, packet: Subscribe, username: str | None
+    ) -> tuple[list[int], list[tuple[str, int]]]:
+        codes: list[int] = []
+        retained_for: list[tuple[str, int]] = []
+        for sub in packet.subscriptions:
+            topic_filter = sub.topic_filter
+            try:
+                validate_topic_filter(topic_filter)
+                error = self.check_topic_limits(topic_filter)
+                if error:
+                    raise MQTTProtocolError("limit", error)
+            except MQTTProtocolError as exc:
+                codes.append(self._refuse_filter(session, topic_filter, str(exc)))
+                continue
+            granted = min(sub.qos, 2)
+            parsed = parse_shared(topic_filter)
+            checked = parsed[1] if parsed is not None else topic_filter
+            if not self.access.acl.allows(SUBSCRIBE, session.client_id, username, checked):
+                self.metrics.inc("acl_denied_subscribe")
+                codes.append(self._refuse_filter(session, topic_filter, "denied by the ACL"))
+                continue
+            queue = (
+                shared_queue(topic_filter, session.client_id)
+                if parsed is not None
+                else filter_queue(topic_filter)
+            )
+            if queue not in session.cursors:
+                try:
+                    end = await self.store.queue_end(queue)
+                except StoreUnavailable as exc:
+                    codes.append(
+                        self._refuse_filter(session, topic_filter, f"store unavailable: {exc}")
+                    )
+                    continue
+                session.start_queue(queue, end)
+            if parsed is not None:
+                session.shared[topic_filter] = granted
+                self.add_shared(session.client_id, topic_filter, parsed, granted)
+            else:
+                self.add_subscription(session.client_id, topic_filter, granted)
+                session.subscriptions[topic_filter] = granted
+                retained_for.append((topic_filter, granted))
+            codes.append(granted)
+        return codes, retained_for
+
+    def _refuse_filter(self, session: Session, topic_filter: str, reason: str) -> int:
+        """Log and count a refused filter; its SUBACK return code."""
+        log.warning(
+            "client %s: SUBSCRIBE %r refused (0x80): %s", session.client_id, topic_filter, reason
+        )
+        self.metrics.inc("subscriptions_refused")
+        return SUBACK_FAILURE
+
+    async def _finish_subscribe(
+        self,
+        conn: Connection,
+        session: Session,
+        packet_id: int,
+        codes: list[int],
+        retained_for: list[tuple[str, int]],
+    ) -> None:
+        if session.persistent:
+            await self._persist_subscriptions(session)
+        if conn.closed:
+            return
+        conn.send(codec.encode(Suback(packet_id, codes)))
+        await self._send_retained(conn, session, retained_for)
+
+    async def _send_retained(
+        self, conn: Connection, session: Session, filters: list[tuple[str, int]]
+    ) -> None:
+        """Retained messages for new subscriptions, with RETAIN=1 (MQTT-3.3.1-6, -8)."""
+        if not filters or not self.retained:
+            return
+        queued = False
+        for topic, message in list(self.retained.items()):
+            best = -1
+            for topic_filter, granted in filters:
+                if granted > best and topic_matches(topic_filter, topic):
+                    best = granted
+            if best < 0:
+                continue
+            qos = min(best, message.qos)
+            if qos == 0:
+                conn.send(codec.encode_publish(topic, message.payload, 0, retain=True))
+                conn.msgs_out += 1
+                conn.payload_out += len(message.payload)
+                self.metrics.counters["messages_out_qos0"] += 1
+                continue
+            copy = Message(
+                topic=topic,
+                payload=message.payload,
+                qos=message.qos,
+                retain=True,
+                publisher=message.publisher,
+                key=self.next_key(),
+                timestamp_ms=message.timestamp_ms,
+                node=self.node_id,
+                properties={RETAINED_DELIVERY: str(qos)},
+            )
+            await self.store.submit(copy, [client_queue(session.client_id)])
+            queued = True
+        if queued:
+            delivery = self.deliveries.get(session.client_id)
+            if delivery is not None:
+                delivery.wake()
+
+    def unsubscribe(self, conn: Connection, session: Session, packet: Unsubscribe) -> None:
+        """Remove the filters at once; make it durable for a persistent session, then UNSUBACK."""
+        for topic_filter in packet.topic_filters:
+            if topic_filter in session.subscriptions:
+                del session.subscriptions[topic_filter]
+                self.remove_subscription(session.client_id, topic_filter)
+                session.forget_queue(filter_queue(topic_filter))
+            elif topic_filter in session.shared:
+                del session.shared[topic_filter]
+                self.remove_shared(session.client_id, topic_filter)
+                session.forget_queue(shared_queue(topic_filter, session.client_id))
+        self.spawn(self._finish_unsubscribe(conn, session, packet.packet_id))
+
+    async def _finish_unsubscribe(self, conn: Connection, session: Session, packet_id: int) -> None:
+        if session.persistent:
+            await self._persist_subscriptions(session)
+        if not conn.closed:
+            conn.send(codec.encode(Unsuback(packet_id)))
+
+    # -- shared subscriptions --------------------------------------------------------------------
+
+    def _redispatch_shared(self, session: Session) -> None:
+        """A member left: its unacknowledged and unread shared messages go to other members."""
+        if not session.shared:
+            return
+        self.spawn(self._redispatch_shared_async(session))
+
+    async def _redispatch_shared_async(self, session: Session) -> None:
+        for share_filter in list(session.shared):
+            queue = shared_queue(share_filter, session.client_id)
+            group = self.shared.group(share_filter)
+            if group is None:
+                continue
+            start = session.committed(queue)
+            try:
+                end = await self.store.queue_end(queue)
+            except StoreUnavailable as exc:
+                log.error("shared messages of %s stay queued: %s", session.client_id, exc)
+                return
+            handed_to = start  # offsets below this now belong to another member
+            moved = 0
+            nobody_else = False
+            while handed_to < end and not nobody_else:
+                result = await self.store.read(queue, handed_to, 256)
+                if not result.messages:
+                    break
+                for stored in result.messages:
+                    member = group.pick(lambda m: m != session.client_id and self.reachable(m))
+                    if member is None:
+                        nobody_else = True  # the rest waits for this member
+                        break
+                    await self.store.submit(stored.message, [shared_queue(share_filter, member)])
+                    handed_to = stored.offset + 1
+                    moved += 1
+                    self._wake_readers(
+                        [self._reader_id(member)], [shared_queue(share_filter, member)]
+                    )
+            if handed_to == start:
+                continue
+            # What was handed over is this member's no more: not in flight, not to be read.
+            for packet_id, out in list(session.inflight.items()):
+                if out.queue == queue and out.offset < handed_to:
+                    del session.inflight[packet_id]
+            if session.cursors.get(queue, 0) < handed_to:
+                session.cursors[queue] = handed_to
+            self.housekeeper.mark_offsets_dirty(session)
+            log.info(
+                "client %s left %s: %d unacknowledged messages moved to other members",
+                session.client_id,
+                share_filter,
+                moved,
+            )
+
+    async def _persist_subscriptions(self, session: Session) -> None:
+        """A persistent session's filters and their start offsets, durable before SUBACK or
+        UNSUBACK goes out, so a crash after the ack keeps (or forgets) the subscription."""
+        await self.store.put_meta(
+            [
+                MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
+                MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
+            ],
+            durable=True,
+        )

@@ -1,0 +1,593 @@
+"""The admin HTTP API: probes, cluster membership, clients (inspect, list, kick), subscriptions,
+retained messages, publishing and the metrics hook.
+
+An aiohttp application on its own listener (`admin_listen`), JSON in and out; `ROUTES` is the table
+of endpoints and `bridge.operations.admin_openapi` describes each of them. Every request except the
+probes and the OpenAPI document needs `Authorization: Bearer <admin_token>` (/metrics too unless
+`metrics_public`). Every failure is answered `{"error": "<message>"}` with its status, never an
+HTML page or a traceback.
+
+Handlers read the node's tables directly: they run on the node's event loop, so what they read is
+consistent up to their next `await`, as for everything else the node does.
+
+In a cluster a client is inspected or kicked where its session lives. A node that does not hold
+it asks the registry which node owns it and forwards the request, with the same token, to that
+node's admin API (the address every node publishes in its heartbeat). A forwarded request carries
+`FORWARDED_HEADER` and is answered locally, never forwarded again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp import web
+from redis.exceptions import RedisError
+from yarl import URL
+
+from bridge import __version__
+from bridge.config import parse_listen
+from bridge.mqtt.topics import (
+    parse_shared,
+    topic_matches,
+)
+from bridge.operations.admin_openapi import openapi_document
+from bridge.operations.admin_requests import (
+    ApiError,
+    advertised,
+    decode_cursor,
+    encode_cursor,
+    error_response,
+    keyset_page,
+    page_limit,
+    parse_publish,
+    payload_fields,
+    query_params,
+    valid_filter,
+    write_token_file,
+)
+from bridge.operations.metering import CLIENT, USER
+from bridge.storage.base import Message, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.listeners.connection import Connection
+    from bridge.listeners.server import Server
+    from bridge.node import Node
+    from bridge.session import Session
+
+log = logging.getLogger("bridge.admin")
+
+API_PREFIX = "/api/v1"
+FORWARDED_HEADER = "X-Bridge-Forwarded-By"
+"""Set on a request one node forwards to another (the value is the forwarding node's id)."""
+FORWARD_TIMEOUT = 5.0
+TOKEN_FILE = "admin-token"
+BODY_ALLOWANCE = 64 * 1024
+"""Request bytes allowed beyond the largest (base64-encoded) payload: the JSON around it."""
+PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_CHALLENGE = 'Bearer realm="mqtt-bridge"'
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One endpoint: method, path under `API_PREFIX`, `AdminAPI` handler, whether it needs the
+    token (`public` ones do not; /metrics depends on `metrics_public`)."""
+
+    method: str
+    path: str
+    handler: str
+    public: bool = False
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/health", "health", public=True),
+    Route("GET", "/ready", "readiness", public=True),
+    Route("GET", "/openapi.json", "openapi", public=True),
+    Route("GET", "/metrics", "metrics"),
+    Route("GET", "/nodes", "nodes"),
+    Route("GET", "/connections/count", "connection_count"),
+    Route("GET", "/clients", "list_clients"),
+    Route("GET", "/clients/{clientid:.+}", "get_client"),
+    Route("DELETE", "/clients/{clientid:.+}", "kick_client"),
+    Route("GET", "/subscriptions", "list_subscriptions"),
+    Route("GET", "/retained", "list_retained"),
+    Route("GET", "/retained/{topic:.*}", "get_retained"),
+    Route("GET", "/metering/clients/{clientid:.+}", "client_metering"),
+    Route("GET", "/metering/users/{username:.+}", "user_metering"),
+    Route("POST", "/publish", "publish"),
+)
+
+
+class AdminAPI:
+    """The admin HTTP API of one node: owns its aiohttp application, its listener and the HTTP
+    client that forwards requests to other nodes. `ready` is what /ready reports (together with
+    the node's own state): set once started, cleared when the server begins to shut down."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.config = server.config
+        self.token = self.config.admin_token
+        self.ready = False
+        self.started = time.time()
+        self.advertise = ""
+        self._runner: web.AppRunner | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._public = {API_PREFIX + r.path for r in ROUTES if r.public}
+        if self.config.metrics_public:
+            self._public.add(API_PREFIX + "/metrics")
+        max_payload = self.config.max_packet_size
+        self.app = web.Application(
+            middlewares=[self._errors_and_auth],
+            client_max_size=4 * -(-max_payload // 3) + BODY_ALLOWANCE,
+        )
+        for route in ROUTES:
+            self.app.router.add_route(
+                route.method, API_PREFIX + route.path, getattr(self, route.handler)
+            )
+
+    @property
+    def node(self) -> Node:
+        return self.server.node
+
+    async def start(self) -> None:
+        """Listen on `admin_listen` (a token is generated first if none is configured)."""
+        if not self.token:
+            self.token = secrets.token_urlsafe(32)
+            path = Path(self.config.data_dir) / TOKEN_FILE
+            write_token_file(path, self.token)
+            log.info("admin API token generated into %s (mode 0600)", path)
+        host, port = parse_listen(self.config.admin_listen)
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        bound = self._runner.addresses[0][1] if self._runner.addresses else port
+        self.advertise = advertised(self.config.admin_listen, bound)
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
+        self.started = time.time()
+        self.ready = True
+        log.info(
+            "admin API on http://%s:%s%s, advertised as %s", host, bound, API_PREFIX, self.advertise
+        )
+
+    async def stop(self) -> None:
+        """Close the listener (requests under way get a short grace) and the HTTP client."""
+        self.ready = False
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # -- errors and authorization ----------------------------------------------------------------
+
+    @web.middleware
+    async def _errors_and_auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            resource = request.match_info.route.resource
+            if resource is None or resource.canonical not in self._public:
+                self._authorize(request)
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        except web.HTTPException as exc:
+            # aiohttp's own: no such route, method not allowed, body too large.
+            return error_response(exc.status, _http_error_message(request, exc), _allow(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("admin API: %s %s failed", request.method, request.path)
+            return error_response(500, "internal error (logged by the node)")
+
+    def _authorize(self, request: web.Request) -> None:
+        header = request.headers.get("Authorization", "")
+        if not header:
+            raise ApiError(401, "missing bearer token", {"WWW-Authenticate": _CHALLENGE})
+        scheme, _, presented = header.partition(" ")
+        expected = self.token.encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode("utf-8", "replace"), expected
+        ):
+            raise ApiError(
+                401,
+                "invalid bearer token",
+                {"WWW-Authenticate": f'{_CHALLENGE}, error="invalid_token"'},
+            )
+
+    # -- probes, documents, metrics --------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        """The process is up and its event loop answers."""
+        query_params(request, ())
+        return web.json_response(
+            {"status": "ok", "node": self.node.node_id, "version": __version__}
+        )
+
+    async def readiness(self, request: web.Request) -> web.Response:
+        """Whether the node should get traffic: started, accepting, registry reachable."""
+        query_params(request, ())
+        reason = await self._not_ready_reason()
+        body = {"status": "ready" if reason is None else "not ready", "node": self.node.node_id}
+        if reason is not None:
+            return web.json_response({**body, "error": reason}, status=503)
+        return web.json_response(body)
+
+    async def _not_ready_reason(self) -> str | None:
+        if not self.ready:
+            return "the node is starting or shutting down"
+        if not self.node.accepting:
+            return "the node is shutting down (draining)"
+        cluster = self.server.cluster
+        if cluster is not None:
+            if cluster.leaving:
+                return "the node is leaving the cluster"
+            try:
+                await self._registry(cluster.registry.redis.ping())
+            except ApiError as exc:
+                return exc.message
+        return None
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        query_params(request, ())
+        return web.json_response(openapi_document(__version__))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The Prometheus exposition (`bridge.operations.prometheus`)."""
+        query_params(request, ())
+        body = self.server.metrics_text()
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    # -- metering --------------------------------------------------------------------------------
+
+    async def client_metering(self, request: web.Request) -> web.Response:
+        query_params(request, ())
+        return await self._metering(CLIENT, request.match_info["clientid"])
+
+    async def user_metering(self, request: web.Request) -> web.Response:
+        query_params(request, ())
+        return await self._metering(USER, request.match_info["username"])
+
+    async def _metering(self, kind: str, name: str) -> web.Response:
+        try:
+            counts = await self.node.meter.read(kind, name)
+        except (RedisError, OSError) as exc:
+            raise ApiError(503, f"metering Redis unavailable: {exc}") from None
+        if not counts.pop("found"):
+            raise ApiError(404, f"nothing metered for {kind} {name!r}")
+        return web.json_response({"kind": kind, "name": name, **counts})
+
+    # -- nodes and counts ------------------------------------------------------------------------
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        """This node, or every cluster member with what it publishes in its heartbeat."""
+        query_params(request, ())
+        cluster = self.server.cluster
+        if cluster is None:
+            return web.json_response({"clustered": False, "nodes": [self._this_node()]})
+        alive, dead = await self._registry(cluster.registry.members())
+        entries = [self._member(node_id, info, True) for node_id, info in sorted(alive.items())]
+        entries += [self._member(node_id, {}, False) for node_id in sorted(dead)]
+        return web.json_response({"clustered": True, "nodes": entries})
+
+    def _this_node(self) -> dict[str, Any]:
+        return {
+            "id": self.node.node_id,
+            "self": True,
+            "alive": True,
+            "role": "bridge",
+            "admin": self.advertise,
+            "peer": None,
+            "connections": len(self.node.connections),
+            "started": self.started,
+        }
+
+    def _member(self, node_id: str, info: dict[str, Any], alive: bool) -> dict[str, Any]:
+        return {
+            "id": node_id,
+            "self": node_id == self.node.node_id,
+            "alive": alive,
+            "role": info.get("role"),
+            "admin": info.get("admin") or None,
+            "peer": info.get("peer"),
+            "connections": info.get("connections"),
+            "started": info.get("started"),
+        }
+
+    async def connection_count(self, request: web.Request) -> web.Response:
+        """Connected MQTT clients here and (clustered) on every alive member."""
+        query_params(request, ())
+        local = len(self.node.connections)
+        cluster = self.server.cluster
+        if cluster is None:
+            return web.json_response({"node": local, "cluster": None})
+        alive, _dead = await self._registry(cluster.registry.members())
+        total = local + sum(
+            int(info.get("connections") or 0)
+            for node_id, info in alive.items()
+            if node_id != self.node.node_id
+        )
+        return web.json_response({"node": local, "cluster": total})
+
+    # -- clients ---------------------------------------------------------------------------------
+
+    async def get_client(self, request: web.Request) -> web.Response:
+        """A client's session and connection, from the node that holds it."""
+        query_params(request, ())
+        client_id = request.match_info["clientid"]
+        elsewhere = await self._answer_of_owner(request, client_id)
+        if elsewhere is not None:
+            return elsewhere
+        session = self.node.sessions.get(client_id)
+        if session is None:
+            raise ApiError(404, f"unknown client {client_id!r}")
+        return web.json_response(self._client_detail(session))
+
+    async def kick_client(self, request: web.Request) -> web.Response:
+        """Close a client's connection as a network failure would: its will is published."""
+        query_params(request, ())
+        client_id = request.match_info["clientid"]
+        elsewhere = await self._answer_of_owner(request, client_id)
+        if elsewhere is not None:
+            return elsewhere
+        if self.node.kick(client_id, "kicked by the admin API"):
+            log.info("admin API: kicked client %s", client_id)
+            return web.json_response(
+                {"kicked": True, "client_id": client_id, "node": self.node.node_id}
+            )
+        if client_id in self.node.sessions:
+            raise ApiError(409, f"client {client_id!r} is not connected")
+        raise ApiError(404, f"unknown client {client_id!r}")
+
+    async def list_clients(self, request: web.Request) -> web.Response:
+        """This node's sessions (connected or not) by ClientId, a page at a time."""
+        params = query_params(request, ("limit", "after"))
+        limit = page_limit(params)
+        sessions = self.node.sessions
+        page, next_after = keyset_page(sorted(sessions), params.get("after"), limit)
+        items = [self._client_summary(sessions[client_id]) for client_id in page]
+        return web.json_response({"node": self.node.node_id, "items": items, "next": next_after})
+
+    def _client_summary(self, session: Session) -> dict[str, Any]:
+        conn = self.node.connections.get(session.client_id)
+        return {
+            "client_id": session.client_id,
+            "connected": conn is not None,
+            "peer": conn.peer if conn is not None else None,
+            "persistent": session.persistent,
+            "subscriptions": len(session.subscriptions) + len(session.shared),
+            "inflight": len(session.inflight),
+            "queued": self._queue_depth(session),
+        }
+
+    def _client_detail(self, session: Session) -> dict[str, Any]:
+        node = self.node
+        conn = node.connections.get(session.client_id)
+        detail: dict[str, Any] = {
+            "client_id": session.client_id,
+            "node": node.node_id,
+            "connected": conn is not None,
+            "peer": None,
+            "ip": None,
+            "connected_at": None,
+            "disconnected_at": None if conn is not None else session.disconnected_at or None,
+            "username": None,
+            "protocol": None,
+            "keepalive": None,
+            "clean_session": not session.persistent,
+            "persistent": session.persistent,
+            "subscriptions": {**session.subscriptions, **session.shared},
+            "inflight": len(session.inflight),
+            "queued": self._queue_depth(session),
+            "dropped_queue_full": session.dropped_queue_full,
+            "dropped_retention": session.dropped_retention,
+        }
+        if conn is not None:
+            detail.update(self._connection_fields(conn))
+        return detail
+
+    def _connection_fields(self, conn: Connection) -> dict[str, Any]:
+        level = conn.decoder.protocol_level
+        keepalive = conn.keepalive
+        return {
+            "peer": conn.peer,
+            "ip": conn.peer.rpartition(":")[0] or None,
+            "connected_at": conn.connected_at or None,
+            "username": conn.username,
+            "protocol": PROTOCOLS.get(level, f"level {level}"),
+            "keepalive": keepalive,
+        }
+
+    def _queue_depth(self, session: Session) -> int:
+        """Messages waiting to be sent to the session (beyond those in flight)."""
+        end_offset = self.node.store.end_offset
+        return sum(max(0, end_offset(q) - cursor) for q, cursor in session.cursors.items())
+
+    async def _answer_of_owner(self, request: web.Request, client_id: str) -> web.Response | None:
+        """If another cluster member owns `client_id`, its answer to this request; None if the
+        client is connected here, owned by this node or nobody, or the request was forwarded
+        here already (it is answered here, never forwarded twice)."""
+        cluster = self.server.cluster
+        if (
+            cluster is None
+            or client_id in self.node.connections
+            or FORWARDED_HEADER in request.headers
+        ):
+            return None
+        owner = await self._registry(cluster.registry.owner(client_id))
+        if not owner or owner == self.node.node_id:
+            return None
+        return await self._forward(request, owner, client_id)
+
+    async def _forward(self, request: web.Request, owner: str, client_id: str) -> web.Response:
+        """Answer with what the owning node's admin API answers to the same request."""
+        cluster = self.server.cluster
+        assert cluster is not None and self._http is not None
+        alive, _dead = await self._registry(cluster.registry.members())
+        if owner not in alive:
+            raise ApiError(
+                503,
+                f"client {client_id!r} is held by node {owner}, which is not alive (its "
+                "sessions are being taken over)",
+            )
+        address = alive[owner].get("admin")
+        if not address:
+            raise ApiError(503, f"node {owner} does not serve the admin API")
+        url = URL(f"http://{address}{API_PREFIX}/clients/{quote(client_id, safe='')}", encoded=True)
+        headers = {"Authorization": f"Bearer {self.token}", FORWARDED_HEADER: self.node.node_id}
+        try:
+            async with self._http.request(request.method, url, headers=headers) as response:
+                body = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ApiError(503, f"node {owner} ({address}) did not answer: {exc!r}") from None
+        if status == 401:
+            raise ApiError(
+                503, f"node {owner} refused this node's token: set one admin_token on every node"
+            )
+        return web.Response(body=body, status=status, content_type="application/json")
+
+    async def _registry(self, call: Coroutine[Any, Any, T]) -> T:
+        """A registry (Redis) call, bounded; 503 if Redis does not answer."""
+        try:
+            return await asyncio.wait_for(call, self.config.redis_timeout)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise ApiError(503, f"the cluster registry (Redis) is unavailable: {exc!r}") from None
+
+    # -- subscriptions and retained messages -----------------------------------------------------
+
+    async def list_subscriptions(self, request: web.Request) -> web.Response:
+        """The subscriptions of the sessions held here by (client, filter), a page at a time."""
+        params = query_params(request, ("limit", "after", "client"))
+        limit = page_limit(params)
+        after = decode_cursor(params["after"]) if "after" in params else None
+        sessions = self.node.sessions
+        if "client" in params:
+            if params["client"] not in sessions:
+                raise ApiError(404, f"unknown client {params['client']!r}")
+            client_ids = [params["client"]]
+        else:
+            client_ids = sorted(sessions)
+        start = 0 if after is None else bisect.bisect_left(client_ids, after[0])
+        items: list[dict[str, Any]] = []
+        more = False
+        for client_id in client_ids[start:]:
+            session = sessions[client_id]
+            for topic_filter, qos in sorted({**session.subscriptions, **session.shared}.items()):
+                if after is not None and (client_id, topic_filter) <= after:
+                    continue
+                if len(items) == limit:
+                    more = True
+                    break
+                shared = parse_shared(topic_filter)
+                items.append(
+                    {
+                        "client_id": client_id,
+                        "filter": topic_filter,
+                        "qos": qos,
+                        "share_group": shared[0] if shared else None,
+                    }
+                )
+            if more:
+                break
+        last = items[-1] if more else None
+        next_after = encode_cursor(last["client_id"], last["filter"]) if last else None
+        return web.json_response({"node": self.node.node_id, "items": items, "next": next_after})
+
+    async def list_retained(self, request: web.Request) -> web.Response:
+        """Retained topics (optionally those matching `filter`), a page at a time."""
+        params = query_params(request, ("limit", "after", "filter"))
+        limit = page_limit(params)
+        retained = self.node.retained
+        topics = sorted(retained)
+        if "filter" in params:
+            topic_filter = valid_filter(params["filter"], self.node.check_topic_limits)
+            topics = [t for t in topics if topic_matches(topic_filter, t)]
+        page, next_after = keyset_page(topics, params.get("after"), limit)
+        items = [_retained_summary(retained[topic]) for topic in page]
+        return web.json_response({"items": items, "next": next_after})
+
+    async def get_retained(self, request: web.Request) -> web.Response:
+        """One retained message with its payload."""
+        query_params(request, ())
+        topic = request.match_info["topic"]
+        if not topic:
+            raise ApiError(400, "topic missing: GET /retained/{topic}")
+        message = self.node.retained.get(topic)
+        if message is None:
+            raise ApiError(404, f"no retained message on topic {topic!r}")
+        return web.json_response({**_retained_summary(message), **payload_fields(message.payload)})
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    async def publish(self, request: web.Request) -> web.Response:
+        """Publish as if a client had: routed, stored (answered once durable), maybe retained."""
+        query_params(request, ())
+        node = self.node
+        wanted = parse_publish(
+            await request.read(), node.check_topic_limits, self.config.max_packet_size
+        )
+        if not node.accepting:
+            raise ApiError(503, "the node is shutting down")
+        try:
+            message = await node.publish_internal(
+                wanted.topic, wanted.payload, wanted.qos, wanted.retain, publisher="admin-api"
+            )
+        except StoreUnavailable as exc:
+            raise ApiError(503, f"message not stored: {exc}") from None
+        log.info(
+            "admin API: published %d bytes to %r (qos %d, retain %s)",
+            len(wanted.payload),
+            wanted.topic,
+            wanted.qos,
+            wanted.retain,
+        )
+        return web.json_response(
+            {
+                "id": message.key,
+                "topic": message.topic,
+                "qos": message.qos,
+                "retain": message.retain,
+                "stored": True,
+            }
+        )
+
+
+def _retained_summary(message: Message) -> dict[str, Any]:
+    return {
+        "topic": message.topic,
+        "qos": message.qos,
+        "size": len(message.payload),
+        "published_at": message.timestamp_ms / 1000 if message.timestamp_ms else None,
+        "publisher": message.publisher or None,
+    }
+
+
+def _http_error_message(request: web.Request, exc: web.HTTPException) -> str:
+    if exc.status == 404:
+        return f"no such endpoint: {request.path}"
+    if exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        return f"method {request.method} not allowed on {request.path} (allowed: {allowed})"
+    text = exc.text or ""
+    return text if text and not text.startswith(f"{exc.status}:") else exc.reason
+
+
+def _allow(exc: web.HTTPException) -> dict[str, str] | None:
+    allow = exc.headers.get("Allow")
+    return {"Allow": allow} if allow else None

@@ -1,0 +1,121 @@
+"""Counters of what the node did and dropped; read by logs, tests, `$SYS` topics, the admin API
+and the Prometheus exposition (`bridge.operations.prometheus`).
+
+Plain ints and lists, updated on the hot path without locks (everything runs on the event loop);
+the exposition turns them into Prometheus families when it is scraped.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+
+PACKET_TYPES = (
+    "reserved",
+    "connect",
+    "connack",
+    "publish",
+    "puback",
+    "pubrec",
+    "pubrel",
+    "pubcomp",
+    "subscribe",
+    "suback",
+    "unsubscribe",
+    "unsuback",
+    "pingreq",
+    "pingresp",
+    "disconnect",
+    "auth",
+)
+"""MQTT control packet type names by type number (the high nibble of the first byte)."""
+
+STORE_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+class LatencyHistogram:
+    """A cumulative-on-read histogram of durations in seconds (Prometheus buckets)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...] = STORE_LATENCY_BUCKETS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one duration."""
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+    @property
+    def count(self) -> int:
+        """How many durations were observed."""
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(upper bound as text, observations <= it) for each bucket, ending with +Inf."""
+        total = 0
+        result = []
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += count
+            result.append(("+Inf" if bound == float("inf") else repr(bound), total))
+        return result
+
+    def quantile(self, q: float) -> float | None:
+        """The upper bound of the bucket holding quantile `q` (None before any observation)."""
+        total = self.count
+        if not total:
+            return None
+        rank = q * total
+        seen = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            seen += count
+            if seen >= rank:
+                return bound
+        return float("inf")
+
+
+class Metrics:
+    """Monotonic counters by name, packets by type and the store latency. Cheap enough for the
+    hot path (one dict or list update)."""
+
+    __slots__ = ("bytes_in", "counters", "packets_in", "packets_out", "store_latency")
+
+    def __init__(self) -> None:
+        self.counters: Counter[str] = Counter()
+        self.packets_in = [0] * 16
+        """PUBLISH, PUBACK, ... received, indexed by packet type number."""
+        self.packets_out = [0] * 16
+        """Packets sent, indexed by packet type number."""
+        self.bytes_in = 0
+        self.store_latency = LatencyHistogram()
+        """Seconds from a client's QoS 1/2 PUBLISH being handed to the store to it being
+        durable (the time before its PUBACK/PUBREC)."""
+
+    def inc(self, name: str, amount: int = 1) -> None:
+        """Add `amount` to counter `name`."""
+        self.counters[name] += amount
+
+    def get(self, name: str) -> int:
+        """The current value of counter `name` (0 if never counted)."""
+        return self.counters[name]
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy of every counter."""
+        return dict(self.counters)

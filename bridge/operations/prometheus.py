@@ -1,0 +1,188 @@
+"""The node's metrics in the Prometheus text format (prometheus-client), served on the admin API's
+`/metrics`.
+
+Nothing here runs on the hot path: the node counts in plain ints (`bridge.operations.metrics`), and
+this collector reads them, and the node's tables for the gauges, when Prometheus scrapes. Every
+metric is named `mqtt_bridge_*`; docs/operations.md lists them with the alerts built on them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from bridge.operations.metrics import PACKET_TYPES
+
+if TYPE_CHECKING:
+    from bridge.listeners.server import Server
+
+PREFIX = "mqtt_bridge_"
+
+# Counters shown under a name of their own (or folded into a labelled family); every other
+# counter of the node is exported as mqtt_bridge_<name>_total.
+_SPECIAL = {
+    "bytes_out",
+    "messages_in_qos0",
+    "messages_in_qos1",
+    "messages_in_qos2",
+    "messages_out_qos0",
+    "messages_out_qos1",
+    "messages_out_qos2",
+    "acl_denied_publish",
+    "acl_denied_subscribe",
+    "acl_denied_will",
+    "auth_failures",
+}
+
+DROP_REASONS = {
+    "dropped_queue_full": "queue_full",
+    "dropped_retention": "retention",
+    "dropped_session_expired": "session_expired",
+    "dropped_slow_consumer": "slow_consumer",
+    "dropped_no_shared_member": "no_shared_member",
+    "dropped_peer_link": "peer_link",
+    "dropped_sys_publish": "sys_topic",
+    "acl_denied_publish": "acl_denied",
+    "qos0_not_stored": "qos0_not_stored",
+}
+"""Counter -> `reason` label of mqtt_bridge_messages_dropped_total."""
+
+
+class NodeCollector:
+    """Reads one server's node (and its notify and cluster) at scrape time."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def describe(self) -> list[Metric]:
+        return []  # families are only known at collect time; nothing to check up front
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.server.node
+        metrics = node.metrics
+        counters = metrics.counters
+
+        yield _gauge("connections", "MQTT clients connected to this node", len(node.connections))
+        yield _gauge("sockets", "open client sockets (including before CONNECT)",
+                     node.connection_count)  # fmt: skip
+        yield _gauge("sessions", "sessions held by this node (online and offline)",
+                     len(node.sessions))  # fmt: skip
+        yield _gauge(
+            "subscriptions",
+            "subscriptions of the sessions held by this node",
+            node.subscription_count(),
+        )
+        yield _gauge("retained_messages", "retained messages known to this node",
+                     node.retained_count())  # fmt: skip
+        yield _gauge(
+            "inflight",
+            "QoS 1/2 messages sent to connected clients and not yet acknowledged",
+            sum(len(s.inflight) for s in node.sessions.values() if s.connected),
+        )
+        yield _gauge(
+            "pull_tasks",
+            "delivery tasks reading the store for a client right now",
+            sum(1 for d in node.deliveries.values() if d.running),
+        )
+
+        packets_in = CounterMetricFamily(
+            PREFIX + "packets_received", "MQTT packets received, by type", labels=["type"]
+        )
+        packets_out = CounterMetricFamily(
+            PREFIX + "packets_sent", "MQTT packets sent, by type", labels=["type"]
+        )
+        for number, name in enumerate(PACKET_TYPES):
+            if metrics.packets_in[number] or name in ("connect", "publish", "subscribe"):
+                packets_in.add_metric([name], metrics.packets_in[number])
+            if metrics.packets_out[number] or name in ("connack", "publish", "suback"):
+                packets_out.add_metric([name], metrics.packets_out[number])
+        yield packets_in
+        yield packets_out
+        yield _counter("bytes_received", "bytes received from MQTT clients", metrics.bytes_in)
+        yield _counter("bytes_sent", "bytes sent to MQTT clients", counters["bytes_out"])
+
+        received = CounterMetricFamily(
+            PREFIX + "messages_received", "PUBLISH messages accepted from clients, by QoS",
+            labels=["qos"],
+        )  # fmt: skip
+        sent = CounterMetricFamily(
+            PREFIX + "messages_sent", "PUBLISH messages sent to clients, by QoS", labels=["qos"]
+        )
+        for qos in ("0", "1", "2"):
+            received.add_metric([qos], counters[f"messages_in_qos{qos}"])
+            sent.add_metric([qos], counters[f"messages_out_qos{qos}"])
+        yield received
+        yield sent
+
+        dropped = CounterMetricFamily(
+            PREFIX + "messages_dropped", "messages dropped, by reason", labels=["reason"]
+        )
+        for counter, reason in DROP_REASONS.items():
+            dropped.add_metric([reason], counters[counter])
+        yield dropped
+
+        denied = CounterMetricFamily(
+            PREFIX + "acl_denied", "requests the ACL denied, by action", labels=["action"]
+        )
+        for action in ("publish", "subscribe", "will"):
+            denied.add_metric([action], counters[f"acl_denied_{action}"])
+        yield denied
+        yield _counter("auth_failures", "CONNECTs refused by authentication",
+                       counters["auth_failures"])  # fmt: skip
+
+        latency = metrics.store_latency
+        yield HistogramMetricFamily(
+            PREFIX + "store_latency_seconds",
+            "seconds from a client's QoS 1/2 PUBLISH to the store to it being durable",
+            buckets=latency.cumulative(),
+            sum_value=latency.sum,
+        )
+
+        notifier = self.server.notifier
+        if notifier is not None:
+            stats = notifier.stats
+            yield _counter("notify_events", "queue-grew events notify produced", stats.events)
+            yield _counter("notify_messages", "messages notify read", stats.messages)
+            yield _counter("notify_dispatched", "backend messages notify routed",
+                           stats.dispatched)  # fmt: skip
+
+        cluster = self.server.cluster
+        if cluster is not None:
+            links = GaugeMetricFamily(
+                PREFIX + "peer_link_up", "1 while the link to a peer node is up", labels=["peer"]
+            )
+            for peer, up in cluster.link_states().items():
+                links.add_metric([peer], 1 if up else 0)
+            yield links
+
+        for name, value in sorted(counters.items()):
+            if name in _SPECIAL or name in DROP_REASONS:
+                continue
+            yield _counter(name, f"count of {name.replace('_', ' ')}", value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, doc, value=value)
+
+
+class Exporter:
+    """The Prometheus registry of one server, rendering its metrics on demand."""
+
+    def __init__(self, server: Server) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(NodeCollector(server))  # type: ignore[arg-type]
+
+    def text(self) -> bytes:
+        """The current metrics in the Prometheus text format (version 0.0.4)."""
+        return generate_latest(self.registry)

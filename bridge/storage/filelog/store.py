@@ -1,0 +1,630 @@
+"""FileLogStore: the embedded message store, one append-only commit log for every topic.
+
+See docs/storage-format.md for the on-disk format and the design. In short: every append becomes
+one framed record at the end of the log (its byte position is its `seq`); queues are in-memory
+indexes rebuilt from the log at `open`; a single flusher writes and fsyncs whatever accumulated
+while the previous write was running (group commit); meta records live in memory and in a
+snapshot file that makes old segments deletable.
+
+This module holds the store's lifecycle, write path (group commit, rollback) and read path.
+Snapshots and retention (`LogMaintenance`) are in bridge/storage/filelog_maintenance.py, file
+I/O run in worker threads in filelog_files.py, the in-memory indexes in filelog_index.py.
+
+Threading: every method runs on the event loop thread. Blocking I/O (batch write + fsync, reads
+of records no longer cached, snapshot writes, file deletion) runs in the store's own executors.
+Objects handed to a worker are not touched by the loop until the worker is done with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bridge.storage.base import Message, MetaUpdate, ReadResult, Stored, StoreUnavailable
+from bridge.storage.filelog.files import (
+    Recovered,
+    Segment,
+    read_records,
+    recover,
+    segment_path,
+    sync_file,
+    truncate_log,
+    write_all,
+    write_batch,
+)
+from bridge.storage.filelog.index import HOLE, CacheEntry, QueueIndex, RecordCache
+from bridge.storage.filelog.maintenance import SNAPSHOT_NAME, LogMaintenance
+from bridge.storage.records import encode_message, encode_meta, encode_plain_message
+
+log = logging.getLogger("bridge.storage")
+
+DurableCallback = Callable[[int | None, BaseException | None], None]
+Waiter = asyncio.Future[Any] | DurableCallback
+
+
+def _resolve(waiters: list[tuple[Waiter, int | None]], error: BaseException | None) -> None:
+    """Complete every waiter of a commit: futures get the seq or the error, callbacks are
+    called at once (no scheduling round trip: this is every QoS 1 acknowledgement)."""
+    for waiter, result in waiters:
+        if isinstance(waiter, asyncio.Future):
+            if not waiter.done():
+                if error is None:
+                    waiter.set_result(result)
+                else:
+                    waiter.set_exception(error)
+        else:
+            try:
+                if error is None:
+                    waiter(result, None)
+                else:
+                    waiter(None, error)
+            except Exception:
+                log.exception("a durability callback failed")
+
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+_MAX_READ_RUN = 4 * MiB
+_MISSING: Any = object()
+
+_NEW, _OPEN, _CLOSING, _CLOSED = range(4)
+
+# Undo information of a record not yet written: its seq, the queue indexes it was added to, and
+# for each meta update (record dict, key, previous value or _MISSING).
+_Undo = tuple[int, list[QueueIndex], list[tuple[dict[str, bytes], str, Any]] | None]
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    """Write all of `data` to `fd` (module level so tests can make it fail)."""
+    write_all(fd, data)
+
+
+class FileLogStore(LogMaintenance):
+    """A `MessageStore` keeping everything in one local append-only log. See the module doc.
+
+    Snapshot and retention methods (`enforce_retention` among them) come from `LogMaintenance`.
+    """
+
+    retention_check_interval = 1.0
+    """Seconds between the cheap checks (after commits) whether retention has work to do."""
+
+    atomic_meta = True
+    exact_backlog_bytes = True
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        segment_bytes: int = 64 * MiB,
+        retention_bytes: int = 1 * GiB,
+        retention_seconds: float = 7 * 24 * 3600.0,
+        fsync: bool = True,
+        cache_bytes: int = 64 * MiB,
+        snapshot_every_bytes: int = 16 * MiB,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if segment_bytes <= 0 or retention_bytes < 0 or retention_seconds < 0 or cache_bytes < 0:
+            raise ValueError("sizes and durations must not be negative")
+        self.data_dir = Path(data_dir)
+        self.log_dir = self.data_dir / "log"
+        self.segment_bytes = segment_bytes
+        self.retention_bytes = retention_bytes
+        self.retention_seconds = retention_seconds
+        self.fsync = fsync
+        self.snapshot_every_bytes = snapshot_every_bytes
+        self._loop_arg = loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wexec: ThreadPoolExecutor | None = None
+        self._rexec: ThreadPoolExecutor | None = None
+        self._state = _NEW
+        self._broken: BaseException | None = None
+
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._pos = 0  # seq of the next record
+        self._durable = 0  # everything below is written (and fsynced when `fsync`)
+        self._log_bytes = 0
+        self._queues: dict[str, QueueIndex] = {}
+        self._meta: dict[str, dict[str, bytes]] = {}
+        self._cache = RecordCache(cache_bytes)
+
+        self._pending: list[tuple[Segment, bytearray]] = []
+        self._pending_bytes = 0
+        self._waiters: list[tuple[Waiter, int | None]] = []
+        self._inflight: list[tuple[Waiter, int | None]] | None = None
+        self._undo: list[_Undo] = []
+        self._last_written: Segment | None = None
+        self._flush_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._snapshot_lock = asyncio.Lock()
+        self._retention_lock = asyncio.Lock()
+        self._snapshot_pos = 0
+        self._last_retention_check = 0.0
+        self._stats: dict[str, float] = dict.fromkeys(
+            (
+                "appends",
+                "commits",
+                "fsyncs",
+                "committed_bytes",
+                "last_commit_seconds",
+                "last_commit_records",
+                "snapshots",
+                "segments_deleted",
+                "write_errors",
+                "disk_reads",
+            ),
+            0,
+        )
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._state != _NEW:
+            raise RuntimeError("a FileLogStore can be opened once; make a new one to reopen")
+        loop = self._loop = self._loop_arg or asyncio.get_running_loop()
+        self._wexec = ThreadPoolExecutor(1, thread_name_prefix="filelog-write")
+        self._rexec = ThreadPoolExecutor(2, thread_name_prefix="filelog-io")
+        try:
+            rec: Recovered = await loop.run_in_executor(
+                self._wexec, recover, self.data_dir, self.log_dir, SNAPSHOT_NAME, self.fsync
+            )
+        except OSError as exc:
+            self._shutdown_executors()
+            self._state = _CLOSED
+            raise StoreUnavailable(f"cannot open the log in {self.data_dir}: {exc}") from exc
+        self._segments = rec.segments
+        self._bases = [seg.base for seg in rec.segments]
+        self._queues = rec.queues
+        self._meta = rec.meta
+        self._snapshot_pos = rec.snapshot_pos
+        last = self._segments[-1]
+        self._pos = self._durable = last.base + last.size
+        self._log_bytes = sum(seg.size for seg in self._segments)
+        self._last_retention_check = loop.time()
+        self._state = _OPEN
+
+    async def close(self) -> None:
+        if self._state == _NEW:
+            self._state = _CLOSED
+        if self._state != _OPEN:
+            return
+        self._state = _CLOSING
+        try:
+            while self._flush_task is not None:
+                await asyncio.shield(self._flush_task)
+            while self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._broken is None:
+                await self._snapshot()
+        finally:
+            for seg in self._segments:
+                seg.deleted = True
+                if seg.unsynced and seg.fd is not None and self.fsync:
+                    sync_file(seg.fd)
+                    seg.unsynced = False
+                if seg.pins == 0 and seg.fd is not None:
+                    os.close(seg.fd)
+                    seg.fd = None
+            self._shutdown_executors()
+            self._state = _CLOSED
+
+    def _shutdown_executors(self) -> None:
+        for executor in (self._wexec, self._rexec):
+            if executor is not None:
+                executor.shutdown(wait=False)
+
+    def _check_usable(self) -> None:
+        if self._state != _OPEN:
+            raise StoreUnavailable("the store is not open")
+        if self._broken is not None:
+            raise StoreUnavailable(f"the store failed and must be reopened: {self._broken}")
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    async def append(
+        self,
+        message: Message,
+        queues: Sequence[str],
+        *,
+        durable: bool = True,
+        meta: Sequence[MetaUpdate] = (),
+    ) -> int:
+        if durable:
+            future = self.submit(message, queues, meta=meta)
+            assert future is not None  # no callback given: submit returns a future
+            return await future
+        return self._enqueue(message, queues, meta)
+
+    def submit(
+        self,
+        message: Message,
+        queues: Sequence[str],
+        *,
+        meta: Sequence[MetaUpdate] = (),
+        callback: DurableCallback | None = None,
+    ) -> asyncio.Future[int] | None:
+        """See `MessageStore.submit`; an unusable store gives a future failed with
+        StoreUnavailable (invalid messages raise ValueError at once)."""
+        if callback is not None:
+            try:
+                seq = self._enqueue(message, queues, meta)
+            except StoreUnavailable as exc:
+                callback(None, exc)
+                return None
+            self._waiters.append((callback, seq))
+            return None
+        loop = self._loop or asyncio.get_running_loop()
+        waiter: asyncio.Future[int] = loop.create_future()
+        try:
+            seq = self._enqueue(message, queues, meta)
+        except StoreUnavailable as exc:
+            waiter.set_exception(exc)
+            return waiter
+        self._waiters.append((waiter, seq))
+        return waiter
+
+    def append_unqueued(self, message: Message) -> None:
+        """See `MessageStore.append_unqueued`: no queue entry, no cache entry, no waiter."""
+        self._check_usable()
+        try:
+            record = encode_plain_message(message, message.topic.encode())
+        except struct.error as exc:
+            raise ValueError(f"message field out of range: {exc}") from None
+        self._add_record(record, b"")
+        self._stats["appends"] += 1
+
+    def _enqueue(self, message: Message, queues: Sequence[str], meta: Sequence[MetaUpdate]) -> int:
+        """Assign offsets, apply `meta` and queue the record for the next group commit.
+
+        The store keeps a reference to `message` (for readers of the recent-record cache), so
+        callers must not modify a message once they have handed it over.
+        """
+        if self._state != _OPEN or self._broken is not None:
+            self._check_usable()
+        names: tuple[str, ...] = tuple(dict.fromkeys(queues)) if len(queues) > 1 else tuple(queues)
+        index = self._queues
+        qlist = []
+        offsets = []
+        for name in names:
+            q = index.get(name)
+            if q is None:
+                q = QueueIndex()
+            qlist.append(q)
+            offsets.append((name, q.end))
+        topic = message.topic.encode()
+        try:
+            header, body = encode_message(message, topic, offsets, meta)
+        except struct.error as exc:
+            raise ValueError(f"message field out of range: {exc}") from None
+        # Nothing has changed yet; from here on nothing can fail.
+        for name, q in zip(names, qlist, strict=True):
+            index.setdefault(name, q)
+        length = len(header) + len(body)
+        size = len(message.payload) + len(topic)
+        seq = self._add_record(header, body)
+        for q in qlist:
+            q.add(seq, length, size)
+        undo_meta = self._apply_meta(meta) if meta else None
+        self._cache.add(seq, length, (message, names, size), self._durable)
+        self._undo.append((seq, qlist, undo_meta))
+        self._stats["appends"] += 1
+        return seq
+
+    async def put_meta(self, updates: Sequence[MetaUpdate], *, durable: bool = True) -> None:
+        self._check_usable()
+        if not updates:
+            return
+        try:
+            header, body = encode_meta(updates)
+        except struct.error as exc:
+            raise ValueError(f"meta update out of range: {exc}") from None
+        seq = self._add_record(header, body)
+        self._undo.append((seq, [], self._apply_meta(updates)))
+        if durable:
+            waiter: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
+            self._waiters.append((waiter, None))
+            await waiter
+
+    def submit_meta(self, updates: Sequence[MetaUpdate]) -> asyncio.Future[None]:
+        """Apply keyed-record updates in memory now; the future completes once they are durable
+        (or fails with StoreUnavailable). The synchronous form of `put_meta`, for callers that
+        must order the in-memory change with their own work."""
+        self._check_usable()
+        loop = self._loop or asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        if not updates:
+            waiter.set_result(None)
+            return waiter
+        try:
+            header, body = encode_meta(updates)
+        except struct.error as exc:
+            raise ValueError(f"meta update out of range: {exc}") from None
+        seq = self._add_record(header, body)
+        self._undo.append((seq, [], self._apply_meta(updates)))
+        self._waiters.append((waiter, None))
+        return waiter
+
+    def _apply_meta(self, updates: Sequence[MetaUpdate]) -> list[tuple[dict[str, bytes], str, Any]]:
+        undo = []
+        meta = self._meta
+        for update in updates:
+            records = meta.get(update.kind)
+            if records is None:
+                records = meta[update.kind] = {}
+            old = records.get(update.key, _MISSING)
+            if update.value is None:
+                if old is not _MISSING:
+                    del records[update.key]
+            else:
+                records[update.key] = bytes(update.value)
+            undo.append((records, update.key, old))
+        return undo
+
+    def _add_record(self, header: bytes, body: bytes) -> int:
+        """Queue a framed record for the next group commit; returns its seq."""
+        n = len(header) + len(body)
+        seg = self._segments[-1]
+        if seg.size and seg.size + n > self.segment_bytes:
+            seg = Segment(self._pos, segment_path(self.log_dir, self._pos), None, 0, 0.0)
+            self._segments.append(seg)
+            self._bases.append(seg.base)
+        seq = self._pos
+        pending = self._pending
+        if pending and pending[-1][0] is seg:
+            buf = pending[-1][1]
+        else:
+            buf = bytearray()
+            pending.append((seg, buf))
+        buf += header
+        buf += body
+        seg.size += n
+        seg.newest = time.time()
+        self._pos += n
+        self._log_bytes += n
+        self._pending_bytes += n
+        if self._flush_task is None:
+            self._flush_task = self._loop.create_task(self._flusher())  # type: ignore[union-attr]
+        return seq
+
+    def _barrier(self) -> asyncio.Future[Any]:
+        """A future done once everything appended so far is durable (or failed)."""
+        fut: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
+        if self._pending:
+            self._waiters.append((fut, None))
+        elif self._inflight is not None:
+            self._inflight.append((fut, None))
+        else:
+            fut.set_result(None)
+        return fut
+
+    async def _flusher(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            while self._pending and self._broken is None:
+                chunks, waiters = self._pending, self._waiters
+                start, end, records = self._durable, self._pos, len(self._undo)
+                self._pending, self._waiters, self._pending_bytes = [], [], 0
+                self._inflight = waiters
+                need_sync = bool(waiters) or any(u[1] for u in self._undo[:records])
+                try:
+                    seconds, fsyncs = await loop.run_in_executor(
+                        self._wexec,
+                        write_batch,
+                        chunks,
+                        self.log_dir,
+                        self.fsync,
+                        _write_all,
+                        need_sync,
+                        self._last_written,
+                    )
+                except Exception as exc:
+                    await self._write_failed(start, exc)
+                    continue
+                self._inflight = None
+                self._last_written = chunks[-1][0]
+                self._durable = end
+                undo = self._undo
+                for i in range(records):
+                    for q in undo[i][1]:
+                        q.visible += 1
+                del undo[:records]
+                self._cache.evict(end)
+                stats = self._stats
+                stats["commits"] += 1
+                stats["fsyncs"] += fsyncs
+                stats["committed_bytes"] += end - start
+                stats["last_commit_seconds"] = seconds
+                stats["last_commit_records"] = records
+                _resolve(waiters, None)
+                self._after_commit()
+            if self._broken is not None:
+                self._fail_pending(self._broken)
+        finally:
+            self._flush_task = None
+
+    async def _write_failed(self, start: int, exc: BaseException) -> None:
+        """Undo everything from `start` on, in memory and on disk, and fail its waiters."""
+        self._stats["write_errors"] += 1
+        log.error("log write at position %d failed: %s; rolling back", start, exc)
+        waiters = (self._inflight or []) + self._waiters
+        self._inflight, self._pending, self._waiters, self._pending_bytes = None, [], [], 0
+        for _seq, qlist, undo_meta in reversed(self._undo):
+            for q in qlist:
+                q.pop()
+            for records, key, old in reversed(undo_meta or ()):
+                if old is _MISSING:
+                    records.pop(key, None)
+                else:
+                    records[key] = old
+        self._undo.clear()
+        self._cache.drop_from(start)
+        removed = []
+        while len(self._segments) > 1 and self._segments[-1].base >= start:
+            removed.append(self._segments.pop())
+            self._bases.pop()
+        last = self._segments[-1]
+        keep = start - last.base
+        self._log_bytes -= sum(seg.size for seg in removed) + last.size - keep
+        last.size = keep
+        self._pos = start
+        self._last_written = None
+        try:
+            await self._loop.run_in_executor(  # type: ignore[union-attr]
+                self._wexec, truncate_log, removed, last, keep, self.log_dir, self.fsync
+            )
+        except OSError as exc2:
+            log.critical("cannot roll the log back after a failed write: %s", exc2)
+            self._broken = exc2
+        # Waiters learn of the failure only once the rollback is done.
+        _resolve(waiters, StoreUnavailable(f"writing the log failed: {exc}"))
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        waiters, self._waiters, self._pending = self._waiters, [], []
+        _resolve(waiters, StoreUnavailable(f"the store failed: {exc}"))
+
+    # After each commit `_after_commit` (LogMaintenance) schedules snapshots and retention.
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def end_offset(self, queue: str) -> int:
+        q = self._queues.get(queue)
+        return q.visible if q is not None else 0
+
+    async def queue_end(self, queue: str) -> int:
+        """Every writer of this store's queues is this store: `end_offset` is the truth."""
+        return self.end_offset(queue)
+
+    def note_end(self, queue: str, end: int) -> None:
+        """Nothing to learn: this store assigns every offset itself."""
+
+    async def find_key(self, topic: str, key: str) -> bool:
+        raise NotImplementedError("meta is atomic with messages here: nothing to settle")
+
+    def backlog(self, queue: str, offset: int) -> tuple[int, int]:
+        q = self._queues.get(queue)
+        return q.backlog(offset) if q is not None else (0, 0)
+
+    def meta(self, kind: str) -> dict[str, bytes]:
+        records = self._meta.get(kind)
+        if records is None:
+            records = self._meta[kind] = {}
+        return records
+
+    async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
+        self._check_usable()
+        if offset < 0 or limit < 0:
+            raise ValueError("offset and limit must not be negative")
+        q = self._queues.get(queue)
+        if q is None or limit == 0:
+            return ReadResult([], offset)
+        lost = 0
+        if offset < q.first:
+            lost = q.first - offset
+            offset = q.first
+        end = q.visible
+        while offset < end and q.seqs[offset - q.base] == HOLE:
+            lost += 1
+            offset += 1
+        stop = min(end, offset + limit)
+        # Fast path: a reader that keeps up finds everything in the cache.
+        messages: list[Stored] = []
+        entries = self._cache.entries
+        seqs = q.seqs
+        base = q.base
+        o = offset
+        while o < stop:
+            seq = seqs[o - base]
+            if seq == HOLE:
+                return ReadResult(messages, o, lost)
+            entry = entries.get(seq)
+            if entry is None:
+                break
+            messages.append(Stored(o, seq, entry[0], entry[1], entry[2]))
+            o += 1
+        else:
+            return ReadResult(messages, o, lost)
+        if messages:
+            return ReadResult(messages, o, lost)  # the rest comes with the next read
+        wanted: list[tuple[int, int, int, int]] = []
+        while o < stop:
+            seq, length, size = q.entry(o)
+            if seq == HOLE:
+                break
+            wanted.append((o, seq, length, size))
+            o += 1
+        cache = self._cache
+        found: dict[int, CacheEntry] = {}
+        misses = []
+        for _, seq, length, size in wanted:
+            entry = cache.get(seq)
+            if entry is None:
+                misses.append((seq, length, size))
+            else:
+                found[seq] = entry
+        if misses:
+            found.update(await self._read_disk(misses))
+        for off, seq, _, size in wanted:
+            message, queues, _ = found[seq]
+            messages.append(Stored(off, seq, message, queues, size))
+        return ReadResult(messages, o, lost)
+
+    async def _read_disk(self, misses: list[tuple[int, int, int]]) -> dict[int, CacheEntry]:
+        """Read records below the durable position from their segment files (worker thread)."""
+        runs: list[tuple[int, int, list[tuple[int, int]]]] = []
+        pinned: list[Segment] = []
+        run_seg = None
+        run_end = -1
+        for seq, length, _ in misses:
+            seg = self._segments[bisect.bisect_right(self._bases, seq) - 1]
+            if seg.fd is None:
+                raise StoreUnavailable(f"segment of record {seq} is not readable")
+            fd_pos = seq - seg.base
+            if seg is run_seg and seq == run_end and fd_pos + length - runs[-1][1] <= _MAX_READ_RUN:
+                runs[-1][2].append((seq, length))
+            else:
+                if seg is not run_seg:
+                    seg.pins += 1
+                    pinned.append(seg)
+                runs.append((seg.fd, fd_pos, [(seq, length)]))
+                run_seg = seg
+            run_end = seq + length
+        self._stats["disk_reads"] += len(runs)
+        try:
+            return await self._loop.run_in_executor(  # type: ignore[union-attr]
+                self._rexec, read_records, runs
+            )
+        except (OSError, ValueError) as exc:
+            raise StoreUnavailable(f"reading the log failed: {exc}") from exc
+        finally:
+            for seg in pinned:
+                seg.pins -= 1
+                if seg.pins == 0 and seg.deleted and seg.fd is not None:
+                    os.close(seg.fd)
+                    seg.fd = None
+
+    # --- introspection ---------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        """Counters and gauges: sizes in bytes, `last_commit_seconds` is write+fsync time."""
+        out = dict(self._stats)
+        out.update(
+            segments=len(self._segments),
+            bytes_on_disk=self._log_bytes - (self._pos - self._durable),
+            log_position=self._pos,
+            durable_position=self._durable,
+            snapshot_position=self._snapshot_pos,
+            pending_bytes=self._pending_bytes,
+            queues=len(self._queues),
+            cache_bytes=self._cache.bytes,
+        )
+        return out

@@ -1,0 +1,323 @@
+"""One TCP connection of the RocketMQ remoting client, and the client's errors.
+
+`RemotingConnection` is one TCP connection: requests are matched to responses by `opaque`, one
+future per request, each with its own timeout; a lost connection fails every pending request
+with `BrokerUnavailable` at once. `RocketMQClient` (bridge/storage/rocketmq_client.py) keeps one
+per NameServer and broker; `bridge.storage.rocketmq.remoting` re-exports both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections.abc import Callable, Mapping
+
+from bridge.storage.rocketmq.wire import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    FrameDecoder,
+    RemotingCommand,
+    RemotingProtocolError,
+    ResponseCode,
+    encode_command,
+)
+
+__all__ = [
+    "BrokerUnavailable",
+    "RemotingConnection",
+    "RemotingError",
+    "RemotingTimeout",
+    "RocketMQError",
+]
+
+# Named after the module this code was split from, so logging configuration keeps applying.
+log = logging.getLogger("bridge.storage.rocketmq_remoting")
+
+ResponseCallback = Callable[["RemotingCommand | None", "BrokerUnavailable | None"], None]
+"""Called with the response, or with the error that ended the connection first."""
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+class RocketMQError(Exception):
+    """Base class of this client's errors."""
+
+
+class RemotingError(RocketMQError):
+    """The server answered with an error code (`code`, a `ResponseCode` value) and `remark`."""
+
+    def __init__(self, code: int, remark: str | None, *, addr: str = "", request: int = 0) -> None:
+        self.code = code
+        self.remark = remark or ""
+        self.addr = addr
+        self.request = request
+        try:
+            name = ResponseCode(code).name
+        except ValueError:
+            name = str(code)
+        super().__init__(f"{addr} answered {name} ({code}) to request {request}: {self.remark}")
+
+
+class RemotingTimeout(RocketMQError, TimeoutError):
+    """No response within the request's timeout (the request may still take effect)."""
+
+
+class BrokerUnavailable(RocketMQError, ConnectionError):
+    """The connection could not be opened, or was lost while the request was pending.
+
+    `maybe_delivered` is False only when the request certainly never reached the server (the
+    connection could not be opened), so even a non-idempotent request may be retried.
+    """
+
+    def __init__(self, message: str, *, maybe_delivered: bool = True) -> None:
+        super().__init__(message)
+        self.maybe_delivered = maybe_delivered
+
+
+# --- one connection ----------------------------------------------------------------------------
+
+
+class _Protocol(asyncio.Protocol):
+    """asyncio protocol feeding a `RemotingConnection`."""
+
+    def __init__(self, conn: RemotingConnection) -> None:
+        self.conn = conn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport, but have its methods.
+        self.conn._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.conn._data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn._connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.conn._pause_writing()
+
+    def resume_writing(self) -> None:
+        self.conn._resume_writing()
+
+
+class RemotingConnection:
+    """One TCP connection to a NameServer or broker; use `RemotingConnection.open(addr)`."""
+
+    _opaques = itertools.count(random.randrange(1 << 20))
+
+    def __init__(self, addr: str, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self.addr = addr
+        self._decoder = FrameDecoder(max_frame_size)
+        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._callbacks: dict[int, ResponseCallback] = {}
+        self._transport: asyncio.Transport | None = None
+        self._closed: BrokerUnavailable | None = None
+        self._closed_event = asyncio.Event()
+        self._can_write: asyncio.Future[None] | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        addr: str,
+        *,
+        connect_timeout: float = 3.0,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> RemotingConnection:
+        """Connect to `addr` ("host:port"); BrokerUnavailable if that fails or times out."""
+        host, _, port = addr.rpartition(":")
+        conn = cls(addr, max_frame_size=max_frame_size)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(connect_timeout):
+                await loop.create_connection(lambda: _Protocol(conn), host.strip("[]"), int(port))
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise BrokerUnavailable(
+                f"cannot connect to {addr}: {exc!r}", maybe_delivered=False
+            ) from exc
+        return conn
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is closed or lost."""
+        return self._closed is not None
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a response."""
+        return len(self._pending)
+
+    async def wait_closed(self) -> None:
+        """Return when the connection is closed or lost."""
+        await self._closed_event.wait()
+
+    async def request(
+        self,
+        code: int,
+        ext_fields: Mapping[str, str] | None = None,
+        body: bytes = b"",
+        *,
+        timeout: float = 3.0,
+    ) -> RemotingCommand:
+        """Send a request and return its response (whatever its code).
+
+        Raises RemotingTimeout after `timeout` seconds, BrokerUnavailable if the connection is or
+        gets closed first.
+        """
+        opaque = next(self._opaques) & 0x7FFFFFFF
+        future: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        self._pending[opaque] = future
+        try:
+            await self._write(
+                RemotingCommand(
+                    code=code, opaque=opaque, ext_fields=dict(ext_fields or {}), body=body
+                )
+            )
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            raise RemotingTimeout(
+                f"no response from {self.addr} to request {code} within {timeout:.3f}s"
+            ) from None
+        finally:
+            self._pending.pop(opaque, None)
+
+    def request_nowait(
+        self,
+        code: int,
+        ext_fields: Mapping[str, str],
+        body: bytes,
+        callback: ResponseCallback,
+    ) -> int:
+        """Write a request now and call `callback(response, None)` when its response arrives, or
+        `callback(None, BrokerUnavailable)` if the connection is lost first; returns the request's
+        opaque (pass it to `forget` to stop waiting). No future, no task, no timer: for pipelined
+        hot paths whose caller tracks time-outs itself. Raises BrokerUnavailable if the
+        connection is closed. Does not wait for the socket to drain (see `writable`)."""
+        if self._closed is not None:
+            raise BrokerUnavailable(
+                f"connection to {self.addr} is closed: {self._closed}", maybe_delivered=False
+            )
+        opaque = next(self._opaques) & 0x7FFFFFFF
+        self._callbacks[opaque] = callback
+        assert self._transport is not None
+        self._transport.write(
+            encode_command(
+                RemotingCommand(code=code, opaque=opaque, ext_fields=dict(ext_fields), body=body)
+            )
+        )
+        return opaque
+
+    def forget(self, opaque: int) -> None:
+        """Stop waiting for the response of a `request_nowait` (its callback is not called)."""
+        self._callbacks.pop(opaque, None)
+
+    @property
+    def writable(self) -> bool:
+        """False while the socket's write buffer is above its high-water mark."""
+        return self._can_write is None
+
+    async def drained(self) -> None:
+        """Return once the write buffer is below its high-water mark (or the connection ended)."""
+        if self._can_write is not None:
+            await asyncio.shield(self._can_write)
+
+    async def oneway(
+        self, code: int, ext_fields: Mapping[str, str] | None = None, body: bytes = b""
+    ) -> None:
+        """Send a request that gets no response (written, not acknowledged)."""
+        opaque = next(self._opaques) & 0x7FFFFFFF
+        await self._write(
+            RemotingCommand(
+                code=code,
+                opaque=opaque,
+                flag=FLAG_ONEWAY,
+                ext_fields=dict(ext_fields or {}),
+                body=body,
+            )
+        )
+
+    async def close(self) -> None:
+        """Close the connection; pending requests fail with BrokerUnavailable."""
+        if self._transport is not None and not self.closed:
+            self._transport.close()
+        self._fail(BrokerUnavailable(f"connection to {self.addr} closed by the client"))
+        await self._closed_event.wait()
+
+    # -- internals
+
+    async def _write(self, cmd: RemotingCommand) -> None:
+        if self._closed is not None:
+            raise BrokerUnavailable(
+                f"connection to {self.addr} is closed: {self._closed}", maybe_delivered=False
+            )
+        if self._can_write is not None:
+            await asyncio.shield(self._can_write)
+            if self._closed is not None:
+                raise BrokerUnavailable(f"connection to {self.addr} is closed: {self._closed}")
+        assert self._transport is not None
+        self._transport.write(encode_command(cmd))
+
+    def _data_received(self, data: bytes) -> None:
+        try:
+            commands = self._decoder.feed(data)
+        except RemotingProtocolError as exc:
+            log.error("malformed frame from %s: %s", self.addr, exc)
+            self._fail(BrokerUnavailable(f"malformed frame from {self.addr}: {exc}"))
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        for cmd in commands:
+            if cmd.flag & FLAG_RESPONSE:
+                callback = self._callbacks.pop(cmd.opaque, None)
+                if callback is not None:
+                    try:
+                        callback(cmd, None)
+                    except Exception:
+                        log.exception("a response callback failed")
+                    continue
+                future = self._pending.pop(cmd.opaque, None)
+                if future is not None and not future.done():
+                    future.set_result(cmd)
+            elif not cmd.flag & FLAG_ONEWAY and self._transport is not None:
+                # A request from the server (e.g. a consumer-id change notice): not supported.
+                reply = RemotingCommand(
+                    code=ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                    opaque=cmd.opaque,
+                    flag=FLAG_RESPONSE,
+                    remark=f"request code {cmd.code} not supported by this client",
+                )
+                self._transport.write(encode_command(reply))
+
+    def _connection_lost(self, exc: Exception | None) -> None:
+        reason = f": {exc!r}" if exc else ""
+        self._fail(BrokerUnavailable(f"connection to {self.addr} lost{reason}"))
+
+    def _fail(self, error: BrokerUnavailable) -> None:
+        if self._closed is None:
+            self._closed = error
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(BrokerUnavailable(str(error)))
+        callbacks, self._callbacks = self._callbacks, {}
+        for callback in callbacks.values():
+            try:
+                callback(None, BrokerUnavailable(str(error)))
+            except Exception:
+                log.exception("a response callback failed")
+        self._resume_writing()
+        self._closed_event.set()
+
+    def _pause_writing(self) -> None:
+        if self._can_write is None:
+            self._can_write = asyncio.get_running_loop().create_future()
+
+    def _resume_writing(self) -> None:
+        if self._can_write is not None:
+            if not self._can_write.done():
+                self._can_write.set_result(None)
+            self._can_write = None

@@ -1,0 +1,237 @@
+"""How MQTT messages map onto RocketMQ: topic, tag, keys, properties, light queues.
+
+Pure functions, no I/O. Spark jobs and backends that produce straight into RocketMQ depend on
+this mapping; docs/design.md has it as a table. In short:
+
+* RocketMQ topic = the first level of the MQTT topic, escaped into RocketMQ's topic alphabet
+  (`rocketmq_topic`);
+* tag = the full MQTT topic, so a reader can filter on the broker;
+* KEYS = the bridge's unique message key (the broker indexes it);
+* properties `mqtt.qos`, `mqtt.retain`, `mqtt.publisher`, `mqtt.node` carry the MQTT header fields;
+* body = the payload;
+* the queues a message is dispatched to (one per matching filter, ...) become light message queues
+  (LMQ) named by `lmq_name`, listed in `INNER_MULTI_DISPATCH`.
+
+Escaping: RocketMQ names may hold only `a-z A-Z 0-9 _ - | %` and at most 127 characters. Every
+other UTF-8 byte, and `|` and `%` themselves, become `|XX` (two upper-case hex digits), so the
+escape is reversible and two different MQTT names never share a RocketMQ name. A name that would
+be longer than the limit keeps a readable prefix and ends in `|H` + 20 hex digits of its SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from bridge.storage.base import Message
+from bridge.storage.rocketmq.messages import (
+    LMQ_DISPATCH_SEPARATOR,
+    LMQ_PREFIX,
+    PROPERTY_INNER_MULTI_DISPATCH,
+    PROPERTY_INNER_MULTI_QUEUE_OFFSET,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    StoredMessage,
+)
+
+MAX_NAME: Final = 127
+"""RocketMQ's limit on topic names (LMQ names are topic names too)."""
+
+# The broker's own names, defined once with the wire format.
+MULTI_DISPATCH: Final = PROPERTY_INNER_MULTI_DISPATCH
+MULTI_QUEUE_OFFSET: Final = PROPERTY_INNER_MULTI_QUEUE_OFFSET
+
+PROP_QOS: Final = "mqtt.qos"
+PROP_RETAIN: Final = "mqtt.retain"
+PROP_PUBLISHER: Final = "mqtt.publisher"
+PROP_NODE: Final = "mqtt.node"
+PROP_TIMESTAMP: Final = "mqtt.ts"
+PROP_EMPTY: Final = "mqtt.empty"
+"""Set to "1" when the MQTT payload is empty: RocketMQ refuses an empty body, so such a message
+carries the one-byte body `EMPTY_BODY`, which readers must ignore."""
+EMPTY_BODY: Final = b"\x00"
+USER_PREFIX: Final = "mqtt.user."
+"""Message.properties (MQTT 5 user properties) travel as `mqtt.user.<name>`."""
+
+DEFAULT_QOS_FOR_BACKEND_MESSAGES: Final = 1
+"""A message produced into RocketMQ without `mqtt.qos` (a backend, not a bridge) is delivered at
+QoS 1: it is stored, so it can be delivered reliably; subscriptions cap it as usual."""
+
+_PLAIN: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_RESERVED_TOPICS: Final = frozenset(
+    {
+        "TBW102",
+        "SCHEDULE_TOPIC_XXXX",
+        "BenchmarkTest",
+        "OFFSET_MOVED_EVENT",
+        "SELF_TEST_TOPIC",
+        "DefaultCluster",
+        "TRANS_CHECK_MAX_TIME_TOPIC",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRACE_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    }
+)
+_RESERVED_PREFIXES: Final = ("RMQ_SYS_", "rmq_sys_", "CID_RMQ_SYS_")
+_HASH_DIGITS: Final = 20
+
+
+def escape_name(text: str) -> str:
+    """`text` in RocketMQ's name alphabet, reversibly (see the module docstring)."""
+    out = []
+    for byte in text.encode("utf-8"):
+        if byte in _PLAIN:
+            out.append(chr(byte))
+        else:
+            out.append(f"|{byte:02X}")
+    return "".join(out)
+
+
+def unescape_name(name: str) -> str:
+    """Inverse of `escape_name` (raises ValueError for a name it cannot have produced)."""
+    data = bytearray()
+    i = 0
+    while i < len(name):
+        char = name[i]
+        if char == "|":
+            digits = name[i + 1 : i + 3]
+            if len(digits) != 2 or digits.upper() != digits:
+                raise ValueError(f"bad escape at {i} in {name!r}")
+            data.append(int(digits, 16))
+            i += 3
+        else:
+            if ord(char) > 127 or ord(char) not in _PLAIN:
+                raise ValueError(f"character {char!r} cannot appear in an escaped name")
+            data.append(ord(char))
+            i += 1
+    return data.decode("utf-8")
+
+
+def _bounded(escaped: str, original: str, limit: int) -> str:
+    if len(escaped) <= limit:
+        return escaped
+    digest = hashlib.sha256(original.encode("utf-8")).hexdigest()[:_HASH_DIGITS]
+    keep = limit - 2 - _HASH_DIGITS
+    prefix = escaped[:keep]
+    # Do not cut an escape in half: a dangling `|X` would read as a different escape.
+    cut = prefix.rfind("|", max(0, keep - 2))
+    if cut != -1:
+        prefix = prefix[:cut]
+    return f"{prefix}|H{digest}"  # `|H` is no escape (H is not a hex digit)
+
+
+def rocketmq_topic(mqtt_topic: str) -> str:
+    """The RocketMQ topic of an MQTT topic name: its first level, escaped.
+
+    `factory/line1/press3` -> `factory`; `$SYS/broker/x` -> `|24SYS`; `/a` (empty first level)
+    -> `|` (no other name is a lone bar). System topic names are escaped one character more
+    (`TBW102` -> `|54BW102`) so devices cannot write into the broker's own topics.
+    """
+    first = mqtt_topic.split("/", 1)[0]
+    if not first:
+        return "|"
+    escaped = escape_name(first)
+    if escaped in _RESERVED_TOPICS or escaped.startswith(_RESERVED_PREFIXES):
+        escaped = f"|{ord(escaped[0]):02X}{escaped[1:]}"
+    return _bounded(escaped, first, MAX_NAME)
+
+
+def lmq_name(queue: str) -> str:
+    """The light message queue (a RocketMQ topic named `%LMQ%...`) holding a bridge queue."""
+    return LMQ_PREFIX + _bounded(escape_name(queue), queue, MAX_NAME - len(LMQ_PREFIX))
+
+
+EMPTY_VALUE: Final = "%00"
+"""RocketMQ refuses empty property values: an empty MQTT 5 user property value travels as this
+(escaping never produces it otherwise)."""
+
+
+def _escape_value(value: str) -> str:
+    # Property values are joined with \x01 and \x02; keep those (and the escape) out.
+    return value.replace("%", "%25").replace("\x01", "%01").replace("\x02", "%02")
+
+
+def _unescape_value(value: str) -> str:
+    if value == EMPTY_VALUE:
+        return ""
+    return value.replace("%01", "\x01").replace("%02", "\x02").replace("%25", "%")
+
+
+def tag_of(mqtt_topic: str) -> str:
+    """The TAGS value of messages published to `mqtt_topic` (readers filter on it)."""
+    return _escape_value(mqtt_topic) or EMPTY_VALUE
+
+
+def to_rocketmq(
+    message: Message, queues: Sequence[str]
+) -> tuple[str, str, str, dict[str, str], bytes]:
+    """(RocketMQ topic, tag, keys, properties, body) of a message dispatched to `queues`."""
+    properties = {
+        PROP_QOS: str(message.qos),
+        PROP_RETAIN: "1" if message.retain else "0",
+        PROP_TIMESTAMP: str(message.timestamp_ms),
+    }
+    # Empty values are left out (RocketMQ refuses them); a reader defaults them to "".
+    if message.publisher:
+        properties[PROP_PUBLISHER] = _escape_value(message.publisher)
+    if message.node:
+        properties[PROP_NODE] = _escape_value(message.node)
+    for name, value in message.properties.items():
+        key = USER_PREFIX + (_escape_value(name) or EMPTY_VALUE)
+        properties[key] = _escape_value(value) or EMPTY_VALUE
+    if queues:
+        properties[MULTI_DISPATCH] = LMQ_DISPATCH_SEPARATOR.join(lmq_name(q) for q in queues)
+    body = message.payload
+    if not body:
+        properties[PROP_EMPTY] = "1"
+        body = EMPTY_BODY
+    return rocketmq_topic(message.topic), tag_of(message.topic), message.key, properties, body
+
+
+def from_rocketmq(
+    tags: str | None,
+    keys: str | None,
+    properties: Mapping[str, str],
+    body: bytes,
+    *,
+    msg_id: str = "",
+    store_timestamp_ms: int = 0,
+) -> Message | None:
+    """The MQTT message of a RocketMQ message, whoever produced it; None if it has no MQTT
+    topic (no tag), so it cannot reach any subscriber."""
+    if not tags:
+        return None
+    topic = _unescape_value(tags)
+    qos_text = properties.get(PROP_QOS)
+    qos = int(qos_text) if qos_text in ("0", "1", "2") else DEFAULT_QOS_FOR_BACKEND_MESSAGES
+    timestamp_text = properties.get(PROP_TIMESTAMP, "")
+    user = {
+        _unescape_value(name[len(USER_PREFIX) :]): _unescape_value(value)
+        for name, value in properties.items()
+        if name.startswith(USER_PREFIX)
+    }
+    return Message(
+        topic=topic,
+        payload=b"" if properties.get(PROP_EMPTY) == "1" else body,
+        qos=qos,
+        retain=properties.get(PROP_RETAIN) == "1",
+        publisher=_unescape_value(properties.get(PROP_PUBLISHER, "")),
+        key=(keys or msg_id).split(" ")[0],
+        timestamp_ms=int(timestamp_text) if timestamp_text.isdigit() else store_timestamp_ms,
+        node=_unescape_value(properties.get(PROP_NODE, "")),
+        properties=user,
+    )
+
+
+def message_of(raw: StoredMessage) -> Message | None:
+    """The MQTT message of a message pulled from the broker (see `from_rocketmq`)."""
+    properties = raw.properties
+    return from_rocketmq(
+        properties.get(PROPERTY_TAGS),
+        properties.get(PROPERTY_KEYS),
+        properties,
+        raw.body,
+        msg_id=raw.msg_id,
+        store_timestamp_ms=raw.store_timestamp,
+    )
