@@ -24,8 +24,8 @@ on Ctrl-C. After a successful run the servers' state (RocketMQ store, bridge dat
 is deleted unless `--keep`; tables, logs and the chart stay. Exit status 0, or 1 with a one-line
 reason (130 when interrupted).
 
-The servers and processes are in `spark/demo_servers.py`, the Spark half (steps 5 to 7) in
-`spark/demo_report.py`.
+The servers and processes are in `spark/demo_servers.py`, the clock message of step 4 in
+`spark/demo_clock.py`, the Spark half (steps 5 to 7) in `spark/demo_report.py`.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
-from spark import simulate, telemetry
-from spark.demo_servers import Child, DemoError, RocketMQ, free_ports, publish_once, start_bridge
+from spark import simulate
+from spark.demo_clock import CLOCK_AHEAD_MS, CLOCK_LINE, publish_clock
+from spark.demo_servers import Child, DemoError, RocketMQ, free_ports, start_bridge
 
 MARKER: Final = ".spark-demo-workdir"
 """File that marks a directory as the demo's own, so `--work-dir` never wipes anything else."""
@@ -53,10 +54,6 @@ MARKER: Final = ".spark-demo-workdir"
 DEFAULT_WORK_DIR: Final = Path(".spark-demo")
 WATERMARK_S: Final = 120
 """The stream job's watermark (its default, passed explicitly so both ends agree)."""
-CLOCK_LINE: Final = "ZZ"
-CLOCK_DEVICE: Final = "clock"
-CLOCK_AHEAD_MS: Final = 3 * 3_600_000
-"""How far past the data the clock message is: far beyond the watermark and any open minute."""
 SHIFT_CHANGE: Final = timedelta(hours=14)
 """A shift boundary of the default shifts (06:00, 14:00, 22:00 UTC)."""
 
@@ -104,25 +101,6 @@ class Steps:
 
     def __call__(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:6.1f} s] {text}", flush=True)
-
-
-def publish_clock(port: int, ts_ms: int) -> None:
-    """One valid telemetry message of device `clock` on line ZZ at `ts_ms`, acknowledged (so
-    stored) when this returns. It moves the stream's watermark to `ts_ms - WATERMARK_S`."""
-    message = {
-        "v": telemetry.SCHEMA_VERSION,
-        "device": CLOCK_DEVICE,
-        "line": CLOCK_LINE,
-        "station": "S0",
-        "seq": 0,
-        "ts": ts_ms,
-        "state": "IDLE",
-        "good": 0,
-        "bad": 0,
-        "alarms": [],
-    }
-    topic = telemetry.telemetry_topic(CLOCK_LINE, CLOCK_DEVICE)
-    publish_once(port, topic, telemetry.encode(message), "spark-demo-clock")
 
 
 # --- following the stream job through its checkpoints ------------------------------------------
@@ -345,6 +323,8 @@ def simulate_devices(
 def run(options: Options, step: Steps) -> int:
     """The whole demo; the exit status. Stops everything it started before it returns or
     raises."""
+    # Imported here, not at the top: it loads PySpark and pandas, which the command line, its
+    # --help and the usage errors do not need.
     from spark import demo_report
 
     work = options.work_dir.resolve()

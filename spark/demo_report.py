@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType
 
-from spark.demo import CLOCK_LINE
+from spark.demo_clock import CLOCK_LINE
 from spark.demo_servers import DemoError
 from spark.intervals import Shifts
 from spark.jobs import ALL_TABLES, JobConfig, read_table, run_backfill, show_tables

@@ -8,7 +8,7 @@ decides what is sent when.
 
 Three layers, as in the bridge:
 
-- `_DeviceLink` (spark/simulate_link.py) owns one device's MQTT state across its connections:
+- `DeviceLink` (spark/simulate_link.py) owns one device's MQTT state across its connections:
   messages waiting to be sent, QoS 1 messages in flight, packet ids, reconnects with backoff and
   resending what was unacknowledged, with DUP set.
 - `Simulator` owns the devices' clocks and the pacing. It sends the devices' messages in the
@@ -37,10 +37,11 @@ from typing import Any, Final
 
 from spark import telemetry
 from spark.simulate_link import (
+    Counters,
+    DeviceLink,
+    LinkSettings,
     SimulatorError,
-    _Counters,
-    _describe,
-    _DeviceLink,
+    describe_failure,
 )
 
 __all__ = [
@@ -120,16 +121,28 @@ def device_names(lines: int, devices_per_line: int) -> list[tuple[str, str, str]
     ]
 
 
+def link_settings(options: Options) -> LinkSettings:
+    """The part of `options` every device's link uses (broker address, QoS, window, timeouts)."""
+    return LinkSettings(
+        host=options.host,
+        port=options.port,
+        qos=options.qos,
+        max_inflight=options.max_inflight,
+        keepalive=options.keepalive,
+        connect_timeout=options.connect_timeout,
+    )
+
+
 class Simulator:
     """The devices, their links and the scheduler of one run; see the module docstring."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
         self.start_ms = options.start_ms if options.start_ms is not None else _now_ms()
-        self.counters = _Counters(options.qos)
+        self.counters = Counters(options.qos)
         self.started = time.monotonic()
         self.devices: list[telemetry.Device] = []
-        self.links: list[_DeviceLink] = []
+        self.links: list[DeviceLink] = []
 
     def snapshot(self) -> Summary:
         """The counters now, as a Summary."""
@@ -151,19 +164,20 @@ class Simulator:
         options = self.options
         _ensure_open_files(options.lines * options.devices_per_line)
         gate = asyncio.Semaphore(CONCURRENT_CONNECTS)
+        settings = link_settings(options)
         for line, station, name in device_names(options.lines, options.devices_per_line):
             seed = random.Random(f"{options.seed}/{name}").getrandbits(63)
             self.devices.append(
                 telemetry.Device(line, station, name, seed, self.start_ms, options.interval)
             )
             topic = telemetry.telemetry_topic(line, name)
-            self.links.append(_DeviceLink(f"sim-{name}", topic, options, self.counters, gate))
+            self.links.append(DeviceLink(f"sim-{name}", topic, settings, self.counters, gate))
         try:
             await self.links[0].connect()
         except (OSError, TimeoutError, ConnectionError, SimulatorError) as exc:
             await self.links[0].close()
             raise SimulatorError(
-                f"cannot connect to {options.host}:{options.port}: {_describe(exc)}"
+                f"cannot connect to {options.host}:{options.port}: {describe_failure(exc)}"
             ) from None
         tasks = [asyncio.create_task(link.supervise()) for link in self.links]
         tasks.append(asyncio.create_task(self._keepalive()))

@@ -1,9 +1,13 @@
 """One simulated device's MQTT connection(s): the client side of `python -m spark.simulate`.
 
-`_DeviceLink` owns a device's MQTT state across its connections: messages waiting to be sent,
+`DeviceLink` owns a device's MQTT state across its connections: messages waiting to be sent,
 QoS 1 messages in flight (at most `max_inflight`, acknowledged only by their PUBACK), packet
 ids, and a supervisor task that reconnects with backoff and resends what was unacknowledged,
 with DUP set. `_Wire` is the `asyncio.Protocol` of one connection, feeding our sans-IO codec.
+
+This is the lower layer: `spark.simulate` (the scheduler and the command line) imports it, never
+the other way round. What a link needs of the run's options comes in as `LinkSettings`, and the
+live counts it shares with the scheduler as `Counters`, both defined here.
 """
 
 from __future__ import annotations
@@ -14,14 +18,11 @@ import random
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, Final, cast
 
 from bridge.mqtt import codec
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.packets import Connack, ConnackCode, Connect, Disconnect, Pingreq, Puback
-
-if TYPE_CHECKING:
-    from spark.simulate import Options
 
 MAX_PENDING: Final = 10_000
 """Messages one device buffers while it cannot send; beyond that the scheduler waits for it."""
@@ -38,9 +39,28 @@ class SimulatorError(Exception):
     """The run cannot start (the broker cannot be reached or refuses us); `str` is one line."""
 
 
+@dataclass(frozen=True, slots=True)
+class LinkSettings:
+    """What every link of a run needs to know: where the broker is and how to talk to it.
+
+    The scheduler (`spark.simulate.Simulator`) makes one from its `Options`; the link owns only
+    these few values, so it does not depend on the simulator's options or command line."""
+
+    host: str
+    port: int
+    qos: int
+    max_inflight: int
+    """QoS 1 messages one device may have unacknowledged at a time."""
+    keepalive: int
+    """Seconds of the MQTT keepalive sent in CONNECT."""
+    connect_timeout: float
+    """Seconds for TCP connect, and again for the CONNACK."""
+
+
 @dataclass(slots=True)
-class _Counters:
-    """The live counts of a run, shared by the scheduler and every link."""
+class Counters:
+    """The live counts of a run, shared by the scheduler (which makes messages and reads the
+    counts for its progress and summary) and every link (which sends and acknowledges them)."""
 
     qos: int
     made: int = 0
@@ -66,8 +86,9 @@ class _Counters:
             self.all_done.set()
 
 
-def _describe(exc: BaseException) -> str:
-    """A connection failure in a few words ("Connection refused", "timed out")."""
+def describe_failure(exc: BaseException) -> str:
+    """A connection failure in a few words ("Connection refused", "timed out"), for the one-line
+    error a run reports when its first device cannot connect."""
     if isinstance(exc, TimeoutError):
         return "timed out"
     if isinstance(exc, SimulatorError):
@@ -85,7 +106,7 @@ def _describe(exc: BaseException) -> str:
 class _Wire(asyncio.Protocol):
     """One TCP connection of a device: bytes in, decoded packets out to its link."""
 
-    def __init__(self, link: _DeviceLink) -> None:
+    def __init__(self, link: DeviceLink) -> None:
         self.link = link
         self.decoder = codec.Decoder()
         self.transport: asyncio.Transport | None = None
@@ -123,20 +144,20 @@ class _Wire(asyncio.Protocol):
         self.link.pump()
 
 
-class _DeviceLink:
+class DeviceLink:
     """One device's MQTT client state across connections; see the module docstring."""
 
     def __init__(
         self,
         client_id: str,
         topic: str,
-        options: Options,
-        counters: _Counters,
+        settings: LinkSettings,
+        counters: Counters,
         gate: asyncio.Semaphore,
     ) -> None:
         self.client_id = client_id
         self.topic = topic
-        self.options = options
+        self.settings = settings
         self.counters = counters
         self.gate = gate
         self.pending: deque[tuple[bytes, bool]] = deque()  # (payload, malformed), not yet sent
@@ -165,11 +186,11 @@ class _DeviceLink:
         wire = self.wire
         if wire is None or wire.transport is None:
             return
-        qos = self.options.qos
+        qos = self.settings.qos
         counters = self.counters
         now = self._loop.time()
         while self.pending and not wire.paused:
-            if qos and len(self.inflight) >= self.options.max_inflight:
+            if qos and len(self.inflight) >= self.settings.max_inflight:
                 break
             payload, malformed = self.pending.popleft()
             packet_id = None
@@ -204,7 +225,7 @@ class _DeviceLink:
         if self.inflight and now - next(iter(self.inflight.values()))[1] > ACK_TIMEOUT:
             wire.transport.abort()  # counted as an error when it is lost
             return
-        if now - self.last_write > self.options.keepalive / 2:
+        if now - self.last_write > self.settings.keepalive / 2:
             wire.transport.write(codec.encode(Pingreq()))
             self.last_write = now
 
@@ -236,14 +257,15 @@ class _DeviceLink:
     async def connect(self) -> None:
         """One connection attempt: TCP, CONNECT, CONNACK; then resend what is unacknowledged
         (DUP set) and go on sending. Raises OSError, TimeoutError or SimulatorError (refused)."""
-        timeout = self.options.connect_timeout
+        settings = self.settings
+        timeout = settings.connect_timeout
         _, wire = await asyncio.wait_for(
-            self._loop.create_connection(lambda: _Wire(self), self.options.host, self.options.port),
+            self._loop.create_connection(lambda: _Wire(self), settings.host, settings.port),
             timeout,
         )
         assert wire.transport is not None
         try:
-            connect = Connect(self.client_id, clean_session=True, keepalive=self.options.keepalive)
+            connect = Connect(self.client_id, clean_session=True, keepalive=settings.keepalive)
             wire.transport.write(codec.encode(connect))
             connack = await asyncio.wait_for(wire.connack, timeout)
             if connack.return_code != ConnackCode.ACCEPTED:
