@@ -2,8 +2,8 @@
 
 `RemotingConnection` is one TCP connection: requests are matched to responses by `opaque`, one
 future per request, each with its own timeout; a lost connection fails every pending request
-with `BrokerUnavailable` at once. `RocketMQClient` (bridge/storage/rocketmq_client.py) keeps one
-per NameServer and broker; `bridge.storage.rocketmq.remoting` re-exports both.
+with `BrokerUnavailable` at once. The client's `ConnectionPool` (pool.py) keeps one per NameServer
+and broker; `bridge.storage.rocketmq.remoting` re-exports both.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ __all__ = [
     "RemotingError",
     "RemotingTimeout",
     "RocketMQError",
+    "require_success",
 ]
 
 # Named after the module this code was split from, so logging configuration keeps applying.
@@ -60,6 +61,12 @@ class RemotingError(RocketMQError):
         except ValueError:
             name = str(code)
         super().__init__(f"{addr} answered {name} ({code}) to request {request}: {self.remark}")
+
+
+def require_success(response: RemotingCommand, request: int) -> None:
+    """Raise RemotingError for `response` to `request` unless its code is SUCCESS."""
+    if response.code != ResponseCode.SUCCESS:
+        raise RemotingError(response.code, response.remark, request=request)
 
 
 class RemotingTimeout(RocketMQError, TimeoutError):

@@ -8,9 +8,9 @@ with bounded backoff), and the producer/consumer operations the gateway needs: s
 long polling), consumer offsets, queue min/max offsets and topic creation.
 
 This module is the entry point and re-exports the client's public names from where they live:
-`RemotingConnection` and the errors in bridge/storage/rocketmq_connection.py, `RocketMQClient` in
-rocketmq_client.py (its NameServer lookups in rocketmq_routing.py), results and routes in
-rocketmq_types.py. The frame and header codec lives in `bridge.storage.rocketmq.wire` (no I/O).
+`RemotingConnection` and the errors in connection.py, `RocketMQClient` in client.py (its parts
+in pool.py, routing.py, producer.py, consumer.py, admin.py and membership.py), results and
+routes in types.py. The frame and header codec lives in `bridge.storage.rocketmq.wire` (no I/O).
 """
 
 from __future__ import annotations

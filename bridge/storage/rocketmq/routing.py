@@ -1,23 +1,25 @@
-"""NameServer lookups of `RocketMQClient`: topic routes (cached), cluster brokers, master addresses.
+"""`NameServerRouting`: where a topic's messages live, as the NameServers tell it.
 
-`NameServerRouting` is mixed into `RocketMQClient` (bridge/storage/rocketmq_client.py), which
-owns the state and the connections; the annotations below only name the part used here.
+Topic routes (cached, refreshed when stale, on demand and by the client's background task),
+the cluster's broker sets, master addresses, and requests to the master serving a topic (the
+route is dropped when that master cannot be reached, so the next request looks it up again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from bridge.storage.rocketmq.connection import (
     BrokerUnavailable,
-    RemotingConnection,
     RemotingError,
     RemotingTimeout,
+    RocketMQError,
 )
 from bridge.storage.rocketmq.messages import LMQ_PREFIX
+from bridge.storage.rocketmq.pool import ConnectionPool
 from bridge.storage.rocketmq.types import BrokerInfo, TopicRoute, parse_brokers, parse_route
 from bridge.storage.rocketmq.wire import (
     RemotingCommand,
@@ -29,42 +31,41 @@ from bridge.storage.rocketmq.wire import (
 
 __all__ = ["NameServerRouting"]
 
+# Named after the module this code was split from, so logging configuration keeps applying.
+log = logging.getLogger("bridge.storage.rocketmq_remoting")
+
 
 class NameServerRouting:
-    """Route and broker lookups for `RocketMQClient`; not usable on its own."""
+    """The route cache and broker lookups of one client; requests go through its `pool`."""
 
-    if TYPE_CHECKING:
-        # Owned and initialised by RocketMQClient; declared here for the type checker only.
-        namesrv_addrs: list[str]
-        request_timeout: float
-        route_refresh_interval: float
-        max_attempts: int
-        retry_deadline: float
-        _routes: dict[str, TopicRoute]
-        _route_locks: dict[str, asyncio.Lock]
-        _namesrv_index: int
-        _cluster_brokers: dict[str, BrokerInfo]
+    def __init__(
+        self, pool: ConnectionPool, namesrv_addrs: list[str], *, route_refresh_interval: float
+    ) -> None:
+        self._pool = pool
+        self._namesrv_addrs = namesrv_addrs
+        self._route_refresh_interval = route_refresh_interval
+        self._routes: dict[str, TopicRoute] = {}
+        self._route_locks: dict[str, asyncio.Lock] = {}
+        self._namesrv_index = 0
+        self._cluster_brokers: dict[str, BrokerInfo] = {}
 
-        async def connection(self, addr: str) -> RemotingConnection: ...
-
-        async def _backoff(self, attempt: int, deadline: float) -> bool: ...
-
-    async def _namesrv_call(
+    async def namesrv_call(
         self, code: int, ext_fields: Mapping[str, str] | None = None
     ) -> RemotingCommand:
         """A request to the NameServers, trying each in turn (bounded); RemotingError unless the
         answer is SUCCESS."""
-        deadline = time.monotonic() + self.retry_deadline
+        pool = self._pool
+        deadline = pool.deadline()
         last: Exception | None = None
-        for attempt in range(1, self.max_attempts + len(self.namesrv_addrs)):
-            addr = self.namesrv_addrs[self._namesrv_index % len(self.namesrv_addrs)]
+        for attempt in range(1, pool.max_attempts + len(self._namesrv_addrs)):
+            addr = self._namesrv_addrs[self._namesrv_index % len(self._namesrv_addrs)]
             try:
-                conn = await self.connection(addr)
-                response = await conn.request(code, ext_fields, timeout=self.request_timeout)
+                conn = await pool.connection(addr)
+                response = await conn.request(code, ext_fields, timeout=pool.request_timeout)
             except (BrokerUnavailable, RemotingTimeout) as exc:
                 last = exc
                 self._namesrv_index += 1
-                if not await self._backoff(attempt, deadline):
+                if not await pool.backoff(attempt, deadline):
                     break
             else:
                 if response.code != ResponseCode.SUCCESS:
@@ -84,7 +85,7 @@ class NameServerRouting:
         if (
             route is not None
             and not refresh
-            and time.monotonic() - route.fetched_at < self.route_refresh_interval * 2
+            and time.monotonic() - route.fetched_at < self._route_refresh_interval * 2
         ):
             return route
         lock = self._route_locks.setdefault(topic, asyncio.Lock())
@@ -92,7 +93,7 @@ class NameServerRouting:
             current = self._routes.get(topic)
             if current is not None and current is not route:
                 return current  # refreshed while we waited
-            response = await self._namesrv_call(
+            response = await self.namesrv_call(
                 RequestCode.GET_ROUTEINFO_BY_TOPIC,
                 {"topic": topic, "acceptStandardJsonOnly": "true"},
             )
@@ -104,11 +105,23 @@ class NameServerRouting:
         """Forget the cached route of `topic` (it is fetched again on next use)."""
         self._routes.pop(topic, None)
 
+    async def refresh_routes(self) -> None:
+        """Fetch every cached route again; forget those of topics the NameServer no longer
+        knows. Other failures are logged (the route stays until it is used or goes stale)."""
+        for topic in list(self._routes):
+            try:
+                await self.get_route(topic, refresh=True)
+            except RemotingError as exc:
+                if exc.code == ResponseCode.TOPIC_NOT_EXIST:
+                    self.invalidate_route(topic)
+            except RocketMQError as exc:
+                log.warning("route refresh of %s failed: %s", topic, exc)
+
     async def cluster_brokers(self, *, refresh: bool = False) -> dict[str, BrokerInfo]:
         """Every broker set registered with the NameServer (GET_BROKER_CLUSTER_INFO)."""
         if self._cluster_brokers and not refresh:
             return self._cluster_brokers
-        response = await self._namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO)
+        response = await self.namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO)
         try:
             table = loads_fastjson(response.body).get("brokerAddrTable") or {}
             self._cluster_brokers = parse_brokers(table.values())
@@ -132,3 +145,45 @@ class NameServerRouting:
             raise BrokerUnavailable(f"no master broker for {topic!r}", maybe_delivered=False)
         route = await self.get_route(topic)
         return route.master_addr(broker_name)
+
+    async def master_addrs(self, *, include_cluster: bool) -> list[str]:
+        """Master addresses of the cached routes, plus every master of the cluster if asked.
+
+        The cluster's brokers are fetched again from the NameServer (brokers may have joined);
+        when that fails, the last known ones are used.
+        """
+        addrs = {
+            broker.master_addr
+            for route in list(self._routes.values())
+            for broker in route.brokers.values()
+            if broker.master_addr
+        }
+        if include_cluster:
+            try:
+                brokers = await self.cluster_brokers(refresh=True)
+            except (RocketMQError, RemotingProtocolError) as exc:
+                log.warning("cluster broker lookup failed, using the last known: %s", exc)
+                brokers = self._cluster_brokers
+            addrs.update(info.master_addr for info in brokers.values() if info.master_addr)
+        return sorted(addrs)
+
+    async def broker_call(
+        self,
+        topic: str,
+        broker_name: str | None,
+        code: int,
+        fields: Mapping[str, str],
+        timeout: float | None = None,
+        *,
+        body: bytes = b"",
+        idempotent: bool = True,
+    ) -> RemotingCommand:
+        """A request to the master serving `topic`; the route is dropped when that fails."""
+        addr = await self.broker_addr(topic, broker_name)
+        try:
+            return await self._pool.call(
+                addr, code, fields, body, timeout=timeout, idempotent=idempotent
+            )
+        except BrokerUnavailable:
+            self.invalidate_route(topic)
+            raise

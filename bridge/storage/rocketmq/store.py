@@ -487,7 +487,7 @@ class RocketMQStore:
     async def _target(self, topic: str) -> _Target:
         """Route a RocketMQ topic (unknown topics go through the default topic's route, so a
         broker with autoCreateTopicEnable creates them)."""
-        broker, _queue_id, addr = await self._client._choose_queue(topic, None, None)
+        broker, _queue_id, addr = await self._client.choose_queue(topic)
         try:
             route = await self._client.get_route(topic)
             queue_ids = sorted(qid for name, qid in route.write_queues() if name == broker)

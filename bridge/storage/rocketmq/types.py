@@ -1,8 +1,8 @@
 """Value types of the RocketMQ client: send and pull results, topic routes and broker sets.
 
 Also the parsers of the NameServer's route and cluster JSON, and the response code -> status maps
-of sends and pulls. Used by `RocketMQClient` (bridge/storage/rocketmq_client.py); the public names
-are re-exported by `bridge.storage.rocketmq.remoting`.
+of sends and pulls. Used by `RocketMQClient` and its parts (client.py); the public names are
+re-exported by `bridge.storage.rocketmq.remoting`.
 """
 
 from __future__ import annotations
