@@ -86,15 +86,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench.run_bench import (
-    DEFAULT_ROCKETMQ_JAVA_OPTS,
-    RESULTS_DIR,
-    loadavg,
-    log,
-    on_sigterm,
-    plain_table,
-    proc_cpu,
-)
+from tests.bench.harness.common import RESULTS_DIR, log, on_sigterm
+from tests.bench.harness.procfs import loadavg, proc_cpu
+from tests.bench.harness.report import plain_table
+from tests.bench.harness.rocketmq import DEFAULT_ROCKETMQ_JAVA_OPTS
 from tests.support.rocketmq import DEPLOY, LocalRocketMQ, probe
 
 ROCKETMQ_VERSION = "5.3.3"

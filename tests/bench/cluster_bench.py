@@ -77,34 +77,27 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench.run_bench import (
-    DEFAULT_ROCKETMQ_JAVA_OPTS,
+from tests.bench.harness.common import (
     HOST,
     MOSQUITTO_BIN,
     REPO,
-    Broker,
-    add_loadgen_options,
-    build_loadgen,
     first_line,
-    fmt_ratio,
-    fmt_val,
     free_port,
-    get_path,
-    is_rocketmq_jvm,
-    loadavg,
-    loadgen_args,
     log,
-    machine_busy_s,
-    make_mosquitto,
     on_sigterm,
-    payload_label,
-    plain_table,
-    proc_cpu,
-    proc_rss_mb,
-    run_loadgen,
     run_text,
     tail,
 )
+from tests.bench.harness.loadgen import (
+    add_loadgen_options,
+    build_loadgen,
+    loadgen_args,
+    run_loadgen,
+)
+from tests.bench.harness.processes import Broker, stock_mosquitto
+from tests.bench.harness.procfs import loadavg, machine_busy_s, proc_cpu, proc_rss_mb
+from tests.bench.harness.report import fmt_ratio, fmt_val, get_path, payload_label, plain_table
+from tests.bench.harness.rocketmq import DEFAULT_ROCKETMQ_JAVA_OPTS, is_rocketmq_jvm
 from tests.support.haproxy import LocalHAProxy
 from tests.support.redis import LocalRedis
 from tests.support.rocketmq import LocalRocketMQ
@@ -677,7 +670,7 @@ def run_mosquitto(
 ) -> dict[str, Any]:
     """Every scenario once against one Mosquitto (clients connect to it directly: it has no
     nodes to cross or balance over)."""
-    b = make_mosquitto(workdir, free_port(), nodelay)
+    b = stock_mosquitto(workdir, free_port(), nodelay)
     out: dict[str, Any] = {
         "status": "ok",
         "command": shlex.join(b.cmd),

@@ -56,23 +56,21 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench.run_bench import (
+from tests.bench.harness.common import (
     HOST,
     MOSQUITTO_BIN,
     REPO,
-    Broker,
-    add_loadgen_options,
-    build_loadgen,
     first_line,
     free_port,
-    loadavg,
     log,
     on_sigterm,
-    plain_table,
-    proc_cpu,
     run_text,
     tail,
 )
+from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen
+from tests.bench.harness.processes import Broker
+from tests.bench.harness.procfs import loadavg, proc_cpu
+from tests.bench.harness.report import plain_table
 
 DEFAULT_MAX = 19_000
 DEFAULT_STEPS = "1000,5000,10000"

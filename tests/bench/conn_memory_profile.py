@@ -62,15 +62,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bridge.config import load_config
 from bridge.listeners.server import Server
 from tests.bench.conn_capacity import KEEPALIVE_S, proc_status_kib
-from tests.bench.run_bench import (
-    HOST,
-    REPO,
-    add_loadgen_options,
-    build_loadgen,
-    free_port,
-    log,
-    plain_table,
-)
+from tests.bench.harness.common import HOST, REPO, free_port, log
+from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen
+from tests.bench.harness.report import plain_table
 
 BRIDGE_DIR = str(REPO / "bridge") + os.sep
 LOOPS = ("uvloop", "asyncio")

@@ -20,130 +20,85 @@ broker that this script starts in a temp dir first and always stops after) and
 See tests/bench/README.md for what each figure means.
 """
 
+# This file holds the scenarios, the targets and the command line; the machinery (brokers,
+# loadgen, CPU sampling, tables) is in tests/bench/harness/ (the docstring is the --help text).
+
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime as dt
-import hashlib
-import json
 import os
-import platform
 import shlex
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent.parent
-LOADGEN_SRC = BENCH_DIR / "loadgen"
-RESULTS_DIR = BENCH_DIR / "results"
-HOST = "127.0.0.1"
-MOSQUITTO_BIN = "/usr/sbin/mosquitto"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.bench.harness.common import (
+    copy_logs,
+    first_line,
+    free_port,
+    invocation,
+    log,
+    matching,
+    on_sigterm,
+    platform_name,
+    run_text,
+    tool_versions,
+    utc_now,
+)
+from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen, loadgen_args
+from tests.bench.harness.processes import Broker, ours_broker, stock_mosquitto
+from tests.bench.harness.procfs import loadavg
+from tests.bench.harness.rocketmq import (
+    DEFAULT_ROCKETMQ_JAVA_OPTS,
+    ROCKETMQ_VARIANT,
+    RocketMQBridge,
+)
+from tests.bench.harness.versus import BrokerScenario, Target, bench_broker, report
+
 DEFAULT_OURS_CMD = (
     "{python} -m bridge --listen {host}:{port} --data-dir {data_dir} --log-level warning"
 )
-ROCKETMQ_VARIANT = "ours-rocketmq"
 BROKER_NAMES = ("ours", ROCKETMQ_VARIANT, "mosquitto")
 DEFAULT_BROKERS = "ours,ours-rocketmq,mosquitto"
-# Appended to the bridge's command line for the ours-rocketmq variant.
-ROCKETMQ_BRIDGE_ARGS = "--set store=rocketmq --set rocketmq_namesrv={namesrv}"
-# deploy/rocketmq/env.sh runs the JVMs with the C1 JIT only (fast start-up for tests) and
-# recommends full tiered compilation for benchmarks; ROCKETMQ_JAVA_OPTS is appended last.
-DEFAULT_ROCKETMQ_JAVA_OPTS = "-XX:TieredStopAtLevel=4"
-PORT_WAIT_S = 15.0
 
 # Targets of the RocketMQ issue, checked against the ours-rocketmq figures.
 TARGET_TP_2KB = 15_900.0  # msg/s, QoS 1, 2 KB payloads
 TARGET_P50_MS = 2.6  # ms, p50 at a moderate rate (QoS 1, 2 KB, 1,000 msg/s)
+TARGETS: list[Target] = [
+    (
+        f"QoS 1, 2 KB, 1 pub -> 1 sub: >= {TARGET_TP_2KB:,.0f} msg/s",
+        "rq_tp_qos1_1to1_2KB",
+        "msgs_per_s",
+        True,
+        TARGET_TP_2KB,
+    ),
+    (
+        f"QoS 1, 2 KB, 10 pubs -> 10 subs (10 pairs): >= {TARGET_TP_2KB:,.0f} msg/s",
+        "rq_tp_qos1_10to10_2KB",
+        "msgs_per_s",
+        True,
+        TARGET_TP_2KB,
+    ),
+    (
+        f"QoS 1, 2 KB @ 1,000 msg/s: p50 <= {TARGET_P50_MS} ms",
+        "rq_lat_qos1_2KB",
+        "latency.p50_ms",
+        False,
+        TARGET_P50_MS,
+    ),
+]
 
 
 # --------------------------------------------------------------------------- scenarios
 
 
-@dataclass(frozen=True)
-class Scenario:
-    key: str
-    title: str
-    mode: str  # "throughput" | "latency"
-    qos: int
-    subs: int
-    size: int
-    args: dict[str, str]
-    timeout_s: float
-    # "main": the original ours-vs-Mosquitto set; "rocketmq": the QoS 1 set that also runs
-    # on ours-rocketmq (throughput runs record latency too, loadgen -stamp).
-    group: str = "main"
-    brokers: tuple[str, ...] = ("ours", "mosquitto")
-    pubs: int = 1
-
-    def metrics(self) -> list[tuple[str, str, bool]]:
-        """(label, path in the loadgen result, higher_is_better)."""
-        if self.mode == "throughput" and self.group == "rocketmq":
-            return [
-                ("msgs/s", "msgs_per_s", True),
-                # What the publishers got through: with at most 100 unacknowledged each, the
-                # rate messages were stored and PUBACKed (deliveries can lag behind it).
-                ("pub msgs/s", "publish_rate", True),
-                ("p50 ms", "latency.p50_ms", False),
-                ("p99 ms", "latency.p99_ms", False),
-            ]
-        if self.mode == "throughput":
-            return [("msgs/s", "msgs_per_s", True)]
-        return [
-            ("p50 ms", "latency.p50_ms", False),
-            ("p90 ms", "latency.p90_ms", False),
-            ("p99 ms", "latency.p99_ms", False),
-            ("max ms", "latency.max_ms", False),
-        ]
-
-
-def loadgen_args(
-    mode: str,
-    qos: int,
-    *,
-    size: int,
-    duration: float | str,
-    timeout: float | str,
-    count: int = 1_000_000,
-    pubs: int = 1,
-    subs: int = 1,
-    rate: int | None = None,
-    idle: str = "1s",
-    window: int | None = 100,
-    flags: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """The load generator's flags for one run (every benchmark script builds its runs here)."""
-
-    def seconds(value: float | str) -> str:
-        return value if isinstance(value, str) else f"{value}s"
-
-    args = {
-        "-mode": mode,
-        "-qos": str(qos),
-        "-pubs": str(pubs),
-        "-subs": str(subs),
-        "-size": str(size),
-        "-count": str(count),
-        "-duration": seconds(duration),
-        "-timeout": seconds(timeout),
-        "-idle": idle,
-    }
-    if rate is not None:
-        args["-rate"] = str(rate)
-    if window is not None:
-        args["-window"] = str(window)
-    return {**args, **(flags or {})}
-
-
-def build_scenarios(quick: bool) -> list[Scenario]:
+def build_scenarios(quick: bool) -> list[BrokerScenario]:
     # Publish-phase cap, hard cap and drain-idle for throughput; run length and
     # hard cap for latency; message counts per throughput scenario.
     if quick:
@@ -154,14 +109,14 @@ def build_scenarios(quick: bool) -> list[Scenario]:
         tp_dur, tp_timeout, tp_idle = 15.0, 20.0, "2s"
         counts = {"q0": 200_000, "fan": 50_000, "q1": 100_000}
         lat_dur, lat_timeout = 5.0, 12.0
-    out: list[Scenario] = []
+    out: list[BrokerScenario] = []
     for size in (100, 2048):
         sz = f"{size}B" if size < 1024 else f"{size // 1024}KB"
 
         def thr(
             key: str, title: str, qos: int, subs: int, count: int, sz: str = sz, size: int = size
-        ) -> Scenario:
-            return Scenario(
+        ) -> BrokerScenario:
+            return BrokerScenario(
                 key=f"{key}_{sz}",
                 title=title,
                 mode="throughput",
@@ -183,8 +138,8 @@ def build_scenarios(quick: bool) -> list[Scenario]:
 
         def lt(
             key: str, title: str, qos: int, rate: int, sz: str = sz, size: int = size
-        ) -> Scenario:
-            return Scenario(
+        ) -> BrokerScenario:
+            return BrokerScenario(
                 key=f"{key}_{sz}",
                 title=title,
                 mode="latency",
@@ -213,7 +168,7 @@ def build_scenarios(quick: bool) -> list[Scenario]:
     return out + build_rocketmq_scenarios(quick)
 
 
-def build_rocketmq_scenarios(quick: bool) -> list[Scenario]:
+def build_rocketmq_scenarios(quick: bool) -> list[BrokerScenario]:
     """The QoS 1 set run on all three brokers (keys start with ``rq_``).
 
     Throughput runs stamp every payload (loadgen ``-stamp``) so they also give p50/p99
@@ -230,7 +185,7 @@ def build_rocketmq_scenarios(quick: bool) -> list[Scenario]:
         n11, n1010 = 100_000, 100_000  # 10->10: in total, 10,000 per pair
         lat_dur, lat_timeout = 5.0, 12.0
     every = tuple(BROKER_NAMES)
-    out: list[Scenario] = []
+    out: list[BrokerScenario] = []
     for size in (100, 2048):
         sz = f"{size}B" if size < 1024 else f"{size // 1024}KB"
         for key, title, n, count in (
@@ -238,7 +193,7 @@ def build_rocketmq_scenarios(quick: bool) -> list[Scenario]:
             ("rq_tp_qos1_10to10", "QoS1 10 pubs -> 10 subs, topic per pair", 10, n1010),
         ):
             out.append(
-                Scenario(
+                BrokerScenario(
                     key=f"{key}_{sz}",
                     title=title,
                     mode="throughput",
@@ -267,7 +222,7 @@ def build_rocketmq_scenarios(quick: bool) -> list[Scenario]:
     # pipeline that is far from saturated.
     for key, rate in (("rq_lat_qos1_2KB", 1000), ("rq_lat200_qos1_2KB", 200)):
         out.append(
-            Scenario(
+            BrokerScenario(
                 key=key,
                 title=f"QoS1 latency @ {rate} msg/s",
                 mode="latency",
@@ -310,811 +265,7 @@ def warmup_args(quick: bool, broker: str = "") -> list[dict[str, str]]:
     ]
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def run_text(cmd: list[str], timeout: float = 30.0) -> str:
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"unavailable ({e})"
-    return (p.stdout or p.stderr).strip()
-
-
-def first_line(text: str) -> str:
-    return text.splitlines()[0] if text else ""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def tail(path: Path, n: int = 30) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(lines[-n:]) if lines else "(log empty)"
-
-
-def get_path(d: dict[str, Any], dotted: str) -> float | None:
-    cur: Any = d
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            return None
-        cur = cur[part]
-    return float(cur) if isinstance(cur, int | float) else None
-
-
-def proc_group_cpu(pgid: int) -> float:
-    """CPU seconds (user+sys) of all live processes in a process group."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(")") + 2 :].split()
-        # fields[0] is state (field 3); pgrp is field 5, utime 14, stime 15.
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
-def proc_cpu(pid: int | None) -> float | None:
-    """CPU seconds (user+sys, all threads) of one live process, or None."""
-    if pid is None:
-        return None
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_s() -> float:
-    """CPU seconds all CPUs spent not idle (or in iowait) since boot, from /proc/stat."""
-    try:
-        first = Path("/proc/stat").read_text().splitlines()[0].split()
-    except OSError:
-        return 0.0
-    vals = [int(v) for v in first[1:]]
-    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user/nice]
-    return (sum(vals[:8]) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
-def proc_rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-# --------------------------------------------------------------------------- loadgen build
-
-
-def build_loadgen(cache_root: Path) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        raise SystemExit("error: `go` not found on PATH; it is needed to build tests/bench/loadgen")
-    h = hashlib.sha256()
-    for f in sorted(LOADGEN_SRC.iterdir()):
-        if f.is_file() and (f.suffix == ".go" or f.name in ("go.mod", "go.sum")):
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    h.update(run_text([go, "version"]).encode())
-    out = cache_root / f"loadgen-{h.hexdigest()[:16]}"
-    if out.exists():
-        return out
-    cache_root.mkdir(parents=True, exist_ok=True)
-    tmp = cache_root / f".loadgen-build-{os.getpid()}"
-    env = {**os.environ, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
-    log(f"building loadgen -> {out}")
-    try:
-        p = subprocess.run(
-            [go, "build", "-o", str(tmp), "."],
-            cwd=LOADGEN_SRC,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise SystemExit("error: go build of loadgen timed out after 600 s") from e
-    if p.returncode != 0:
-        raise SystemExit(f"error: go build of loadgen failed:\n{p.stdout}{p.stderr}")
-    tmp.replace(out)
-    return out
-
-
-# --------------------------------------------------------------------------- brokers
-
-
-@dataclass
-class Broker:
-    name: str
-    cmd: list[str]
-    workdir: Path
-    log_path: Path
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-    log_file: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def start(self) -> None:
-        self.log_file = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.cmd,
-            cwd=REPO,
-            stdin=subprocess.DEVNULL,
-            stdout=self.log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_ready(self, timeout: float = PORT_WAIT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                rc = self.proc.returncode if self.proc else None
-                raise RuntimeError(
-                    f"{self.name} exited with code {rc} before accepting connections; "
-                    f"log tail:\n{tail(self.log_path)}"
-                )
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection((HOST, self.port), timeout=0.5),
-            ):
-                return
-            time.sleep(0.1)
-        raise RuntimeError(
-            f"{self.name} did not accept connections on {HOST}:{self.port} within "
-            f"{timeout:.0f} s; log tail:\n{tail(self.log_path)}"
-        )
-
-    def stop(self) -> None:
-        p = self.proc
-        if p is not None and p.poll() is None:
-            # The broker runs in its own session, so its pgid is its pid:
-            # signal only the group we created.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=5)
-        elif p is not None:
-            # Leader gone; make sure no child of it lingers in the group.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-        if self.log_file is not None:
-            self.log_file.close()
-            self.log_file = None
-
-
-def make_mosquitto(tmp: Path, port: int, nodelay: bool = False) -> Broker:
-    data = tmp / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    log_path = tmp / "mosquitto.log"
-    lines = [
-        f"listener {port} {HOST}",
-        "allow_anonymous true",
-        "persistence true",
-        f"persistence_location {data}/",
-        f"log_dest file {tmp / 'mosquitto-internal.log'}",
-        "log_type error",
-        "log_type warning",
-        "log_type notice",
-        # Defaults kept on purpose (documented in README): autosave_interval
-        # 1800, max_inflight_messages 20, max_queued_messages 1000 and
-        # set_tcp_nodelay false (Nagle on, unlike asyncio's sockets).
-    ]
-    if nodelay:
-        lines.append("set_tcp_nodelay true")
-    if os.geteuid() == 0:
-        # As root Mosquitto drops to the "mosquitto" user, which cannot write
-        # to our temp dir; stay as the invoking user instead.
-        lines.append("user root")
-    conf = tmp / "mosquitto.conf"
-    conf.write_text("\n".join(lines) + "\n")
-    b = Broker("mosquitto", [MOSQUITTO_BIN, "-c", str(conf)], tmp, log_path, port)
-    b.extra["config"] = conf.read_text()
-    b.extra["internal_log"] = str(tmp / "mosquitto-internal.log")
-    return b
-
-
-def make_ours(tmp: Path, port: int, template: str) -> Broker:
-    data = tmp / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    python = REPO / ".venv" / "bin" / "python"
-    cmd_s = template.format(
-        python=shlex.quote(str(python if python.exists() else sys.executable)),
-        host=HOST,
-        port=port,
-        data_dir=shlex.quote(str(data)),
-        repo=shlex.quote(str(REPO)),
-    )
-    return Broker("ours", shlex.split(cmd_s), tmp, tmp / "ours.log", port)
-
-
-class RocketMQBridge(Broker):
-    """The bridge with store=rocketmq, plus the LocalRocketMQ it needs.
-
-    start() starts RocketMQ (NameServer + broker, SYNC_FLUSH) under the broker's temp dir
-    first, then the bridge; stop() stops the bridge, then RocketMQ (SIGKILL via stop.sh
-    --kill: the instance is thrown away), and SIGKILLs any JVM whose PID is still alive.
-    LocalRocketMQ also registers a finalizer that runs at interpreter exit.
-    """
-
-    def __init__(self, tmp: Path, port: int, template: str, java_opts: str) -> None:
-        sys.path.insert(0, str(REPO))
-        from tests.support.rocketmq import LocalRocketMQ
-
-        os.environ["ROCKETMQ_JAVA_OPTS"] = java_opts  # read by LocalRocketMQ._env()
-        self.mq = LocalRocketMQ(tmp / "rocketmq", flush_disk_type="SYNC_FLUSH")
-        self.java_opts = java_opts
-        extra = ROCKETMQ_BRIDGE_ARGS.format(namesrv=self.mq.namesrv_addr)
-        ours = make_ours(tmp, port, f"{template} {extra}")
-        super().__init__(ROCKETMQ_VARIANT, ours.cmd, tmp, tmp / "ours-rocketmq.log", port)
-        self.extra["more_logs"] = {
-            "rocketmq-broker.log": self.mq.log_dir / "broker.log",
-            "rocketmq-broker.out": self.mq.log_dir / "broker.out",
-        }
-        self.start_s: float | None = None
-
-    def start(self) -> None:
-        log(
-            f"    starting RocketMQ 5.3.3 (namesrv {self.mq.namesrv_addr}, broker "
-            f"{self.mq.broker_addr}, SYNC_FLUSH, ROCKETMQ_JAVA_OPTS={self.java_opts!r}) ..."
-        )
-        t0 = time.monotonic()
-        self.mq.start()
-        self.start_s = time.monotonic() - t0
-        log(
-            f"    RocketMQ started in {self.start_s:.1f} s (broker pid {self.mq.pid('broker')}, "
-            f"namesrv pid {self.mq.pid('namesrv')})"
-        )
-        super().start()
-
-    def rocketmq_pid(self) -> int | None:
-        return self.mq.pid("broker")
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "version": "5.3.3",
-            "namesrv": self.mq.namesrv_addr,
-            "broker": self.mq.broker_addr,
-            "flush_disk_type": self.mq.flush_disk_type,
-            "java_opts": self.java_opts,
-            "java": first_line(run_text(["java", "-version"])),
-            "start_s": None if self.start_s is None else round(self.start_s, 1),
-            "broker_pid": self.mq.pid("broker"),
-            "namesrv_pid": self.mq.pid("namesrv"),
-        }
-
-    def stop(self) -> None:
-        try:
-            super().stop()
-        finally:
-            pids = [self.mq.pid(r) for r in ("broker", "namesrv")]
-            try:
-                self.mq.stop(graceful=False)
-            except (RuntimeError, OSError) as e:
-                log(f"    RocketMQ stop.sh failed ({e}); killing by PID")
-            finally:
-                self._kill_left(pids)
-
-    def _kill_left(self, pids: list[int | None]) -> None:
-        for pid in pids:
-            if pid is not None and is_rocketmq_jvm(pid):
-                log(f"    RocketMQ JVM {pid} still running after stop.sh; SIGKILL")
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-
-
-def is_rocketmq_jvm(pid: int) -> bool:
-    try:
-        return b"org.apache.rocketmq." in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-# --------------------------------------------------------------------------- running
-
-
-def run_loadgen(
-    loadgen: Path, port: int, args: dict[str, str], client: str, hard_timeout: float
-) -> tuple[dict[str, Any], list[str]]:
-    cmd = [str(loadgen), "-addr", f"{HOST}:{port}", "-client", client]
-    for k, v in args.items():
-        # Go's flag package takes booleans only as -name=value.
-        cmd += [f"{k}={v}"] if v in ("true", "false") else [k, v]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=hard_timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"errors": [f"loadgen killed after {hard_timeout:.0f} s"]}, cmd
-    line = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
-    try:
-        res: dict[str, Any] = json.loads(line)
-    except json.JSONDecodeError:
-        res = {
-            "errors": [
-                f"loadgen rc={p.returncode}, unparseable output: "
-                f"{p.stdout[-500:]!r} {p.stderr[-500:]!r}"
-            ]
-        }
-    if p.returncode != 0:
-        res.setdefault("errors", []).append(f"loadgen exit code {p.returncode}")
-    return res, cmd
-
-
-def bench_broker(
-    b: Broker, scenarios: list[Scenario], loadgen: Path, client: str, quick: bool, budget_s: float
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "status": "ok",
-        "command": shlex.join(b.cmd),
-        "port": b.port,
-        "scenarios": {},
-        "errors": [],
-    }
-    if "config" in b.extra:
-        out["config"] = b.extra["config"]
-    scenarios = [sc for sc in scenarios if b.name in sc.brokers]
-    rmq = b if isinstance(b, RocketMQBridge) else None
-    log(f"\n=== {b.name}: {shlex.join(b.cmd)}")
-    t_start = time.monotonic()
-    try:
-        b.start()
-    finally:
-        if rmq is not None:
-            out["rocketmq"] = rmq.info()
-    b.wait_ready()
-    assert b.proc is not None
-    pgid = b.proc.pid
-    log(f"    listening on {HOST}:{b.port} (pid {pgid})")
-    # The budget counts from here: RocketMQ's start-up (ours-rocketmq) is not part of it.
-    t_ready = time.monotonic()
-    for i, wa in enumerate(warmup_args(quick, b.name)):
-        res, _ = run_loadgen(loadgen, b.port, wa, client, 30)
-        if res.get("errors"):
-            log(f"    warm-up {i} reported: {res['errors']}")
-        elif rmq is not None:
-            log(f"    warm-up {i}: {res.get('msgs_per_s', 0):,.0f} msg/s")
-    for sc in scenarios:
-        used = time.monotonic() - t_ready
-        if used + sc.timeout_s > budget_s:
-            out["scenarios"][sc.key] = {"skipped": f"time budget of {budget_s:.0f} s used up"}
-            log(f"    {sc.key:<22} skipped (time budget)")
-            continue
-        if not b.alive():
-            out["scenarios"][sc.key] = {"skipped": "broker is not running"}
-            log(f"    {sc.key:<22} skipped (broker died)")
-            continue
-        rpid = rmq.rocketmq_pid() if rmq is not None else None
-        m0, cpu0, rcpu0, w0 = (
-            machine_busy_s(),
-            proc_group_cpu(pgid),
-            proc_cpu(rpid),
-            time.monotonic(),
-        )
-        res, cmd = run_loadgen(loadgen, b.port, sc.args, client, sc.timeout_s + 20)
-        m1, cpu1, rcpu1, w1 = (
-            machine_busy_s(),
-            proc_group_cpu(pgid),
-            proc_cpu(rpid),
-            time.monotonic(),
-        )
-        res["loadgen_cmd"] = shlex.join(cmd)
-        res["broker_cpu_s"] = round(cpu1 - cpu0, 3)
-        res["broker_cpu_percent"] = round(100 * (cpu1 - cpu0) / max(w1 - w0, 1e-9), 1)
-        res["broker_rss_mb"] = proc_rss_mb(pgid)
-        if rpid is not None and rcpu0 is not None and rcpu1 is not None:
-            # The RocketMQ broker JVM (its own process, not in the bridge's group).
-            res["rocketmq_cpu_s"] = round(rcpu1 - rcpu0, 3)
-            res["rocketmq_cpu_percent"] = round(100 * (rcpu1 - rcpu0) / max(w1 - w0, 1e-9), 1)
-            res["rocketmq_rss_mb"] = proc_rss_mb(rpid)
-        # Whole machine (2 cores = 200%) and what other processes used meanwhile: the noise.
-        wall = max(w1 - w0, 1e-9)
-        ours_s = (cpu1 - cpu0) + (res.get("rocketmq_cpu_s") or 0.0)
-        res["machine_cpu_percent"] = round(100 * (m1 - m0) / wall, 1)
-        res["others_cpu_percent"] = round(
-            max(0.0, 100 * (m1 - m0 - ours_s - float(res.get("loadgen_cpu_s") or 0.0)) / wall), 1
-        )
-        res["loadavg_after"] = loadavg()
-        out["scenarios"][sc.key] = res
-        log("    " + describe(sc, res))
-        if not b.alive():
-            msg = (
-                f"{b.name} died during {sc.key} (code {b.proc.returncode}); "
-                f"log tail:\n{tail(b.log_path)}"
-            )
-            out["errors"].append(msg)
-            log("    " + msg)
-    out["wall_s"] = round(time.monotonic() - t_start, 1)
-    return out
-
-
-def describe(sc: Scenario, r: dict[str, Any]) -> str:
-    errs = r.get("errors") or []
-    err = f"  ERRORS: {'; '.join(errs)}" if errs else ""
-    if "fatal" in r or "delivered" not in r:
-        return f"{sc.key:<24} FAILED{err}"
-    rmq = (
-        f" rocketmq {r['rocketmq_cpu_percent']:.0f}% ({r.get('rocketmq_rss_mb') or 0:.0f} MB)"
-        if "rocketmq_cpu_percent" in r
-        else ""
-    )
-    lat = r.get("latency") or {}
-    if sc.mode == "throughput":
-        lost = f" lost {r['lost']}" if r.get("lost") else ""
-        latp = f" p50 {lat.get('p50_ms', 0):.2f} p99 {lat.get('p99_ms', 0):.2f} ms" if lat else ""
-        return (
-            f"{sc.key:<24} {r['msgs_per_s']:>11,.0f} msg/s{latp}  delivered {r['delivered']:,}/"
-            f"{r['expected']:,}{lost} in {r['elapsed_s']:.2f}s ({r['stop_reason']}) "
-            f"cpu loadgen {r['loadgen_cpu_percent']:.0f}% broker "
-            f"{r['broker_cpu_percent']:.0f}%{rmq}{err}"
-        )
-    return (
-        f"{sc.key:<24} p50 {lat.get('p50_ms', 0):.3f} p90 {lat.get('p90_ms', 0):.3f} "
-        f"p99 {lat.get('p99_ms', 0):.3f} max {lat.get('max_ms', 0):.3f} ms  "
-        f"({lat.get('samples', 0):,} samples, lost {r.get('lost', 0)}, "
-        f"late sends {r.get('late_sends', 0)}) cpu broker {r['broker_cpu_percent']:.0f}%"
-        f"{rmq}{err}"
-    )
-
-
-# --------------------------------------------------------------------------- reporting
-
-
-def fmt_val(v: float | None, label: str) -> str:
-    if v is None:
-        return "—"
-    if label.endswith("/s"):
-        return f"{v:,.0f}"
-    return f"{v:.3f}"
-
-
-def fmt_ratio(v: float | None) -> str:
-    return f"{v:.2f}x" if v is not None else "—"
-
-
-def scenario_result(brokers: dict[str, Any], name: str, key: str) -> dict[str, Any]:
-    return dict(brokers.get(name, {}).get("scenarios", {}).get(key, {}))
-
-
-def comparison_rows(scenarios: list[Scenario], brokers: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per scenario and metric, with every broker that runs the scenario.
-
-    Keys: the broker names (value or None), `ratio` (ours / mosquitto) and, for the
-    rocketmq group, `ratio_rocketmq` (ours-rocketmq / mosquitto).
-    """
-    rows = []
-    for sc in scenarios:
-        res = {name: scenario_result(brokers, name, sc.key) for name in sc.brokers}
-        for label, path, higher in sc.metrics():
-            vals = {
-                name: (get_path(r, path) if "fatal" not in r and "delivered" in r else None)
-                for name, r in res.items()
-            }
-            mosq = vals.get("mosquitto")
-            ratios = {
-                name: (v / mosq if v is not None and mosq else None) for name, v in vals.items()
-            }
-
-            notes = []
-            if sc.mode == "throughput":
-                for name, r in res.items():
-                    if r.get("lost"):
-                        notes.append(f"{name} lost {r['lost']:,}")
-                    if r.get("stop_reason") not in (None, "complete"):
-                        notes.append(f"{name} stopped: {r['stop_reason']}")
-            else:
-                for name, r in res.items():
-                    late, samples = (
-                        r.get("late_sends") or 0,
-                        (r.get("latency") or {}).get("samples"),
-                    )
-                    if samples and late > samples / 10:
-                        # The publisher fell behind its schedule (QoS 1 window full): the rate
-                        # was not held, so this is not latency "at" that rate.
-                        notes.append(f"{name}: rate not held ({late:,} late sends)")
-            for name, r in res.items():
-                if name in brokers and not r:
-                    notes.append(f"{name}: not run ({brokers[name].get('status', '?')})")
-                elif r.get("errors"):
-                    notes.append(f"{name}: error")
-                elif r.get("skipped"):
-                    notes.append(f"{name}: skipped")
-            row: dict[str, Any] = {
-                "scenario": sc.key,
-                "group": sc.group,
-                "title": sc.title,
-                "payload_bytes": sc.size,
-                "metric": label,
-                "higher_is_better": higher,
-                **vals,
-                "ratio": ratios.get("ours"),
-                "notes": "; ".join(notes),
-            }
-            if sc.group == "rocketmq":
-                row["ratio_rocketmq"] = ratios.get(ROCKETMQ_VARIANT)
-            rows.append(row)
-    return rows
-
-
-def payload_label(n: int) -> str:
-    return f"{n} B" if n < 1024 else f"{n // 1024} KB"
-
-
-MAIN_COLUMNS = [
-    ("ours", "ours", "Ours"),
-    ("mosquitto", "mosquitto", "Mosquitto"),
-    ("ratio", "ours/mosq", "Ours/Mosquitto"),
-]
-ROCKETMQ_COLUMNS = [
-    (ROCKETMQ_VARIANT, "ours-rocketmq", "Ours (RocketMQ)"),
-    ("mosquitto", "mosquitto", "Mosquitto"),
-    ("ratio_rocketmq", "rmq/mosq", "Ours (RocketMQ)/Mosquitto"),
-    ("ours", "ours (filelog)", "Ours (embedded store)"),
-]
-
-
-def row_cells(r: dict[str, Any], columns: list[tuple[str, str, str]]) -> list[str]:
-    return [
-        fmt_ratio(r.get(key)) if key.startswith("ratio") else fmt_val(r.get(key), r["metric"])
-        for key, _, _ in columns
-    ]
-
-
-def text_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
-    head = ["scenario", "payload", "metric", *(c[1] for c in columns), "notes"]
-    body = [
-        [
-            r["title"],
-            payload_label(r["payload_bytes"]),
-            r["metric"],
-            *row_cells(r, columns),
-            r["notes"],
-        ]
-        for r in rows
-    ]
-    return plain_table(head, body, right=set(range(3, 3 + len(columns))))
-
-
-def plain_table(head: list[str], body: list[list[str]], right: set[int]) -> str:
-    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)
-        ).rstrip()
-
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(head), sep, *(line(r) for r in body)])
-
-
-def md_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> list[str]:
-    out = [
-        "| Scenario | Payload | Metric | " + " | ".join(c[2] for c in columns) + " | Notes |",
-        "|---|---|---|" + "---:|" * len(columns) + "---|",
-    ]
-    for r in rows:
-        out.append(
-            f"| {r['title']} | {payload_label(r['payload_bytes'])} | {r['metric']} | "
-            + " | ".join(row_cells(r, columns))
-            + f" | {r['notes']} |"
-        )
-    return out
-
-
-def resource_rows(scenarios: list[Scenario], brokers: dict[str, Any]) -> list[list[str]]:
-    """CPU (% of one core over the scenario) and RSS after it, rocketmq group."""
-
-    def pct(r: dict[str, Any], key: str) -> str:
-        v = r.get(key)
-        return f"{v:.0f}%" if isinstance(v, int | float) else "—"
-
-    def mb(r: dict[str, Any], key: str) -> str:
-        v = r.get(key)
-        return f"{v:.0f}" if isinstance(v, int | float) else "—"
-
-    body = []
-    for sc in scenarios:
-        if sc.group != "rocketmq":
-            continue
-        rq = scenario_result(brokers, ROCKETMQ_VARIANT, sc.key)
-        mo = scenario_result(brokers, "mosquitto", sc.key)
-        ou = scenario_result(brokers, "ours", sc.key)
-        body.append(
-            [
-                sc.title,
-                payload_label(sc.size),
-                pct(rq, "broker_cpu_percent"),
-                pct(rq, "rocketmq_cpu_percent"),
-                pct(rq, "loadgen_cpu_percent"),
-                mb(rq, "broker_rss_mb"),
-                mb(rq, "rocketmq_rss_mb"),
-                pct(ou, "broker_cpu_percent"),
-                pct(rq, "others_cpu_percent"),
-                pct(mo, "broker_cpu_percent"),
-                pct(mo, "loadgen_cpu_percent"),
-            ]
-        )
-    return body
-
-
-RESOURCE_HEAD = [
-    "scenario",
-    "payload",
-    "rmq: bridge CPU",
-    "rmq: RocketMQ CPU",
-    "rmq: loadgen CPU",
-    "rmq: bridge RSS MB",
-    "rmq: RocketMQ RSS MB",
-    "ours (filelog) CPU",
-    "rmq: other processes CPU",
-    "mosquitto CPU",
-    "mosq: loadgen CPU",
-]
-
-
-def target_rows(brokers: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets against the ours-rocketmq figures; met only if measured."""
-
-    def val(key: str, path: str) -> float | None:
-        r = scenario_result(brokers, ROCKETMQ_VARIANT, key)
-        if "fatal" in r or "delivered" not in r or r.get("errors"):
-            return None
-        return get_path(r, path)
-
-    checks = [
-        (
-            f"QoS 1, 2 KB, 1 pub -> 1 sub: >= {TARGET_TP_2KB:,.0f} msg/s",
-            "rq_tp_qos1_1to1_2KB",
-            "msgs_per_s",
-            True,
-            TARGET_TP_2KB,
-        ),
-        (
-            f"QoS 1, 2 KB, 10 pubs -> 10 subs (10 pairs): >= {TARGET_TP_2KB:,.0f} msg/s",
-            "rq_tp_qos1_10to10_2KB",
-            "msgs_per_s",
-            True,
-            TARGET_TP_2KB,
-        ),
-        (
-            f"QoS 1, 2 KB @ 1,000 msg/s: p50 <= {TARGET_P50_MS} ms",
-            "rq_lat_qos1_2KB",
-            "latency.p50_ms",
-            False,
-            TARGET_P50_MS,
-        ),
-    ]
-    out = []
-    for title, key, path, higher, target in checks:
-        v = val(key, path)
-        if v is None:
-            status = "not measured"
-        else:
-            ok = v >= target if higher else v <= target
-            status = "met" if ok else "not met"
-        unit = "msg/s" if higher else "ms"
-        shown = "—" if v is None else (f"{v:,.0f} {unit}" if higher else f"{v:.3f} {unit}")
-        r = scenario_result(brokers, ROCKETMQ_VARIANT, key)
-        samples = (r.get("latency") or {}).get("samples")
-        if not higher and samples and (r.get("late_sends") or 0) > samples / 10:
-            shown += " (rate not held)"
-        out.append({"target": title, "scenario": key, "value": v, "shown": shown, "status": status})
-    return out
-
-
-def markdown(
-    meta: dict[str, Any],
-    rows: list[dict[str, Any]],
-    resources: list[list[str]],
-    targets: list[dict[str, Any]],
-) -> str:
-    out = [
-        f"Benchmark run {meta['finished_at']} on {meta['cpu_count']} CPU(s) "
-        f"({meta['platform']}), load generator: Go `{meta['loadgen_client']}` client"
-        f"{' (quick mode)' if meta['quick'] else ''}.",
-        "",
-        f"- command: `{meta['command']}`",
-        f"- mosquitto: {meta['versions']['mosquitto']}; go: {meta['versions']['go']}; "
-        f"python: {meta['versions']['python']}",
-        "- throughput = messages received per second by all subscribers (first send to "
-        "last receive); latency = publish->receive at a fixed rate; ratio = ours / Mosquitto "
-        "(throughput: >1 is better; latency: <1 is better)",
-        "- Mosquitto config: stock defaults plus persistence; "
-        + (
-            "`set_tcp_nodelay true`"
-            if meta["mosquitto_set_tcp_nodelay"]
-            else "`set_tcp_nodelay false` (its default: Nagle on, which inflates its QoS0 "
-            "latency tail and 2 KB latency; see tests/bench/README.md)"
-        ),
-    ]
-    rmq = meta.get("rocketmq")
-    if rmq:
-        out.append(
-            f"- RocketMQ {rmq.get('version')} ({rmq.get('flush_disk_type')}, "
-            f"ROCKETMQ_JAVA_OPTS=`{rmq.get('java_opts')}`, {rmq.get('java')}), started in "
-            f"{rmq.get('start_s')} s, on the same machine"
-        )
-    main_rows = [r for r in rows if r["group"] == "main"]
-    rmq_rows = [r for r in rows if r["group"] == "rocketmq"]
-    if main_rows:
-        out += ["", *md_table(main_rows, MAIN_COLUMNS)]
-    if rmq_rows:
-        out += [
-            "",
-            "QoS 1 through RocketMQ (`ours-rocketmq`: the bridge with `store=rocketmq`); "
-            "throughput runs also give p50/p99 publish->receive latency under full load; "
-            "10 -> 10 = 10 publisher -> subscriber pairs, each pair on its own topic; "
-            "msgs/s = messages delivered per second, pub msgs/s = messages the publishers got "
-            "through (stored and acknowledged) per second:",
-            "",
-            *md_table(rmq_rows, ROCKETMQ_COLUMNS),
-        ]
-    if resources:
-        out += [
-            "",
-            "CPU (% of one core, averaged over the scenario) and RSS after it:",
-            "",
-            "| " + " | ".join(RESOURCE_HEAD) + " |",
-            "|---|---|" + "---:|" * (len(RESOURCE_HEAD) - 2),
-            *("| " + " | ".join(r) + " |" for r in resources),
-        ]
-    if targets:
-        out += ["", "| Target (ours-rocketmq) | Measured | Status |", "|---|---:|---|"]
-        out += [f"| {t['target']} | {t['shown']} | {t['status']} |" for t in targets]
-    return "\n".join(out) + "\n"
-
-
 # --------------------------------------------------------------------------- main
-
-
-def add_loadgen_options(ap: argparse.ArgumentParser, *, results: bool = True) -> None:
-    """The options every benchmark script shares: a prebuilt loadgen, where the built one is
-    cached, and (with `results`) where results are written."""
-    ap.add_argument("--loadgen", type=Path, help="use this prebuilt loadgen binary")
-    ap.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "mqtt-bridge-bench",
-        help="where the loadgen binary is cached",
-    )
-    if results:
-        ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -1174,35 +325,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM (e.g. from a CI timeout) unwinds like Ctrl-C, so every `finally` stops the
-    brokers and RocketMQ instead of leaving them running; a second SIGTERM is ignored so that
-    it cannot interrupt that clean-up."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    log("SIGTERM: stopping the brokers")
-    sys.exit(128 + signum)
+def make_broker(name: str, tmp: Path, port: int, args: argparse.Namespace) -> Broker:
+    if name == "mosquitto":
+        return stock_mosquitto(tmp, port, args.mosquitto_nodelay)
+    if name == ROCKETMQ_VARIANT:
+        return RocketMQBridge(tmp, port, args.ours_cmd, args.rocketmq_java_opts)
+    return ours_broker(tmp, port, args.ours_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        argv = sys.argv[1:]
-        command = shlex.join([sys.executable, *sys.argv])
-    else:
-        command = shlex.join([sys.executable, str(Path(__file__)), *argv])
+    argv, command = invocation(str(Path(__file__)), argv)
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     t0 = time.monotonic()
-    versions = {
-        "mosquitto": first_line(run_text([MOSQUITTO_BIN, "-h"])),
-        "go": run_text(["go", "version"]),
-        "python": platform.python_version() + f" ({sys.executable})",
-    }
+    versions = tool_versions()
     meta: dict[str, Any] = {
         "command": command,
-        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "started_at": utc_now(),
         "loadavg_start": loadavg(),
         "cpu_count": os.cpu_count(),
-        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "platform": platform_name(),
         "versions": versions,
         "quick": args.quick,
         "loadgen_client": args.client,
@@ -1226,10 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["loadgen"] = str(loadgen)
     log(f"loadgen:   {loadgen} (client={args.client})")
 
-    scenarios = build_scenarios(args.quick)
-    if args.scenarios:
-        wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
-        scenarios = [s for s in scenarios if any(w in s.key for w in wanted)]
+    scenarios = matching(build_scenarios(args.quick), args.scenarios)
     # Only scenarios that at least one selected broker runs.
     scenarios = [s for s in scenarios if set(s.brokers) & set(args.broker_list)]
     meta["scenarios"] = {
@@ -1242,17 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     args.results_dir.mkdir(parents=True, exist_ok=True)
     for name in args.broker_list:
         tmp = Path(tempfile.mkdtemp(prefix=f"mqtt-bench-{name}-"))
-        port = free_port()
-        b: Broker
-        if name == "mosquitto":
-            b = make_mosquitto(tmp, port, args.mosquitto_nodelay)
-        elif name == ROCKETMQ_VARIANT:
-            b = RocketMQBridge(tmp, port, args.ours_cmd, args.rocketmq_java_opts)
-        else:
-            b = make_ours(tmp, port, args.ours_cmd)
+        b = make_broker(name, tmp, free_port(), args)
         try:
             results[name] = bench_broker(
-                b, scenarios, loadgen, args.client, args.quick, args.budget
+                b, scenarios, loadgen, args.client, warmup_args(args.quick, name), args.budget
             )
         except (RuntimeError, OSError) as e:
             failed = True
@@ -1270,69 +402,20 @@ def main(argv: list[str] | None = None) -> int:
                 b.stop()
             finally:
                 # Keep the broker logs next to the results for post-mortems.
-                logs = {b.log_path.name: b.log_path}
-                if b.extra.get("internal_log"):
-                    logs[Path(b.extra["internal_log"]).name] = Path(b.extra["internal_log"])
-                logs.update(b.extra.get("more_logs", {}))
-                for dest, src in logs.items():
-                    if src.is_file():
-                        with contextlib.suppress(OSError):
-                            shutil.copyfile(src, args.results_dir / f"latest-{dest}")
+                copy_logs(b.logs(), args.results_dir, "latest-")
                 shutil.rmtree(tmp, ignore_errors=True)
         if results[name]["errors"] or any(
             r.get("errors") for r in results[name]["scenarios"].values()
         ):
             failed = True
 
-    meta["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    meta["finished_at"] = utc_now()
     meta["wall_s"] = round(time.monotonic() - t0, 1)
     meta["loadavg_end"] = loadavg()
     if ROCKETMQ_VARIANT in results and "rocketmq" in results[ROCKETMQ_VARIANT]:
         meta["rocketmq"] = results[ROCKETMQ_VARIANT]["rocketmq"]
-    rows = comparison_rows(scenarios, results)
-    rmq_selected = ROCKETMQ_VARIANT in args.broker_list
-    resources = resource_rows(scenarios, results) if rmq_selected else []
-    targets = target_rows(results) if rmq_selected else []
-    doc = {
-        "meta": meta,
-        "brokers": results,
-        "comparison": rows,
-        "targets": targets,
-    }
-    (args.results_dir / "latest.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (args.results_dir / "latest.md").write_text(markdown(meta, rows, resources, targets))
-
-    main_rows = [r for r in rows if r["group"] == "main"]
-    rmq_rows = [r for r in rows if r["group"] == "rocketmq"]
-    if main_rows:
-        log("")
-        log(text_table(main_rows, MAIN_COLUMNS))
-    if rmq_rows:
-        log("")
-        log(
-            "QoS 1 set (rq_*): ours-rocketmq = the bridge with store=rocketmq; 10->10 = 10 "
-            "publisher->subscriber pairs, a topic per pair; msgs/s = delivered, pub msgs/s = "
-            "published (stored and acknowledged)"
-        )
-        log(text_table(rmq_rows, ROCKETMQ_COLUMNS))
-    if resources:
-        log("")
-        log("CPU (% of one core over the scenario) and RSS (MB) after it:")
-        log(plain_table(RESOURCE_HEAD, resources, right=set(range(2, len(RESOURCE_HEAD)))))
-    if targets:
-        log("")
-        log("targets (ours-rocketmq):")
-        for t in targets:
-            log(f"  {t['target']:<78} {t['shown']:>14}  {t['status']}")
-    log("")
-    log(
-        "ratio = ours (or ours-rocketmq) / mosquitto: for msgs/s higher is better, for latency "
-        "(ms) lower is better."
-    )
-    log(
-        f"wrote {args.results_dir / 'latest.json'} and {args.results_dir / 'latest.md'} "
-        f"(total {meta['wall_s']:.0f} s)"
-    )
+    targets = TARGETS if ROCKETMQ_VARIANT in args.broker_list else None
+    report(meta, scenarios, results, targets, args.results_dir)
     return 1 if failed else 0
 
 

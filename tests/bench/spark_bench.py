@@ -72,18 +72,10 @@ from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.mapping import rocketmq_topic, to_rocketmq
 from spark import telemetry
 from spark.simulate import device_names
-from tests.bench.run_bench import (
-    DEFAULT_ROCKETMQ_JAVA_OPTS,
-    REPO,
-    is_rocketmq_jvm,
-    loadavg,
-    log,
-    machine_busy_s,
-    on_sigterm,
-    plain_table,
-    proc_cpu,
-    tail,
-)
+from tests.bench.harness.common import REPO, log, on_sigterm, tail
+from tests.bench.harness.procfs import loadavg, machine_busy_s, proc_cpu
+from tests.bench.harness.report import plain_table
+from tests.bench.harness.rocketmq import DEFAULT_ROCKETMQ_JAVA_OPTS, is_rocketmq_jvm
 from tests.support.processes import BridgeProcess
 from tests.support.rocketmq import LocalRocketMQ
 
