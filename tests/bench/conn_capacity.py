@@ -34,43 +34,47 @@ missing the memory target is a result, not an error.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime as dt
 import json
 import math
 import os
-import platform
-import queue
 import resource
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.bench.harness.common import (
     HOST,
-    MOSQUITTO_BIN,
-    REPO,
-    first_line,
     free_port,
     log,
     on_sigterm,
-    run_text,
+    platform_name,
     tail,
+    tool_versions,
+    utc_now,
 )
-from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen
-from tests.bench.harness.processes import Broker
-from tests.bench.harness.procfs import loadavg, proc_cpu
-from tests.bench.harness.report import plain_table
+from tests.bench.harness.loadgen import (
+    IDLE_KEEPALIVE_S,
+    LoadgenProcess,
+    add_loadgen_options,
+    build_loadgen,
+    idle_command,
+)
+from tests.bench.harness.processes import (
+    MOSQUITTO_INTERNAL_LOG,
+    Broker,
+    mosquitto_broker,
+    ours_broker,
+    stopped_at_exit,
+)
+from tests.bench.harness.procfs import loadavg, open_files, proc_cpu, proc_status_kib
+from tests.bench.harness.report import md_table, plain_table
 
 DEFAULT_MAX = 19_000
 DEFAULT_STEPS = "1000,5000,10000"
@@ -90,7 +94,6 @@ OURS_ASYNCIO_CMD = (
     "from bridge.__main__ import main; sys.exit(main())' "
     "--listen {host}:{port} --data-dir {data_dir} --log-level warning --set max_connections=0"
 )
-KEEPALIVE_S = 600
 TARGET_KIB_PER_CONN = 10.0  # the issue's target for one bridge node at ~19k connections
 # Files a server needs besides its client sockets (listener, epoll, store, logs, stdio).
 SERVER_SPARE_FILES = 200
@@ -99,24 +102,6 @@ REPLY_GRACE_S = 15.0  # how much longer than its own step cap a loadgen may take
 
 
 # --------------------------------------------------------------------------- measurements
-
-
-def proc_status_kib(pid: int, key: str) -> int | None:
-    """A ``kB`` field (VmRSS, RssAnon, ...) of /proc/PID/status, or None if the process is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def open_files(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
 
 
 def local_port_range() -> int:
@@ -131,74 +116,6 @@ def local_port_range() -> int:
 # --------------------------------------------------------------------------- client side
 
 
-class LoadgenProcess:
-    """One loadgen in idle mode: commands go to its stdin, one JSON reply per command comes
-    back on stdout (read by a thread, so several processes work on a step at once)."""
-
-    def __init__(self, cmd: list[str], stderr_path: Path) -> None:
-        self.cmd = cmd
-        self.stderr_path = stderr_path
-        self._stderr: IO[bytes] = stderr_path.open("wb")
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
-        self._replies: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._replies.put(line)
-        self._replies.put(None)  # EOF
-
-    def send(self, command: str) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(command + "\n")
-            self.proc.stdin.flush()
-        except OSError:
-            pass  # it exited; reply() reports that with its stderr
-
-    def reply(self, timeout: float) -> dict[str, Any]:
-        """The answer to the last command, or a dict with only ``errors`` explaining why not."""
-        try:
-            line = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            return {
-                "errors": [f"loadgen pid {self.proc.pid} did not answer within {timeout:.0f} s"]
-            }
-        if line is None:
-            self.proc.wait(5)
-            return {
-                "errors": [
-                    f"loadgen pid {self.proc.pid} exited with code {self.proc.returncode}: "
-                    f"{tail(self.stderr_path, 5)}"
-                ]
-            }
-        try:
-            result: dict[str, Any] = json.loads(line)
-        except json.JSONDecodeError:
-            return {"errors": [f"unparseable loadgen reply {line[:300]!r}"]}
-        return result
-
-    def rss_kib(self) -> int | None:
-        return proc_status_kib(self.proc.pid, "VmRSS")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(5)
-        self._stderr.close()
-
-
 class ClientFleet:
     """The client side: enough loadgen processes that none holds more than `per_process`
     connections; every step is split evenly over them and runs on all of them at once."""
@@ -211,25 +128,15 @@ class ClientFleet:
         self.procs: list[LoadgenProcess] = []
         try:
             for i in range(count):
-                cmd = [
-                    str(loadgen),
-                    "-mode",
-                    "idle",
-                    "-addr",
-                    f"{HOST}:{port}",
-                    "-id",
-                    f"cap{os.getpid()}-{tag}-p{i}",
-                    "-src",
+                cmd = idle_command(
+                    loadgen,
+                    port,
                     args.sources,
-                    "-keepalive",
-                    str(KEEPALIVE_S),
-                    "-concurrency",
-                    str(args.concurrency),
-                    "-step-timeout",
-                    f"{args.step_timeout}s",
-                    "-timeout",
-                    f"{args.client_timeout}s",
-                ]
+                    args.step_timeout,
+                    args.client_timeout,
+                    client_id=f"cap{os.getpid()}-{tag}-p{i}",
+                    concurrency=args.concurrency,
+                )
                 self.procs.append(LoadgenProcess(cmd, workdir / f"loadgen-{i}.err"))
         except BaseException:
             self.kill()
@@ -278,41 +185,20 @@ def merge(replies: list[dict[str, Any]]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- servers
 
 
-def make_mosquitto(tmp: Path, port: int) -> Broker:
-    """Mosquitto with no connection limit and no persistence: nothing but the connections."""
-    lines = [
-        f"listener {port} {HOST}",
-        "max_connections -1",
-        "allow_anonymous true",
-        "persistence false",
-        f"log_dest file {tmp / 'mosquitto-internal.log'}",
-        # Not "notice": that would log every one of the connections.
-        "log_type error",
-        "log_type warning",
-    ]
-    if os.geteuid() == 0:
-        # As root Mosquitto switches to the "mosquitto" user, which cannot write the temp dir.
-        lines.append("user root")
-    conf = tmp / "mosquitto.conf"
-    conf.write_text("\n".join(lines) + "\n")
-    b = Broker("mosquitto", [MOSQUITTO_BIN, "-c", str(conf)], tmp, tmp / "mosquitto.log", port)
-    b.extra["config"] = conf.read_text()
-    b.extra["internal_log"] = tmp / "mosquitto-internal.log"
-    return b
-
-
-def make_ours(name: str, tmp: Path, port: int) -> Broker:
-    data = tmp / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    python = REPO / ".venv" / "bin" / "python"
-    template = OURS_ASYNCIO_CMD if name == "ours-asyncio" else OURS_CMD
-    cmd = template.format(
-        python=shlex.quote(str(python if python.exists() else sys.executable)),
-        host=HOST,
-        port=port,
-        data_dir=shlex.quote(str(data)),
-    )
-    return Broker(name, shlex.split(cmd), tmp, tmp / f"{name}.log", port)
+def make_server(name: str, tmp: Path, port: int) -> Broker:
+    if name == "mosquitto":
+        # No connection limit and no persistence: nothing but the connections.
+        settings = [
+            "max_connections -1",
+            "allow_anonymous true",
+            "persistence false",
+            f"log_dest file {tmp / MOSQUITTO_INTERNAL_LOG}",
+            # Not "notice": that would log every one of the connections.
+            "log_type error",
+            "log_type warning",
+        ]
+        return mosquitto_broker(tmp, port, settings)
+    return ours_broker(tmp, port, OURS_ASYNCIO_CMD if name == "ours-asyncio" else OURS_CMD, name)
 
 
 # --------------------------------------------------------------------------- one server
@@ -533,15 +419,13 @@ def markdown(meta: dict[str, Any], runs: list[ServerRun], summary: list[str]) ->
     out = [
         f"Connection capacity, run {meta['finished_at']} on {meta['cpu_count']} CPU(s) "
         f"({meta['platform']}): idle MQTT 3.1.1 connections (clean session, keepalive "
-        f"{KEEPALIVE_S} s) held by one server process; KiB/conn = (VmRSS - baseline) / "
+        f"{IDLE_KEEPALIVE_S} s) held by one server process; KiB/conn = (VmRSS - baseline) / "
         "connections, marginal = growth since the previous step / new connections.",
         "",
         f"- command: `{meta['command']}`",
         f"- mosquitto: {meta['versions']['mosquitto']}; python: {meta['versions']['python']}",
         "",
-        "| " + " | ".join(TABLE_HEAD) + " |",
-        "|---|" + "---:|" * (len(TABLE_HEAD) - 1),
-        *("| " + " | ".join(r) + " |" for r in table_rows(runs)),
+        *md_table(TABLE_HEAD, table_rows(runs), set(range(1, len(TABLE_HEAD)))),
         "",
         *(f"- {line}" for line in summary),
     ]
@@ -651,20 +535,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     meta: dict[str, Any] = {
         "command": command,
-        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "started_at": utc_now(),
         "cpu_count": os.cpu_count(),
-        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
-        "versions": {
-            "mosquitto": first_line(run_text([MOSQUITTO_BIN, "-h"])),
-            "go": run_text(["go", "version"]),
-            "python": platform.python_version() + f" ({sys.executable})",
-        },
+        "platform": platform_name(),
+        "versions": tool_versions(),
         "max_connections": args.max_connections,
         "steps": args.step_list,
         "sources": args.source_list,
         "per_process": args.per_process,
         "concurrency_per_process": args.concurrency,
-        "keepalive_s": KEEPALIVE_S,
+        "keepalive_s": IDLE_KEEPALIVE_S,
         "settle_s": args.settle,
         "open_files_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         "loadavg_start": loadavg(),
@@ -682,27 +562,15 @@ def main(argv: list[str] | None = None) -> int:
     args.results_dir.mkdir(parents=True, exist_ok=True)
     for name in args.server_list:
         tmp = Path(tempfile.mkdtemp(prefix=f"mqtt-capacity-{name}-"))
-        port = free_port()
-        b = make_mosquitto(tmp, port) if name == "mosquitto" else make_ours(name, tmp, port)
-        try:
-            runs.append(measure_server(b, loadgen, args.step_list, args))
-        except (RuntimeError, OSError) as e:
-            runs.append(ServerRun(name, shlex.join(b.cmd), status="failed", errors=[str(e)]))
-            log(f"    ERROR: {e}")
-        finally:
+        b = make_server(name, tmp, free_port())
+        with stopped_at_exit(b, tmp, args.results_dir, "conn-capacity-"):
             try:
-                b.stop()
-            finally:
-                logs = {f"conn-capacity-{name}.log": b.log_path}
-                if "internal_log" in b.extra:
-                    logs[f"conn-capacity-{name}-internal.log"] = b.extra["internal_log"]
-                for dest, src in logs.items():
-                    if src.is_file():
-                        with contextlib.suppress(OSError):
-                            shutil.copyfile(src, args.results_dir / dest)
-                shutil.rmtree(tmp, ignore_errors=True)
+                runs.append(measure_server(b, loadgen, args.step_list, args))
+            except (RuntimeError, OSError) as e:
+                runs.append(ServerRun(name, shlex.join(b.cmd), status="failed", errors=[str(e)]))
+                log(f"    ERROR: {e}")
 
-    meta["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    meta["finished_at"] = utc_now()
     meta["wall_s"] = round(time.monotonic() - t0, 1)
     meta["loadavg_end"] = loadavg()
     summary = summary_lines(runs, args.max_connections)

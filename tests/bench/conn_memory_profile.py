@@ -61,9 +61,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bridge.config import load_config
 from bridge.listeners.server import Server
-from tests.bench.conn_capacity import KEEPALIVE_S, proc_status_kib
 from tests.bench.harness.common import HOST, REPO, free_port, log
-from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen
+from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen, idle_command
+from tests.bench.harness.procfs import proc_status_kib
 from tests.bench.harness.report import plain_table
 
 BRIDGE_DIR = str(REPO / "bridge") + os.sep
@@ -85,22 +85,11 @@ class IdleClients:
 
     @classmethod
     async def start(cls, loadgen: str, port: int, sources: str) -> IdleClients:
+        cmd = idle_command(
+            loadgen, port, sources, f"{COMMAND_TIMEOUT_S:.0f}", f"{CHILD_TIMEOUT_S:.0f}"
+        )
         proc = await asyncio.create_subprocess_exec(
-            loadgen,
-            "-mode",
-            "idle",
-            "-addr",
-            f"{HOST}:{port}",
-            "-src",
-            sources,
-            "-keepalive",
-            str(KEEPALIVE_S),
-            "-step-timeout",
-            f"{COMMAND_TIMEOUT_S:.0f}s",
-            "-timeout",
-            f"{CHILD_TIMEOUT_S:.0f}s",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
+            *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
         )
         return cls(proc)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import signal
 import sys
 import tempfile
@@ -39,7 +38,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.bench.harness.common import (
-    copy_logs,
     first_line,
     free_port,
     invocation,
@@ -52,7 +50,7 @@ from tests.bench.harness.common import (
     utc_now,
 )
 from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen, loadgen_args
-from tests.bench.harness.processes import Broker, ours_broker, stock_mosquitto
+from tests.bench.harness.processes import Broker, ours_broker, stock_mosquitto, stopped_at_exit
 from tests.bench.harness.procfs import loadavg
 from tests.bench.harness.rocketmq import (
     DEFAULT_ROCKETMQ_JAVA_OPTS,
@@ -382,28 +380,23 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.broker_list:
         tmp = Path(tempfile.mkdtemp(prefix=f"mqtt-bench-{name}-"))
         b = make_broker(name, tmp, free_port(), args)
-        try:
-            results[name] = bench_broker(
-                b, scenarios, loadgen, args.client, warmup_args(args.quick, name), args.budget
-            )
-        except (RuntimeError, OSError) as e:
-            failed = True
-            results[name] = {
-                "status": "failed",
-                "command": shlex.join(b.cmd),
-                "errors": [str(e)],
-                "scenarios": {},
-            }
-            if isinstance(b, RocketMQBridge):
-                results[name]["rocketmq"] = b.info()
-            log(f"    ERROR: {e}")
-        finally:
+        # The broker logs are kept next to the results for post-mortems.
+        with stopped_at_exit(b, tmp, args.results_dir, "latest-"):
             try:
-                b.stop()
-            finally:
-                # Keep the broker logs next to the results for post-mortems.
-                copy_logs(b.logs(), args.results_dir, "latest-")
-                shutil.rmtree(tmp, ignore_errors=True)
+                results[name] = bench_broker(
+                    b, scenarios, loadgen, args.client, warmup_args(args.quick, name), args.budget
+                )
+            except (RuntimeError, OSError) as e:
+                failed = True
+                results[name] = {
+                    "status": "failed",
+                    "command": shlex.join(b.cmd),
+                    "errors": [str(e)],
+                    "scenarios": {},
+                }
+                if isinstance(b, RocketMQBridge):
+                    results[name]["rocketmq"] = b.info()
+                log(f"    ERROR: {e}")
         if results[name]["errors"] or any(
             r.get("errors") for r in results[name]["scenarios"].values()
         ):

@@ -7,15 +7,17 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.bench.harness.common import HOST, MOSQUITTO_BIN, REPO, tail, venv_python
+from tests.bench.harness.common import HOST, MOSQUITTO_BIN, REPO, copy_logs, tail, venv_python
 from tests.bench.harness.procfs import session_pids
 
 PORT_WAIT_S = 15.0
@@ -122,6 +124,20 @@ class Broker:
             out[internal.name] = internal
         out.update(self.extra.get("more_logs", {}))
         return out
+
+
+@contextlib.contextmanager
+def stopped_at_exit(b: Broker, tmp: Path, results_dir: Path, prefix: str) -> Iterator[Broker]:
+    """When the block ends, however it ends: stop `b`, copy its logs to results_dir (named
+    prefix + file name) for post-mortems and delete its temp dir."""
+    try:
+        yield b
+    finally:
+        try:
+            b.stop()
+        finally:
+            copy_logs(b.logs(), results_dir, prefix)
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def mosquitto_broker(tmp: Path, port: int, settings: list[str]) -> Broker:
