@@ -40,20 +40,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
-import json
 import os
 import re
-import resource
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,132 +57,52 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
 from bridge.storage import FileLogStore
 from bridge.storage.base import Message
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.mapping import rocketmq_topic, to_rocketmq
 from spark import telemetry
 from spark.simulate import device_names
-from tests.bench.harness.common import REPO, log, on_sigterm, tail
-from tests.bench.harness.procfs import loadavg, machine_busy_s, proc_cpu
-from tests.bench.harness.report import plain_table
-from tests.bench.harness.rocketmq import DEFAULT_ROCKETMQ_JAVA_OPTS, is_rocketmq_jvm
+from tests.bench.harness.common import REPO, RESULTS_DIR, copy_logs, log, on_sigterm, tail
+from tests.bench.harness.processes import kill_session
+from tests.bench.harness.procfs import (
+    CpuWindow,
+    children_cpu_s,
+    loadavg,
+    machine_busy_s,
+    proc_cpu,
+    session_cpu,
+)
+from tests.bench.harness.rocketmq import DEFAULT_ROCKETMQ_JAVA_OPTS, local_rocketmq, stop_rocketmq
+from tests.bench.harness.spark import (
+    PROBE_DEVICE,
+    QUERIES,
+    TRIGGER_S,
+    ReadResult,
+    StreamJob,
+    TableWatcher,
+    batch_seconds,
+    check_count,
+    delay_stats,
+    epoch_ms,
+    time_reads,
+)
+from tests.bench.harness.spark_report import RESULT_PREFIX, report
 from tests.support.processes import BridgeProcess
 from tests.support.rocketmq import LocalRocketMQ
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-RESULT_PREFIX = "spark-bench"
 TOPIC_ROOT = telemetry.TOPIC_PREFIX  # MQTT first level "factory" = RocketMQ topic "factory"
 QUEUES = 4  # the broker's defaultTopicQueueNums, stated explicitly
 PRODUCER_LINES, PRODUCER_DEVICES_PER_LINE = 4, 10
 SEND_WINDOW = 512
 PRODUCE_CAP_S = 300.0
 WRITE_CAP_S = 300.0
-SPARK_RUN_CAP_S = 600.0
-# End to end: the simulator's load and the stream job's settings (those of the issue).
-TRIGGER_S = 5
-GOAL_S = 10.0
+# End to end: the simulator's load (the stream job's settings are in harness/spark.py).
 SIM_LINES, SIM_DEVICES_PER_LINE, SIM_RATE, SIM_INTERVAL_S = 4, 50, 400, 1
-WATERMARK_S = 120  # spark.jobs' default --watermark
 POLL_S = 0.25
 WARMUP_S = 20.0
 """Rows published in the first seconds meet Python workers and code paths still starting up;
 the delays are printed for every row and again for the rows after this."""
-JOB_READY_CAP_S = 180.0
-PROBE_LINE, PROBE_DEVICE = "P0", "P0-PROBE"
-"""The stream job's queries resolve `--starting-offsets latest` at their first trigger, which
-on a busy machine comes seconds after they start: the harness sends one telemetry message of
-this device a second (straight into RocketMQ) until every query has planned a micro-batch
-(an `offsets/` entry), so no simulated message is skipped and the Python workers are warm. Its
-rows are left out of every figure."""
-JOB_STOP_S = 45.0
-QUERIES = ("telemetry", "quarantine", "line_minute", "intervals")
-
-
-# --------------------------------------------------------------------------- processes and CPU
-
-
-def _stat_fields(pid: str) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2 :].split()
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live processes of a session (pyspark's worker daemon makes a process group of its own,
-    so a process group would miss the Python workers)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat_fields(entry)
-            # fields[0] is the state (field 3 of stat): session is field 6.
-            if fields is not None and int(fields[3]) == sid:
-                out.append(int(entry))
-    return out
-
-
-def session_cpu(sid: int) -> float:
-    """CPU seconds of a session's live processes and the children they have reaped."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in session_pids(sid):
-        fields = _stat_fields(str(pid))
-        if fields is not None:  # utime, stime, cutime, cstime: fields 14-17
-            total += sum(int(v) for v in fields[11:15])
-    return total / tick
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL every process left in a session this script started, by PID."""
-    for pid in session_pids(sid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def children_cpu() -> float:
-    """CPU seconds of this script's reaped children (the simulator, once it has exited)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
-    return sorted_values[rank - 1]
-
-
-def delay_stats(values: list[float]) -> dict[str, float | int | None]:
-    """count, p50, p95, p99, max and the fraction within GOAL_S of some delays."""
-    if not values:
-        return {"count": 0, "p50": None, "p95": None, "p99": None, "max": None, "within": None}
-    ordered = sorted(values)
-    return {
-        "count": len(ordered),
-        "p50": percentile(ordered, 50),
-        "p95": percentile(ordered, 95),
-        "p99": percentile(ordered, 99),
-        "max": ordered[-1],
-        "within": sum(v <= GOAL_S for v in ordered) / len(ordered),
-    }
-
-
-def fmt_s(value: float | int | None, digits: int = 2) -> str:
-    """Seconds (or any figure) for a table cell; "—" when missing."""
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
-def fmt_rate(value: float | None) -> str:
-    """A rate with thousands separators for a table cell; "—" when missing."""
-    return "—" if value is None else f"{value:,.0f}"
 
 
 # --------------------------------------------------------------------------- messages
@@ -315,85 +230,6 @@ async def write_log(data_dir: Path, count: int) -> Produced:
 # --------------------------------------------------------------------------- Spark reads
 
 
-@dataclass
-class ReadResult:
-    """The timed runs of one read."""
-
-    name: str
-    partitions: int | None
-    seconds: list[float | None]
-    rows: int
-
-    def rates(self) -> list[float | None]:
-        return [self.rows / s if s else None for s in self.seconds]
-
-    def median_rate(self) -> float | None:
-        done = [r for r in self.rates() if r is not None]
-        return statistics.median(done) if done else None
-
-
-def run_capped(spark: Any, label: str, action: Callable[[], object]) -> float | None:
-    """Seconds `action` (Spark jobs) took; None if it failed or was cancelled at the cap."""
-    sc = spark.sparkContext
-    group = f"spark-bench-{label}-{time.monotonic_ns()}"
-    sc.setJobGroup(group, label, interruptOnCancel=True)
-    timer = threading.Timer(SPARK_RUN_CAP_S, sc.cancelJobGroup, args=[group])
-    timer.start()
-    began = time.perf_counter()
-    try:
-        action()
-    except Exception as exc:  # a cancelled or failed job: the figure is missing, the run goes on
-        log(f"    {label}: failed after {time.perf_counter() - began:.1f} s: {exc!s:.500}")
-        return None
-    finally:
-        timer.cancel()
-    return time.perf_counter() - began
-
-
-def time_reads(spark: Any, name: str, frame: Callable[[], Any], runs: int, rows: int) -> ReadResult:
-    partitions = None
-    with contextlib.suppress(Exception):
-        partitions = frame().rdd.getNumPartitions()
-    seconds = []
-    for run in range(runs):
-
-        def save() -> None:
-            frame().write.format("noop").mode("overwrite").save()
-
-        took = run_capped(spark, f"{name}-{run + 1}", save)
-        seconds.append(took)
-        rate = f"{rows / took:,.0f} msg/s" if took else "—"
-        log(f"    {name} run {run + 1}: {fmt_s(took)} s, {rate}")
-    return ReadResult(name, partitions, seconds, rows)
-
-
-def check_count(spark: Any, frame: Any, expected: int, label: str) -> float | None:
-    """Count the rows once (a warm-up read that starts the Python workers); warn on mismatch."""
-    counted: list[int] = []
-    took = run_capped(spark, f"{label}-count", lambda: counted.append(frame.count()))
-    if counted and counted[0] != expected:
-        log(f"    WARNING: {label}: read {counted[0]} rows, expected {expected}")
-    elif counted:
-        log(f"    {label}: count() = {counted[0]} rows as expected ({fmt_s(took)} s, warm-up)")
-    return took
-
-
-def read_table(results: list[ReadResult]) -> str:
-    """The batch reads as a plain-text table."""
-    runs = max(len(r.seconds) for r in results)
-    head = ["read", "partitions", *(f"run {i + 1} msg/s" for i in range(runs)), "median msg/s"]
-    body = [
-        [
-            r.name,
-            str(r.partitions) if r.partitions is not None else "?",
-            *(fmt_rate(v) for v in r.rates()),
-            fmt_rate(r.median_rate()),
-        ]
-        for r in results
-    ]
-    return plain_table(head, body, right=set(range(1, len(head))))
-
-
 def bench_rocketmq_reads(spark: Any, nameserver: str, produced: Produced, runs: int) -> list[Any]:
     def source() -> Any:
         return (
@@ -432,200 +268,6 @@ def bench_embedded_reads(spark: Any, data_dir: Path, written: Produced, runs: in
 # --------------------------------------------------------------------------- end to end
 
 
-class TableWatcher:
-    """Follows one file-sink table: when each Parquet file first became readable and when it
-    was first listed in `_spark_metadata`, and the event times of its rows."""
-
-    def __init__(
-        self, directory: Path, event_ms: Callable[[pa.Table], list[int]], probe_column: str
-    ) -> None:
-        self.directory = directory
-        self.event_ms = event_ms
-        self.probe_column = probe_column
-        self.readable_at: dict[str, float] = {}
-        self.committed_at: dict[str, float] = {}
-        self.rows: dict[str, pa.Table] = {}
-        self._logs_read: set[str] = set()
-
-    def poll(self, now: float) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self.directory):
-                name = entry.name
-                if name in self.readable_at or not name.endswith(".parquet"):
-                    continue
-                if name.startswith((".", "_")):
-                    continue
-                try:  # a file the sink is still writing has no footer yet: try again later
-                    table = pq.read_table(entry.path)
-                except (OSError, pa.ArrowInvalid):
-                    continue
-                self.readable_at[name] = now
-                column = table.column(self.probe_column)
-                self.rows[name] = table.filter(pc.invert(pc.starts_with(column, PROBE_LINE)))
-        self._poll_commits(now)
-
-    def _poll_commits(self, now: float) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self.directory / "_spark_metadata"):
-                name = entry.name
-                if name in self._logs_read or not re.fullmatch(r"\d+(\.compact)?", name):
-                    continue
-                try:
-                    lines = Path(entry.path).read_text().splitlines()
-                except OSError:
-                    continue
-                self._logs_read.add(name)
-                for line in lines[1:]:  # the first line is the log's version, "v1"
-                    with contextlib.suppress(ValueError, KeyError):
-                        file_name = json.loads(line)["path"].rsplit("/", 1)[-1]
-                        self.committed_at.setdefault(file_name, now)
-
-    def row_count(self) -> int:
-        return sum(t.num_rows for t in self.rows.values())
-
-    def all_committed(self) -> bool:
-        return all(name in self.committed_at for name in self.rows)
-
-    def delays(
-        self, after_ms: float = 0.0, offset_s: float = 0.0
-    ) -> tuple[list[float], list[float]]:
-        """(first readable - event, committed - event) for rows whose event is at/after
-        `after_ms`; `offset_s` is added to the event time (a minute's length)."""
-        readable, committed = [], []
-        for name, table in self.rows.items():
-            seen = self.readable_at[name]
-            commit = self.committed_at.get(name)
-            for ms in self.event_ms(table):
-                if ms < after_ms:
-                    continue
-                event = ms / 1000 + offset_s
-                readable.append(seen - event)
-                if commit is not None:
-                    committed.append(max(commit, seen) - event)
-        return readable, committed
-
-
-def epoch_ms(table: pa.Table, column: str) -> list[int]:
-    """A timestamp column (Spark writes INT96: pyarrow reads it as ns) as epoch milliseconds."""
-    values = table.column(column).cast(pa.timestamp("ms"), safe=False).cast(pa.int64())
-    return [v for v in values.to_pylist() if v is not None]
-
-
-@dataclass
-class StreamJob:
-    """`python -m spark.jobs stream` in a session of its own, logging to a file."""
-
-    out: Path
-    checkpoint: Path
-    log_path: Path
-    nameserver: str
-    proc: subprocess.Popen[bytes] | None = None
-
-    def command(self) -> list[str]:
-        return [
-            sys.executable, "-m", "spark.jobs", "stream",
-            "--nameserver", self.nameserver,
-            "--out", str(self.out), "--checkpoint", str(self.checkpoint),
-            "--trigger", str(TRIGGER_S), "--starting-offsets", "latest",
-        ]  # fmt: skip
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.command(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-
-    def planned(self) -> bool:
-        """Every query has planned a micro-batch (written an entry under offsets/)."""
-        for query in QUERIES:
-            offsets = self.checkpoint / query / "offsets"
-            if not offsets.is_dir() or not any(p.name.isdigit() for p in offsets.iterdir()):
-                return False
-        return True
-
-    async def wait_ready(self) -> tuple[float, int]:
-        """Send PROBE_DEVICE's messages until every query has planned a batch; (seconds, probes)."""
-        assert self.proc is not None
-        began = time.monotonic()
-        async with RocketMQClient(
-            self.nameserver, client_id="spark-bench-probe", producer_group="spark-bench-probe"
-        ) as client:
-            seq = 0
-            while not self.planned():
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"the stream job exited with {self.proc.returncode}:\n{tail(self.log_path)}"
-                    )
-                if time.monotonic() - began > JOB_READY_CAP_S:
-                    raise TimeoutError(
-                        f"stream job queries not running after {JOB_READY_CAP_S:.0f} s:\n"
-                        f"{tail(self.log_path)}"
-                    )
-                topic, tag, keys, properties, body = to_rocketmq(probe_message(seq), ())
-                await client.send(topic, body, tags=tag, keys=keys, properties=properties)
-                seq += 1
-                await asyncio.sleep(1.0)
-        return time.monotonic() - began, seq
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def cpu(self) -> float:
-        return session_cpu(self.proc.pid) if self.proc is not None else 0.0
-
-    def stop(self) -> None:
-        """SIGINT (the job stops its queries), then SIGKILL whatever is left in its session."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGINT)
-            try:
-                code = self.proc.wait(JOB_STOP_S)
-                log(f"    stream job exited with status {code} after SIGINT")
-            except subprocess.TimeoutExpired:
-                log(f"    stream job still running {JOB_STOP_S:.0f} s after SIGINT; SIGKILL")
-        kill_session(self.proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-
-
-def probe_message(seq: int) -> Message:
-    """A valid telemetry message of PROBE_DEVICE with ts = now."""
-    sample = {
-        "v": 1, "device": PROBE_DEVICE, "line": PROBE_LINE, "station": "S1", "seq": seq,
-        "ts": int(time.time() * 1000), "state": "RUNNING", "good": 0, "bad": 0, "alarms": [],
-    }  # fmt: skip
-    topic = telemetry.telemetry_topic(PROBE_LINE, PROBE_DEVICE)
-    return Message(topic, telemetry.encode(sample), qos=1, key=f"probe-{seq}")
-
-
-def batch_seconds(checkpoint: Path, since: float) -> list[float]:
-    """How long each micro-batch of a query planned at or after `since` (epoch s) took: from
-    its offsets/N entry (planned) to its commits/N entry (done)."""
-    out = []
-    with contextlib.suppress(FileNotFoundError):
-        for done in (checkpoint / "commits").iterdir():
-            planned = checkpoint / "offsets" / done.name
-            if done.name.isdigit() and planned.exists() and planned.stat().st_mtime >= since:
-                out.append(done.stat().st_mtime - planned.stat().st_mtime)
-    return out
-
-
-def batch_table(batches: dict[str, dict[str, Any]]) -> str:
-    """Micro-batch durations per query as a plain-text table."""
-    head = ["query", "batches", "p50 s", "p95 s", "max s"]
-    body = [
-        [q, str(s["count"]), *(fmt_s(s[k], 1) for k in ("p50", "p95", "max"))]
-        for q, s in batches.items()
-    ]
-    return plain_table(head, body, right={1, 2, 3, 4})
-
-
 def simulator_command(port: int, seconds: float) -> list[str]:
     """`python -m spark.simulate` in real time: device clocks = wall clock."""
     return [
@@ -644,7 +286,7 @@ def run_e2e(mq: LocalRocketMQ, tmp: Path, seconds: float) -> dict[str, Any]:
     )
     job = StreamJob(out, ck, tmp / "stream-job.log", mq.namesrv_addr)
     result: dict[str, Any] = {"job_command": shlex.join(job.command())}
-    logs = {"stream": job.log_path, "bridge": bridge.log_path}
+    logs = {"stream.log": job.log_path, "bridge.log": bridge.log_path}
     try:
         bridge.start()
         log(f"    bridge pid {bridge.pid} on 127.0.0.1:{bridge.port} (store=rocketmq)")
@@ -666,9 +308,7 @@ def run_e2e(mq: LocalRocketMQ, tmp: Path, seconds: float) -> dict[str, Any]:
     finally:
         job.stop()
         bridge.stop()
-        for name, path in logs.items():
-            with contextlib.suppress(OSError):
-                shutil.copyfile(path, RESULTS_DIR / f"{RESULT_PREFIX}-{name}.log")
+        copy_logs(logs, RESULTS_DIR, f"{RESULT_PREFIX}-")
     return result
 
 
@@ -686,8 +326,8 @@ def _drive(
         "namesrv": lambda: proc_cpu(mq.pid("namesrv")),
         "machine": machine_busy_s,
     }
-    cpu0 = {k: f() for k, f in roles.items()}
-    sim_cpu0 = children_cpu()
+    usage = CpuWindow(roles)
+    sim_cpu0 = children_cpu_s()
     load_start = loadavg()
     began_wall = time.time()
     began = time.monotonic()
@@ -709,7 +349,7 @@ def _drive(
             log("    simulator still running past its cap; SIGKILL")
             kill_session(sim.pid)
         sim.wait(10)
-    sim_cpu = children_cpu() - sim_cpu0
+    sim_cpu = children_cpu_s() - sim_cpu0
     sim_text = sim_log.read_text(errors="replace")
     summary = [line for line in sim_text.splitlines() if "done in" in line]
     acked_match = re.search(r"acked (\d+)", summary[-1]) if summary else None
@@ -724,12 +364,9 @@ def _drive(
         if caught_up and telemetry_rows.all_committed():
             break
         time.sleep(POLL_S)
-    cpu1 = {k: f() for k, f in roles.items()}
+    usage.close()
     window = time.monotonic() - began
-    cpu = {
-        k: (cpu1[k] - cpu0[k]) if cpu1[k] is not None and cpu0[k] is not None else None
-        for k in roles
-    }
+    cpu = {k: usage.used(k) for k in roles}
     cpu["simulator"] = sim_cpu
     if job.proc is not None and job.proc.poll() is not None:
         log(f"    WARNING: the stream job exited ({job.proc.returncode}):\n{tail(job.log_path)}")
@@ -778,31 +415,6 @@ def _drive(
     }
 
 
-def delay_table(delays: dict[str, dict[str, Any]]) -> str:
-    """The end-to-end delays as a plain-text table."""
-    head = ["rows", "count", "p50 s", "p95 s", "p99 s", "max s", f"≤ {GOAL_S:.0f} s"]
-    body = [
-        [
-            name,
-            str(s["count"]),
-            *(fmt_s(s[k]) for k in ("p50", "p95", "p99", "max")),
-            "—" if s["within"] is None else f"{100 * s['within']:.1f}%",
-        ]
-        for name, s in delays.items()
-    ]
-    return plain_table(head, body, right=set(range(1, len(head))))
-
-
-def cpu_table(cpu: dict[str, float | None], window: float) -> str:
-    """CPU seconds per process over the end-to-end window, and as % of one core."""
-    head = ["process", "CPU s", "% of one core"]
-    body = [
-        [name, fmt_s(v, 1), "—" if v is None else f"{100 * v / window:.0f}%"]
-        for name, v in cpu.items()
-    ]
-    return plain_table(head, body, right={1, 2})
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -839,7 +451,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    os.environ["ROCKETMQ_JAVA_OPTS"] = args.rocketmq_java_opts  # read by LocalRocketMQ._env()
     meta: dict[str, Any] = {
         "command": command,
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -851,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"cpus:    {meta['cpus']} (nproc), load average {meta['loadavg_start']} at the start")
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="spark-bench-"))
-    mq = LocalRocketMQ(tmp / "rocketmq", flush_disk_type="SYNC_FLUSH")
+    mq = local_rocketmq(tmp / "rocketmq", args.rocketmq_java_opts, "SYNC_FLUSH")
     spark = None
     results: dict[str, Any] = {}
     failed = False
@@ -903,123 +514,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if spark is not None:
             spark.stop()
-        pids = [mq.pid(role) for role in ("broker", "namesrv")]
-        try:
-            mq.stop(graceful=False)
-        except (RuntimeError, OSError) as exc:
-            log(f"RocketMQ stop.sh failed ({exc}); killing by PID")
-        for pid in pids:
-            if pid is not None and is_rocketmq_jvm(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+        stop_rocketmq(mq)
         shutil.rmtree(tmp, ignore_errors=True)
     meta["loadavg_end"] = loadavg()
     meta["wall_s"] = round(time.monotonic() - t0, 1)
-    report(meta, results)
+    report(meta, results, SEND_WINDOW)
     return 1 if failed else 0
-
-
-def report(meta: dict[str, Any], results: dict[str, Any]) -> None:
-    """Print the tables and the summary block; write spark-bench.{json,md}."""
-    md = [
-        f"Spark benchmark (tests/bench/spark_bench.py) {meta['started_at']}, {meta['cpus']} "
-        f"CPUs shared with other work, load average {meta['loadavg_start']} at the start and "
-        f"{meta['loadavg_end']} at the end.",
-        "",
-        f"- command: `{meta['command']}`",
-        "- no ratio: Mosquitto has no counterpart of a Spark source",
-    ]
-    if "reads" in results:
-        p, w = results["produce"], results["filelog_write"]
-        reads = [
-            ReadResult(r["name"], r["partitions"], r["seconds"], r["rows"])
-            for r in results["reads"]
-        ]
-        table = read_table(reads)
-        log("\nbatch reads into the noop sink (msg/s; run 1 follows a count() warm-up):")
-        log(table)
-        md += [
-            f"- produced {p['sent']:,} telemetry messages into RocketMQ at {p['rate']:,.0f} msg/s "
-            f"({SEND_WINDOW} sends in flight, one client); FileLogStore wrote them at "
-            f"{w['rate']:,.0f} msg/s; payloads {p['payload_bytes'] / max(1, p['sent']):.0f} B "
-            "on average (spark.telemetry.Device)",
-            "",
-            "```",
-            table,
-            "```",
-        ]
-    if "e2e" in results:
-        e = results["e2e"]
-        log(f"\nend to end (device publish -> row in the table), {e['window_s']:.0f} s window:")
-        log(f"    simulator: {e['simulator_summary']}")
-        log(
-            f"    telemetry: {e['telemetry_rows']:,} rows ({e['telemetry_distinct']:,} distinct "
-            f"device/seq) in {e['telemetry_files']} files from {e['devices_seen']} devices; "
-            f"acked by the bridge: {e['acked']}; missing before a device's first row: "
-            f"{e['missing_at_start']}"
-        )
-        delays = delay_table(e["delays"])
-        log(delays)
-        log(
-            f"    micro-batches longer than the {TRIGGER_S} s trigger (Spark's 'falling behind' "
-            f"warning, all four queries): {e['batches_behind']}, slowest "
-            f"{e['slowest_behind_s']:.1f} s"
-        )
-        batches = batch_table(e["batches"])
-        log("micro-batch durations in the window (checkpoint offsets/N -> commits/N):")
-        log(batches)
-        ingest = e["ingest"]
-        log(
-            f"    of which publish -> stored in RocketMQ (store_time - ts): p50 "
-            f"{fmt_s(ingest['p50'], 3)} s, p95 {fmt_s(ingest['p95'], 3)} s, "
-            f"max {fmt_s(ingest['max'], 3)} s"
-        )
-        log(
-            f"    line_minute: a minute is appended only after the watermark ({WATERMARK_S} s of "
-            "device time) passes its end, so it lags by design (≈ watermark + trigger)"
-        )
-        cpu = cpu_table(e["cpu_s"], e["window_s"])
-        log(
-            "CPU over the window (stream job = driver JVM + Python workers; "
-            "machine 200% = both cores):"
-        )
-        log(cpu)
-        log(
-            f"    load average {e['load_start']} at the start of the window, "
-            f"{e['load_end']} at the end"
-        )
-        md += [
-            "",
-            f"End to end: `{e['simulator_command']}` against a bridge (store=rocketmq) and "
-            f"`{e['job_command']}` (job start-up {e['job_start_s']:.0f} s); "
-            f"{e['telemetry_rows']:,} telemetry rows, load average {e['load_start']} -> "
-            f"{e['load_end']}:",
-            "",
-            "```",
-            delays,
-            "",
-            cpu,
-            "",
-            batches,
-            "```",
-            "",
-            f"Micro-batches longer than the trigger: {e['batches_behind']} (slowest "
-            f"{e['slowest_behind_s']:.1f} s). A line_minute row is appended once the watermark "
-            f"({WATERMARK_S} s) passes its minute's end: it lags by design.",
-        ]
-    if "error" in results:
-        md += ["", f"Error: {results['error']}"]
-    text = "\n".join(md) + "\n"
-    log(f"\ncpus {meta['cpus']}, load average {meta['loadavg_start']} -> {meta['loadavg_end']}, "
-        f"total {meta['wall_s']:.0f} s")  # fmt: skip
-    log("There is no Mosquitto equivalent of a Spark source, so no ratio is printed.")
-    log("\n--- summary for docs/performance.md ---")
-    log(text.rstrip())
-    (RESULTS_DIR / f"{RESULT_PREFIX}.md").write_text(text)
-    doc = {"meta": meta, "results": results}
-    (RESULTS_DIR / f"{RESULT_PREFIX}.json").write_text(
-        json.dumps(doc, indent=2, default=str) + "\n"
-    )
 
 
 if __name__ == "__main__":
