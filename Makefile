@@ -42,7 +42,8 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/access/auth.py \
 		bridge/access/passwd.py bridge/access/acl.py bridge/access/ttlcache.py \
-		bridge/node/presubscribe.py bridge/operations/metrics.py bridge/config.py bridge/state.py \
+		bridge/node/presubscribe.py bridge/node/retained.py bridge/node/stamp.py bridge/node/roles.py \
+		bridge/cluster/host.py bridge/operations/metrics.py bridge/config.py bridge/state.py \
 		bridge/cluster/wire.py bridge/storage/rocketmq/mapping.py bridge/storage/rocketmq/wire.py \
 		bridge/storage/rocketmq/messages.py bridge/storage/rocketmq/bytes.py \
 		spark/intervals.py spark/options.py spark/telemetry.py

@@ -18,22 +18,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from bridge.router.queues import client_queue, filter_queue
+
 PACKET_ID_SPACE = 65535
 
 
 def packet_id_for(seq: int) -> int:
     """The outbound packet id of the message at store position `seq` (1..65535)."""
     return seq % PACKET_ID_SPACE + 1
-
-
-def filter_queue(topic_filter: str) -> str:
-    """The store queue that holds every QoS>0 message matching a (non-shared) topic filter."""
-    return "f:" + topic_filter
-
-
-def client_queue(client_id: str) -> str:
-    """A client's private queue: retained deliveries and shared-subscription picks."""
-    return "c:" + client_id
 
 
 class Phase(Enum):

@@ -23,14 +23,7 @@ KIND_QOS2_IN = "q2in"
 """`ClientId NUL packet id` of inbound QoS 2 messages stored and not yet released."""
 
 RETAINED_DELIVERY = "mqtt.retained-delivery"
-SHARED_QUEUE_PREFIX = "s:"
-PEER_PREFIX = "\x00"
-"""Subscriber ids in a node's trie that stand for a peer node (no ClientId contains NUL)."""
-
-
-def peer_subscriber(node_id: str) -> str:
-    """The trie subscriber id of a peer node."""
-    return PEER_PREFIX + node_id
+"""Property of a retained message queued for one subscriber: the QoS it was granted."""
 
 
 def will_of(online_record: bytes | None) -> Message | None:
@@ -42,11 +35,6 @@ def will_of(online_record: bytes | None) -> Message | None:
     except (ValueError, AttributeError):
         return None
     return decode_message(will.encode()) if will else None
-
-
-def shared_queue(share_filter: str, client_id: str) -> str:
-    """The queue of one member of a shared subscription: messages picked for it."""
-    return f"{SHARED_QUEUE_PREFIX}{share_filter}\x00{client_id}"
 
 
 def encode_message(message: Message) -> bytes:

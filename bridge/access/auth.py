@@ -42,7 +42,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from bridge.access.ttlcache import TTLCache
 from bridge.mqtt.packets import ConnackCode
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bridge.auth")
 
 SCHEME = "scrypt"
 DEFAULT_N = 2**14

@@ -35,11 +35,12 @@ from bridge.cluster.peers import PeerLink, dial
 from bridge.cluster.registry import RedisRegistry
 from bridge.config import Config, parse_listen
 from bridge.mqtt.topics import parse_shared
-from bridge.state import peer_subscriber, will_of
+from bridge.router.queues import peer_subscriber
+from bridge.state import will_of
 from bridge.storage.base import Message, StoreUnavailable
 
 if TYPE_CHECKING:
-    from bridge.node import Node
+    from bridge.cluster.host import ClusterHost
 
 log = logging.getLogger("bridge.cluster")
 
@@ -48,7 +49,12 @@ class Cluster:
     """Registry, peer links and interest of one node (see the module docstring)."""
 
     def __init__(
-        self, node: Node, registry: RedisRegistry, config: Config, *, holds_sessions: bool = True
+        self,
+        node: ClusterHost,
+        registry: RedisRegistry,
+        config: Config,
+        *,
+        holds_sessions: bool = True,
     ) -> None:
         self.node = node
         self.holds_sessions = holds_sessions
@@ -150,7 +156,7 @@ class Cluster:
             "boot": self.boot_id,
             "role": "bridge" if self.holds_sessions else "notify",
             "admin": admin,
-            "connections": len(self.node.connections),
+            "connections": self.node.connected_count(),
             "started": self.started_at,
         }
         lapsed = await self.registry.heartbeat(info, self.config.node_timeout)
@@ -242,7 +248,7 @@ class Cluster:
             log.warning("node %s is dead: taking over its %d sessions", dead, len(clients))
         adopted = wills = 0
         for client_id in clients:
-            if client_id in self.node.connections:
+            if self.node.is_connected(client_id):
                 continue  # reconnected here already
             claim = await self.registry.claim(client_id, None, only_from=dead)
             if claim is None:
@@ -287,7 +293,7 @@ class Cluster:
         for frame in wire.chunked(sorted(set(self.local_counts) | self._removals), wire.AddFilters):
             link.send(frame)
         for share_filter, client_id, qos in self.node.local_shared_members():
-            online = int(client_id in self.node.connections)
+            online = int(self.node.is_connected(client_id))
             link.send(wire.SharedMember(share_filter, client_id, qos, online))
         link.send(wire.SyncEnd())
         self.node.spawn(self._after_link_up())
@@ -386,7 +392,7 @@ class Cluster:
         replay = self._replay_members.get(peer)
         if replay is not None:
             replay.add(key)
-        if frame.client_id in self.node.sessions:
+        if self.node.holds_session(frame.client_id):
             return  # the session lives here now: this is an old announcement
         parsed = parse_shared(frame.share_filter)
         if parsed is None:
@@ -404,7 +410,7 @@ class Cluster:
         members = self.peer_members.get(peer, {})
         if members.pop((share_filter, client_id), None) is None:
             return
-        if client_id not in self.node.sessions:
+        if not self.node.holds_session(client_id):
             self.node.shared.unsubscribe(share_filter, client_id)
         still_member = any(c == client_id for _f, c in members)
         if not still_member and self.member_node.get(client_id) == peer:
@@ -465,7 +471,7 @@ class Cluster:
             self.broadcast(frame)
 
     def shared_member_changed(self, share_filter: str, client_id: str, qos: int) -> None:
-        online = int(client_id in self.node.connections)
+        online = int(self.node.is_connected(client_id))
         self.broadcast(wire.SharedMember(share_filter, client_id, qos, online))
 
     def shared_member_removed(self, share_filter: str, client_id: str) -> None:
@@ -510,7 +516,7 @@ class Cluster:
 
     def is_reachable(self, client_id: str) -> bool:
         """A shared member that can take a message now: connected here or on a peer."""
-        return client_id in self.node.connections or client_id in self.remote_online
+        return self.node.is_connected(client_id) or client_id in self.remote_online
 
     def node_of(self, client_id: str) -> str | None:
         """The peer holding a remote shared member's session (None: local or unknown)."""

@@ -1,10 +1,10 @@
 """Peer links: one long TCP connection per pair of nodes, carrying `bridge.cluster.wire` frames.
 
 The node with the smaller id dials, the other accepts, so a pair never holds two links. Each side
-sends `Hello` first; once both have, the link is up and the `Cluster` replays its interest. Each
-side pings when it has sent nothing for `PING_INTERVAL`; a link the peer has been silent on for
-`DEAD_AFTER` is closed (a peer that froze, a cable pulled without a RST). The dialing side
-reconnects with backoff.
+sends `Hello` first; once both have, the link is up and its `LinkOwner` (the `Cluster`) replays its
+interest. Each side pings when it has sent nothing for `PING_INTERVAL`; a link the peer has been
+silent on for `DEAD_AFTER` is closed (a peer that froze, a cable pulled without a RST). The dialing
+side reconnects with backoff.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from bridge.cluster.wire import (
     VERSION,
@@ -25,9 +25,6 @@ from bridge.cluster.wire import (
     Pong,
     encode,
 )
-
-if TYPE_CHECKING:
-    from bridge.cluster.cluster import Cluster
 
 log = logging.getLogger("bridge.cluster")
 
@@ -41,10 +38,37 @@ BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 3.0
 
 
+class LinkOwner(Protocol):
+    """What a link uses of the membership that owns it (`bridge.cluster.cluster.Cluster`)."""
+
+    node_id: str
+    boot_id: str
+
+    def link_up(self, link: PeerLink) -> None:
+        """The link finished its Hello."""
+        ...
+
+    def link_down(self, link: PeerLink) -> None:
+        """An up link was lost."""
+        ...
+
+    def on_frame(self, link: PeerLink, frame: Frame) -> None:
+        """A frame (other than Hello, Ping, Pong) arrived on an up link."""
+        ...
+
+    def should_dial(self, node_id: str) -> bool:
+        """Whether a link to `node_id` is still wanted."""
+        ...
+
+    def peer_address(self, node_id: str) -> str:
+        """Where `node_id` listens now, as far as the membership knows."""
+        ...
+
+
 class PeerLink(asyncio.Protocol):
     """One link to a peer node: frames in, frames out, liveness."""
 
-    def __init__(self, cluster: Cluster, expected_peer: str = "") -> None:
+    def __init__(self, cluster: LinkOwner, expected_peer: str = "") -> None:
         self.cluster = cluster
         self.expected_peer = expected_peer
         self.peer_id = ""
@@ -168,7 +192,7 @@ class PeerLink(asyncio.Protocol):
             self.close(f"nothing heard for {silent:.1f} s")
 
 
-async def dial(cluster: Cluster, peer_id: str, address: str) -> None:
+async def dial(cluster: LinkOwner, peer_id: str, address: str) -> None:
     """Keep a link to `peer_id` up while it is a live member: connect, wait until the link is
     lost, reconnect with backoff. Ends when the cluster no longer lists the peer as alive."""
     backoff = BACKOFF_FIRST

@@ -148,7 +148,7 @@ class Connection(asyncio.Protocol):
                 self.close_reason = reason
                 log.info("client %s (%s): %s", self.client_id, self.peer, reason)
         self.node.connection_count -= 1
-        self.node.disconnected(self, graceful=self._graceful)
+        self.node.lifecycle.disconnected(self, graceful=self._graceful)
 
     def pause_writing(self) -> None:
         self._paused_writing = True
@@ -182,7 +182,7 @@ class Connection(asyncio.Protocol):
     def send_droppable(self, data: bytes, payload_size: int) -> bool:
         """Send a QoS 0 PUBLISH unless the client is too slow to take it (then count the drop);
         `payload_size` is metered. True if sent: the caller counts sent messages in the node's
-        metrics (`Node.count_qos0_sent`), once per fan-out rather than once per subscriber."""
+        metrics (`Publisher.count_qos0_sent`), once per fan-out rather than once per subscriber."""
         transport = self.transport
         if self.closed or transport is None:
             return False
@@ -273,7 +273,7 @@ class Connection(asyncio.Protocol):
 
     async def _connect(self, packet: Connect) -> None:
         try:
-            session = await self.node.connect(self, packet)
+            session = await self.node.lifecycle.connect(self, packet)
         finally:
             self._connecting = False
         if session is None or self.closed:
@@ -340,14 +340,14 @@ class Connection(asyncio.Protocol):
         if packet.qos == 0:
             self.msgs_in += 1
             self.payload_in += len(packet.payload)
-            node.publish_qos0(session, packet)
+            node.publisher.publish_qos0(session, packet)
             return
         packet_id = packet.packet_id
         assert packet_id is not None
         if packet.qos == 2 and packet_id in session.inbound_qos2:
             # A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
             # that store is durable, never store it twice. (A failed store removes the id.)
-            node.publish_qos2_again(
+            node.publisher.publish_qos2_again(
                 session, packet, lambda error: self._acknowledge(error, 2, packet_id)
             )
             return
@@ -355,7 +355,7 @@ class Connection(asyncio.Protocol):
         self.msgs_in += 1
         self.payload_in += len(packet.payload)
         self._pending_in += 1  # before publish: a failing store may call back at once
-        node.publish(
+        node.publisher.publish(
             session, packet, lambda _s, error: self._acknowledge(error, qos, packet_id, True)
         )
         if self._pending_in >= node.config.max_inbound_pending and not self._paused_reading:
@@ -416,7 +416,7 @@ class Connection(asyncio.Protocol):
 
     async def _release(self, session: Session, packet_id: int) -> None:
         try:
-            await self.node.release_qos2(session, packet_id)
+            await self.node.publisher.release_qos2(session, packet_id)
         except StoreUnavailable as exc:
             self.close(f"store unavailable, PUBREL not completed: {exc}")
             return
@@ -476,11 +476,11 @@ class Connection(asyncio.Protocol):
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         assert self.session is not None
-        self.node.subscribe(self, self.session, packet)
+        self.node.subscriptions.subscribe(self, self.session, packet)
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         assert self.session is not None
-        self.node.unsubscribe(self, self.session, packet)
+        self.node.subscriptions.unsubscribe(self, self.session, packet)
 
     def _on_pingreq(self, packet: Pingreq) -> None:
         self.send(PINGRESP)
@@ -488,7 +488,7 @@ class Connection(asyncio.Protocol):
     def _on_disconnect(self, packet: Disconnect) -> None:
         self._graceful = True
         log.debug("client %s: DISCONNECT", self.client_id)
-        self.node.disconnected(self, graceful=True)
+        self.node.lifecycle.disconnected(self, graceful=True)
         self.close("DISCONNECT", log_it=False)
 
 

@@ -10,24 +10,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Pubrel
+from bridge.router.queues import CLIENT, FILTER, filter_of, queue_kind, share_filter_of
 from bridge.session import Outbound, Phase, Session, packet_id_for
 from bridge.state import RETAINED_DELIVERY
 from bridge.storage.base import StoreUnavailable
 
 if TYPE_CHECKING:
-    from bridge.listeners.connection import Connection
-    from bridge.node import Node
-    from bridge.storage.base import Stored
+    from bridge.node.roles import ClientLink
+    from bridge.operations.metrics import Metrics
+    from bridge.storage.base import MessageStore, Stored
 
 log = logging.getLogger("bridge.delivery")
 
 READ_BATCH = 128
 RETRY_SECONDS = 1.0
 """Seconds between read attempts while the store is unavailable."""
+
+
+class Backlog(Protocol):
+    """What a delivery asks of housekeeping (`bridge.node.housekeeping.Housekeeper`)."""
+
+    def over_limits(self, session: Session) -> bool:
+        """Whether the session's queued messages exceed its limits."""
+        ...
+
+    async def trim_backlog(self, session: Session) -> None:
+        """Drop the session's oldest queued messages until it is within its limits."""
+        ...
+
+    def mark_offsets_dirty(self, session: Session) -> None:
+        """The session's read position moved: write it with the next flush."""
+        ...
 
 
 class Delivery:
@@ -38,16 +55,31 @@ class Delivery:
         "_retrying",
         "_stopped",
         "_task",
+        "backlog",
         "blocked_on_window",
         "conn",
-        "node",
+        "max_inflight",
+        "metrics",
         "session",
+        "store",
     )
 
-    def __init__(self, node: Node, session: Session, conn: Connection) -> None:
-        self.node = node
+    def __init__(
+        self,
+        session: Session,
+        conn: ClientLink,
+        *,
+        store: MessageStore,
+        metrics: Metrics,
+        backlog: Backlog,
+        max_inflight: int,
+    ) -> None:
         self.session = session
         self.conn = conn
+        self.store = store
+        self.metrics = metrics
+        self.backlog = backlog
+        self.max_inflight = max_inflight
         self._pending = False
         self._retrying = False
         self._stopped = False
@@ -108,7 +140,7 @@ class Delivery:
                     exc,
                 )
             self._retrying = True
-            self.node.metrics.inc("delivery_store_errors")
+            self.metrics.inc("delivery_store_errors")
             asyncio.get_running_loop().call_later(RETRY_SECONDS, self.wake)
         except Exception:
             log.exception("client %s: delivery failed", self.session.client_id)
@@ -118,14 +150,12 @@ class Delivery:
                 self._task = None
 
     async def _pass(self) -> None:
-        node = self.node
         session = self.session
-        store = node.store
-        max_inflight = node.config.max_inflight
+        store = self.store
+        max_inflight = self.max_inflight
         self.blocked_on_window = False
-        count, size = node.housekeeper.backlog(session)
-        if count > node.config.max_queued_messages or size > node.config.max_queued_bytes:
-            await node.housekeeper.trim_backlog(session)
+        if self.backlog.over_limits(session):
+            await self.backlog.trim_backlog(session)
         for queue in list(session.cursors):
             while not self._stopped:
                 cursor = session.cursors.get(queue)
@@ -145,7 +175,7 @@ class Delivery:
                 if result.lost:
                     next_offset = cursor + result.lost
                     session.dropped_retention += result.lost
-                    node.metrics.inc("dropped_retention", result.lost)
+                    self.metrics.inc("dropped_retention", result.lost)
                     log.warning(
                         "client %s: %d queued messages of %s were removed by retention before "
                         "delivery",
@@ -164,7 +194,7 @@ class Delivery:
                 if not result.messages and not result.lost:
                     next_offset = max(next_offset, result.next_offset)
                 session.cursors[queue] = next_offset
-                node.housekeeper.mark_offsets_dirty(session)
+                self.backlog.mark_offsets_dirty(session)
                 if blocked:
                     return
 
@@ -174,37 +204,40 @@ class Delivery:
         session = self.session
         message = stored.message
         retain = False
-        kind = queue[0]
-        if kind == "f":
+        kind = queue_kind(queue)
+        if kind == FILTER:
+            # A message on several of this client's filter queues goes out once, from the queue
+            # of the filter granting the highest QoS (MQTT-3.3.5-1).
+            topic_filter = filter_of(queue)
             best_qos = -1
             best_filter = ""
             if len(stored.queues) == 1:
-                best_qos = session.subscriptions.get(queue[2:], -1)
-                best_filter = queue[2:]
+                best_qos = session.subscriptions.get(topic_filter, -1)
+                best_filter = topic_filter
             else:
                 for name in stored.queues:
-                    if name[0] == "f":
-                        granted = session.subscriptions.get(name[2:])
-                        if granted is not None and (granted, name[2:]) > (best_qos, best_filter):
-                            best_qos, best_filter = granted, name[2:]
-            if best_qos < 0 or queue[2:] != best_filter:
+                    if queue_kind(name) == FILTER:
+                        other = filter_of(name)
+                        granted = session.subscriptions.get(other)
+                        if granted is not None and (granted, other) > (best_qos, best_filter):
+                            best_qos, best_filter = granted, other
+            if best_qos < 0 or topic_filter != best_filter:
                 return False
             qos = min(message.qos, best_qos)
-        elif kind == "c":
+        elif kind == CLIENT:
             retained_qos = message.properties.get(RETAINED_DELIVERY)
             retain = retained_qos is not None
-            qos = min(message.qos, int(retained_qos)) if retain else message.qos
+            qos = min(message.qos, int(retained_qos)) if retained_qos is not None else message.qos
         else:
-            share_filter = queue[2:].partition("\x00")[0]
-            qos = min(message.qos, session.shared.get(share_filter, 0))
+            qos = min(message.qos, session.shared.get(share_filter_of(queue), 0))
         conn = self.conn
         if qos == 0:
             conn.send(codec.encode_publish(message.topic, message.payload, 0, retain))
-            self.node.metrics.counters["messages_out_qos0"] += 1
+            self.metrics.counters["messages_out_qos0"] += 1
             conn.msgs_out += 1
             conn.payload_out += len(message.payload)
             return True
-        if len(session.inflight) >= self.node.config.max_inflight:
+        if len(session.inflight) >= self.max_inflight:
             return None
         packet_id = packet_id_for(stored.seq)
         if packet_id in session.inflight:
@@ -219,7 +252,7 @@ class Delivery:
             return True
         dup = stored.offset < session.resend_below.get(queue, -1)
         conn.send(codec.encode_publish(message.topic, message.payload, qos, retain, dup, packet_id))
-        self.node.metrics.counters["messages_out_qos1" if qos == 1 else "messages_out_qos2"] += 1
+        self.metrics.counters["messages_out_qos1" if qos == 1 else "messages_out_qos2"] += 1
         if not dup:  # a resend after a reconnect is not metered twice
             conn.msgs_out += 1
             conn.payload_out += len(message.payload)

@@ -2,7 +2,8 @@
 
 Owned by the node. Runs in the background (`run`) and on demand from the publish path (a
 subscriber's queue grew) and from deliveries (a client fell behind). Whatever it drops is counted
-in the node's metrics and logged with the client's id.
+in the node's metrics and logged with the client's id. It is handed the session table, the store,
+the limits and a `SessionOwner` to ask when sessions must go, not the node.
 """
 
 from __future__ import annotations
@@ -10,14 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from bridge.state import KIND_OFFSETS
 from bridge.storage.base import MetaUpdate, StaleOwner, StoreUnavailable
 
 if TYPE_CHECKING:
-    from bridge.node import Node
+    from bridge.config import Config
+    from bridge.node.roles import SessionOwner
+    from bridge.operations.metrics import Metrics
     from bridge.session import Session
+    from bridge.storage.base import MessageStore
 
 log = logging.getLogger("bridge.housekeeping")
 
@@ -25,8 +30,20 @@ log = logging.getLogger("bridge.housekeeping")
 class Housekeeper:
     """Keeps every session within its limits and writes acknowledged offsets."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(
+        self,
+        *,
+        config: Config,
+        store: MessageStore,
+        metrics: Metrics,
+        sessions: Mapping[str, Session],
+        owner: SessionOwner,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.metrics = metrics
+        self.sessions = sessions
+        self.owner = owner
         self._dirty_offsets: set[str] = set()
         self._trimming: set[str] = set()
 
@@ -34,26 +51,30 @@ class Housekeeper:
         """(messages, bytes) waiting for a session beyond what was already sent."""
         count = size = 0
         for queue, cursor in session.cursors.items():
-            queued, queued_bytes = self.node.store.backlog(queue, cursor)
+            queued, queued_bytes = self.store.backlog(queue, cursor)
             count += queued
             size += queued_bytes
         return count, size
 
+    def over_limits(self, session: Session) -> bool:
+        """Whether a session's backlog exceeds `max_queued_messages` or `max_queued_bytes`."""
+        count, size = self.backlog(session)
+        return count > self.config.max_queued_messages or size > self.config.max_queued_bytes
+
     def check_backlog(self, client_id: str) -> None:
         """Trim the session of `client_id` in the background if it is over its limits."""
-        session = self.node.sessions.get(client_id)
+        session = self.sessions.get(client_id)
         if session is None or client_id in self._trimming:
             return
-        count, size = self.backlog(session)
-        if count > self.node.config.max_queued_messages or size > self.node.config.max_queued_bytes:
+        if self.over_limits(session):
             self._trimming.add(client_id)
-            self.node.spawn(self.trim_backlog(session))
+            self.owner.spawn(self.trim_backlog(session))
 
     async def trim_backlog(self, session: Session) -> None:
         """Drop a session's oldest queued messages until it is within 90% of its limits."""
         try:
-            limit_count = self.node.config.max_queued_messages
-            limit_bytes = self.node.config.max_queued_bytes
+            limit_count = self.config.max_queued_messages
+            limit_bytes = self.config.max_queued_bytes
             count, size = self.backlog(session)
             if count <= limit_count and size <= limit_bytes:
                 return
@@ -62,7 +83,7 @@ class Housekeeper:
             heads: dict[str, list[tuple[int, int, int]]] = {}
             excess = max(count - target_count, 1)
             for queue, cursor in session.cursors.items():
-                result = await self.node.store.read(queue, cursor, min(excess, 4096))
+                result = await self.store.read(queue, cursor, min(excess, 4096))
                 heads[queue] = [(s.seq, s.offset, s.size) for s in result.messages]
             merged = sorted(
                 (seq, queue, offset, msg_size)
@@ -80,7 +101,7 @@ class Housekeeper:
                 dropped += 1
             if dropped:
                 session.dropped_queue_full += dropped
-                self.node.metrics.inc("dropped_queue_full", dropped)
+                self.metrics.inc("dropped_queue_full", dropped)
                 self._dirty_offsets.add(session.client_id)
                 log.warning(
                     "client %s: queue over its limit (%d messages / %d bytes): dropped the %d "
@@ -96,7 +117,7 @@ class Housekeeper:
 
     async def run(self) -> None:
         """Flush offsets every `offset_flush_interval`; expire sessions every so often."""
-        interval = self.node.config.offset_flush_interval
+        interval = self.config.offset_flush_interval
         next_expiry_check = 0.0
         while True:
             await asyncio.sleep(interval)
@@ -104,7 +125,7 @@ class Housekeeper:
                 await self.flush_offsets(durable=False)
                 now = time.time()
                 if now >= next_expiry_check:
-                    next_expiry_check = now + min(60.0, self.node.config.session_expiry_seconds / 4)
+                    next_expiry_check = now + min(60.0, self.config.session_expiry_seconds / 4)
                     await self.expire_sessions(now)
             except StoreUnavailable as exc:
                 log.error("housekeeping: store unavailable: %s", exc)
@@ -115,17 +136,17 @@ class Housekeeper:
             return
         updates = []
         for client_id in self._dirty_offsets:
-            session = self.node.sessions.get(client_id)
+            session = self.sessions.get(client_id)
             if session is not None and session.persistent:
                 updates.append(MetaUpdate(KIND_OFFSETS, client_id, session.encode_offsets()))
         self._dirty_offsets.clear()
         if not updates:
             return
         try:
-            await self.node.store.put_meta(updates, durable=durable)
+            await self.store.put_meta(updates, durable=durable)
         except StaleOwner as exc:
             # Another node took these clients over: the rest was written; these go.
-            self.node.lost_ownership(exc.clients)
+            self.owner.lost_ownership(exc.clients)
         except StoreUnavailable:
             self._dirty_offsets.update(u.key for u in updates)  # written with the next flush
             raise
@@ -141,19 +162,18 @@ class Housekeeper:
 
     async def expire_sessions(self, now: float) -> None:
         """Discard persistent sessions offline longer than `session_expiry_seconds`."""
-        limit = self.node.config.session_expiry_seconds
+        limit = self.config.session_expiry_seconds
         expired = [
             s
-            for s in self.node.sessions.values()
+            for s in self.sessions.values()
             if s.persistent and not s.connected and now - s.disconnected_at > limit
         ]
         if not expired:
             return
-        updates: list[MetaUpdate] = []
         for session in expired:
             count, size = self.backlog(session)
-            self.node.metrics.inc("sessions_expired")
-            self.node.metrics.inc("dropped_session_expired", count)
+            self.metrics.inc("sessions_expired")
+            self.metrics.inc("dropped_session_expired", count)
             log.warning(
                 "session %s expired after %.0f s offline: %d queued messages (%d bytes) dropped",
                 session.client_id,
@@ -161,8 +181,4 @@ class Housekeeper:
                 count,
                 size,
             )
-            self.node.discard_session(session, updates)
-        await self.node.store.put_meta(updates, durable=True)
-        if self.node.cluster is not None:
-            for session in expired:
-                await self.node.end_in_registry(session.client_id)
+        await self.owner.expire(expired)

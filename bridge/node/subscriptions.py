@@ -1,92 +1,125 @@
 """SUBSCRIBE and UNSUBSCRIBE, retained messages on subscribe, and shared-subscription hand-over.
 
-A mixin of `bridge.node.Node` (it uses the node's tables, store and connections): the node module
-keeps CONNECT, PUBLISH and session lifecycle; this one what changes the subscription tables.
+`Subscriptions` owns every change to the node's subscription tables (the trie and the shared
+groups) for the sessions held here, and tells the cluster about them; the cluster itself adds
+and removes the peers' interest.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from bridge.access.acl import SUBSCRIBE
 from bridge.mqtt import codec
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.packets import SUBACK_FAILURE, Suback, Subscribe, Unsuback, Unsubscribe
-from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_filter
+from bridge.mqtt.topics import parse_shared, validate_topic_filter
+from bridge.node.retained import RetainedMessages
+from bridge.node.roles import ClientLink, Spawner, Waker
+from bridge.node.stamp import Stamper
 from bridge.operations.metrics import Metrics
+from bridge.router.queues import client_queue, filter_queue, shared_queue
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
-from bridge.session import Session, client_queue, filter_queue
-from bridge.state import KIND_OFFSETS, KIND_SESSION, RETAINED_DELIVERY, shared_queue
+from bridge.session import Session
+from bridge.state import KIND_OFFSETS, KIND_SESSION, RETAINED_DELIVERY
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
 
 if TYPE_CHECKING:
-    from bridge.access import AccessControl
-    from bridge.listeners.connection import Connection
+    from bridge.access.acl import Acl
+    from bridge.cluster.cluster import Cluster
     from bridge.node.delivery import Delivery
-    from bridge.node.housekeeping import Housekeeper
 
 log = logging.getLogger("bridge.node")
 
 
-class SubscriptionHandling:
+class Subscriptions:
     """What SUBSCRIBE and UNSUBSCRIBE do to a node's tables and sessions."""
 
-    # Provided by Node.
-    trie: SubscriptionTrie
-    shared: SharedSubscriptions
-    store: MessageStore
-    metrics: Metrics
-    retained: dict[str, Message]
-    deliveries: dict[str, Delivery]
-    connections: dict[str, Connection]
-    housekeeper: Housekeeper
-    node_id: str
-    reachable: Callable[[str], bool]
-    access: AccessControl
+    def __init__(
+        self,
+        *,
+        trie: SubscriptionTrie,
+        shared: SharedSubscriptions,
+        store: MessageStore,
+        metrics: Metrics,
+        acl: Acl,
+        retained: RetainedMessages,
+        deliveries: Mapping[str, Delivery],
+        stamper: Stamper,
+        waker: Waker,
+        reachable: Callable[[str], bool],
+        offsets_moved: Callable[[Session], None],
+        topic_fault: Callable[[str], str | None],
+        spawn: Spawner,
+    ) -> None:
+        self.trie = trie
+        self.shared = shared
+        self.store = store
+        self.metrics = metrics
+        self.acl = acl
+        self.retained = retained
+        self.deliveries = deliveries
+        self.stamper = stamper
+        self.waker = waker
+        self.reachable = reachable
+        """Whether a shared member can take a message now (replaced when the node clusters)."""
+        self.offsets_moved = offsets_moved
+        self.topic_fault = topic_fault
+        self.spawn = spawn
+        self.cluster: Cluster | None = None
 
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        raise NotImplementedError
-
-    def next_key(self) -> str:
-        raise NotImplementedError
-
-    def check_topic_limits(self, topic: str) -> str | None:
-        raise NotImplementedError
+    # -- the tables ---------------------------------------------------------------------------
 
     def add_subscription(self, client_id: str, topic_filter: str, qos: int) -> None:
-        raise NotImplementedError
+        """A local session subscribes (the cluster advertises a filter's first subscriber)."""
+        if self.trie.subscribe(topic_filter, client_id, qos) and self.cluster is not None:
+            self.cluster.local_filter_added(topic_filter)
 
     def remove_subscription(self, client_id: str, topic_filter: str) -> None:
-        raise NotImplementedError
+        if self.trie.unsubscribe(topic_filter, client_id) and self.cluster is not None:
+            self.cluster.local_filter_removed(topic_filter)
 
     def add_shared(
         self, client_id: str, share_filter: str, parsed: tuple[str, str], qos: int
     ) -> None:
-        raise NotImplementedError
+        group, inner = parsed
+        self.shared.subscribe(share_filter, group, inner, client_id, qos)
+        if self.cluster is not None:
+            self.cluster.shared_member_changed(share_filter, client_id, qos)
 
     def remove_shared(self, client_id: str, share_filter: str) -> None:
-        raise NotImplementedError
+        if self.shared.unsubscribe(share_filter, client_id) and self.cluster is not None:
+            self.cluster.shared_member_removed(share_filter, client_id)
 
-    def _reader_id(self, client_id: str) -> str:
-        raise NotImplementedError
+    def enter(self, session: Session) -> None:
+        """Put a restored or adopted session's subscriptions into the tables."""
+        for topic_filter, qos in session.subscriptions.items():
+            self.add_subscription(session.client_id, topic_filter, qos)
+        for share_filter, qos in session.shared.items():
+            parsed = parse_shared(share_filter)
+            if parsed is not None:
+                self.add_shared(session.client_id, share_filter, parsed, qos)
 
-    def _wake_readers(self, client_ids: list[str], queues: list[str]) -> None:
-        raise NotImplementedError
+    def leave(self, session: Session) -> None:
+        """Take a session's subscriptions out of the tables (the session is discarded)."""
+        for topic_filter in session.subscriptions:
+            self.remove_subscription(session.client_id, topic_filter)
+        for share_filter in session.shared:
+            self.remove_shared(session.client_id, share_filter)
 
     # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------
 
-    def subscribe(self, conn: Connection, session: Session, packet: Subscribe) -> None:
+    def subscribe(self, conn: ClientLink, session: Session, packet: Subscribe) -> None:
         """Apply the filters at once (so a PUBLISH that follows is routed by them), then, in the
         background, make them durable for a persistent session, answer SUBACK and send the
         matching retained messages."""
         conn.hold()
         self.spawn(self._subscribe(conn, session, packet))
 
-    async def _subscribe(self, conn: Connection, session: Session, packet: Subscribe) -> None:
+    async def _subscribe(self, conn: ClientLink, session: Session, packet: Subscribe) -> None:
         """Ask the store where each new queue ends (before the filter is routed, so no message
         routed to it is skipped), then register the filters, SUBACK and send retained messages.
         The client's later packets wait meanwhile, so a PUBLISH after SUBSCRIBE sees it."""
@@ -105,7 +138,7 @@ class SubscriptionHandling:
             topic_filter = sub.topic_filter
             try:
                 validate_topic_filter(topic_filter)
-                error = self.check_topic_limits(topic_filter)
+                error = self.topic_fault(topic_filter)
                 if error:
                     raise MQTTProtocolError("limit", error)
             except MQTTProtocolError as exc:
@@ -114,7 +147,7 @@ class SubscriptionHandling:
             granted = min(sub.qos, 2)
             parsed = parse_shared(topic_filter)
             checked = parsed[1] if parsed is not None else topic_filter
-            if not self.access.acl.allows(SUBSCRIBE, session.client_id, username, checked):
+            if not self.acl.allows(SUBSCRIBE, session.client_id, username, checked):
                 self.metrics.inc("acl_denied_subscribe")
                 codes.append(self._refuse_filter(session, topic_filter, "denied by the ACL"))
                 continue
@@ -152,49 +185,43 @@ class SubscriptionHandling:
 
     async def _finish_subscribe(
         self,
-        conn: Connection,
+        conn: ClientLink,
         session: Session,
         packet_id: int,
         codes: list[int],
         retained_for: list[tuple[str, int]],
     ) -> None:
         if session.persistent:
-            await self._persist_subscriptions(session)
+            await self.persist(session)
         if conn.closed:
             return
         conn.send(codec.encode(Suback(packet_id, codes)))
         await self._send_retained(conn, session, retained_for)
 
     async def _send_retained(
-        self, conn: Connection, session: Session, filters: list[tuple[str, int]]
+        self, conn: ClientLink, session: Session, filters: list[tuple[str, int]]
     ) -> None:
         """Retained messages for new subscriptions, with RETAIN=1 (MQTT-3.3.1-6, -8)."""
         if not filters or not self.retained:
             return
         queued = False
-        for topic, message in list(self.retained.items()):
-            best = -1
-            for topic_filter, granted in filters:
-                if granted > best and topic_matches(topic_filter, topic):
-                    best = granted
-            if best < 0:
-                continue
+        for message, best in self.retained.matching(filters):
             qos = min(best, message.qos)
             if qos == 0:
-                conn.send(codec.encode_publish(topic, message.payload, 0, retain=True))
+                conn.send(codec.encode_publish(message.topic, message.payload, 0, retain=True))
                 conn.msgs_out += 1
                 conn.payload_out += len(message.payload)
                 self.metrics.counters["messages_out_qos0"] += 1
                 continue
             copy = Message(
-                topic=topic,
+                topic=message.topic,
                 payload=message.payload,
                 qos=message.qos,
                 retain=True,
                 publisher=message.publisher,
-                key=self.next_key(),
+                key=self.stamper.next_key(),
                 timestamp_ms=message.timestamp_ms,
-                node=self.node_id,
+                node=self.stamper.node_id,
                 properties={RETAINED_DELIVERY: str(qos)},
             )
             await self.store.submit(copy, [client_queue(session.client_id)])
@@ -204,7 +231,7 @@ class SubscriptionHandling:
             if delivery is not None:
                 delivery.wake()
 
-    def unsubscribe(self, conn: Connection, session: Session, packet: Unsubscribe) -> None:
+    def unsubscribe(self, conn: ClientLink, session: Session, packet: Unsubscribe) -> None:
         """Remove the filters at once; make it durable for a persistent session, then UNSUBACK."""
         for topic_filter in packet.topic_filters:
             if topic_filter in session.subscriptions:
@@ -217,21 +244,32 @@ class SubscriptionHandling:
                 session.forget_queue(shared_queue(topic_filter, session.client_id))
         self.spawn(self._finish_unsubscribe(conn, session, packet.packet_id))
 
-    async def _finish_unsubscribe(self, conn: Connection, session: Session, packet_id: int) -> None:
+    async def _finish_unsubscribe(self, conn: ClientLink, session: Session, packet_id: int) -> None:
         if session.persistent:
-            await self._persist_subscriptions(session)
+            await self.persist(session)
         if not conn.closed:
             conn.send(codec.encode(Unsuback(packet_id)))
 
+    async def persist(self, session: Session) -> None:
+        """A persistent session's filters and their start offsets, durable before SUBACK or
+        UNSUBACK goes out, so a crash after the ack keeps (or forgets) the subscription."""
+        await self.store.put_meta(
+            [
+                MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
+                MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
+            ],
+            durable=True,
+        )
+
     # -- shared subscriptions --------------------------------------------------------------------
 
-    def _redispatch_shared(self, session: Session) -> None:
+    def redispatch_shared(self, session: Session) -> None:
         """A member left: its unacknowledged and unread shared messages go to other members."""
         if not session.shared:
             return
-        self.spawn(self._redispatch_shared_async(session))
+        self.spawn(self._redispatch_shared(session))
 
-    async def _redispatch_shared_async(self, session: Session) -> None:
+    async def _redispatch_shared(self, session: Session) -> None:
         for share_filter in list(session.shared):
             queue = shared_queue(share_filter, session.client_id)
             group = self.shared.group(share_filter)
@@ -255,12 +293,11 @@ class SubscriptionHandling:
                     if member is None:
                         nobody_else = True  # the rest waits for this member
                         break
-                    await self.store.submit(stored.message, [shared_queue(share_filter, member)])
+                    target = shared_queue(share_filter, member)
+                    await self.store.submit(stored.message, [target])
                     handed_to = stored.offset + 1
                     moved += 1
-                    self._wake_readers(
-                        [self._reader_id(member)], [shared_queue(share_filter, member)]
-                    )
+                    self.waker.wake_readers([self.waker.reader_of(member)], [target])
             if handed_to == start:
                 continue
             # What was handed over is this member's no more: not in flight, not to be read.
@@ -269,21 +306,10 @@ class SubscriptionHandling:
                     del session.inflight[packet_id]
             if session.cursors.get(queue, 0) < handed_to:
                 session.cursors[queue] = handed_to
-            self.housekeeper.mark_offsets_dirty(session)
+            self.offsets_moved(session)
             log.info(
                 "client %s left %s: %d unacknowledged messages moved to other members",
                 session.client_id,
                 share_filter,
                 moved,
             )
-
-    async def _persist_subscriptions(self, session: Session) -> None:
-        """A persistent session's filters and their start offsets, durable before SUBACK or
-        UNSUBACK goes out, so a crash after the ack keeps (or forgets) the subscription."""
-        await self.store.put_meta(
-            [
-                MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions()),
-                MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets()),
-            ],
-            durable=True,
-        )

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import quote
 
 import aiohttp
@@ -61,8 +61,8 @@ from bridge.storage.base import Message, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.listeners.connection import Connection
-    from bridge.listeners.server import Server
     from bridge.node import Node
+    from bridge.operations.served import Served
     from bridge.session import Session
 
 log = logging.getLogger("bridge.admin")
@@ -116,7 +116,7 @@ class AdminAPI:
     client that forwards requests to other nodes. `ready` is what /ready reports (together with
     the node's own state): set once started, cleared when the server begins to shut down."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Served) -> None:
         self.server = server
         self.config = server.config
         self.token = self.config.admin_token
@@ -398,7 +398,9 @@ class AdminAPI:
             "dropped_retention": session.dropped_retention,
         }
         if conn is not None:
-            detail.update(self._connection_fields(conn))
+            # The node's table holds the listeners' connections (it types them by the narrow
+            # role it uses); here the whole connection is read.
+            detail.update(self._connection_fields(cast("Connection", conn)))
         return detail
 
     def _connection_fields(self, conn: Connection) -> dict[str, Any]:

@@ -24,13 +24,10 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
-
-if TYPE_CHECKING:
-    from bridge.listeners.connection import Connection
-    from bridge.node import Node
 
 log = logging.getLogger("bridge.metering")
 
@@ -57,14 +54,32 @@ def _add(into: Counts, key: tuple[str, str], values: list[int]) -> None:
             row[index] += value
 
 
+class Metered(Protocol):
+    """A client connection as metering sees it: who it is and its four counters."""
+
+    client_id: str
+    username: str | None
+    msgs_in: int
+    payload_in: int
+    msgs_out: int
+    payload_out: int
+
+
 class Meter:
     """Collects the per-connection counts and flushes them to Redis."""
 
-    def __init__(self, node: Node, redis: Any = None) -> None:
-        self.node = node
+    def __init__(
+        self,
+        connections: Mapping[str, Metered],
+        *,
+        cluster_name: str,
+        interval: float,
+        redis: Any = None,
+    ) -> None:
+        self.connections = connections
         self.redis = redis
-        self.cluster = node.config.cluster_name
-        self.interval = node.config.metering_interval
+        self.cluster = cluster_name
+        self.interval = interval
         self.pending: Counts = {}
         """Taken from connections, not yet in Redis."""
         self.totals: Counts = defaultdict(lambda: [0, 0, 0, 0])
@@ -93,7 +108,7 @@ class Meter:
             await asyncio.sleep(self.interval)
             await self.flush()
 
-    def take(self, conn: Connection) -> None:
+    def take(self, conn: Metered) -> None:
         """Move a connection's counts into `pending` and reset them."""
         values = [conn.msgs_in, conn.payload_in, conn.msgs_out, conn.payload_out]
         if not any(values):
@@ -107,7 +122,7 @@ class Meter:
 
     def collect(self) -> None:
         """Take the counts of every connected client."""
-        for conn in self.node.connections.values():
+        for conn in self.connections.values():
             self.take(conn)
 
     async def flush(self) -> bool:

@@ -21,7 +21,7 @@ from prometheus_client.core import (
 from bridge.operations.metrics import PACKET_TYPES
 
 if TYPE_CHECKING:
-    from bridge.listeners.server import Server
+    from bridge.operations.served import Served
 
 PREFIX = "mqtt_bridge_"
 
@@ -58,7 +58,7 @@ DROP_REASONS = {
 class NodeCollector:
     """Reads one server's node (and its notify and cluster) at scrape time."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Served) -> None:
         self.server = server
 
     def describe(self) -> list[Metric]:
@@ -179,7 +179,7 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 class Exporter:
     """The Prometheus registry of one server, rendering its metrics on demand."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Served) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(server))  # type: ignore[arg-type]
 

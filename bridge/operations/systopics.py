@@ -18,14 +18,15 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge import __version__
 from bridge.storage.base import Message, StoreUnavailable
 
 if TYPE_CHECKING:
-    from bridge.listeners.connection import Connection
-    from bridge.node import Node
+    from bridge.config import Config
+    from bridge.operations.metrics import Metrics
 
 log = logging.getLogger("bridge.systopics")
 
@@ -59,7 +60,49 @@ def event_topic(node_id: str, client_id: str, event: str) -> str:
     return f"$SYS/brokers/{topic_level(node_id)}/clients/{topic_level(client_id)}/{event}"
 
 
-def statistics(node: Node, started: float) -> dict[str, str]:
+class Figures(Protocol):
+    """What the statistics are read from: the node's counters and the sizes of its tables."""
+
+    metrics: Metrics
+
+    def connected_count(self) -> int: ...
+
+    def session_count(self) -> int: ...
+
+    def subscription_count(self) -> int: ...
+
+    def retained_count(self) -> int: ...
+
+
+class SysHost(Figures, Protocol):
+    """What `SysTopics` uses of its node: figures, and a way to publish."""
+
+    node_id: str
+
+    def next_key(self) -> str: ...
+
+    def keep_retained_in_memory(self, message: Message) -> None: ...
+
+    def deliver_qos0(self, message: Message) -> None: ...
+
+    async def publish_internal(
+        self, topic: str, payload: bytes, qos: int, retain: bool, publisher: str
+    ) -> Message: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], /) -> asyncio.Task[Any]: ...
+
+
+class ClientFacts(Protocol):
+    """What an event says about a client connection."""
+
+    client_id: str
+    username: str | None
+    peer: str
+    listener: str
+    connected_at: float
+
+
+def statistics(node: Figures, started: float) -> dict[str, str]:
     """The current value of every statistic, as text."""
     counters = node.metrics.counters
     received = sum(counters[f"messages_in_qos{q}"] for q in range(3))
@@ -69,8 +112,8 @@ def statistics(node: Node, started: float) -> dict[str, str]:
     return {
         "version": f"mqtt-bridge {__version__}",
         "uptime": str(int(time.time() - started)),
-        "clients/connected": str(len(node.connections)),
-        "sessions/count": str(len(node.sessions)),
+        "clients/connected": str(node.connected_count()),
+        "sessions/count": str(node.session_count()),
         "subscriptions/count": str(node.subscription_count()),
         "retained/count": str(node.retained_count()),
         "messages/received": str(received),
@@ -85,9 +128,9 @@ def statistics(node: Node, started: float) -> dict[str, str]:
 class SysTopics:
     """Publishes a node's `$SYS` statistics and its clients' connected/disconnected events."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: SysHost, config: Config) -> None:
         self.node = node
-        self.config = node.config
+        self.config = config
         self.started = time.time()
         self.prefix = f"$SYS/brokers/{topic_level(node.node_id)}/"
         self._task: asyncio.Task[None] | None = None
@@ -118,12 +161,12 @@ class SysTopics:
             message = Message(
                 topic, value.encode(), 0, True, SYS_PUBLISHER, node.next_key(), now_ms, node.node_id
             )
-            node.retained[topic] = message
+            node.keep_retained_in_memory(message)
             node.deliver_qos0(message)
 
     # -- client events ----------------------------------------------------------------------------
 
-    def connected(self, conn: Connection, clean_session: bool, keepalive: int) -> None:
+    def connected(self, conn: ClientFacts, clean_session: bool, keepalive: int) -> None:
         """Announce that `conn`'s client connected."""
         if not self.config.client_events:
             return
@@ -144,7 +187,7 @@ class SysTopics:
             },
         )
 
-    def disconnected(self, conn: Connection, reason: str) -> None:
+    def disconnected(self, conn: ClientFacts, reason: str) -> None:
         """Announce that `conn`'s client is gone, and why."""
         if not self.config.client_events:
             return

@@ -191,9 +191,7 @@ def test_publish_denied_by_the_acl_is_acknowledged_dropped_and_logged_at_every_q
             watcher.send(Pubcomp(packet.packet_id))
     log = secured.wait_for_log("PUBLISH to 'devices/dev2/telemetry' dropped: denied by the ACL")
     # The first denial of a topic is a warning, the repeats are not (a flood stays readable).
-    warning = (
-        "WARNING bridge.listeners.connection: client dev1 (user 'dev1'): PUBLISH to 'devices/dev2/"
-    )
+    warning = "WARNING bridge.connection: client dev1 (user 'dev1'): PUBLISH to 'devices/dev2/"
     assert log.count(warning) == 1
     assert log.count("PUBLISH to 'devices/dev2/telemetry' dropped") == 3
 

@@ -343,6 +343,6 @@ def test_access_control_from_the_settings(pwfile):
 
 def test_world_readable_file_is_warned_about(pwfile, caplog):
     pwfile.chmod(0o644)
-    with caplog.at_level("WARNING", logger="bridge.access.auth"):
+    with caplog.at_level("WARNING", logger="bridge.auth"):
         PasswordFile(pwfile)
     assert "chmod 600" in caplog.text

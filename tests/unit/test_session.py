@@ -5,13 +5,12 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bridge.router.queues import client_queue, filter_queue
 from bridge.session import (
     PACKET_ID_SPACE,
     Outbound,
     Phase,
     Session,
-    client_queue,
-    filter_queue,
     packet_id_for,
 )
 

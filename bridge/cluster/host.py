@@ -1,0 +1,104 @@
+"""What the cluster membership uses of its node: `ClusterHost`.
+
+The cluster is handed this role, not the node: the node's subscription tables (which hold the
+peers' interest too), a few questions about its clients, and the callbacks through which peers'
+frames reach it. `bridge.node.Node` fulfils it; `bridge.cluster` never imports the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from bridge.cluster.registry import Claim
+    from bridge.operations.metrics import Metrics
+    from bridge.router.shared import SharedSubscriptions
+    from bridge.router.trie import SubscriptionTrie
+    from bridge.storage.base import Message
+
+
+class ClusterHost(Protocol):
+    """The node as its cluster membership sees it."""
+
+    node_id: str
+    trie: SubscriptionTrie
+    """The node's subscription trie; peers' interest goes in under their peer ids."""
+    shared: SharedSubscriptions
+    """The node's shared groups; remote members go in under their ClientIds."""
+    metrics: Metrics
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], /) -> asyncio.Task[Any]:
+        """Run background work whose failures are logged."""
+        ...
+
+    # -- questions --------------------------------------------------------------------------
+
+    def is_connected(self, client_id: str) -> bool:
+        """Whether the client has a connection on this node."""
+        ...
+
+    def holds_session(self, client_id: str) -> bool:
+        """Whether the client's session (connected or not) is held by this node."""
+        ...
+
+    def connected_count(self) -> int:
+        """Clients connected to this node."""
+        ...
+
+    def local_shared_members(self) -> list[tuple[str, str, int]]:
+        """(share filter, ClientId, QoS) of every shared membership of a session held here."""
+        ...
+
+    # -- sessions moving between nodes --------------------------------------------------------
+
+    def adopt_session(self, client_id: str, claim: Claim) -> object:
+        """Hold a persistent session taken over from a dead node."""
+        ...
+
+    def release_session(self, client_id: str, epoch: int | None = None) -> bytes:
+        """Another node took the client over: let it go, hand over its state."""
+        ...
+
+    def lost_ownership(self, client_ids: list[str]) -> None:
+        """Writes for these clients were refused: another node owns them now."""
+        ...
+
+    async def publish_orphan_will(self, client_id: str, will: Message) -> None:
+        """Publish the will of a client whose node died."""
+        ...
+
+    async def clear_online(self, client_id: str) -> None:
+        """Delete a dead node's online record of a client that left no will."""
+        ...
+
+    # -- what peers send ------------------------------------------------------------------------
+
+    def deliver_forwarded(self, topic: str, payload: bytes) -> None:
+        """A QoS 0 message for this node's own subscribers."""
+        ...
+
+    def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
+        """A QoS 0 message for one shared member held here."""
+        ...
+
+    def queues_woken(self, queues: Iterable[str]) -> None:
+        """A peer stored messages on these queues."""
+        ...
+
+    def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
+        """These queues hold messages up to these ends."""
+        ...
+
+    def retained_from_peer(self, topic: str, record: bytes) -> None:
+        """A peer set or cleared a topic's retained message."""
+        ...
+
+    def replace_retained(self, records: dict[str, bytes]) -> None:
+        """The registry's full set of retained messages."""
+        ...
+
+    async def refresh_queue_ends(self) -> None:
+        """Re-read queue ends and wake every reader (after a link was down)."""
+        ...

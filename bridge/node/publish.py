@@ -1,0 +1,457 @@
+"""The publish path: accept a message, have the router plan where it goes, carry the plan out.
+
+QoS 0 messages are sent at once to connected subscribers (and forwarded to peers with
+subscribers), stored unawaited if `store_qos0`. QoS 1/2 messages are appended to the queues the
+plan names, with any meta records (retained message, QoS 2 marker) in the same append; once the
+store says they are durable the readers are woken and the publisher is acknowledged. Messages
+arriving from peers and from notify come in here too. How a PUBLISH travels: docs/design.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from bridge.mqtt import codec
+from bridge.mqtt.packets import Publish
+from bridge.node.retained import RetainedMessages
+from bridge.node.roles import DurableCallback, Spawner
+from bridge.node.stamp import Stamper
+from bridge.operations.metrics import LatencyHistogram, Metrics
+from bridge.router.plan import RoutePlan, plan_route, readers_of
+from bridge.router.queues import PEER_PREFIX, peer_subscriber
+from bridge.router.shared import SharedSubscriptions
+from bridge.router.trie import SubscriptionTrie
+from bridge.session import Session
+from bridge.state import KIND_QOS2_IN
+from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.cluster.cluster import Cluster
+    from bridge.config import Config
+    from bridge.node.delivery import Delivery
+    from bridge.node.roles import ClientLink
+
+log = logging.getLogger("bridge.node")
+
+
+class Publisher:
+    """Routes every message this node accepts, and wakes the readers of what it stored."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        store: MessageStore,
+        metrics: Metrics,
+        trie: SubscriptionTrie,
+        shared: SharedSubscriptions,
+        sessions: Mapping[str, Session],
+        connections: Mapping[str, ClientLink],
+        deliveries: Mapping[str, Delivery],
+        retained: RetainedMessages,
+        stamper: Stamper,
+        spawn: Spawner,
+        offline_reader: Callable[[str], None],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.metrics = metrics
+        self.trie = trie
+        self.shared = shared
+        self.sessions = sessions
+        self.connections = connections
+        self.deliveries = deliveries
+        self.retained = retained
+        self.stamper = stamper
+        self.spawn = spawn
+        self.offline_reader = offline_reader
+        """Called for a woken reader with no delivery here (an offline session)."""
+        self.cluster: Cluster | None = None
+        self.reachable: Callable[[str], bool] = connections.__contains__
+        """Whether a shared-subscription member can take a message now."""
+
+    def join(self, cluster: Cluster) -> None:
+        """Route across `cluster`'s peers from now on."""
+        self.cluster = cluster
+        self.reachable = cluster.is_reachable
+
+    # -- planning and carrying out ----------------------------------------------------------------
+
+    def reader_of(self, client_id: str) -> str:
+        """The client itself if its session is here, else the peer holding it (if known)."""
+        if self.cluster is None or client_id in self.sessions:
+            return client_id
+        peer = self.cluster.node_of(client_id)
+        return peer_subscriber(peer) if peer else client_id
+
+    def plan(self, message: Message) -> RoutePlan:
+        """Where `message` goes (advances the round-robin of matching shared groups)."""
+        return plan_route(
+            message.topic,
+            message.qos,
+            self.trie,
+            self.shared,
+            connected=self.connections,
+            reachable=self.reachable,
+            reader_of=self.reader_of,
+        )
+
+    def _send_now(self, message: Message, plan: RoutePlan) -> None:
+        """The plan's QoS 0 part: direct sends, forwards to peers, shared members on peers."""
+        direct = plan.direct
+        if direct:
+            data = codec.encode_publish(message.topic, message.payload, 0)
+            size = len(message.payload)
+            connections = self.connections
+            sent = 0
+            for client_id in direct:
+                sent += connections[client_id].send_droppable(data, size)
+            self.count_qos0_sent(sent)
+        cluster = self.cluster
+        if cluster is not None:
+            if plan.peers:
+                cluster.forward(plan.peers, message)
+            for member in plan.handed:
+                cluster.deliver(member, message)
+        if plan.unserved:
+            self.metrics.inc("dropped_no_shared_member", plan.unserved)
+
+    def count_qos0_sent(self, sent: int) -> None:
+        """Count QoS 0 PUBLISH packets sent directly (`send_droppable`), once per fan-out."""
+        if sent:
+            metrics = self.metrics
+            metrics.counters["messages_out_qos0"] += sent
+            metrics.packets_out[3] += sent
+
+    def deliver_qos0(self, message: Message) -> None:
+        """Send a QoS 0 message to its online subscribers, here and on peers (not stored)."""
+        self._send_now(message, self.plan(message))
+
+    # -- from clients ------------------------------------------------------------------------------
+
+    def publish_qos0(self, session: Session, packet: Publish) -> None:
+        """A QoS 0 PUBLISH from a client: deliver to online subscribers at once, store unawaited."""
+        message = self.stamper.stamp(
+            packet.topic, packet.payload, 0, packet.retain, session.client_id
+        )
+        self.metrics.counters["messages_in_qos0"] += 1
+        if packet.retain:
+            retained = self.retained
+
+            def stored(_seq: int | None, error: BaseException | None) -> None:
+                if error is None:
+                    retained.apply(message)
+                else:
+                    log.warning("QoS 0 message not stored: %s", error)
+
+            self.store.submit(message, (), meta=retained.updates(message), callback=stored)
+        elif self.config.store_qos0:
+            try:
+                self.store.append_unqueued(message)
+            except StoreUnavailable as exc:
+                self.metrics.inc("qos0_not_stored")
+                log.debug("QoS 0 message not stored: %s", exc)
+        self.deliver_qos0(message)
+
+    def publish(self, session: Session, packet: Publish, on_durable: DurableCallback) -> None:
+        """A QoS 1/2 PUBLISH from a client. `on_durable(seq, None)` is called once the message is
+        durable (then the caller acknowledges) or `on_durable(None, error)` if it could not be
+        stored (then it must not). For QoS 2, `session.inbound_qos2[packet id]` holds a future
+        that completes (with the error or None) at the same time, so a resent PUBLISH with that
+        id is answered without being stored again.
+
+        Synchronous up to the store's submit, so calls made in packet order keep that order.
+        """
+        qos = packet.qos
+        message = self.stamper.stamp(
+            packet.topic, packet.payload, qos, packet.retain, session.client_id
+        )
+        self.metrics.counters["messages_in_qos1" if qos == 1 else "messages_in_qos2"] += 1
+        on_durable = _timed(on_durable, self.metrics.store_latency)
+        meta: list[MetaUpdate] | tuple[()] = ()
+        if packet.retain:
+            meta = self.retained.updates(message)
+        if qos == 1 or packet.packet_id is None:
+            self.route_submit(message, meta, on_durable)
+            return
+        unsettled = Unsettled(message.topic, message.key)
+        if session.persistent:
+            meta = [
+                *meta,
+                MetaUpdate(
+                    KIND_QOS2_IN, f"{session.client_id}\x00{packet.packet_id}", unsettled.encode()
+                ),
+            ]
+        packet_id = packet.packet_id
+        stored: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        session.inbound_qos2[packet_id] = stored
+        atomic = self.store.atomic_meta
+
+        def done(seq: int | None, error: BaseException | None) -> None:
+            if not stored.done():
+                stored.set_result(error)
+            if error is not None and session.inbound_qos2.get(packet_id) is stored:
+                if not atomic and getattr(error, "maybe_stored", False):
+                    # The send may have stored it: a resend must ask the store first.
+                    session.inbound_qos2[packet_id] = unsettled
+                else:
+                    # Not stored: a resend of this id must be stored, not merely acknowledged.
+                    del session.inbound_qos2[packet_id]
+            on_durable(seq, error)
+
+        self.route_submit(message, meta, done)
+
+    def publish_qos2_again(
+        self, session: Session, packet: Publish, ack: Callable[[BaseException | None], None]
+    ) -> None:
+        """A QoS 2 PUBLISH whose packet id is still held: acknowledge it once the first store is
+        durable, never store it twice. If whether that store happened is unsettled (a send that
+        timed out, a crash between marker and send), ask the store: found, acknowledge; not
+        found, store this one."""
+        assert packet.packet_id is not None
+        pending = session.inbound_qos2[packet.packet_id]
+        if isinstance(pending, Unsettled):
+            self.spawn(self._settle_qos2(session, packet, pending, ack))
+        elif pending is None or pending.done():
+            ack(None if pending is None else pending.result())
+        else:
+            pending.add_done_callback(lambda f: ack(f.result()))
+
+    async def _settle_qos2(
+        self,
+        session: Session,
+        packet: Publish,
+        unsettled: Unsettled,
+        ack: Callable[[BaseException | None], None],
+    ) -> None:
+        packet_id = packet.packet_id
+        assert packet_id is not None
+        try:
+            found = await self.store.find_key(unsettled.topic, unsettled.key)
+        except StoreUnavailable as exc:
+            ack(exc)
+            return
+        if session.inbound_qos2.get(packet_id) is not unsettled:
+            # Settled meanwhile (PUBREL, or another resend got here first): start over.
+            if packet_id in session.inbound_qos2:
+                self.publish_qos2_again(session, packet, ack)
+            else:
+                self.publish(session, packet, lambda _s, error: ack(error))
+            return
+        if found:
+            log.info(
+                "client %s: QoS 2 message %s was stored before the failure; not stored again",
+                session.client_id,
+                unsettled.key,
+            )
+            session.inbound_qos2[packet_id] = None
+            ack(None)
+        else:
+            del session.inbound_qos2[packet_id]
+            self.publish(session, packet, lambda _s, error: ack(error))
+
+    async def release_qos2(self, session: Session, packet_id: int) -> None:
+        """PUBREL from the publisher of a persistent session: forget the packet id durably before
+        PUBCOMP (a clean session's id lives only in memory; the connection drops it itself)."""
+        session.inbound_qos2.pop(packet_id, None)
+        await self.store.put_meta(
+            [MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet_id}", None)], durable=True
+        )
+
+    # -- from inside the broker --------------------------------------------------------------------
+
+    async def publish_internal(
+        self, topic: str, payload: bytes, qos: int, retain: bool, publisher: str
+    ) -> Message:
+        """Publish a message that comes from inside the broker (the admin API, `$SYS` statistics,
+        client events) as if a client had: routed to every matching subscription, kept as the
+        retained message if `retain`. Returns once it is durable (QoS 0: stored, not queued);
+        raises StoreUnavailable if it could not be stored."""
+        message = self.stamper.stamp(topic, payload, qos, retain, publisher)
+        meta = self.retained.updates(message) if retain else []
+        await self.route(message, meta)
+        return message
+
+    async def route(self, message: Message, meta: Iterable[MetaUpdate] = ()) -> int:
+        """Route and store a message (wills, system messages); returns its seq once durable."""
+        outcome: asyncio.Future[tuple[int | None, BaseException | None]]
+        outcome = asyncio.get_running_loop().create_future()
+
+        def settle(seq: int | None, error: BaseException | None) -> None:
+            if not outcome.done():  # the awaiting task may have been cancelled (shutdown)
+                outcome.set_result((seq, error))
+
+        self.route_submit(message, tuple(meta), settle)
+        seq, error = await outcome
+        if error is not None:
+            raise error
+        assert seq is not None
+        return seq
+
+    def route_submit(
+        self, message: Message, meta: Sequence[MetaUpdate], on_durable: DurableCallback
+    ) -> None:
+        """Store a message on the queues of every matching subscription; once it is durable,
+        keep it as its topic's retained message if it is flagged so (its record is in `meta`),
+        wake the readers, then call `on_durable`. QoS 0 messages (wills) are delivered directly
+        and stored without queues."""
+        plan = self.plan(message)
+        self._send_now(message, plan)
+        queues = plan.queues
+        readers = plan.readers
+        retains = message.retain
+
+        def durable(seq: int | None, error: BaseException | None) -> None:
+            if error is None:
+                if retains:
+                    self.retained.apply(message)
+                if readers:
+                    self.wake_readers(readers, queues)
+            on_durable(seq, error)
+
+        self.store.submit(message, queues, meta=meta, callback=durable)
+
+    # -- from peers and from notify -----------------------------------------------------------
+
+    def deliver_forwarded(self, topic: str, payload: bytes) -> None:
+        """A QoS 0 message a peer forwarded: to this node's own (non-shared) subscribers."""
+        connections = self.connections
+        targets = [c for c in self.trie.match_subscribers(topic) if c in connections]
+        if targets:
+            data = codec.encode_publish(topic, payload, 0)
+            size = len(payload)
+            self.count_qos0_sent(sum(connections[c].send_droppable(data, size) for c in targets))
+
+    def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
+        """A QoS 0 message a peer picked this node's client for (shared subscription)."""
+        conn = self.connections.get(client_id)
+        if conn is not None:
+            self.count_qos0_sent(
+                conn.send_droppable(codec.encode_publish(topic, payload, 0), len(payload))
+            )
+        else:
+            self.metrics.inc("dropped_no_shared_member")
+
+    def route_backend_message(self, message: Message) -> list[str]:
+        """A message a backend produced straight into the store (notify found it): keep it as
+        the topic's retained message if flagged so, and return the queues it must reach."""
+        if message.retain:
+            self.spawn(self._keep_retained(message))
+        plan = self.plan(message)
+        self._send_now(message, plan)
+        return plan.queues
+
+    async def _keep_retained(self, message: Message) -> None:
+        try:
+            await self.store.put_meta(self.retained.updates(message))
+        except StoreUnavailable as exc:
+            log.warning(
+                "retained message of %r not kept, store unavailable: %s", message.topic, exc
+            )
+            return
+        self.retained.apply(message)
+
+    def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
+        """Queues are known to hold messages up to these ends (notify): wake their readers,
+        here and (`forward`) on the peers that have readers of them."""
+        woken: list[str] = []
+        peers: dict[str, dict[str, int]] = {}
+        for queue, end in ends.items():
+            self.store.note_end(queue, end)
+            for reader in readers_of(queue, self.trie, self.reader_of):
+                if reader[0] != PEER_PREFIX:
+                    woken.append(reader)
+                elif forward:
+                    peers.setdefault(reader[1:], {})[queue] = end
+        if woken:
+            self.wake_readers(list(dict.fromkeys(woken)), [])
+        if self.cluster is not None:
+            for peer, peer_ends in peers.items():
+                self.cluster.grew(peer, peer_ends)
+
+    def queues_woken(self, queues: Iterable[str]) -> None:
+        """A peer stored messages on these queues (their new ends unknown here): let each
+        reader that is caught up wait for at least one more message."""
+        woken: list[str] = []
+        store = self.store
+        for queue in queues:
+            for reader in readers_of(queue, self.trie, self.reader_of):
+                session = self.sessions.get(reader)
+                if session is None:
+                    continue
+                cursor = session.cursors.get(queue)
+                if cursor is not None and cursor >= store.end_offset(queue):
+                    store.note_end(queue, cursor + 1)  # a read waits (long-polls) for it
+                woken.append(reader)
+        if woken:
+            self.wake_readers(list(dict.fromkeys(woken)), [])
+
+    def wake_readers(self, reader_ids: list[str], queues: list[str]) -> None:
+        """Wake the local readers, tell each peer among them once that `queues` grew, and let
+        housekeeping look at the backlog of offline sessions."""
+        deliveries = self.deliveries
+        told: set[str] = set()
+        for reader in reader_ids:
+            delivery = deliveries.get(reader)
+            if delivery is not None:
+                delivery.wake()
+            elif reader[0] == PEER_PREFIX:
+                if self.cluster is not None and reader not in told:
+                    told.add(reader)
+                    self.cluster.wake(reader[1:], queues)
+            else:
+                self.offline_reader(reader)
+
+    async def refresh_queue_ends(self) -> None:
+        """Re-read the ends of the queues connected clients read, then wake them (after a peer
+        link was down, announcements of new messages may have been lost)."""
+        queues = {q for s in self.sessions.values() if s.connected for q in s.cursors}
+        limit = asyncio.Semaphore(32)
+
+        async def refresh(queue: str) -> None:
+            async with limit:
+                with contextlib.suppress(StoreUnavailable):
+                    await self.store.queue_end(queue)
+
+        await asyncio.gather(*(refresh(q) for q in queues))
+        for delivery in list(self.deliveries.values()):
+            delivery.wake()
+
+
+@dataclass(slots=True, frozen=True)
+class Unsettled:
+    """An inbound QoS 2 message whose store is not confirmed either way (non-atomic stores)."""
+
+    topic: str
+    key: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"t": self.topic, "k": self.key}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Unsettled | None:
+        """The marker's message; None for an old marker with no message (taken as stored)."""
+        try:
+            raw = json.loads(data)
+            return cls(str(raw["t"]), str(raw["k"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def _timed(on_durable: DurableCallback, histogram: LatencyHistogram) -> DurableCallback:
+    """`on_durable` that first records how long the store took (successful stores only)."""
+    started = time.perf_counter()
+
+    def timed(seq: int | None, error: BaseException | None) -> None:
+        if error is None:
+            histogram.observe(time.perf_counter() - started)
+        on_durable(seq, error)
+
+    return timed

@@ -1,0 +1,96 @@
+"""The narrow roles the node's helpers are given instead of the whole node.
+
+Each helper states here what it calls, and nothing more: a `Delivery` sends to a `ClientLink`, a
+`Housekeeper` asks its `SessionOwner` to let sessions go, and so on. The node (and, for
+`ClientLink`, the listener's connection) fulfil them; a unit test fulfils them with a few lines.
+No import of the node or of the listeners: the dependencies point one way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from bridge.mqtt.packets import Will
+from bridge.session import Session
+
+DurableCallback = Callable[[int | None, BaseException | None], None]
+"""Called once a message is durable (`seq`, None) or could not be stored (None, error)."""
+
+
+class Spawner(Protocol):
+    """Runs background work whose failures are logged, never lost."""
+
+    def __call__(self, coro: Coroutine[Any, Any, Any], /) -> asyncio.Task[Any]: ...
+
+
+class ClientLink(Protocol):
+    """What the node's side needs of one client connection (`bridge.listeners.connection`)."""
+
+    client_id: str
+    username: str | None
+    peer: str
+    listener: str
+    cert_cn: str | None
+    connected_at: float
+    session: Session | None
+    will: Will | None
+    closed: bool
+    detached: bool
+    close_reason: str
+    msgs_in: int
+    payload_in: int
+    msgs_out: int
+    payload_out: int
+
+    @property
+    def writable(self) -> bool:
+        """False while the socket's buffer is over its high-water mark."""
+        ...
+
+    def send(self, data: bytes) -> None:
+        """Queue an encoded packet."""
+        ...
+
+    def send_droppable(self, data: bytes, payload_size: int) -> bool:
+        """Send a QoS 0 PUBLISH unless the client is too slow to take it; True if sent."""
+        ...
+
+    def close(self, reason: str, *, taken_over: bool = False, log_it: bool = True) -> None:
+        """Close after flushing what is queued, logging why."""
+        ...
+
+    def hold(self) -> None:
+        """Keep the client's further packets unhandled until `release`."""
+        ...
+
+    def release(self) -> None:
+        """End one `hold`."""
+        ...
+
+
+class SessionOwner(Protocol):
+    """What housekeeping asks of the node that holds the sessions."""
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], /) -> asyncio.Task[Any]: ...
+
+    def lost_ownership(self, client_ids: list[str]) -> None:
+        """Writes for these clients were refused: another node owns them now."""
+        ...
+
+    def expire(self, sessions: list[Session]) -> Coroutine[Any, Any, None]:
+        """Discard these offline sessions durably (and in the cluster's registry)."""
+        ...
+
+
+class Waker(Protocol):
+    """Wakes the readers of queues that received messages."""
+
+    def wake_readers(self, reader_ids: list[str], queues: list[str]) -> None:
+        """Wake local readers, tell peers about theirs, check the backlog of offline ones."""
+        ...
+
+    def reader_of(self, client_id: str) -> str:
+        """The reader to wake for a client's queue: the client, or the peer holding it."""
+        ...

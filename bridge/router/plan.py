@@ -1,0 +1,134 @@
+"""Where a message goes: the routing decision, as a pure function that returns a plan.
+
+Given a message's topic and QoS, the subscription trie (this node's clients under their
+ClientIds, peers under their peer ids), the shared-subscription groups, and which clients are
+connected here or reachable anywhere, `plan_route` says:
+
+* ``direct``: the local clients that get a QoS 0 copy now (no queue): every connected
+  subscriber of a QoS 0 message, and shared members picked at QoS 0;
+* ``peers``: the peer nodes a QoS 0 message is forwarded to, for their own subscribers;
+* ``handed``: shared members held by a peer that were picked for a QoS 0 copy;
+* ``queues``: the queues a QoS 1/2 message is stored on (one per matching filter, one for the
+  picked member of each matching shared group);
+* ``readers``: whom to wake once it is durable (local ClientIds, peer subscriber ids);
+* ``unserved``: shared groups of a QoS 0 message no member could take (the message is dropped
+  for them, and counted).
+
+The node carries the plan out; nothing here does I/O. Picking a shared member advances that
+group's round-robin, so a plan is made once per message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+
+from bridge.router.queues import (
+    CLIENT,
+    FILTER,
+    PEER_PREFIX,
+    SHARED,
+    filter_queue,
+    parse_queue,
+    shared_queue,
+)
+from bridge.router.shared import SharedSubscriptions
+from bridge.router.trie import SubscriptionTrie
+
+__all__ = ["RoutePlan", "plan_route", "readers_of"]
+
+
+class RoutePlan:
+    """What to do with one message (see the module docstring)."""
+
+    __slots__ = ("direct", "handed", "peers", "queues", "readers", "unserved")
+
+    def __init__(self) -> None:
+        # Written out rather than a dataclass: one plan per message, on the publish hot path.
+        self.direct: list[str] = []
+        self.peers: list[str] = []
+        self.handed: list[str] = []
+        self.queues: list[str] = []
+        self.readers: list[str] = []
+        self.unserved = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"RoutePlan(direct={self.direct}, peers={self.peers}, handed={self.handed}, "
+            f"queues={self.queues}, readers={self.readers}, unserved={self.unserved})"
+        )
+
+
+def plan_route(
+    topic: str,
+    qos: int,
+    trie: SubscriptionTrie,
+    shared: SharedSubscriptions,
+    *,
+    connected: Container[str],
+    reachable: Callable[[str], bool],
+    reader_of: Callable[[str], str],
+) -> RoutePlan:
+    """The plan for a message on `topic` at `qos`.
+
+    `connected`: ClientIds with a connection on this node. `reachable`: whether a shared member
+    can take a message now (connected here or on a peer). `reader_of`: the reader to wake for a
+    shared member's queue (the ClientId if its session is here, else the peer holding it).
+
+    QoS 0: each matching subscriber once (MQTT-3.3.5-1), connected ones directly, peers by
+    forwarding; each matching shared group's next reachable member. QoS 1/2: a queue per
+    matching filter, woken for every subscriber of it; each shared group's next reachable
+    member (any member if none is reachable, so the message waits in its queue), or a direct
+    copy where that member was granted QoS 0.
+    """
+    plan = RoutePlan()
+    if qos == 0:
+        direct = plan.direct
+        peers = plan.peers
+        for subscriber in trie.match_subscribers(topic):
+            if subscriber in connected:
+                direct.append(subscriber)
+            elif subscriber[0] == PEER_PREFIX:
+                peers.append(subscriber[1:])
+        if shared:
+            for _share_filter, group in shared.match(topic):
+                member = group.pick(reachable)
+                if member is None:
+                    plan.unserved += 1
+                elif member in connected:
+                    direct.append(member)
+                else:
+                    plan.handed.append(member)
+        return plan
+    queues = plan.queues
+    readers = plan.readers
+    for topic_filter, subscribers in trie.match(topic):
+        queues.append(filter_queue(topic_filter))
+        readers.extend(subscribers)
+    if shared:
+        for share_filter, group in shared.match(topic):
+            member = group.pick(reachable) or group.pick()
+            if member is None:
+                continue
+            if min(group.members.get(member, 0), qos) == 0:
+                if member in connected:
+                    plan.direct.append(member)
+                else:
+                    plan.handed.append(member)
+                continue
+            queues.append(shared_queue(share_filter, member))
+            readers.append(reader_of(member))
+    return plan
+
+
+def readers_of(queue: str, trie: SubscriptionTrie, reader_of: Callable[[str], str]) -> list[str]:
+    """Who reads `queue` from this node: the subscribers of a filter queue (clients and peers),
+    the owner of a private queue, the reader of a shared member's queue."""
+    parsed = parse_queue(queue)
+    if parsed is None:
+        return []
+    if parsed.kind == FILTER:
+        return list(trie.subscribers(parsed.topic_filter))
+    if parsed.kind == CLIENT:
+        return [parsed.client_id]
+    assert parsed.kind == SHARED
+    return [reader_of(parsed.client_id)]

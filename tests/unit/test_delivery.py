@@ -1,0 +1,283 @@
+"""A client's pull task (`bridge.node.delivery`) and housekeeping (`bridge.node.housekeeping`),
+without a node: each is handed a real embedded store and the narrow roles it needs (a client
+link that records what it was sent, a session owner that records what it was asked)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.config import Config
+from bridge.mqtt.codec import Decoder
+from bridge.mqtt.packets import Publish, Pubrel
+from bridge.node.delivery import Delivery
+from bridge.node.housekeeping import Housekeeper
+from bridge.operations.metrics import Metrics
+from bridge.router.queues import client_queue, filter_queue
+from bridge.session import Session
+from bridge.state import KIND_OFFSETS, RETAINED_DELIVERY
+from bridge.storage import FileLogStore, Message
+from bridge.storage.base import StaleOwner
+
+
+class RecordingLink:
+    """A client connection that keeps the packets it was sent, decoded."""
+
+    def __init__(self) -> None:
+        self.client_id = "dev"
+        self.username: str | None = None
+        self.closed = False
+        self.writable = True
+        self.msgs_out = 0
+        self.payload_out = 0
+        self.closed_for = ""
+        self._decoder = Decoder()
+        self.packets: list[Any] = []
+
+    def send(self, data: bytes) -> None:
+        self._decoder.feed(data)
+        self.packets.extend(self._decoder.packets())
+
+    def close(self, reason: str, **_: Any) -> None:
+        self.closed = True
+        self.closed_for = reason
+
+    def publishes(self) -> list[Publish]:
+        return [p for p in self.packets if isinstance(p, Publish)]
+
+
+class RecordingOwner:
+    """A session owner that records the sessions it was asked to let go of."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.lost: list[str] = []
+        self.expired: list[str] = []
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.append(task)
+        return task
+
+    def lost_ownership(self, client_ids: list[str]) -> None:
+        self.lost.extend(client_ids)
+
+    async def expire(self, sessions: list[Session]) -> None:
+        self.expired.extend(s.client_id for s in sessions)
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+async def open_store(path: Path) -> FileLogStore:
+    store = FileLogStore(path, fsync=False)
+    await store.open()
+    return store
+
+
+async def put(store: FileLogStore, topic: str, qos: int, queues: list[str], **props: str) -> None:
+    await store.append(Message(topic, topic.encode(), qos, properties=dict(props)), queues)
+
+
+def make_keeper(store: FileLogStore, sessions: dict[str, Session], **limits: Any):
+    owner = RecordingOwner()
+    keeper = Housekeeper(
+        config=Config(**limits), store=store, metrics=Metrics(), sessions=sessions, owner=owner
+    )
+    return keeper, owner
+
+
+async def delivered(delivery: Delivery) -> None:
+    """Run one pull and wait for it to end."""
+    delivery.wake()
+    for _ in range(100):
+        if not delivery.running:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the pull did not end")
+
+
+def make_delivery(store, session, link, keeper, max_inflight: int = 20) -> Delivery:
+    return Delivery(
+        session, link, store=store, metrics=Metrics(), backlog=keeper, max_inflight=max_inflight
+    )
+
+
+def test_delivery_sends_queued_messages_in_order_and_stops_at_the_window(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        session = Session("dev", persistent=True, subscriptions={"t/#": 1})
+        session.start_queue(filter_queue("t/#"), 0)
+        for i in range(5):
+            await put(store, f"t/{i}", 1, [filter_queue("t/#")])
+        keeper, _owner = make_keeper(store, {"dev": session})
+        link = RecordingLink()
+        delivery = make_delivery(store, session, link, keeper, max_inflight=3)
+        await delivered(delivery)
+        assert [p.topic for p in link.publishes()] == ["t/0", "t/1", "t/2"]
+        assert delivery.blocked_on_window and len(session.inflight) == 3
+        for packet in link.publishes():  # the client acknowledges: the window frees
+            session.on_puback(packet.packet_id)
+        await delivered(delivery)
+        assert [p.topic for p in link.publishes()] == ["t/0", "t/1", "t/2", "t/3", "t/4"]
+        assert session.cursors[filter_queue("t/#")] == 5
+        await store.close()
+
+    run(scenario())
+
+
+def test_a_message_on_two_filters_goes_out_once_at_the_higher_qos(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        session = Session("dev", persistent=False, subscriptions={"a/+": 0, "a/#": 2})
+        queues = [filter_queue("a/+"), filter_queue("a/#")]
+        for queue in queues:
+            session.start_queue(queue, 0)
+        await put(store, "a/b", 2, queues)
+        keeper, _owner = make_keeper(store, {"dev": session})
+        link = RecordingLink()
+        await delivered(make_delivery(store, session, link, keeper))
+        assert [(p.topic, p.qos) for p in link.publishes()] == [("a/b", 2)]
+        await store.close()
+
+    run(scenario())
+
+
+def test_granted_qos_caps_the_message_qos_and_retained_copies_carry_retain(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        session = Session("dev", persistent=False, subscriptions={"x": 0})
+        session.start_queue(filter_queue("x"), 0)
+        session.start_queue(client_queue("dev"), 0)
+        await put(store, "x", 1, [filter_queue("x")])
+        await put(store, "r", 2, [client_queue("dev")], **{RETAINED_DELIVERY: "1"})
+        keeper, _owner = make_keeper(store, {"dev": session})
+        link = RecordingLink()
+        await delivered(make_delivery(store, session, link, keeper))
+        sent = sorted((p.topic, p.qos, p.retain) for p in link.publishes())
+        assert sent == [("r", 1, True), ("x", 0, False)]
+        assert link.msgs_out == 2 and link.payload_out == 2
+        await store.close()
+
+    run(scenario())
+
+
+def test_resent_messages_carry_dup_and_released_qos2_messages_resume_with_pubrel(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        queue = filter_queue("q")
+        session = Session("dev", persistent=True, subscriptions={"q": 2})
+        session.start_queue(queue, 0)
+        await put(store, "q", 2, [queue])
+        await put(store, "q", 2, [queue])
+        first = (await store.read(queue, 0, 1)).messages[0]
+        session.resend_below[queue] = 2  # both were sent before a reconnect
+        session.released.add(first.seq)  # and the first one's PUBREC had arrived
+        keeper, _owner = make_keeper(store, {"dev": session})
+        link = RecordingLink()
+        await delivered(make_delivery(store, session, link, keeper))
+        assert isinstance(link.packets[0], Pubrel)
+        assert [(p.dup, p.qos) for p in link.publishes()] == [(True, 2)]
+        assert link.msgs_out == 0, "a resend is not metered twice"
+        await store.close()
+
+    run(scenario())
+
+
+def test_a_slow_socket_pauses_delivery_until_it_is_writable(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        session = Session("dev", persistent=False, subscriptions={"t": 1})
+        session.start_queue(filter_queue("t"), 0)
+        await put(store, "t", 1, [filter_queue("t")])
+        keeper, _owner = make_keeper(store, {"dev": session})
+        link = RecordingLink()
+        link.writable = False
+        delivery = make_delivery(store, session, link, keeper)
+        await delivered(delivery)
+        assert link.publishes() == [] and session.cursors[filter_queue("t")] == 0
+        link.writable = True
+        await delivered(delivery)
+        assert len(link.publishes()) == 1
+        await store.close()
+
+    run(scenario())
+
+
+def test_housekeeping_trims_an_offline_backlog_over_its_limit_oldest_first(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        queue = filter_queue("t")
+        session = Session("dev", persistent=True, subscriptions={"t": 1})
+        session.start_queue(queue, 0)
+        for _ in range(20):
+            await put(store, "t", 1, [queue])
+        keeper, owner = make_keeper(store, {"dev": session}, max_queued_messages=10)
+        assert keeper.over_limits(session)
+        keeper.check_backlog("dev")
+        await asyncio.gather(*owner.tasks)
+        assert session.cursors[queue] == 11, "the 11 oldest go, leaving 90% of the limit"
+        assert session.dropped_queue_full == 11
+        assert keeper.metrics.get("dropped_queue_full") == 11
+        assert not keeper.over_limits(session)
+        await store.close()
+
+    run(scenario())
+
+
+def test_housekeeping_flushes_moved_offsets_of_persistent_sessions_only(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        durable = Session("keep", persistent=True, subscriptions={"t": 1})
+        durable.cursors[filter_queue("t")] = 7
+        clean = Session("clean", persistent=False)
+        keeper, _owner = make_keeper(store, {"keep": durable, "clean": clean})
+        keeper.mark_offsets_dirty(durable)
+        keeper.mark_offsets_dirty(clean)
+        await keeper.flush_offsets(durable=True)
+        assert set(store.meta(KIND_OFFSETS)) == {"keep"}
+        assert Session.restore("keep", b"{}", store.meta(KIND_OFFSETS)["keep"]).cursors == {
+            filter_queue("t"): 7
+        }
+        await store.close()
+
+    run(scenario())
+
+
+def test_housekeeping_lets_go_of_sessions_another_node_owns(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+
+        async def refuse(updates: Any, *, durable: bool = True) -> None:
+            raise StaleOwner(["moved"])
+
+        store.put_meta = refuse  # type: ignore[method-assign]
+        moved = Session("moved", persistent=True)
+        keeper, owner = make_keeper(store, {"moved": moved})
+        keeper.mark_offsets_dirty(moved)
+        await keeper.flush_offsets(durable=False)
+        assert owner.lost == ["moved"]
+        await store.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("offline_for, expired", [(10.0, ["old"]), (1.0, [])])
+def test_housekeeping_expires_sessions_offline_longer_than_the_limit(
+    tmp_path, offline_for, expired
+):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        old = Session("old", persistent=True, disconnected_at=100.0)
+        online = Session("on", persistent=True, connected=True, disconnected_at=1.0)
+        keeper, owner = make_keeper(store, {"old": old, "on": online}, session_expiry_seconds=5.0)
+        await keeper.expire_sessions(100.0 + offline_for)
+        assert owner.expired == expired
+        await store.close()
+
+    run(scenario())

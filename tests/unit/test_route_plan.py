@@ -1,0 +1,188 @@
+"""The routing decision (`bridge.router.plan`) against a brute-force reading of the rules.
+
+The reference matches every filter against the topic with `topic_matches` (no trie), and states
+each rule of the plan directly: who gets a QoS 0 copy, which peers get it forwarded, which queues
+a QoS 1/2 message is stored on, whom to wake, and one member per matching shared group.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridge.mqtt.topics import topic_matches
+from bridge.router.plan import plan_route, readers_of
+from bridge.router.queues import (
+    client_queue,
+    filter_queue,
+    peer_subscriber,
+    shared_queue,
+)
+from bridge.router.shared import SharedSubscriptions
+from bridge.router.trie import SubscriptionTrie
+
+LEVELS = ["a", "b", "$SYS", ""]
+CLIENTS = ["c1", "c2", "c3", "c4"]
+PEERS = ["n2", "n3"]
+
+topics = st.lists(st.sampled_from(LEVELS), min_size=1, max_size=3).map("/".join).filter(bool)
+filter_levels = st.sampled_from([*LEVELS, "+", "#"])
+
+
+@st.composite
+def filters(draw: st.DrawFn) -> str:
+    levels = draw(st.lists(filter_levels, min_size=1, max_size=3))
+    if "#" in levels:
+        levels = levels[: levels.index("#") + 1]  # '#' only last (MQTT-4.7.1-2)
+    return "/".join(levels) or "a"
+
+
+subscribers = st.sampled_from([*CLIENTS, *(peer_subscriber(p) for p in PEERS)])
+subscriptions = st.lists(st.tuples(filters(), subscribers, st.integers(0, 2)), max_size=10)
+groups = st.lists(
+    st.tuples(
+        st.sampled_from(["g1", "g2"]), filters(), st.sampled_from(CLIENTS), st.integers(0, 2)
+    ),
+    max_size=6,
+)
+client_sets = st.sets(st.sampled_from(CLIENTS))
+
+
+def build(subs: list[tuple[str, str, int]], members: list[tuple[str, str, str, int]]):
+    trie = SubscriptionTrie()
+    table: dict[str, dict[str, int]] = {}
+    for topic_filter, subscriber, qos in subs:
+        trie.subscribe(topic_filter, subscriber, qos)
+        table.setdefault(topic_filter, {})[subscriber] = qos
+    shared = SharedSubscriptions()
+    shares: dict[str, dict[str, int]] = {}
+    for group, topic_filter, client, qos in members:
+        share = f"$share/{group}/{topic_filter}"
+        shared.subscribe(share, group, topic_filter, client, qos)
+        shares.setdefault(share, {})[client] = qos
+    return trie, table, shared, shares
+
+
+def reader_of(client_id: str) -> str:
+    """Clients c3 and c4 have their sessions on peer n2 in these tests."""
+    return peer_subscriber("n2") if client_id in ("c3", "c4") else client_id
+
+
+def inner(share: str) -> str:
+    return share.split("/", 2)[2]
+
+
+@settings(max_examples=400)
+@given(subscriptions, groups, topics, client_sets, client_sets)
+def test_qos0_plan_sends_each_connected_subscriber_one_copy_and_forwards_to_matching_peers(
+    subs, members, topic, connected, remote
+):
+    trie, table, shared, shares = build(subs, members)
+    reachable = connected | remote
+    plan = plan_route(
+        topic, 0, trie, shared, connected=connected, reachable=reachable.__contains__,
+        reader_of=reader_of,
+    )  # fmt: skip
+    matched = {s for f, subs_ in table.items() if topic_matches(f, topic) for s in subs_}
+    matching_groups = [s for s in shares if topic_matches(inner(s), topic)]
+
+    non_shared_direct = {c for c in matched if c in connected}
+    assert Counter(plan.peers) == Counter(s[1:] for s in matched if s.startswith("\x00")), (
+        "each matching peer is forwarded the message once"
+    )
+    # Every matching group yields one direct copy, one copy handed to a peer, or one unserved.
+    assert len(plan.direct) - len(non_shared_direct) + len(plan.handed) + plan.unserved == len(
+        matching_groups
+    )
+    assert non_shared_direct <= set(plan.direct)
+    for member in plan.handed:
+        assert member in remote and member not in connected
+    reachable_groups = [s for s in matching_groups if reachable & set(shares[s])]
+    assert plan.unserved == len(matching_groups) - len(reachable_groups)
+    assert not plan.queues and not plan.readers, "QoS 0 is never queued"
+
+
+@settings(max_examples=400)
+@given(subscriptions, groups, topics, client_sets, client_sets, st.integers(1, 2))
+def test_qos1_plan_queues_every_matching_filter_and_one_member_per_shared_group(
+    subs, members, topic, connected, remote, qos
+):
+    trie, table, shared, shares = build(subs, members)
+    reachable = connected | remote
+    plan = plan_route(
+        topic, qos, trie, shared, connected=connected, reachable=reachable.__contains__,
+        reader_of=reader_of,
+    )  # fmt: skip
+    matching_filters = [f for f in table if topic_matches(f, topic)]
+    matching_groups = [s for s in shares if topic_matches(inner(s), topic)]
+
+    filter_queues = [q for q in plan.queues if q.startswith("f:")]
+    assert sorted(filter_queues) == sorted(filter_queue(f) for f in matching_filters)
+    shared_queues = [q for q in plan.queues if q.startswith("s:")]
+    # One pick per matching group: a queue for a member granted QoS>0, else a direct copy.
+    assert len(shared_queues) + len(plan.direct) + len(plan.handed) == len(matching_groups)
+    assert plan.unserved == 0 and not plan.peers
+    picked: list[str] = []
+    for queue in shared_queues:
+        share, _, member = queue[2:].partition("\x00")
+        assert queue == shared_queue(share, member)
+        assert shares[share][member] > 0
+        if reachable & set(shares[share]):
+            assert member in reachable, "a reachable member is preferred"
+        picked.append(reader_of(member))
+    expected_readers = Counter(s for f in matching_filters for s in table[f]) + Counter(picked)
+    assert Counter(plan.readers) == expected_readers
+
+
+def test_shared_group_members_take_turns():
+    trie = SubscriptionTrie()
+    shared = SharedSubscriptions()
+    for client in ("c1", "c2", "c3"):
+        shared.subscribe("$share/g/jobs/#", "g", "jobs/#", client, 1)
+    everyone = {"c1", "c2", "c3"}
+    picks = [
+        plan_route(
+            "jobs/1", 1, trie, shared, connected=everyone, reachable=everyone.__contains__,
+            reader_of=str,
+        ).queues[0].rpartition("\x00")[2]
+        for _ in range(6)
+    ]  # fmt: skip
+    assert picks == ["c1", "c2", "c3", "c1", "c2", "c3"]
+
+
+def test_unreachable_shared_members_still_get_qos1_queued_but_qos0_is_unserved():
+    trie = SubscriptionTrie()
+    shared = SharedSubscriptions()
+    shared.subscribe("$share/g/t", "g", "t", "gone", 1)
+    nobody: set[str] = set()
+    kwargs = {"connected": nobody, "reachable": nobody.__contains__, "reader_of": str}
+    qos1 = plan_route("t", 1, trie, shared, **kwargs)
+    assert qos1.queues == [shared_queue("$share/g/t", "gone")] and qos1.readers == ["gone"]
+    qos0 = plan_route("t", 0, trie, shared, **kwargs)
+    assert qos0.unserved == 1 and not qos0.direct and not qos0.handed
+
+
+def test_a_shared_member_granted_qos0_gets_a_direct_copy_of_a_qos1_message():
+    trie = SubscriptionTrie()
+    shared = SharedSubscriptions()
+    shared.subscribe("$share/g/t", "g", "t", "here", 0)
+    shared.subscribe("$share/h/t", "h", "t", "there", 0)
+    plan = plan_route(
+        "t", 1, trie, shared, connected={"here"}, reachable={"here", "there"}.__contains__,
+        reader_of=str,
+    )  # fmt: skip
+    assert plan.direct == ["here"] and plan.handed == ["there"] and not plan.queues
+
+
+def test_readers_of_each_kind_of_queue():
+    trie = SubscriptionTrie()
+    trie.subscribe("a/+", "c1", 1)
+    trie.subscribe("a/+", peer_subscriber("n2"), 0)
+    assert sorted(readers_of(filter_queue("a/+"), trie, reader_of)) == sorted(
+        ["c1", peer_subscriber("n2")]
+    )
+    assert readers_of(client_queue("c9"), trie, reader_of) == ["c9"]
+    assert readers_of(shared_queue("$share/g/a", "c3"), trie, reader_of) == [peer_subscriber("n2")]
+    assert readers_of("x:nothing", trie, reader_of) == []
