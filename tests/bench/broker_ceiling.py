@@ -68,8 +68,6 @@ import datetime as dt
 import itertools
 import json
 import os
-import queue
-import re
 import shlex
 import shutil
 import signal
@@ -77,9 +75,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -87,109 +83,36 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.bench.harness.common import RESULTS_DIR, log, on_sigterm
-from tests.bench.harness.procfs import loadavg, proc_cpu
-from tests.bench.harness.report import plain_table
-from tests.bench.harness.rocketmq import DEFAULT_ROCKETMQ_JAVA_OPTS
-from tests.support.rocketmq import DEPLOY, LocalRocketMQ, probe
-
-ROCKETMQ_VERSION = "5.3.3"
-SOURCE_ARTIFACT = f"org.apache.rocketmq:rocketmq-all:{ROCKETMQ_VERSION}:zip:source-release"
-# Pinned like deploy/rocketmq/pom.xml pins it, so the command does not depend on Maven's default.
-DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
-BENCHMARK_SRC = (
-    f"rocketmq-all-{ROCKETMQ_VERSION}/example/src/main/java/org/apache/rocketmq/example/benchmark/"
+from tests.bench.harness.procfs import (
+    CpuWindow,
+    disk_counters,
+    disk_of,
+    loadavg,
+    machine_busy_s,
+    machine_times,
+    proc_cpu,
+    thread_groups_cpu,
 )
-# Producer.java refers to AclClient (its -a option); nothing else of the example module.
-PRODUCER_SOURCES = ("Producer.java", "AclClient.java")
-PRODUCER_MAIN = "org.apache.rocketmq.example.benchmark.Producer"
-# Same collector and heap bounds as the broker (deploy/rocketmq/env.sh): two shared cores, so no
-# concurrent GC threads; the JIT is the JVM's default (full tiered), as for a real client.
-DEFAULT_PRODUCER_JAVA_OPTS = "-Xms256m -Xmx512m -XX:+UseSerialGC"
+from tests.bench.harness.producer import (
+    DEFAULT_PRODUCER_JAVA_OPTS,
+    PRODUCER_MAIN,
+    SOURCE_ARTIFACT,
+    ensure_producer,
+    producer_command,
+    run_producer,
+)
+from tests.bench.harness.report import plain_table
+from tests.bench.harness.rocketmq import (
+    DEFAULT_ROCKETMQ_JAVA_OPTS,
+    ROCKETMQ_VERSION,
+    broker_counters,
+)
+from tests.support.rocketmq import LocalRocketMQ
+
 TOPIC = "BrokerCeiling"
 TOPIC_QUEUES = 4  # broker.conf's defaultTopicQueueNums
-REPORT_MS = 10_000  # the Producer's -ri; each report covers the 10 one-second snapshots before it
-GET_BROKER_RUNTIME_INFO = 28  # RequestCode
 IDLE_SECONDS = 10.0
 QUIET_PROBE_S = 5.0
-REPORT_RE = re.compile(
-    r"Send TPS: (?P<tps>\d+) \| Max RT\(ms\): (?P<max_rt>\d+) \| "
-    r"Average RT\(ms\):\s*(?P<avg_rt>[\d.]+) \| Send Failed: (?P<send_failed>\d+) \| "
-    r"Response Failed: (?P<response_failed>\d+)"
-)
-FIRST_REPORT_TIMEOUT_S = 120.0  # JVM start + client start + 10 s on a loaded machine
-NEXT_REPORT_TIMEOUT_S = 3 * REPORT_MS / 1000
-
-
-# --------------------------------------------------------------------------- the Producer
-
-
-def java_bin(tool: str) -> str:
-    """java/javac the way deploy/rocketmq/env.sh picks it: $JAVA, $JAVA_HOME/bin, else PATH."""
-    if tool == "java" and os.environ.get("JAVA"):
-        return os.environ["JAVA"]
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(Path(home) / "bin" / tool, os.X_OK):
-        return str(Path(home) / "bin" / tool)
-    return tool
-
-
-def ensure_producer(cache_dir: Path) -> str:
-    """Classpath of RocketMQ 5.3.3's benchmark Producer, built into cache_dir on first use.
-
-    rocketmq-example (the jar with org.apache.rocketmq.example.benchmark) is not on Maven
-    Central for 5.3.x, so the official source release is fetched with Maven and the Producer is
-    compiled against the client jars of the same version that deploy/rocketmq/fetch.sh caches;
-    those jars are its classpath at run time too.
-    """
-    fetched = subprocess.run(
-        [str(DEPLOY / "fetch.sh")], capture_output=True, text=True, timeout=1800, check=False
-    )
-    if fetched.returncode != 0:
-        raise RuntimeError(f"deploy/rocketmq/fetch.sh failed:\n{fetched.stderr}")
-    lib = fetched.stdout.strip().splitlines()[-1]
-    classes = cache_dir / "classes"
-    classpath = f"{classes}:{lib}/*"
-    marker = cache_dir / ".complete"
-    if marker.is_file() and marker.read_text() == SOURCE_ARTIFACT:
-        return classpath
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    archive = cache_dir / f"rocketmq-all-{ROCKETMQ_VERSION}-source-release.zip"
-    if not archive.is_file():
-        log(f"fetching {SOURCE_ARTIFACT} with Maven into {cache_dir}")
-        subprocess.run(
-            [
-                os.environ.get("MVN", "mvn"),
-                "-q",
-                "-B",
-                "-Dstyle.color=never",
-                f"{DEPENDENCY_PLUGIN}:copy",
-                f"-Dartifact={SOURCE_ARTIFACT}",
-                f"-DoutputDirectory={cache_dir}",
-            ],
-            check=True,
-            timeout=900,
-        )
-    src = cache_dir / "src"
-    src.mkdir(exist_ok=True)
-    with zipfile.ZipFile(archive) as zf:
-        for name in PRODUCER_SOURCES:
-            (src / name).write_bytes(zf.read(BENCHMARK_SRC + name))
-    shutil.rmtree(classes, ignore_errors=True)
-    subprocess.run(
-        [
-            java_bin("javac"),
-            "-nowarn",
-            "-d",
-            str(classes),
-            "-cp",
-            f"{lib}/*",
-            *(str(src / name) for name in PRODUCER_SOURCES),
-        ],
-        check=True,
-        timeout=600,
-    )
-    marker.write_text(SOURCE_ARTIFACT)
-    return classpath
 
 
 # --------------------------------------------------------------------------- sampling
@@ -211,60 +134,6 @@ class Sample:
     disk_writes: int | None
     disk_flushes: int | None
     broker_threads: dict[str, float]  # CPU seconds per thread group, see thread_groups_cpu
-
-
-def thread_groups_cpu(pid: int | None) -> dict[str, float]:
-    """CPU seconds of a JVM's live threads, summed per name with the digits dropped
-    ("NettyServerCodecThread_3" -> "NettyServerCodecThread_"), from /proc/PID/task: where the
-    broker's CPU goes (Linux keeps the first 15 characters of a thread's name)."""
-    groups: dict[str, float] = {}
-    if pid is None:
-        return groups
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            raw = (task / "stat").read_text()
-        except OSError:
-            continue  # the thread ended
-        name = re.sub(r"\d+", "", raw[raw.index("(") + 1 : raw.rindex(")")])
-        fields = raw[raw.rindex(")") + 2 :].split()
-        groups[name] = groups.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return groups
-
-
-def machine_times() -> tuple[float, float, float]:
-    """(busy, iowait, steal) CPU seconds of the whole machine since boot, from /proc/stat."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()
-    # user nice system idle iowait irq softirq steal; guest time is already in user/nice.
-    vals = [int(v) for v in fields[1:9]]
-    tick = os.sysconf("SC_CLK_TCK")
-    return (sum(vals) - vals[3] - vals[4]) / tick, vals[4] / tick, vals[7] / tick
-
-
-def disk_of(path: Path) -> tuple[int, int]:
-    """(major, minor) of the block device holding path."""
-    dev = path.stat().st_dev
-    return os.major(dev), os.minor(dev)
-
-
-def disk_counters(device: tuple[int, int]) -> tuple[int | None, int | None]:
-    """(writes completed, flush requests completed) of a block device, from /proc/diskstats;
-    None where the device is not listed (tmpfs, overlay) or the kernel has no flush counter."""
-    for line in Path("/proc/diskstats").read_text().splitlines():
-        parts = line.split()
-        if (int(parts[0]), int(parts[1])) == device:
-            # After major, minor, name: field 5 = writes completed, field 16 = flushes (5.5+).
-            return int(parts[7]), int(parts[18]) if len(parts) > 18 else None
-    return None, None
-
-
-def broker_counters(mq: LocalRocketMQ) -> tuple[int, int]:
-    """(messages stored, commit-log bytes) since the broker started."""
-    code, body = probe.request(mq.broker_addr, GET_BROKER_RUNTIME_INFO, timeout=10.0)
-    if code != 0:
-        raise RuntimeError(f"GET_BROKER_RUNTIME_INFO answered code {code}")
-    table = json.loads(body)["table"]
-    return int(table["putMessageTimesTotal"]), int(table["commitLogMaxOffset"])
 
 
 def take_sample(mq: LocalRocketMQ, producer_pid: int, device: tuple[int, int]) -> Sample:
@@ -329,49 +198,7 @@ class RunSpec:
     threads: int
 
 
-def producer_command(
-    java_opts: str, classpath: str, mq: LocalRocketMQ, spec: RunSpec, home: Path
-) -> list[str]:
-    """The Producer's command line. user.home and the logback settings keep its client logs in
-    the data dir (the client writes ~/logs/rocketmqlogs otherwise); deploy/rocketmq's start
-    scripts copied rmq.tools.logback.xml there."""
-    return [
-        java_bin("java"),
-        *shlex.split(java_opts),
-        f"-Duser.home={home}",
-        f"-Drmq.log.dir={mq.log_dir}",
-        f"-Drmq.logback.configurationFile={home}/conf/rmq.tools.logback.xml",
-        "-Drocketmq.client.logUseSlf4j=true",
-        "-cp",
-        classpath,
-        PRODUCER_MAIN,
-        "-n",
-        mq.namesrv_addr,
-        "-t",
-        TOPIC,
-        "-s",
-        str(spec.size),
-        "-w",
-        str(spec.threads),
-        "-k",
-        str(spec.keys).lower(),
-        "-y",
-        "false",
-        "-ri",
-        str(REPORT_MS),
-    ]
-
-
-def _pump(stream: Any, lines: queue.Queue[str | None], out: Any) -> None:
-    """Copy the Producer's output to its log file and hand every line to the main thread."""
-    for line in stream:
-        out.write(line)
-        out.flush()
-        lines.put(line)
-    lines.put(None)
-
-
-def run_producer(
+def producer_run(
     mq: LocalRocketMQ,
     cmd: list[str],
     log_path: Path,
@@ -380,51 +207,29 @@ def run_producer(
     reports: int,
     idle_broker_pct: float = 0.0,
 ) -> dict[str, Any]:
-    """Run the Producer until warmup_reports + reports reports; sample the counters at report
-    number warmup_reports and at the last one; kill the Producer (by PID) in any case."""
-    parsed: list[dict[str, float]] = []
-    samples: list[Sample] = []
-    lines: queue.Queue[str | None] = queue.Queue()
-    with log_path.open("w") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we kill it by PID
-        )
-        reader = threading.Thread(target=_pump, args=(proc.stdout, lines, out), daemon=True)
-        reader.start()
-        try:
-            if warmup_reports == 0:
-                samples.append(take_sample(mq, proc.pid, device))
-            deadline = time.monotonic() + FIRST_REPORT_TIMEOUT_S
-            while len(parsed) < warmup_reports + reports:
-                try:
-                    line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-                except queue.Empty:
-                    raise RuntimeError(
-                        f"the Producer's report {len(parsed) + 1} did not come in time; "
-                        f"see {log_path}"
-                    ) from None
-                if line is None:
-                    raise RuntimeError(
-                        f"the Producer exited (status {proc.wait()}); see {log_path}"
-                    )
-                match = REPORT_RE.search(line)
-                if not match:
-                    continue
-                parsed.append({k: float(v) for k, v in match.groupdict().items()})
-                deadline = time.monotonic() + NEXT_REPORT_TIMEOUT_S
-                if len(parsed) in (warmup_reports, warmup_reports + reports):
-                    samples.append(take_sample(mq, proc.pid, device))
-        finally:
-            proc.kill()
-            proc.wait(timeout=30)
-            reader.join(timeout=10)
+    """Run the Producer until warmup_reports + reports reports, sampling the counters at report
+    number warmup_reports and at the last one; the figures of the window between them."""
+    parsed, samples = run_producer(
+        cmd, log_path, warmup_reports, reports, lambda pid: take_sample(mq, pid, device)
+    )
     before = parsed[warmup_reports - 1] if warmup_reports else None
     return summarize(parsed[warmup_reports:], before, samples[0], samples[-1], idle_broker_pct)
+
+
+def command(
+    args: argparse.Namespace, classpath: str, mq: LocalRocketMQ, spec: RunSpec
+) -> list[str]:
+    """The Producer's command line for one run; its client logs go to the store's dir."""
+    return producer_command(
+        args.producer_java_opts,
+        classpath,
+        mq,
+        mq.data_dir / "home",
+        topic=TOPIC,
+        size=spec.size,
+        threads=spec.threads,
+        keys=spec.keys,
+    )
 
 
 def summarize(
@@ -580,12 +385,15 @@ def wait_for_quiet(mq: LocalRocketMQ, limit_s: float, others_max_pct: float) -> 
     share, or None when the machine stayed busy. Other people's work on the shared cores takes
     CPU from the broker and client and lowers the measured rate, so runs can wait for a lull."""
     deadline = time.monotonic() + limit_s
+
+    def ours() -> float:
+        return (proc_cpu(mq.pid("broker")) or 0.0) + (proc_cpu(mq.pid("namesrv")) or 0.0)
+
     while True:
-        ours0 = (proc_cpu(mq.pid("broker")) or 0.0) + (proc_cpu(mq.pid("namesrv")) or 0.0)
-        busy0, t0 = machine_times()[0], time.monotonic()
+        window = CpuWindow({"ours": ours, "busy": machine_busy_s})
         time.sleep(QUIET_PROBE_S)
-        ours1 = (proc_cpu(mq.pid("broker")) or 0.0) + (proc_cpu(mq.pid("namesrv")) or 0.0)
-        others = (machine_times()[0] - busy0 - (ours1 - ours0)) / (time.monotonic() - t0) * 100
+        window.close()
+        others = window.percent((window.used("busy") or 0.0) - (window.used("ours") or 0.0))
         if others < others_max_pct:
             return round(others, 1)
         if time.monotonic() + QUIET_PROBE_S > deadline:
@@ -595,10 +403,9 @@ def wait_for_quiet(mq: LocalRocketMQ, limit_s: float, others_max_pct: float) -> 
 def idle_cpu_pct(mq: LocalRocketMQ, seconds: float) -> float:
     """CPU the broker JVM burns with no client, % of a core, over `seconds`."""
     pid = mq.pid("broker")
-    cpu0, t0 = proc_cpu(pid) or 0.0, time.monotonic()
+    window = CpuWindow({"broker": lambda: proc_cpu(pid) or 0.0})
     time.sleep(seconds)
-    cpu1, t1 = proc_cpu(pid) or 0.0, time.monotonic()
-    return round((cpu1 - cpu0) / (t1 - t0) * 100, 1)
+    return round(window.close().percent(window.used("broker") or 0.0), 1)
 
 
 def bench_mode(
@@ -620,13 +427,12 @@ def bench_mode(
             f"{mode}: RocketMQ up in {out['start_s']} s ({mq.namesrv_addr}, {mq.broker_addr}); "
             f"fdatasync 4 KiB {out['fdatasync_4k_before']}"
         )
-        home = mq.data_dir / "home"
         if args.broker_warmup_reports:
             spec = RunSpec(mode, args.sizes[0], False, 16)
-            cmd = producer_command(args.producer_java_opts, classpath, mq, spec, home)
+            cmd = command(args, classpath, mq, spec)
             log(f"{mode}: warming the broker up ({args.broker_warmup_reports} reports)")
             warmup_log = mq.log_dir / "producer-warmup.out"
-            run_producer(mq, cmd, warmup_log, device, args.broker_warmup_reports - 1, 1)
+            producer_run(mq, cmd, warmup_log, device, args.broker_warmup_reports - 1, 1)
         out["broker_idle_cpu_pct"] = idle_cpu_pct(mq, IDLE_SECONDS)
         log(f"{mode}: idle broker: {out['broker_idle_cpu_pct']}% of a core")
         for size, keys, threads in itertools.product(args.sizes, args.keys, args.threads):
@@ -634,7 +440,7 @@ def bench_mode(
             if time.monotonic() > deadline:
                 out["errors"].append(f"skipped (budget): {spec}")
                 continue
-            cmd = producer_command(args.producer_java_opts, classpath, mq, spec, home)
+            cmd = command(args, classpath, mq, spec)
             run_log = mq.log_dir / f"producer-{size}B-keys{int(keys)}-w{threads}.out"
             if args.wait_quiet:
                 waiting_since = time.monotonic()
@@ -645,7 +451,7 @@ def bench_mode(
                 )
             load_before = loadavg()
             try:
-                result = run_producer(
+                result = producer_run(
                     mq,
                     cmd,
                     run_log,

@@ -1,10 +1,12 @@
 """RocketMQ in the benches: a LocalRocketMQ (tests/support/rocketmq.py) with the JVM options
-of a benchmark, its stop that leaves no JVM behind, and `RocketMQBridge`, our broker on
-``store=rocketmq`` together with the RocketMQ it needs (run_bench.py's ``ours-rocketmq``)."""
+of a benchmark, its stop that leaves no JVM behind, the broker's own counters, and
+`RocketMQBridge`, our broker on ``store=rocketmq`` together with the RocketMQ it needs
+(run_bench.py's ``ours-rocketmq``)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -13,7 +15,7 @@ from typing import Any
 
 from tests.bench.harness.common import first_line, log, run_text
 from tests.bench.harness.processes import Broker, ours_command
-from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq import LocalRocketMQ, probe
 
 ROCKETMQ_VERSION = "5.3.3"
 # deploy/rocketmq/env.sh runs the JVMs with the C1 JIT only (fast start-up for tests) and
@@ -22,6 +24,7 @@ DEFAULT_ROCKETMQ_JAVA_OPTS = "-XX:TieredStopAtLevel=4"
 ROCKETMQ_VARIANT = "ours-rocketmq"
 # Appended to the bridge's command line for the ours-rocketmq variant.
 ROCKETMQ_BRIDGE_ARGS = "--set store=rocketmq --set rocketmq_namesrv={namesrv}"
+GET_BROKER_RUNTIME_INFO = 28  # RequestCode
 
 
 def local_rocketmq(workdir: Path, java_opts: str, flush_disk_type: str) -> LocalRocketMQ:
@@ -51,6 +54,15 @@ def stop_rocketmq(mq: LocalRocketMQ) -> None:
                 log(f"    RocketMQ JVM {pid} still running after stop.sh; SIGKILL")
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def broker_counters(mq: LocalRocketMQ) -> tuple[int, int]:
+    """(messages stored, commit-log bytes) since the broker started."""
+    code, body = probe.request(mq.broker_addr, GET_BROKER_RUNTIME_INFO, timeout=10.0)
+    if code != 0:
+        raise RuntimeError(f"GET_BROKER_RUNTIME_INFO answered code {code}")
+    table = json.loads(body)["table"]
+    return int(table["putMessageTimesTotal"]), int(table["commitLogMaxOffset"])
 
 
 class RocketMQBridge(Broker):
