@@ -115,13 +115,13 @@ def test_qos2_resend_after_an_unanswered_send_is_not_stored_twice(
         await asyncio.sleep(0.2)
         pub, transport = await open_connection(node, "publisher")
         # The broker stores the message but its answer is lost: the send times out.
-        real = store._answered
-        monkeypatch.setattr(store, "_answered", lambda send, response, error: None)
+        real = store._pipeline._answered
+        monkeypatch.setattr(store._pipeline, "_answered", lambda send, response, error: None)
         pub.data_received(codec.encode(Publish(f"{topic}/x", b"once", 2, packet_id=5)))
         await _until(lambda: transport.closed, 10)
         assert not any(isinstance(p, Pubrec) for p in transport.packets())
         pub.connection_lost(None)
-        monkeypatch.setattr(store, "_answered", real)
+        monkeypatch.setattr(store._pipeline, "_answered", real)
 
         pub, transport = await open_connection(node, "publisher")
         pub.data_received(codec.encode(Publish(f"{topic}/x", b"once", 2, dup=True, packet_id=5)))

@@ -1,0 +1,344 @@
+"""The RocketMQ store's write path: submitted messages on their way to the broker, in order.
+
+`new_send` turns a message into what is sent (SEND_MESSAGE_V2 properties, light queues to
+dispatch to). `SendPipeline` sends them in submission order over one connection per broker,
+pipelined (without waiting for earlier answers) but at most `send_window` at a time, matches
+the answers, fails sends not answered within `send_timeout`, and completes the callbacks in
+submission order whatever order the answers take (see "Order" and "Durability" in store.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.storage.base import Message, StoreUnavailable
+from bridge.storage.rocketmq.client import RocketMQClient
+from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingConnection, RocketMQError
+from bridge.storage.rocketmq.mapping import MULTI_DISPATCH, to_rocketmq
+from bridge.storage.rocketmq.messages import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT_STORE_MSG_OK,
+    send_message_v2_fields,
+)
+from bridge.storage.rocketmq.queues import QueueEnds
+from bridge.storage.rocketmq.wire import RemotingCommand, RequestCode, ResponseCode
+
+__all__ = ["DurableCallback", "Send", "SendPipeline", "future_callback", "new_send"]
+
+# The store's logger: these are the store's sends.
+log = logging.getLogger("bridge.storage.rocketmq")
+
+DurableCallback = Callable[[int | None, BaseException | None], None]
+
+_SEND_OK = ResponseCode.SUCCESS
+_NOT_DURABLE: dict[int, str] = {
+    ResponseCode.FLUSH_DISK_TIMEOUT: "the broker did not flush it to disk in time",
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: "the broker's slave did not confirm it in time",
+    ResponseCode.SLAVE_NOT_AVAILABLE: "the broker's slave is not available",
+}
+
+
+@dataclass(slots=True)
+class Send:
+    """One submitted message on its way to the broker."""
+
+    topic: str
+    tag: str
+    keys: str
+    properties: dict[str, str]
+    body: bytes
+    queues: tuple[str, ...]
+    size: int
+    callback: DurableCallback | None
+    meta_durable: asyncio.Future[None] | None = None
+    sent_at: float = 0.0
+    conn: RemotingConnection | None = None
+    opaque: int = -1
+    done: bool = False
+    seq: int | None = None
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Target:
+    """Where a RocketMQ topic's messages go: one broker's queues, round-robin."""
+
+    addr: str
+    broker: str
+    queue_ids: list[int]
+    counter: Any = field(default_factory=itertools.count)
+
+
+def _seq_of(offset_msg_id: str) -> int:
+    """The commit-log offset in a broker message id (store host + port + offset, hex)."""
+    return int(offset_msg_id[-16:], 16)
+
+
+def new_send(
+    message: Message, queues: tuple[str, ...], dispatch: str, callback: DurableCallback | None
+) -> Send:
+    """What sending `message` for the bridge `queues` takes; `dispatch` names their light
+    queues (the INNER_MULTI_DISPATCH property, "" for none)."""
+    topic, tag, keys, properties, body = to_rocketmq(message, ())
+    if dispatch:
+        properties[MULTI_DISPATCH] = dispatch
+    properties[PROPERTY_TAGS] = tag
+    if keys:
+        properties[PROPERTY_KEYS] = keys
+    properties[PROPERTY_UNIQ_KEY] = os.urandom(16).hex().upper()
+    properties[PROPERTY_WAIT_STORE_MSG_OK] = "true"
+    size = len(message.payload) + len(message.topic.encode())
+    return Send(topic, tag, keys, properties, body, queues, size, callback)
+
+
+def future_callback(future: asyncio.Future[int]) -> DurableCallback:
+    """A durability callback that resolves `future` (unless it is done already)."""
+
+    def done(seq: int | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            assert seq is not None
+            future.set_result(seq)
+
+    return done
+
+
+class SendPipeline:
+    """The sends of one store: queued, in flight, answered, completed in order.
+
+    Handed the client whose connections it sends over, the queue ends it counts confirmed
+    messages in, and the store's `stats` (it counts "sent", "send_failures", "send_timeouts").
+    """
+
+    def __init__(
+        self,
+        client: RocketMQClient,
+        ends: QueueEnds,
+        stats: dict[str, int],
+        *,
+        send_timeout: float,
+        send_window: int,
+    ) -> None:
+        self._client = client
+        self._ends = ends
+        self._stats = stats
+        self.send_timeout = send_timeout
+        self.send_window = send_window
+        self._running = False
+        self._sendq: deque[Send] = deque()
+        self._inflight: deque[Send] = deque()
+        self._window_open: asyncio.Event | None = None
+        self._pump_task: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._targets: dict[str, _Target] = {}
+
+    @property
+    def pending(self) -> int:
+        """Sends not completed yet: queued, or sent and waiting (for their answer or for the
+        completion of earlier ones)."""
+        return len(self._sendq) + len(self._inflight)
+
+    def start(self) -> None:
+        """Start failing sends the broker does not answer in time."""
+        self._running = True
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def stop(self, error: StoreUnavailable) -> None:
+        """Stop sending; every send not completed yet fails with `error`."""
+        self._running = False
+        for task in (self._pump_task, self._sweeper):
+            if task is not None:
+                task.cancel()
+        self._fail_all(error)
+
+    def enqueue(self, send: Send) -> None:
+        """Queue a send behind the others; start the pump if it is not running."""
+        self._sendq.append(send)
+        if self._pump_task is None:
+            self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _pump(self) -> None:
+        """Send queued messages in order; a message whose meta is not yet durable holds back
+        the ones after it (so the broker sees them in submission order)."""
+        client = self._client
+        try:
+            while self._sendq:
+                if len(self._inflight) >= self.send_window:
+                    # Bounded pipeline: a burst queues here rather than in the broker's send
+                    # queue, which refuses requests that wait there too long.
+                    self._window_open = asyncio.Event()
+                    await self._window_open.wait()
+                    continue
+                send = self._sendq[0]
+                if send.meta_durable is not None and not send.meta_durable.done():
+                    await asyncio.wait([send.meta_durable])
+                self._sendq.popleft()
+                if send.meta_durable is not None and send.meta_durable.exception() is not None:
+                    self._finish(send, None, StoreUnavailable(str(send.meta_durable.exception())))
+                    self._complete_in_order()
+                    continue
+                try:
+                    target = self._targets.get(send.topic) or await self._target(send.topic)
+                    conn = await client.connection(target.addr)
+                    fields = send_message_v2_fields(
+                        producer_group=client.producer_group,
+                        topic=send.topic,
+                        queue_id=target.queue_ids[next(target.counter) % len(target.queue_ids)],
+                        properties=send.properties,
+                        born_timestamp=int(time.time() * 1000),
+                    )
+                    send.sent_at = time.monotonic()
+                    send.conn = conn
+                    self._inflight.append(send)
+                    send.opaque = conn.request_nowait(
+                        RequestCode.SEND_MESSAGE_V2,
+                        fields,
+                        send.body,
+                        lambda response, error, send=send: self._answered(send, response, error),
+                    )
+                except (RocketMQError, OSError, ValueError) as exc:
+                    self._targets.pop(send.topic, None)
+                    maybe = isinstance(exc, BrokerUnavailable) and exc.maybe_delivered
+                    error = StoreUnavailable(f"RocketMQ send failed: {exc}", maybe_stored=maybe)
+                    if send not in self._inflight:
+                        self._inflight.append(send)
+                    self._finish(send, None, error)
+                    # The broker is unreachable: everything queued behind fails now too (the
+                    # publishers resend) instead of each waiting for its own reconnect attempts.
+                    if not isinstance(exc, ValueError):
+                        while self._sendq:
+                            behind = self._sendq.popleft()
+                            self._inflight.append(behind)
+                            self._finish(behind, None, StoreUnavailable(str(error)))
+                    self._complete_in_order()
+                    continue
+                if not conn.writable:
+                    await conn.drained()
+        finally:
+            self._pump_task = None
+            if self._sendq and self._running:
+                self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _target(self, topic: str) -> _Target:
+        """Route a RocketMQ topic (unknown topics go through the default topic's route, so a
+        broker with autoCreateTopicEnable creates them)."""
+        broker, _queue_id, addr = await self._client.choose_queue(topic)
+        try:
+            route = await self._client.get_route(topic)
+            queue_ids = sorted(qid for name, qid in route.write_queues() if name == broker)
+        except RocketMQError:
+            queue_ids = []
+        target = _Target(addr, broker, queue_ids or [_queue_id])
+        if queue_ids:
+            self._targets[topic] = target
+        return target
+
+    def _answered(
+        self, send: Send, response: RemotingCommand | None, error: BaseException | None
+    ) -> None:
+        if send.done:
+            return
+        if response is None:
+            self._targets.pop(send.topic, None)
+            self._finish(
+                send,
+                None,
+                StoreUnavailable(f"RocketMQ connection lost: {error}", maybe_stored=True),
+            )
+        elif response.code == _SEND_OK:
+            try:
+                seq = _seq_of(response.ext_fields["msgId"])
+            except (KeyError, ValueError):
+                self._finish(send, None, StoreUnavailable("SEND_OK without a message id"))
+            else:
+                self._finish(send, seq, None)
+        else:
+            reason = _NOT_DURABLE.get(response.code)
+            if response.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
+                self._targets.pop(send.topic, None)
+                self._client.invalidate_route(send.topic)
+            self._finish(
+                send,
+                None,
+                StoreUnavailable(
+                    f"RocketMQ did not store the message: {reason or response.remark} "
+                    f"(code {response.code})",
+                    maybe_stored=reason is not None,
+                ),
+            )
+        self._complete_in_order()
+
+    def _finish(self, send: Send, seq: int | None, error: BaseException | None) -> None:
+        send.done = True
+        send.seq = seq
+        send.error = error
+        if error is None:
+            self._stats["sent"] += 1
+            self._ends.count_stored(send.queues, send.size)
+        else:
+            self._stats["send_failures"] += 1
+
+    def _complete_in_order(self) -> None:
+        inflight = self._inflight
+        while inflight and inflight[0].done:
+            send = inflight.popleft()
+            if send.callback is None:
+                if send.error is not None:
+                    log.debug("QoS 0 message not stored: %s", send.error)
+                continue
+            try:
+                send.callback(send.seq, send.error)
+            except Exception:
+                log.exception("a durability callback failed")
+        if self._window_open is not None and len(inflight) <= self.send_window // 2:
+            self._window_open.set()
+            self._window_open = None
+
+    async def _sweep(self) -> None:
+        """Fail sends the broker has not answered within `send_timeout`."""
+        interval = min(0.25, self.send_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            expired = False
+            for send in self._inflight:
+                if send.done or not send.sent_at:
+                    continue
+                if now - send.sent_at < self.send_timeout:
+                    break
+                if send.conn is not None:
+                    send.conn.forget(send.opaque)
+                self._stats["send_timeouts"] += 1
+                self._finish(
+                    send,
+                    None,
+                    StoreUnavailable(
+                        f"RocketMQ did not answer a send within {self.send_timeout:.1f} s",
+                        maybe_stored=True,
+                    ),
+                )
+                expired = True
+            if expired:
+                self._targets.clear()
+                self._complete_in_order()
+
+    def _fail_all(self, error: StoreUnavailable) -> None:
+        while self._sendq:
+            self._inflight.append(self._sendq.popleft())
+        for send in self._inflight:
+            if not send.done:
+                self._finish(send, None, error)
+        self._complete_in_order()
