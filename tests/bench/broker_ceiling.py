@@ -103,8 +103,8 @@ from tests.bench.harness.producer import (
 )
 from tests.bench.harness.report import plain_table
 from tests.bench.harness.rocketmq import (
-    DEFAULT_ROCKETMQ_JAVA_OPTS,
     ROCKETMQ_VERSION,
+    add_rocketmq_option,
     broker_counters,
 )
 from tests.support.rocketmq import LocalRocketMQ
@@ -336,11 +336,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="length of the unreported run (16 threads, first size) that warms the broker's JIT "
         "after each start, in reports; 0: none (default: %(default)s)",
     )
-    p.add_argument(
-        "--rocketmq-java-opts",
-        default=DEFAULT_ROCKETMQ_JAVA_OPTS,
-        help="ROCKETMQ_JAVA_OPTS for the RocketMQ JVMs (default: %(default)s)",
-    )
+    add_rocketmq_option(p)
     p.add_argument("--producer-java-opts", default=DEFAULT_PRODUCER_JAVA_OPTS)
     p.add_argument(
         "--wait-quiet",

@@ -102,7 +102,7 @@ from tests.bench.harness.loadgen import (
 from tests.bench.harness.processes import stock_mosquitto
 from tests.bench.harness.procfs import loadavg
 from tests.bench.harness.report import payload_label
-from tests.bench.harness.rocketmq import DEFAULT_ROCKETMQ_JAVA_OPTS
+from tests.bench.harness.rocketmq import add_rocketmq_option
 
 # Pause between the last SUBACK and the first publish (loadgen -settle), see the docstring.
 SETTLE = "500ms"
@@ -347,11 +347,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="add `set_tcp_nodelay true` to Mosquitto's config (default: stock, Nagle on)",
     )
-    ap.add_argument(
-        "--rocketmq-java-opts",
-        default=DEFAULT_ROCKETMQ_JAVA_OPTS,
-        help="ROCKETMQ_JAVA_OPTS for the RocketMQ JVMs (default: %(default)s)",
-    )
+    add_rocketmq_option(ap)
     add_loadgen_options(ap)
     args = ap.parse_args(argv)
     args.broker_list = [b.strip() for b in args.brokers.split(",") if b.strip()]

@@ -53,9 +53,9 @@ from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen, load
 from tests.bench.harness.processes import Broker, ours_broker, stock_mosquitto, stopped_at_exit
 from tests.bench.harness.procfs import loadavg
 from tests.bench.harness.rocketmq import (
-    DEFAULT_ROCKETMQ_JAVA_OPTS,
     ROCKETMQ_VARIANT,
     RocketMQBridge,
+    add_rocketmq_option,
 )
 from tests.bench.harness.versus import BrokerScenario, Target, bench_broker, report
 
@@ -301,11 +301,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="add `set_tcp_nodelay true` to Mosquitto's config (default: its stock "
         "setting, false, i.e. Nagle's algorithm on)",
     )
-    ap.add_argument(
-        "--rocketmq-java-opts",
-        default=DEFAULT_ROCKETMQ_JAVA_OPTS,
-        help="ROCKETMQ_JAVA_OPTS for the RocketMQ JVMs of ours-rocketmq (default: %(default)s)",
-    )
+    add_rocketmq_option(ap, "the RocketMQ JVMs of ours-rocketmq")
     ap.add_argument(
         "--budget",
         type=float,

@@ -73,7 +73,7 @@ from tests.bench.harness.procfs import (
     proc_cpu,
     session_cpu,
 )
-from tests.bench.harness.rocketmq import DEFAULT_ROCKETMQ_JAVA_OPTS, local_rocketmq, stop_rocketmq
+from tests.bench.harness.rocketmq import add_rocketmq_option, local_rocketmq, stop_rocketmq
 from tests.bench.harness.spark import (
     PROBE_DEVICE,
     QUERIES,
@@ -433,11 +433,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument("--skip-e2e", action="store_true", help="only the batch reads")
     ap.add_argument("--skip-read", action="store_true", help="only the end-to-end run")
-    ap.add_argument(
-        "--rocketmq-java-opts",
-        default=DEFAULT_ROCKETMQ_JAVA_OPTS,
-        help="ROCKETMQ_JAVA_OPTS for the RocketMQ JVMs (default: %(default)s)",
-    )
+    add_rocketmq_option(ap)
     args = ap.parse_args(argv)
     if args.messages < 1 or args.runs < 1 or args.e2e_seconds <= 0:
         ap.error("--messages and --runs must be at least 1, --e2e-seconds positive")

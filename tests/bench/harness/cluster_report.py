@@ -15,6 +15,7 @@ from tests.bench.harness.report import (
     fmt_pct,
     fmt_ratio,
     fmt_val,
+    log_table,
     md_table,
     payload_label,
     plain_table,
@@ -253,17 +254,20 @@ def report(
         markdown(meta, comparison, scaling, cpu, incidents)
     )
 
-    log("")
-    log("3-node cluster vs one Mosquitto (x_: pubs on node1, subs on node2/3; lb_: via HAProxy):")
-    log(plain_table(COMPARISON_HEAD, [comparison_cells(r) for r in comparison], right={3, 4, 5}))
+    log_table(
+        "3-node cluster vs one Mosquitto (x_: pubs on node1, subs on node2/3; lb_: via HAProxy):",
+        plain_table(COMPARISON_HEAD, [comparison_cells(r) for r in comparison], right={3, 4, 5}),
+    )
     if scaling:
-        log("")
-        log("scaling via HAProxy, delivered msg/s:")
-        log(plain_table(SCALING_HEAD, [scaling_cells(r) for r in scaling], set(range(2, 9))))
+        log_table(
+            "scaling via HAProxy, delivered msg/s:",
+            plain_table(SCALING_HEAD, [scaling_cells(r) for r in scaling], set(range(2, 9))),
+        )
     if cpu:
-        log("")
-        log("CPU (% of one core over each run; machine 200% = both cores), µs broker CPU/msg:")
-        log(plain_table(CPU_HEAD, cpu, right=set(range(2, len(CPU_HEAD)))))
+        log_table(
+            "CPU (% of one core over each run; machine 200% = both cores), µs broker CPU/msg:",
+            plain_table(CPU_HEAD, cpu, right=set(range(2, len(CPU_HEAD)))),
+        )
     if incidents:
         log("")
         log("cluster incidents in the node logs (run: node: line):")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.bench.harness.common import log
+
 MISSING = "—"
 
 
@@ -20,6 +22,13 @@ def plain_table(head: list[str], body: list[list[str]], right: set[int]) -> str:
 
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(head), sep, *(line(r) for r in body)])
+
+
+def log_table(caption: str, table: str) -> None:
+    """A table on the terminal: a blank line, its caption, the table."""
+    log("")
+    log(caption)
+    log(table)
 
 
 def md_table(head: list[str], body: list[list[str]], right: set[int]) -> list[str]:

@@ -5,6 +5,7 @@ of a benchmark, its stop that leaves no JVM behind, the broker's own counters, a
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -25,6 +26,15 @@ ROCKETMQ_VARIANT = "ours-rocketmq"
 # Appended to the bridge's command line for the ours-rocketmq variant.
 ROCKETMQ_BRIDGE_ARGS = "--set store=rocketmq --set rocketmq_namesrv={namesrv}"
 GET_BROKER_RUNTIME_INFO = 28  # RequestCode
+
+
+def add_rocketmq_option(ap: argparse.ArgumentParser, jvms: str = "the RocketMQ JVMs") -> None:
+    """--rocketmq-java-opts: ROCKETMQ_JAVA_OPTS for the JVMs a bench starts."""
+    ap.add_argument(
+        "--rocketmq-java-opts",
+        default=DEFAULT_ROCKETMQ_JAVA_OPTS,
+        help=f"ROCKETMQ_JAVA_OPTS for {jvms} (default: %(default)s)",
+    )
 
 
 def local_rocketmq(workdir: Path, java_opts: str, flush_disk_type: str) -> LocalRocketMQ:

@@ -32,6 +32,7 @@ from tests.bench.harness.report import (
     fmt_ratio,
     fmt_val,
     get_path,
+    log_table,
     md_table,
     payload_label,
     plain_table,
@@ -445,17 +446,17 @@ def report(
         log("")
         log(comparison_text(main_rows, MAIN_COLUMNS))
     if rmq_rows:
-        log("")
-        log(
+        log_table(
             "QoS 1 set (rq_*): ours-rocketmq = the bridge with store=rocketmq; 10->10 = 10 "
             "publisher->subscriber pairs, a topic per pair; msgs/s = delivered, pub msgs/s = "
-            "published (stored and acknowledged)"
+            "published (stored and acknowledged)",
+            comparison_text(rmq_rows, ROCKETMQ_COLUMNS),
         )
-        log(comparison_text(rmq_rows, ROCKETMQ_COLUMNS))
     if resources:
-        log("")
-        log("CPU (% of one core over the scenario) and RSS (MB) after it:")
-        log(plain_table(RESOURCE_HEAD, resources, right=set(range(2, len(RESOURCE_HEAD)))))
+        log_table(
+            "CPU (% of one core over the scenario) and RSS (MB) after it:",
+            plain_table(RESOURCE_HEAD, resources, right=set(range(2, len(RESOURCE_HEAD)))),
+        )
     if checked:
         log("")
         log("targets (ours-rocketmq):")
