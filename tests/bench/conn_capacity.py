@@ -34,7 +34,6 @@ missing the memory target is a result, not an error.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import resource
@@ -58,6 +57,7 @@ from tests.bench.harness.common import (
     tail,
     tool_versions,
     utc_now,
+    write_results,
 )
 from tests.bench.harness.loadgen import (
     IDLE_KEEPALIVE_S,
@@ -579,8 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         "servers": {r.name: asdict(r) for r in runs},
         "summary": summary,
     }
-    (args.results_dir / "conn-capacity.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (args.results_dir / "conn-capacity.md").write_text(markdown(meta, runs, summary))
+    wrote = write_results(args.results_dir, "conn-capacity", doc, markdown(meta, runs, summary))
 
     log("")
     log(plain_table(TABLE_HEAD, table_rows(runs), right=set(range(1, len(TABLE_HEAD)))))
@@ -590,10 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in runs if r.status != "ok"]
     for r in failed:
         log(f"FAILED {r.name}: " + "\n    ".join(r.errors))
-    log(
-        f"wrote {args.results_dir / 'conn-capacity.json'} and "
-        f"{args.results_dir / 'conn-capacity.md'} (total {meta['wall_s']:.0f} s)"
-    )
+    log(f"{wrote} (total {meta['wall_s']:.0f} s)")
     return 1 if failed else 0
 
 

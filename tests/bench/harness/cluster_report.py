@@ -4,12 +4,11 @@ node logs; printed and written as JSON and Markdown."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from tests.bench.harness.cluster import INCIDENT, NODE_IDS, ClusterScenario
-from tests.bench.harness.common import log
+from tests.bench.harness.common import log, write_results
 from tests.bench.harness.report import (
     completed,
     fmt_pct,
@@ -249,10 +248,8 @@ def report(
         "comparison": comparison,
         "scaling": scaling,
     }
-    (results_dir / f"{RESULT_PREFIX}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (results_dir / f"{RESULT_PREFIX}.md").write_text(
-        markdown(meta, comparison, scaling, cpu, incidents)
-    )
+    md = markdown(meta, comparison, scaling, cpu, incidents)
+    wrote = write_results(results_dir, RESULT_PREFIX, doc, md)
 
     log_table(
         "3-node cluster vs one Mosquitto (x_: pubs on node1, subs on node2/3; lb_: via HAProxy):",
@@ -274,10 +271,7 @@ def report(
         for i in incidents:
             log(f"  {i['run']}: {i['node']}: {i['line']}")
     log("")
-    log(
-        f"wrote {results_dir / (RESULT_PREFIX + '.json')} and "
-        f"{results_dir / (RESULT_PREFIX + '.md')} (total {meta['wall_s']:.0f} s)"
-    )
+    log(f"{wrote} (total {meta['wall_s']:.0f} s)")
 
 
 def markdown(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import platform
 import shlex
 import shutil
@@ -108,6 +109,15 @@ def copy_logs(logs: Mapping[str, Path | str], dest_dir: Path, prefix: str = "") 
         if Path(src).is_file():
             with contextlib.suppress(OSError):
                 shutil.copyfile(src, dest_dir / f"{prefix}{name}")
+
+
+def write_results(results_dir: Path, name: str, doc: dict[str, Any], markdown: str) -> str:
+    """Write results_dir/name.json (`doc`) and name.md; the line that says so, for the end of
+    the output."""
+    json_path, md_path = results_dir / f"{name}.json", results_dir / f"{name}.md"
+    json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    md_path.write_text(markdown)
+    return f"wrote {json_path} and {md_path}"
 
 
 def matching(items: list[Any], patterns: str) -> list[Any]:

@@ -6,7 +6,6 @@ Markdown."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tests.bench.harness.common import HOST, Budget, log, tail
+from tests.bench.harness.common import HOST, Budget, log, tail, write_results
 from tests.bench.harness.loadgen import Scenario, run_loadgen
 from tests.bench.harness.processes import Broker
 from tests.bench.harness.procfs import (
@@ -437,8 +436,7 @@ def report(
         "comparison": rows,
         "targets": checked,
     }
-    (results_dir / "latest.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (results_dir / "latest.md").write_text(markdown(meta, rows, resources, checked))
+    wrote = write_results(results_dir, "latest", doc, markdown(meta, rows, resources, checked))
 
     main_rows = [r for r in rows if r["group"] == "main"]
     rmq_rows = [r for r in rows if r["group"] == "rocketmq"]
@@ -467,7 +465,4 @@ def report(
         "ratio = ours (or ours-rocketmq) / mosquitto: for msgs/s higher is better, for latency "
         "(ms) lower is better."
     )
-    log(
-        f"wrote {results_dir / 'latest.json'} and {results_dir / 'latest.md'} "
-        f"(total {meta['wall_s']:.0f} s)"
-    )
+    log(f"{wrote} (total {meta['wall_s']:.0f} s)")
