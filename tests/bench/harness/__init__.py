@@ -1,13 +1,21 @@
 """The bench harness: what the scripts in tests/bench/ share, so that each script holds only its
-scenarios, its report's content and its command line.
+scenarios, what its report says and its command line.
 
-- common: paths, logging, SIGTERM, run metadata, time budget, keeping logs;
+Shared by several scripts:
+
+- common: paths, logging, SIGTERM, run metadata, time budget, keeping logs, writing results;
 - procfs: CPU, RSS and load readings from /proc, and CpuWindow around a run;
 - processes: server processes (Broker) and how Mosquitto and our bridge are started;
-- rocketmq: RocketMQ started and stopped for a bench, and the ours-rocketmq broker;
-- loadgen: the Go load generator (build, one run, a Scenario, idle mode);
+- loadgen: the Go load generator (build, one run, Scenario, idle mode);
+- rocketmq: RocketMQ started and stopped for a bench, its counters, the ours-rocketmq broker;
 - report: plain-text and Markdown tables and their cells.
 
-Modules of one bench's machinery are named after it (versus: run_bench.py's side-by-side runs).
-Harness modules import each other only downwards in that list, never a script.
+The machinery of one script, named after what it drives:
+
+- versus: run_bench.py's side-by-side runs and comparison report;
+- cluster, cluster_report: cluster_bench.py's cluster under test and its report;
+- spark, spark_report: spark_bench.py's Spark jobs, stream job and sink, and its report;
+- producer: broker_ceiling.py's RocketMQ benchmark Producer.
+
+A module imports only modules above it in these lists, and never a script.
 """
