@@ -174,6 +174,14 @@ class Connection(asyncio.Protocol):
         self.node.metrics.packets_out[data[0] >> 4] += 1
         self._queue(data)
 
+    def send_message(self, data: bytes, payload_size: int, *, metered: bool = True) -> None:
+        """Queue an encoded PUBLISH and meter it (`metered=False` for a resend after a
+        reconnect, which is not metered twice)."""
+        if metered:
+            self.msgs_out += 1
+            self.payload_out += payload_size
+        self.send(data)
+
     def _queue(self, data: bytes) -> None:
         self._out.append(data)
         if self._flush_handle is None:

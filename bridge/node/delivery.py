@@ -232,10 +232,9 @@ class Delivery:
             qos = min(message.qos, session.shared.get(share_filter_of(queue), 0))
         conn = self.conn
         if qos == 0:
-            conn.send(codec.encode_publish(message.topic, message.payload, 0, retain))
+            payload = message.payload
+            conn.send_message(codec.encode_publish(message.topic, payload, 0, retain), len(payload))
             self.metrics.counters["messages_out_qos0"] += 1
-            conn.msgs_out += 1
-            conn.payload_out += len(message.payload)
             return True
         if len(session.inflight) >= self.max_inflight:
             return None
@@ -251,9 +250,10 @@ class Delivery:
             conn.send(codec.encode(Pubrel(packet_id)))
             return True
         dup = stored.offset < session.resend_below.get(queue, -1)
-        conn.send(codec.encode_publish(message.topic, message.payload, qos, retain, dup, packet_id))
+        conn.send_message(
+            codec.encode_publish(message.topic, message.payload, qos, retain, dup, packet_id),
+            len(message.payload),
+            metered=not dup,  # a resend after a reconnect is not metered twice
+        )
         self.metrics.counters["messages_out_qos1" if qos == 1 else "messages_out_qos2"] += 1
-        if not dup:  # a resend after a reconnect is not metered twice
-            conn.msgs_out += 1
-            conn.payload_out += len(message.payload)
         return True

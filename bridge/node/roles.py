@@ -53,6 +53,10 @@ class ClientLink(Protocol):
         """Queue an encoded packet."""
         ...
 
+    def send_message(self, data: bytes, payload_size: int, *, metered: bool = True) -> None:
+        """Queue an encoded PUBLISH and meter its payload (not a resend: `metered=False`)."""
+        ...
+
     def send_droppable(self, data: bytes, payload_size: int) -> bool:
         """Send a QoS 0 PUBLISH unless the client is too slow to take it; True if sent."""
         ...

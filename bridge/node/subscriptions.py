@@ -208,9 +208,10 @@ class Subscriptions:
         for message, best in self.retained.matching(filters):
             qos = min(best, message.qos)
             if qos == 0:
-                conn.send(codec.encode_publish(message.topic, message.payload, 0, retain=True))
-                conn.msgs_out += 1
-                conn.payload_out += len(message.payload)
+                conn.send_message(
+                    codec.encode_publish(message.topic, message.payload, 0, retain=True),
+                    len(message.payload),
+                )
                 self.metrics.counters["messages_out_qos0"] += 1
                 continue
             copy = Message(

@@ -42,6 +42,12 @@ class RecordingLink:
         self._decoder.feed(data)
         self.packets.extend(self._decoder.packets())
 
+    def send_message(self, data: bytes, payload_size: int, *, metered: bool = True) -> None:
+        if metered:
+            self.msgs_out += 1
+            self.payload_out += payload_size
+        self.send(data)
+
     def close(self, reason: str, **_: Any) -> None:
         self.closed = True
         self.closed_for = reason
