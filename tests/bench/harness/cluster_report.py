@@ -14,7 +14,7 @@ from tests.bench.harness.report import (
     fmt_pct,
     fmt_ratio,
     fmt_val,
-    log_table,
+    log_section,
     md_table,
     payload_label,
     plain_table,
@@ -251,25 +251,23 @@ def report(
     md = markdown(meta, comparison, scaling, cpu, incidents)
     wrote = write_results(results_dir, RESULT_PREFIX, doc, md)
 
-    log_table(
+    log_section(
         "3-node cluster vs one Mosquitto (x_: pubs on node1, subs on node2/3; lb_: via HAProxy):",
         plain_table(COMPARISON_HEAD, [comparison_cells(r) for r in comparison], right={3, 4, 5}),
     )
     if scaling:
-        log_table(
+        log_section(
             "scaling via HAProxy, delivered msg/s:",
             plain_table(SCALING_HEAD, [scaling_cells(r) for r in scaling], set(range(2, 9))),
         )
     if cpu:
-        log_table(
+        log_section(
             "CPU (% of one core over each run; machine 200% = both cores), µs broker CPU/msg:",
             plain_table(CPU_HEAD, cpu, right=set(range(2, len(CPU_HEAD)))),
         )
     if incidents:
-        log("")
-        log("cluster incidents in the node logs (run: node: line):")
-        for i in incidents:
-            log(f"  {i['run']}: {i['node']}: {i['line']}")
+        lines = [f"  {i['run']}: {i['node']}: {i['line']}" for i in incidents]
+        log_section("cluster incidents in the node logs (run: node: line):", "\n".join(lines))
     log("")
     log(f"{wrote} (total {meta['wall_s']:.0f} s)")
 

@@ -24,11 +24,11 @@ def plain_table(head: list[str], body: list[list[str]], right: set[int]) -> str:
     return "\n".join([line(head), sep, *(line(r) for r in body)])
 
 
-def log_table(caption: str, table: str) -> None:
-    """A table on the terminal: a blank line, its caption, the table."""
+def log_section(caption: str, text: str) -> None:
+    """A table (or any block of lines) on the terminal: a blank line, its caption, the text."""
     log("")
     log(caption)
-    log(table)
+    log(text)
 
 
 def md_table(head: list[str], body: list[list[str]], right: set[int]) -> list[str]:

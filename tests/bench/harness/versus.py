@@ -31,7 +31,7 @@ from tests.bench.harness.report import (
     fmt_ratio,
     fmt_val,
     get_path,
-    log_table,
+    log_section,
     md_table,
     payload_label,
     plain_table,
@@ -444,22 +444,20 @@ def report(
         log("")
         log(comparison_text(main_rows, MAIN_COLUMNS))
     if rmq_rows:
-        log_table(
+        log_section(
             "QoS 1 set (rq_*): ours-rocketmq = the bridge with store=rocketmq; 10->10 = 10 "
             "publisher->subscriber pairs, a topic per pair; msgs/s = delivered, pub msgs/s = "
             "published (stored and acknowledged)",
             comparison_text(rmq_rows, ROCKETMQ_COLUMNS),
         )
     if resources:
-        log_table(
+        log_section(
             "CPU (% of one core over the scenario) and RSS (MB) after it:",
             plain_table(RESOURCE_HEAD, resources, right=set(range(2, len(RESOURCE_HEAD)))),
         )
     if checked:
-        log("")
-        log("targets (ours-rocketmq):")
-        for t in checked:
-            log(f"  {t['target']:<78} {t['shown']:>14}  {t['status']}")
+        lines = [f"  {t['target']:<78} {t['shown']:>14}  {t['status']}" for t in checked]
+        log_section("targets (ours-rocketmq):", "\n".join(lines))
     log("")
     log(
         "ratio = ours (or ours-rocketmq) / mosquitto: for msgs/s higher is better, for latency "
