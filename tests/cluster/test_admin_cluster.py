@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bridge.mqtt.packets import Will
-from tests.integration.test_admin_api import TOKEN, AdminHttp
+from tests.integration.admin_http import TOKEN, AdminHttp
 from tests.support.clients import RawClient, paho_client
 from tests.support.cluster import ClusterLauncher, wait_for_route
 from tests.support.processes import BridgeProcess, free_port, wait_for_port

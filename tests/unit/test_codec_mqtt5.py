@@ -34,7 +34,7 @@ from bridge.mqtt.properties import (
     read_varint,
 )
 
-from .test_codec import frame, s
+from .codec_bytes import frame, s
 
 
 def decode5(data: bytes) -> list[Packet]:
