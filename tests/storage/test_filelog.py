@@ -43,7 +43,7 @@ async def opened(path: Path, **options: Any) -> FileLogStore:
 def abandon(store: FileLogStore) -> None:
     """Drop a store without close(): no final flush or snapshot, as if the process died."""
     store._shutdown_executors()
-    for seg in store._segments:
+    for seg in store._log.segments:
         if seg.fd is not None:
             os.close(seg.fd)
             seg.fd = None

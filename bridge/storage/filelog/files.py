@@ -10,9 +10,10 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bridge.storage.filelog.index import CacheEntry, QueueIndex
 from bridge.storage.records import (
@@ -29,6 +30,10 @@ from bridge.storage.records import (
 log = logging.getLogger("bridge.storage")
 
 _SCAN_CHUNK = 4 * 1024 * 1024
+
+RunIO = Callable[..., Awaitable[Any]]
+"""How the store's parts run a function of this module: `await run_io(fn, *args)` calls
+`fn(*args)` in a worker thread of the store and returns its result."""
 
 
 class Segment:

@@ -1,14 +1,12 @@
 """Background maintenance of the file-log store: meta snapshots and retention.
 
-`LogMaintenance` is mixed into `FileLogStore` (bridge/storage/filelog.py) and owns what runs
-besides reads and group commits: after a commit it decides whether a snapshot or a retention pass
-is due and runs it as a background task; a snapshot records the meta records and queue ends as
-of a durable position, which is what lets retention delete whole old segments without losing
-meta or offsets. The store's state (segments, queues, positions, locks, executors) is created and
-owned by `FileLogStore.__init__`/`open`; the annotations below only name the part used here.
+`LogMaintenance` owns what runs besides reads and group commits: after a commit it decides
+whether a snapshot or a retention pass is due and runs it as a background task. A snapshot
+records the meta records and queue ends as of a durable position, which is what lets retention
+delete whole old segments without losing meta or offsets.
 
 Threading: as for the store, every method runs on the event loop thread; file writes and
-deletions run in the store's read executor.
+deletions run in the store's read executor (`run_io`).
 """
 
 from __future__ import annotations
@@ -16,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bridge.storage.base import StoreUnavailable
-from bridge.storage.filelog.files import Segment, remove_files, write_snapshot
+from bridge.storage.filelog.files import RunIO, Segment, remove_files, write_snapshot
 from bridge.storage.filelog.index import QueueIndex, RecordCache
+from bridge.storage.filelog.segments import SegmentLog
 
 log = logging.getLogger("bridge.storage")
 
@@ -31,53 +30,81 @@ SNAPSHOT_NAME = "meta.snapshot"
 
 
 class LogMaintenance:
-    """Snapshot and retention scheduling for `FileLogStore`; not usable on its own."""
+    """Snapshot and retention scheduling of one `FileLogStore`.
 
-    if TYPE_CHECKING:
-        # Owned and initialised by FileLogStore; declared here for the type checker only.
-        data_dir: Path
-        log_dir: Path
-        fsync: bool
-        retention_bytes: int
-        retention_seconds: float
-        retention_check_interval: float
-        snapshot_every_bytes: int
-        _loop: asyncio.AbstractEventLoop | None
-        _rexec: ThreadPoolExecutor | None
-        _segments: list[Segment]
-        _bases: list[int]
-        _pos: int
-        _durable: int
-        _log_bytes: int
-        _queues: dict[str, QueueIndex]
-        _meta: dict[str, dict[str, bytes]]
-        _cache: RecordCache
-        _tasks: set[asyncio.Task[Any]]
-        _snapshot_lock: asyncio.Lock
-        _retention_lock: asyncio.Lock
-        _snapshot_pos: int
-        _last_retention_check: float
-        _stats: dict[str, float]
+    Handed the store's log, queue indexes, meta records, record cache and stats, its settings,
+    `barrier` (a future done once everything appended so far is durable) and `run_io`. Owns the
+    snapshot position, the background tasks and the locks that keep one snapshot and one
+    retention pass at a time.
+    """
 
-        def _check_usable(self) -> None: ...
+    def __init__(
+        self,
+        log: SegmentLog,
+        queues: dict[str, QueueIndex],
+        meta: dict[str, dict[str, bytes]],
+        cache: RecordCache,
+        stats: dict[str, float],
+        *,
+        data_dir: Path,
+        fsync: bool,
+        retention_bytes: int,
+        retention_seconds: float,
+        snapshot_every_bytes: int,
+        barrier: Callable[[], Awaitable[Any]],
+        run_io: RunIO,
+    ) -> None:
+        self._log = log
+        self._queues = queues
+        self._meta = meta
+        self._cache = cache
+        self._stats = stats
+        self._data_dir = data_dir
+        self._fsync = fsync
+        self._retention_bytes = retention_bytes
+        self._retention_seconds = retention_seconds
+        self._snapshot_every_bytes = snapshot_every_bytes
+        self._barrier = barrier
+        self._run_io = run_io
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.snapshot_pos = 0
+        """The position the meta snapshot on disk was taken at."""
+        self._last_retention_check = 0.0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._snapshot_lock = asyncio.Lock()
+        self._retention_lock = asyncio.Lock()
 
-        def _barrier(self) -> asyncio.Future[Any]: ...
+    def start(self, loop: asyncio.AbstractEventLoop, snapshot_pos: int) -> None:
+        """Begin on `loop`, from the snapshot found at open."""
+        self._loop = loop
+        self.snapshot_pos = snapshot_pos
+        self._last_retention_check = loop.time()
 
-    def _after_commit(self) -> None:
-        if self._durable - self._snapshot_pos >= self.snapshot_every_bytes:
-            self._spawn(self._snapshot(), "snapshot")
-        now = self._loop.time()  # type: ignore[union-attr]
-        if now - self._last_retention_check >= self.retention_check_interval:
+    def after_commit(self, retention_check_interval: float) -> None:
+        """Start a snapshot or a retention pass in the background if one is due; whether
+        retention has work is checked at most every `retention_check_interval` seconds."""
+        loop = self._loop
+        assert loop is not None
+        if self._log.durable - self.snapshot_pos >= self._snapshot_every_bytes:
+            self._spawn(self.snapshot(), "snapshot")
+        now = loop.time()
+        if now - self._last_retention_check >= retention_check_interval:
             self._last_retention_check = now
-            if self._retention_victims():
-                self._spawn(self._retention(), "retention")
+            if self._victims():
+                self._spawn(self.retention(), "retention")
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    async def settle(self) -> None:
+        """Wait until no background task runs (their failures are logged, not raised)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         for task in self._tasks:
             if task.get_name() == name:
                 coro.close()
                 return
-        task = self._loop.create_task(coro, name=name)  # type: ignore[union-attr]
+        assert self._loop is not None
+        task = self._loop.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -86,72 +113,51 @@ class LogMaintenance:
         if not task.cancelled() and task.exception() is not None:
             log.error("background %s failed", task.get_name(), exc_info=task.exception())
 
-    async def _snapshot(self) -> bool:
+    async def snapshot(self) -> bool:
         """Write the meta snapshot as of now (once that position is durable). True on success."""
         async with self._snapshot_lock:
-            position = self._pos
-            if position == self._snapshot_pos:
+            position = self._log.pos
+            if position == self.snapshot_pos:
                 return True
             meta = {kind: dict(records) for kind, records in self._meta.items()}
             ends = {name: q.end for name, q in self._queues.items()}
             try:
                 await self._barrier()
-                await self._loop.run_in_executor(  # type: ignore[union-attr]
-                    self._rexec,
+                await self._run_io(
                     write_snapshot,
-                    self.data_dir,
+                    self._data_dir,
                     SNAPSHOT_NAME,
                     position,
                     meta,
                     ends,
-                    self.fsync,
+                    self._fsync,
                 )
             except (StoreUnavailable, OSError) as exc:
                 log.error("meta snapshot at position %d failed: %s", position, exc)
                 return False
-            self._snapshot_pos = max(self._snapshot_pos, position)
+            self.snapshot_pos = max(self.snapshot_pos, position)
             self._stats["snapshots"] += 1
             return True
 
-    def _retention_victims(self) -> list[Segment]:
+    def _victims(self) -> list[Segment]:
         """The oldest whole segments retention would delete now (never the active one)."""
-        too_old = time.time() - self.retention_seconds
-        total = self._log_bytes
-        victims = []
-        for seg in self._segments[:-1]:
-            if seg.base + seg.size > self._durable:
-                break
-            if total > self.retention_bytes or seg.newest < too_old:
-                victims.append(seg)
-                total -= seg.size
-            else:
-                break
-        return victims
+        too_old = time.time() - self._retention_seconds
+        return self._log.retention_victims(self._retention_bytes, too_old)
 
-    async def enforce_retention(self) -> int:
-        """Delete the segments retention allows to delete now; returns how many were deleted.
-
-        Runs by itself after commits (at most every `retention_check_interval` seconds); call it
-        to apply retention to an idle store.
-        """
-        self._check_usable()
-        return await self._retention()
-
-    async def _retention(self) -> int:
+    async def retention(self) -> int:
+        """Delete the segments retention allows to delete now (after a snapshot that covers
+        them); returns how many were deleted."""
         async with self._retention_lock:
-            victims = self._retention_victims()
-            if not victims or not await self._snapshot():
+            victims = self._victims()
+            if not victims or not await self.snapshot():
                 return 0
             count = len(victims)
-            if self._segments[:count] != victims:
+            if self._log.segments[:count] != victims:
                 return 0
-            boundary = self._segments[count].base
-            del self._segments[:count]
-            del self._bases[:count]
+            boundary = self._log.drop_oldest(count)
             for q in self._queues.values():
                 q.trim_below(boundary)
             self._cache.drop_below(boundary)
-            self._log_bytes -= sum(seg.size for seg in victims)
             to_close = []
             for seg in victims:
                 seg.deleted = True
@@ -161,13 +167,12 @@ class LogMaintenance:
             self._stats["segments_deleted"] += count
             log.info("retention deleted %d segment(s) below position %d", count, boundary)
             try:
-                await self._loop.run_in_executor(  # type: ignore[union-attr]
-                    self._rexec,
+                await self._run_io(
                     remove_files,
-                    self.log_dir,
+                    self._log.log_dir,
                     [seg.path for seg in victims],
                     to_close,
-                    self.fsync,
+                    self._fsync,
                 )
             except OSError as exc:
                 log.error("deleting old segments failed: %s", exc)

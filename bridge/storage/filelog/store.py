@@ -6,9 +6,11 @@ indexes rebuilt from the log at `open`; a single flusher writes and fsyncs whate
 while the previous write was running (group commit); meta records live in memory and in a
 snapshot file that makes old segments deletable.
 
-This module holds the store's lifecycle, write path (group commit, rollback) and read path.
-Snapshots and retention (`LogMaintenance`) are in bridge/storage/filelog_maintenance.py, file
-I/O run in worker threads in filelog_files.py, the in-memory indexes in filelog_index.py.
+This module holds the store's lifecycle and write path (group commit, rollback, meta records).
+Its parts, each handed what it uses: the segments and positions (`SegmentLog`, segments.py),
+the read path (`LogReader`, reading.py), snapshots and retention (`LogMaintenance`,
+maintenance.py); file I/O run in worker threads is in files.py, the in-memory indexes in
+index.py.
 
 Threading: every method runs on the event loop thread. Blocking I/O (batch write + fsync, reads
 of records no longer cached, snapshot writes, file deletion) runs in the store's own executors.
@@ -18,30 +20,28 @@ Objects handed to a worker are not touched by the loop until the worker is done 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import os
 import struct
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bridge.storage.base import Message, MetaUpdate, ReadResult, Stored, StoreUnavailable
+from bridge.storage.base import Message, MetaUpdate, ReadResult, StoreUnavailable
 from bridge.storage.filelog.files import (
     Recovered,
     Segment,
-    read_records,
     recover,
-    segment_path,
     sync_file,
     truncate_log,
     write_all,
     write_batch,
 )
-from bridge.storage.filelog.index import HOLE, CacheEntry, QueueIndex, RecordCache
+from bridge.storage.filelog.index import QueueIndex, RecordCache
 from bridge.storage.filelog.maintenance import SNAPSHOT_NAME, LogMaintenance
+from bridge.storage.filelog.reading import LogReader
+from bridge.storage.filelog.segments import SegmentLog
 from bridge.storage.records import encode_message, encode_meta, encode_plain_message
 
 log = logging.getLogger("bridge.storage")
@@ -73,7 +73,6 @@ def _resolve(waiters: list[tuple[Waiter, int | None]], error: BaseException | No
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
-_MAX_READ_RUN = 4 * MiB
 _MISSING: Any = object()
 
 _NEW, _OPEN, _CLOSING, _CLOSED = range(4)
@@ -88,10 +87,12 @@ def _write_all(fd: int, data: bytes | bytearray) -> None:
     write_all(fd, data)
 
 
-class FileLogStore(LogMaintenance):
+class FileLogStore:
     """A `MessageStore` keeping everything in one local append-only log. See the module doc.
 
-    Snapshot and retention methods (`enforce_retention` among them) come from `LogMaintenance`.
+    Owns the lifecycle, the executors, the write path (pending records, their waiters and undo
+    information, the flusher) and the meta records; reads, snapshots and retention are done by
+    its parts.
     """
 
     retention_check_interval = 1.0
@@ -128,11 +129,7 @@ class FileLogStore(LogMaintenance):
         self._state = _NEW
         self._broken: BaseException | None = None
 
-        self._segments: list[Segment] = []
-        self._bases: list[int] = []
-        self._pos = 0  # seq of the next record
-        self._durable = 0  # everything below is written (and fsynced when `fsync`)
-        self._log_bytes = 0
+        self._log = SegmentLog(self.log_dir, segment_bytes)
         self._queues: dict[str, QueueIndex] = {}
         self._meta: dict[str, dict[str, bytes]] = {}
         self._cache = RecordCache(cache_bytes)
@@ -144,11 +141,6 @@ class FileLogStore(LogMaintenance):
         self._undo: list[_Undo] = []
         self._last_written: Segment | None = None
         self._flush_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._snapshot_lock = asyncio.Lock()
-        self._retention_lock = asyncio.Lock()
-        self._snapshot_pos = 0
-        self._last_retention_check = 0.0
         self._stats: dict[str, float] = dict.fromkeys(
             (
                 "appends",
@@ -163,6 +155,21 @@ class FileLogStore(LogMaintenance):
                 "disk_reads",
             ),
             0,
+        )
+        self._reader = LogReader(self._log, self._queues, self._cache, self._stats, self._run_io)
+        self._maintenance = LogMaintenance(
+            self._log,
+            self._queues,
+            self._meta,
+            self._cache,
+            self._stats,
+            data_dir=self.data_dir,
+            fsync=fsync,
+            retention_bytes=retention_bytes,
+            retention_seconds=retention_seconds,
+            snapshot_every_bytes=snapshot_every_bytes,
+            barrier=self._barrier,
+            run_io=self._run_io,
         )
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -181,15 +188,11 @@ class FileLogStore(LogMaintenance):
             self._shutdown_executors()
             self._state = _CLOSED
             raise StoreUnavailable(f"cannot open the log in {self.data_dir}: {exc}") from exc
-        self._segments = rec.segments
-        self._bases = [seg.base for seg in rec.segments]
-        self._queues = rec.queues
-        self._meta = rec.meta
-        self._snapshot_pos = rec.snapshot_pos
-        last = self._segments[-1]
-        self._pos = self._durable = last.base + last.size
-        self._log_bytes = sum(seg.size for seg in self._segments)
-        self._last_retention_check = loop.time()
+        self._log.restore(rec.segments)
+        # Filled in place: the parts were handed these very dicts.
+        self._queues.update(rec.queues)
+        self._meta.update(rec.meta)
+        self._maintenance.start(loop, rec.snapshot_pos)
         self._state = _OPEN
 
     async def close(self) -> None:
@@ -201,12 +204,11 @@ class FileLogStore(LogMaintenance):
         try:
             while self._flush_task is not None:
                 await asyncio.shield(self._flush_task)
-            while self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._maintenance.settle()
             if self._broken is None:
-                await self._snapshot()
+                await self._maintenance.snapshot()
         finally:
-            for seg in self._segments:
+            for seg in self._log.segments:
                 seg.deleted = True
                 if seg.unsynced and seg.fd is not None and self.fsync:
                     sync_file(seg.fd)
@@ -221,6 +223,10 @@ class FileLogStore(LogMaintenance):
         for executor in (self._wexec, self._rexec):
             if executor is not None:
                 executor.shutdown(wait=False)
+
+    def _run_io(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run `fn(*args)` in the read executor (file reads, snapshots, deletions)."""
+        return self._loop.run_in_executor(self._rexec, fn, *args)  # type: ignore[union-attr]
 
     def _check_usable(self) -> None:
         if self._state != _OPEN:
@@ -314,7 +320,7 @@ class FileLogStore(LogMaintenance):
         for q in qlist:
             q.add(seq, length, size)
         undo_meta = self._apply_meta(meta) if meta else None
-        self._cache.add(seq, length, (message, names, size), self._durable)
+        self._cache.add(seq, length, (message, names, size), self._log.durable)
         self._undo.append((seq, qlist, undo_meta))
         self._stats["appends"] += 1
         return seq
@@ -372,12 +378,7 @@ class FileLogStore(LogMaintenance):
     def _add_record(self, header: bytes, body: bytes) -> int:
         """Queue a framed record for the next group commit; returns its seq."""
         n = len(header) + len(body)
-        seg = self._segments[-1]
-        if seg.size and seg.size + n > self.segment_bytes:
-            seg = Segment(self._pos, segment_path(self.log_dir, self._pos), None, 0, 0.0)
-            self._segments.append(seg)
-            self._bases.append(seg.base)
-        seq = self._pos
+        seg, seq = self._log.place(n)
         pending = self._pending
         if pending and pending[-1][0] is seg:
             buf = pending[-1][1]
@@ -386,10 +387,6 @@ class FileLogStore(LogMaintenance):
             pending.append((seg, buf))
         buf += header
         buf += body
-        seg.size += n
-        seg.newest = time.time()
-        self._pos += n
-        self._log_bytes += n
         self._pending_bytes += n
         if self._flush_task is None:
             self._flush_task = self._loop.create_task(self._flusher())  # type: ignore[union-attr]
@@ -412,7 +409,7 @@ class FileLogStore(LogMaintenance):
         try:
             while self._pending and self._broken is None:
                 chunks, waiters = self._pending, self._waiters
-                start, end, records = self._durable, self._pos, len(self._undo)
+                start, end, records = self._log.durable, self._log.pos, len(self._undo)
                 self._pending, self._waiters, self._pending_bytes = [], [], 0
                 self._inflight = waiters
                 need_sync = bool(waiters) or any(u[1] for u in self._undo[:records])
@@ -432,7 +429,7 @@ class FileLogStore(LogMaintenance):
                     continue
                 self._inflight = None
                 self._last_written = chunks[-1][0]
-                self._durable = end
+                self._log.durable = end
                 undo = self._undo
                 for i in range(records):
                     for q in undo[i][1]:
@@ -446,7 +443,7 @@ class FileLogStore(LogMaintenance):
                 stats["last_commit_seconds"] = seconds
                 stats["last_commit_records"] = records
                 _resolve(waiters, None)
-                self._after_commit()
+                self._maintenance.after_commit(self.retention_check_interval)
             if self._broken is not None:
                 self._fail_pending(self._broken)
         finally:
@@ -468,15 +465,7 @@ class FileLogStore(LogMaintenance):
                     records[key] = old
         self._undo.clear()
         self._cache.drop_from(start)
-        removed = []
-        while len(self._segments) > 1 and self._segments[-1].base >= start:
-            removed.append(self._segments.pop())
-            self._bases.pop()
-        last = self._segments[-1]
-        keep = start - last.base
-        self._log_bytes -= sum(seg.size for seg in removed) + last.size - keep
-        last.size = keep
-        self._pos = start
+        removed, last, keep = self._log.truncate(start)
         self._last_written = None
         try:
             await self._loop.run_in_executor(  # type: ignore[union-attr]
@@ -491,8 +480,6 @@ class FileLogStore(LogMaintenance):
     def _fail_pending(self, exc: BaseException) -> None:
         waiters, self._waiters, self._pending = self._waiters, [], []
         _resolve(waiters, StoreUnavailable(f"the store failed: {exc}"))
-
-    # After each commit `_after_commit` (LogMaintenance) schedules snapshots and retention.
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -522,95 +509,18 @@ class FileLogStore(LogMaintenance):
 
     async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
         self._check_usable()
-        if offset < 0 or limit < 0:
-            raise ValueError("offset and limit must not be negative")
-        q = self._queues.get(queue)
-        if q is None or limit == 0:
-            return ReadResult([], offset)
-        lost = 0
-        if offset < q.first:
-            lost = q.first - offset
-            offset = q.first
-        end = q.visible
-        while offset < end and q.seqs[offset - q.base] == HOLE:
-            lost += 1
-            offset += 1
-        stop = min(end, offset + limit)
-        # Fast path: a reader that keeps up finds everything in the cache.
-        messages: list[Stored] = []
-        entries = self._cache.entries
-        seqs = q.seqs
-        base = q.base
-        o = offset
-        while o < stop:
-            seq = seqs[o - base]
-            if seq == HOLE:
-                return ReadResult(messages, o, lost)
-            entry = entries.get(seq)
-            if entry is None:
-                break
-            messages.append(Stored(o, seq, entry[0], entry[1], entry[2]))
-            o += 1
-        else:
-            return ReadResult(messages, o, lost)
-        if messages:
-            return ReadResult(messages, o, lost)  # the rest comes with the next read
-        wanted: list[tuple[int, int, int, int]] = []
-        while o < stop:
-            seq, length, size = q.entry(o)
-            if seq == HOLE:
-                break
-            wanted.append((o, seq, length, size))
-            o += 1
-        cache = self._cache
-        found: dict[int, CacheEntry] = {}
-        misses = []
-        for _, seq, length, size in wanted:
-            entry = cache.get(seq)
-            if entry is None:
-                misses.append((seq, length, size))
-            else:
-                found[seq] = entry
-        if misses:
-            found.update(await self._read_disk(misses))
-        for off, seq, _, size in wanted:
-            message, queues, _ = found[seq]
-            messages.append(Stored(off, seq, message, queues, size))
-        return ReadResult(messages, o, lost)
+        return await self._reader.read(queue, offset, limit)
 
-    async def _read_disk(self, misses: list[tuple[int, int, int]]) -> dict[int, CacheEntry]:
-        """Read records below the durable position from their segment files (worker thread)."""
-        runs: list[tuple[int, int, list[tuple[int, int]]]] = []
-        pinned: list[Segment] = []
-        run_seg = None
-        run_end = -1
-        for seq, length, _ in misses:
-            seg = self._segments[bisect.bisect_right(self._bases, seq) - 1]
-            if seg.fd is None:
-                raise StoreUnavailable(f"segment of record {seq} is not readable")
-            fd_pos = seq - seg.base
-            if seg is run_seg and seq == run_end and fd_pos + length - runs[-1][1] <= _MAX_READ_RUN:
-                runs[-1][2].append((seq, length))
-            else:
-                if seg is not run_seg:
-                    seg.pins += 1
-                    pinned.append(seg)
-                runs.append((seg.fd, fd_pos, [(seq, length)]))
-                run_seg = seg
-            run_end = seq + length
-        self._stats["disk_reads"] += len(runs)
-        try:
-            return await self._loop.run_in_executor(  # type: ignore[union-attr]
-                self._rexec, read_records, runs
-            )
-        except (OSError, ValueError) as exc:
-            raise StoreUnavailable(f"reading the log failed: {exc}") from exc
-        finally:
-            for seg in pinned:
-                seg.pins -= 1
-                if seg.pins == 0 and seg.deleted and seg.fd is not None:
-                    os.close(seg.fd)
-                    seg.fd = None
+    # --- snapshots and retention (LogMaintenance) ---------------------------------------------
+
+    async def enforce_retention(self) -> int:
+        """Delete the segments retention allows to delete now; returns how many were deleted.
+
+        Runs by itself after commits (at most every `retention_check_interval` seconds); call it
+        to apply retention to an idle store.
+        """
+        self._check_usable()
+        return await self._maintenance.retention()
 
     # --- introspection ---------------------------------------------------------------------------
 
@@ -618,11 +528,11 @@ class FileLogStore(LogMaintenance):
         """Counters and gauges: sizes in bytes, `last_commit_seconds` is write+fsync time."""
         out = dict(self._stats)
         out.update(
-            segments=len(self._segments),
-            bytes_on_disk=self._log_bytes - (self._pos - self._durable),
-            log_position=self._pos,
-            durable_position=self._durable,
-            snapshot_position=self._snapshot_pos,
+            segments=len(self._log.segments),
+            bytes_on_disk=self._log.bytes_on_disk,
+            log_position=self._log.pos,
+            durable_position=self._log.durable,
+            snapshot_position=self._maintenance.snapshot_pos,
             pending_bytes=self._pending_bytes,
             queues=len(self._queues),
             cache_bytes=self._cache.bytes,
