@@ -191,7 +191,7 @@ class SendPipeline:
                     self._complete_in_order()
                     continue
                 try:
-                    target = self._targets.get(send.topic) or await self._target(send.topic)
+                    target = self._targets.get(send.topic) or await self._route(send.topic)
                     conn = await client.connection(target.addr)
                     fields = send_message_v2_fields(
                         producer_group=client.producer_group,
@@ -232,9 +232,10 @@ class SendPipeline:
             if self._sendq and self._running:
                 self._pump_task = asyncio.get_running_loop().create_task(self._pump())
 
-    async def _target(self, topic: str) -> _Target:
+    async def _route(self, topic: str) -> _Target:
         """Route a RocketMQ topic (unknown topics go through the default topic's route, so a
-        broker with autoCreateTopicEnable creates them)."""
+        broker with autoCreateTopicEnable creates them); the target is kept for the next sends
+        once the topic's own route is known."""
         broker, _queue_id, addr = await self._client.choose_queue(topic)
         try:
             route = await self._client.get_route(topic)

@@ -28,6 +28,9 @@ message of its own confirmed since, raised by `note_end` (notify) and by reads. 
 writers (other bridge nodes, notify's dispatch of backend messages) it may lag. It can run one
 ahead in a race (a fetch that already counted a message whose SEND_OK arrives after it); a read
 that waited for the missing offset and found none sets it back to the broker's end.
+
+Parts. This module holds the lifecycle, the admission of writes and the read path; the send
+pipeline is in sending.py, the keyed records in meta.py, LMQ names and queue ends in queues.py.
 """
 
 from __future__ import annotations
