@@ -163,14 +163,3 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
         if level != "+" and level != topic_levels[index]:
             return False
     return len(filter_levels) == n_topic
-
-
-def limit_fault(topic: str, max_length: int, max_levels: int) -> str | None:
-    """What is wrong with a topic name or filter under the configured limits (`max_topic_length`
-    bytes of UTF-8, `max_topic_levels` levels), or None if it is within them."""
-    # A UTF-8 character is at most 4 bytes: most topics need no encoding to be checked.
-    if len(topic) * 4 > max_length and len(topic.encode()) > max_length:
-        return f"topic longer than max_topic_length={max_length}"
-    if topic.count("/") + 1 > max_levels:
-        return f"topic has more than max_topic_levels={max_levels} levels"
-    return None

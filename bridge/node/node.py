@@ -29,7 +29,6 @@ from redis import asyncio as aioredis
 
 from bridge.access import AccessControl
 from bridge.config import Config
-from bridge.mqtt.topics import limit_fault
 from bridge.node.delivery import Delivery
 from bridge.node.housekeeping import Housekeeper
 from bridge.node.lifecycle import SessionLifecycle
@@ -41,6 +40,7 @@ from bridge.node.subscriptions import Subscriptions
 from bridge.operations.metering import Meter
 from bridge.operations.metrics import Metrics
 from bridge.operations.systopics import SysTopics
+from bridge.router.plan import ConnectionTable
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session
@@ -75,7 +75,7 @@ class Node:
         self.trie = SubscriptionTrie()
         self.shared = SharedSubscriptions()
         self.sessions: dict[str, Session] = {}
-        self.connections: dict[str, ClientLink] = {}
+        self.connections: ConnectionTable[ClientLink] = ConnectionTable()
         self.deliveries: dict[str, Delivery] = {}
         self.retained = RetainedMessages()
         self.stamper = Stamper(self.node_id)
@@ -248,7 +248,13 @@ class Node:
 
     def check_topic_limits(self, topic: str) -> str | None:
         """The configured limits on a topic name or filter; a message naming the fault, or None."""
-        return limit_fault(topic, self.config.max_topic_length, self.config.max_topic_levels)
+        limit = self.config.max_topic_length
+        # A UTF-8 character is at most 4 bytes: most topics need no encoding to be checked.
+        if len(topic) * 4 > limit and len(topic.encode()) > limit:
+            return f"topic longer than max_topic_length={limit}"
+        if topic.count("/") + 1 > self.config.max_topic_levels:
+            return f"topic has more than max_topic_levels={self.config.max_topic_levels} levels"
+        return None
 
     def next_key(self) -> str:
         """A message key unique across nodes and restarts."""

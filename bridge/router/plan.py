@@ -21,6 +21,7 @@ group's round-robin, so a plan is made once per message.
 from __future__ import annotations
 
 from collections.abc import Callable, Container
+from typing import Any, TypeVar
 
 from bridge.router.queues import (
     CLIENT,
@@ -34,7 +35,9 @@ from bridge.router.queues import (
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 
-__all__ = ["RoutePlan", "plan_route", "readers_of"]
+__all__ = ["ConnectionTable", "DirectRoutes", "RoutePlan", "plan_route", "readers_of"]
+
+_T = TypeVar("_T")
 
 
 class RoutePlan:
@@ -63,7 +66,6 @@ def plan_route(
     qos: int,
     trie: SubscriptionTrie,
     shared: SharedSubscriptions,
-    *,
     connected: Container[str],
     reachable: Callable[[str], bool],
     reader_of: Callable[[str], str],
@@ -84,7 +86,7 @@ def plan_route(
     if qos == 0:
         direct = plan.direct
         peers = plan.peers
-        for subscriber in trie.match_subscribers(topic):
+        for subscriber in trie.matched_subscribers(topic):
             if subscriber in connected:
                 direct.append(subscriber)
             elif subscriber[0] == PEER_PREFIX:
@@ -132,3 +134,89 @@ def readers_of(queue: str, trie: SubscriptionTrie, reader_of: Callable[[str], st
         return [parsed.client_id]
     assert parsed.kind == SHARED
     return [reader_of(parsed.client_id)]
+
+
+class ConnectionTable(dict[str, _T]):
+    """ClientId -> connection, counting its changes (`version`), so a remembered plan can tell
+    whether the set of connected clients is still the one it was made for. Reads are plain dict
+    reads; every way of changing the table moves `version`."""
+
+    __slots__ = ("version",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 0
+
+    def __setitem__(self, key: str, value: _T) -> None:
+        self.version += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.version += 1
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.version += 1
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, _T]:
+        self.version += 1
+        return super().popitem()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.version += 1
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.version += 1
+        super().update(*args, **kwargs)
+
+    def clear(self) -> None:
+        self.version += 1
+        super().clear()
+
+    # dict's own `|=` would change the table without moving `version`; typeshed types `|=` in a
+    # way no subclass can restate, hence the ignore.
+    def __ior__(self, other: Any) -> ConnectionTable[_T]:  # type: ignore[override,misc]
+        self.version += 1
+        super().update(other)
+        return self
+
+
+class DirectRoutes:
+    """Remembered QoS 0 plans, per topic, for a node without shared subscriptions.
+
+    Such a plan depends only on the trie's match for the topic and on which clients are
+    connected, so it is kept while the trie hands out the same match (it replaces a match on
+    every change) and the connection table's `version` is the same. The plans handed out are
+    shared: read them, never change them. Bounded: emptied when `size` topics are remembered.
+    """
+
+    __slots__ = ("_plans", "_size")
+
+    def __init__(self, size: int = 4096) -> None:
+        self._plans: dict[str, tuple[object, int, RoutePlan]] = {}
+        self._size = size
+
+    def plan(
+        self, topic: str, trie: SubscriptionTrie, connected: ConnectionTable[Any]
+    ) -> RoutePlan:
+        """`plan_route(topic, 0, ...)` with no shared groups, remembered."""
+        match = trie.matched_subscribers(topic)
+        known = self._plans.get(topic)
+        if known is not None and known[0] is match and known[1] == connected.version:
+            return known[2]
+        plan = plan_route(topic, 0, trie, _NO_GROUPS, connected, _nobody, str)
+        plans = self._plans
+        if len(plans) >= self._size:
+            plans.clear()
+        plans[topic] = (match, connected.version, plan)
+        return plan
+
+
+def _nobody(_client_id: str) -> bool:
+    return False
+
+
+_NO_GROUPS = SharedSubscriptions(cache_size=0)
+"""The (always empty) shared groups `DirectRoutes` plans with."""

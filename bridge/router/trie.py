@@ -24,7 +24,7 @@ Matching rules (MQTT 3.1.1 section 4.7 / MQTT 5.0 section 4.7):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 __all__ = ["DEFAULT_CACHE_SIZE", "Entry", "SubscriptionTrie"]
 
@@ -234,9 +234,15 @@ class SubscriptionTrie:
 
         Returns a new dict the caller owns.
         """
+        return dict(self.matched_subscribers(topic))
+
+    def matched_subscribers(self, topic: str) -> Mapping[str, int]:
+        """What `match_subscribers` returns, without the copy: the cached mapping itself, for
+        the publish hot path. Read it at once and never mutate it; a later subscribe or
+        unsubscribe replaces it rather than changing it."""
         cached = self._subs_cache.get(topic)
         if cached is not None:
-            return cached.copy()
+            return cached
         entries = self._entries(topic)
         if not entries:
             result: dict[str, int] = {}
@@ -253,7 +259,6 @@ class SubscriptionTrie:
             if len(cache) >= size:
                 cache.clear()
             cache[topic] = result
-            return result.copy()
         return result
 
     # -- inspection -------------------------------------------------------------------------

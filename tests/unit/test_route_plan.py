@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bridge.mqtt.topics import topic_matches
-from bridge.router.plan import plan_route, readers_of
+from bridge.router.plan import ConnectionTable, DirectRoutes, plan_route, readers_of
 from bridge.router.queues import (
     client_queue,
     filter_queue,
@@ -41,11 +41,15 @@ def filters(draw: st.DrawFn) -> str:
 
 subscribers = st.sampled_from([*CLIENTS, *(peer_subscriber(p) for p in PEERS)])
 subscriptions = st.lists(st.tuples(filters(), subscribers, st.integers(0, 2)), max_size=10)
+# Few group filters, so that groups have several members.
 groups = st.lists(
     st.tuples(
-        st.sampled_from(["g1", "g2"]), filters(), st.sampled_from(CLIENTS), st.integers(0, 2)
+        st.sampled_from(["g1", "g2"]),
+        st.sampled_from(["a/#", "+/b", "#", "a"]),
+        st.sampled_from(CLIENTS),
+        st.integers(0, 2),
     ),
-    max_size=6,
+    max_size=8,
 )
 client_sets = st.sets(st.sampled_from(CLIENTS))
 
@@ -186,3 +190,65 @@ def test_readers_of_each_kind_of_queue():
     assert readers_of(client_queue("c9"), trie, reader_of) == ["c9"]
     assert readers_of(shared_queue("$share/g/a", "c3"), trie, reader_of) == [peer_subscriber("n2")]
     assert readers_of("x:nothing", trie, reader_of) == []
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("subscribe"), filters(), subscribers),
+        st.tuples(st.just("unsubscribe"), filters(), subscribers),
+        st.tuples(st.just("connect"), st.sampled_from(CLIENTS), st.none()),
+        st.tuples(st.just("disconnect"), st.sampled_from(CLIENTS), st.none()),
+        st.tuples(st.just("publish"), topics, st.none()),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=500)
+@given(operations)
+@example([("subscribe", "a", "c1"), ("publish", "a", None), ("connect", "c1", None),
+          ("publish", "a", None), ("disconnect", "c1", None), ("publish", "a", None)])  # fmt: skip
+@example([("connect", "c1", None), ("connect", "c2", None), ("subscribe", "a", "c1"),
+          ("publish", "a", None), ("subscribe", "+", "c2"), ("publish", "a", None)])  # fmt: skip
+def test_remembered_qos0_plans_equal_fresh_ones_after_any_changes(ops):
+    trie = SubscriptionTrie()
+    connected: ConnectionTable[object] = ConnectionTable()
+    routes = DirectRoutes(size=8)
+    no_groups = SharedSubscriptions()
+    for op, a, b in ops:
+        if op == "subscribe":
+            trie.subscribe(a, b, 0)
+        elif op == "unsubscribe":
+            trie.unsubscribe(a, b)
+        elif op == "connect":
+            connected[a] = object()
+        elif op == "disconnect":
+            connected.pop(a, None)
+        else:
+            remembered = routes.plan(a, trie, connected)
+            fresh = plan_route(a, 0, trie, no_groups, connected, connected.__contains__, str)
+            assert sorted(remembered.direct) == sorted(fresh.direct)
+            assert sorted(remembered.peers) == sorted(fresh.peers)
+
+
+def test_every_change_of_the_connection_table_moves_its_version():
+    table: ConnectionTable[int] = ConnectionTable()
+    versions = [table.version]
+    table["a"] = 1
+    versions.append(table.version)
+    table.update(b=2)
+    versions.append(table.version)
+    table |= {"c": 3}
+    versions.append(table.version)
+    table.setdefault("d", 4)
+    versions.append(table.version)
+    del table["a"]
+    versions.append(table.version)
+    table.pop("b")
+    versions.append(table.version)
+    table.popitem()
+    versions.append(table.version)
+    table.clear()
+    versions.append(table.version)
+    assert versions == sorted(set(versions)), "each change moved the version"
+    assert "c" not in table and isinstance(table, dict)
