@@ -148,8 +148,10 @@ SETTINGS: dict[str, str] = {
     "max_topic_levels": "most `/`-separated levels in a topic name or filter",
     "max_inflight": "unacknowledged QoS 1/2 messages in flight to one client",
     "max_inbound_pending": "QoS 1/2 publishes of one client awaiting storage before reading pauses",
-    "max_queued_messages": "messages queued for one session (offline or slow) before oldest drop",
-    "max_queued_bytes": "bytes queued for one session before the oldest messages drop",
+    "max_queued_messages": "messages queued for an offline session before the oldest drop "
+    "(a connected subscriber past it slows its publishers instead)",
+    "max_queued_bytes": "bytes queued for an offline session before the oldest drop "
+    "(a connected subscriber past it slows its publishers instead)",
     "session_expiry_seconds": "a persistent session offline this long is discarded",
     "max_keepalive": "largest keepalive granted, in seconds (0: whatever the client asks)",
     "connect_timeout": "seconds a new connection has to send CONNECT",

@@ -73,6 +73,7 @@ class Connection(asyncio.Protocol):
         self._paused_writing = False
         self._paused_reading = False
         self._pending_in = 0
+        self._ack_gate: _AckGate | None = None
         self._keepalive_limit = 0.0
         self._last_rx = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -391,27 +392,61 @@ class Connection(asyncio.Protocol):
             reason,
         )
         if packet.qos == 1:
-            self.send(codec.encode(Puback(packet.packet_id or 0)))
+            self._send_ack(codec.encode(Puback(packet.packet_id or 0)))
         elif packet.qos == 2:
-            self.send(codec.encode(Pubrec(packet.packet_id or 0)))
+            self._send_ack(codec.encode(Pubrec(packet.packet_id or 0)))
 
     def _acknowledge(
         self, error: BaseException | None, qos: int, packet_id: int, counted: bool = False
     ) -> None:
-        """The PUBLISH is durable (or failed): PUBACK/PUBREC it (or close so the client resends)."""
-        if counted:
-            self._pending_in -= 1
-            if (
-                self._paused_reading
-                and self._pending_in <= self.node.config.max_inbound_pending // 2
-            ):
-                self._paused_reading = False
-                if self.transport is not None and not self.closed:
-                    self.transport.resume_reading()
+        """The PUBLISH is durable (or failed): PUBACK/PUBREC it (or close so the client resends).
+        While acknowledgements are held (`hold_acks`) it waits behind the others, in order."""
         if error is not None:
+            if counted:
+                self._stored_in()
             self.close(f"message not stored, so not acknowledged ({error}); the client will resend")
             return
-        self.send(encode_puback(packet_id) if qos == 1 else encode_pubrec(packet_id))
+        self._send_ack(encode_puback(packet_id) if qos == 1 else encode_pubrec(packet_id), counted)
+
+    def _send_ack(self, data: bytes, counted: bool = False) -> None:
+        """Send a PUBACK/PUBREC now, or after the ones held before it (`hold_acks`)."""
+        gate = self._ack_gate
+        if gate is not None:
+            gate.waiting.append((data, counted))
+            return
+        if counted:
+            self._stored_in()
+        self.send(data)
+
+    def _stored_in(self) -> None:
+        """One counted publish is answered: resume reading once half the pending ones are."""
+        self._pending_in -= 1
+        if self._paused_reading and self._pending_in <= self.node.config.max_inbound_pending // 2:
+            self._paused_reading = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
+
+    def hold_acks(self, reason: str) -> None:
+        """Hold this client's PUBACKs/PUBRECs, in order, until every reason is released (a
+        subscriber of its messages is too far behind: `bridge.node.congestion`)."""
+        gate = self._ack_gate
+        if gate is None:
+            gate = self._ack_gate = _AckGate()
+        gate.reasons.add(reason)
+
+    def release_acks(self, reason: str) -> None:
+        """One reason to hold acknowledgements is gone; with none left, send what waited."""
+        gate = self._ack_gate
+        if gate is None:
+            return
+        gate.reasons.discard(reason)
+        if gate.reasons:
+            return
+        self._ack_gate = None
+        for data, counted in gate.waiting:
+            if counted:
+                self._stored_in()
+            self.send(data)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         session = self.session
@@ -498,6 +533,16 @@ class Connection(asyncio.Protocol):
         log.debug("client %s: DISCONNECT", self.client_id)
         self.node.lifecycle.disconnected(self, graceful=True)
         self.close("DISCONNECT", log_it=False)
+
+
+class _AckGate:
+    """Acknowledgements held back, in order, and why (`Connection.hold_acks`)."""
+
+    __slots__ = ("reasons", "waiting")
+
+    def __init__(self) -> None:
+        self.reasons: set[str] = set()
+        self.waiting: list[tuple[bytes, bool]] = []
 
 
 _TYPE_NUMBERS: dict[type, int] = {

@@ -31,19 +31,23 @@ RETRY_SECONDS = 1.0
 """Seconds between read attempts while the store is unavailable."""
 
 
-class Backlog(Protocol):
-    """What a delivery asks of housekeeping (`bridge.node.housekeeping.Housekeeper`)."""
-
-    def over_limits(self, session: Session) -> bool:
-        """Whether the session's queued messages exceed its limits."""
-        ...
-
-    async def trim_backlog(self, session: Session) -> None:
-        """Drop the session's oldest queued messages until it is within its limits."""
-        ...
+class Offsets(Protocol):
+    """Where a delivery reports moved read positions (`bridge.node.housekeeping.Housekeeper`)."""
 
     def mark_offsets_dirty(self, session: Session) -> None:
         """The session's read position moved: write it with the next flush."""
+        ...
+
+
+class Pace(Protocol):
+    """Who waits for this client to catch up (`bridge.node.congestion.Congestion`)."""
+
+    def read(self, session: Session) -> None:
+        """A pass over the session's queues ended."""
+        ...
+
+    def gone(self, session: Session) -> None:
+        """The client disconnected."""
         ...
 
 
@@ -55,11 +59,12 @@ class Delivery:
         "_retrying",
         "_stopped",
         "_task",
-        "backlog",
         "blocked_on_window",
         "conn",
         "max_inflight",
         "metrics",
+        "offsets",
+        "pace",
         "session",
         "store",
     )
@@ -71,14 +76,16 @@ class Delivery:
         *,
         store: MessageStore,
         metrics: Metrics,
-        backlog: Backlog,
+        offsets: Offsets,
+        pace: Pace,
         max_inflight: int,
     ) -> None:
         self.session = session
         self.conn = conn
         self.store = store
         self.metrics = metrics
-        self.backlog = backlog
+        self.offsets = offsets
+        self.pace = pace
         self.max_inflight = max_inflight
         self._pending = False
         self._retrying = False
@@ -101,10 +108,13 @@ class Delivery:
 
     def stop(self) -> None:
         """The connection ended; never send again."""
+        if self._stopped:
+            return
         self._stopped = True
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        self.pace.gone(self.session)
 
     def resend_inflight(self) -> None:
         """On session resumption: resend unacknowledged PUBLISHes with DUP=1 and PUBRELs, in the
@@ -125,6 +135,7 @@ class Delivery:
             while self._pending and not self._stopped:
                 self._pending = False
                 await self._pass()
+                self.pace.read(self.session)
                 if self._retrying:
                     self._retrying = False
                     log.info("client %s: reading queued messages again", self.session.client_id)
@@ -154,8 +165,6 @@ class Delivery:
         store = self.store
         max_inflight = self.max_inflight
         self.blocked_on_window = False
-        if self.backlog.over_limits(session):
-            await self.backlog.trim_backlog(session)
         for queue in list(session.cursors):
             while not self._stopped:
                 cursor = session.cursors.get(queue)
@@ -194,7 +203,7 @@ class Delivery:
                 if not result.messages and not result.lost:
                     next_offset = max(next_offset, result.next_offset)
                 session.cursors[queue] = next_offset
-                self.backlog.mark_offsets_dirty(session)
+                self.offsets.mark_offsets_dirty(session)
                 if blocked:
                     return
 

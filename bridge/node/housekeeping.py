@@ -1,7 +1,8 @@
 """Housekeeping of sessions: queue limits, offset flushing, expiry of offline sessions.
 
-Owned by the node. Runs in the background (`run`) and on demand from the publish path (a
-subscriber's queue grew) and from deliveries (a client fell behind). Whatever it drops is counted
+Owned by the node. Runs in the background (`run`) and on demand from the publish path (an offline
+subscriber's queue grew; a connected one is never trimmed: `bridge.node.congestion` slows its
+publishers instead). Whatever it drops is counted
 in the node's metrics and logged with the client's id. It is handed the session table, the store,
 the limits and a `SessionOwner` to ask when sessions must go, not the node.
 """
@@ -71,8 +72,11 @@ class Housekeeper:
             self.owner.spawn(self.trim_backlog(session))
 
     async def trim_backlog(self, session: Session) -> None:
-        """Drop a session's oldest queued messages until it is within 90% of its limits."""
+        """Drop an offline session's oldest queued messages until it is within 90% of its
+        limits (a session that has reconnected meanwhile is left alone)."""
         try:
+            if session.connected:
+                return
             limit_count = self.config.max_queued_messages
             limit_bytes = self.config.max_queued_bytes
             count, size = self.backlog(session)

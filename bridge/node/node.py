@@ -29,6 +29,7 @@ from redis import asyncio as aioredis
 
 from bridge.access import AccessControl
 from bridge.config import Config
+from bridge.node.congestion import Congestion
 from bridge.node.delivery import Delivery
 from bridge.node.housekeeping import Housekeeper
 from bridge.node.lifecycle import SessionLifecycle
@@ -89,6 +90,13 @@ class Node:
         self.housekeeper = Housekeeper(
             config=config, store=store, metrics=self.metrics, sessions=self.sessions, owner=self
         )
+        self.congestion = Congestion(
+            config=config,
+            store=store,
+            metrics=self.metrics,
+            connections=self.connections,
+            deliveries=self.deliveries,
+        )
         self.publisher = Publisher(
             config=config,
             store=store,
@@ -102,6 +110,7 @@ class Node:
             stamper=self.stamper,
             spawn=self.spawn,
             offline_reader=self.housekeeper.check_backlog,
+            congestion=self.congestion,
         )
         self.subscriptions = Subscriptions(
             trie=self.trie,
@@ -159,7 +168,8 @@ class Node:
             conn,
             store=self.store,
             metrics=self.metrics,
-            backlog=self.housekeeper,
+            offsets=self.housekeeper,
+            pace=self.congestion,
             max_inflight=self.config.max_inflight,
         )
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Publish
+from bridge.node.congestion import Congestion
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import DurableCallback, Spawner
 from bridge.node.stamp import Stamper
@@ -59,6 +60,7 @@ class Publisher:
         stamper: Stamper,
         spawn: Spawner,
         offline_reader: Callable[[str], None],
+        congestion: Congestion,
     ) -> None:
         self.config = config
         self.store = store
@@ -73,6 +75,7 @@ class Publisher:
         self.spawn = spawn
         self.offline_reader = offline_reader
         """Called for a woken reader with no delivery here (an offline session)."""
+        self.congestion = congestion
         self.cluster: Cluster | None = None
         self.reachable: Callable[[str], bool] = connections.__contains__
         """Whether a shared-subscription member can take a message now."""
@@ -327,6 +330,8 @@ class Publisher:
                     self.retained.apply(message)
                 if readers:
                     self.wake_readers(readers, queues)
+                    # Before the publisher is acknowledged: a lagging reader holds that ack.
+                    self.congestion.stored(message.publisher, queues, readers)
             on_durable(seq, error)
 
         self.store.submit(message, queues, meta=meta, callback=durable)

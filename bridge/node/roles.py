@@ -65,6 +65,14 @@ class ClientLink(Protocol):
         """Close after flushing what is queued, logging why."""
         ...
 
+    def hold_acks(self, reason: str) -> None:
+        """Hold the client's PUBACKs/PUBRECs, in order, until `release_acks(reason)`."""
+        ...
+
+    def release_acks(self, reason: str) -> None:
+        """End one reason to hold acknowledgements; with none left, send what waited."""
+        ...
+
     def hold(self) -> None:
         """Keep the client's further packets unhandled until `release`."""
         ...

@@ -14,6 +14,7 @@ import pytest
 from bridge.config import Config
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.packets import Publish, Pubrel
+from bridge.node.congestion import Congestion
 from bridge.node.delivery import Delivery
 from bridge.node.housekeeping import Housekeeper
 from bridge.operations.metrics import Metrics
@@ -108,9 +109,29 @@ async def delivered(delivery: Delivery) -> None:
     raise AssertionError("the pull did not end")
 
 
+class RecordingPace:
+    """Congestion control as a delivery sees it: told when a pass ends and when it stops."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.stopped = False
+
+    def read(self, session: Session) -> None:
+        self.passes += 1
+
+    def gone(self, session: Session) -> None:
+        self.stopped = True
+
+
 def make_delivery(store, session, link, keeper, max_inflight: int = 20) -> Delivery:
     return Delivery(
-        session, link, store=store, metrics=Metrics(), backlog=keeper, max_inflight=max_inflight
+        session,
+        link,
+        store=store,
+        metrics=Metrics(),
+        offsets=keeper,
+        pace=RecordingPace(),
+        max_inflight=max_inflight,
     )
 
 
@@ -284,6 +305,100 @@ def test_housekeeping_expires_sessions_offline_longer_than_the_limit(
         keeper, owner = make_keeper(store, {"old": old, "on": online}, session_expiry_seconds=5.0)
         await keeper.expire_sessions(100.0 + offline_for)
         assert owner.expired == expired
+        await store.close()
+
+    run(scenario())
+
+
+class AckHoldingLink(RecordingLink):
+    """A publisher's connection that records why its acknowledgements are held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holds: set[str] = set()
+
+    def hold_acks(self, reason: str) -> None:
+        self.holds.add(reason)
+
+    def release_acks(self, reason: str) -> None:
+        self.holds.discard(reason)
+
+
+def test_a_subscriber_past_its_limit_holds_its_publishers_acks_until_it_catches_up(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        queue = filter_queue("t")
+        session = Session("slow", persistent=False, subscriptions={"t": 1})
+        session.start_queue(queue, 0)
+        for _ in range(12):
+            await put(store, "t", 1, [queue])
+        publisher, own = AckHoldingLink(), AckHoldingLink()
+        delivery = make_delivery(store, session, RecordingLink(), None)
+        metrics = Metrics()
+        congestion = Congestion(
+            config=Config(max_queued_messages=10),
+            store=store,
+            metrics=metrics,
+            connections={"pub": publisher, "slow": own},
+            deliveries={"slow": delivery},
+        )
+        congestion.stored("pub", [queue], ["slow", "elsewhere"])
+        congestion.stored("slow", [queue], ["slow"])  # never for a client's own backlog
+        assert publisher.holds == {"slow"} and own.holds == set()
+        assert congestion.holding("slow") == {"pub"}
+        assert metrics.get("publishers_slowed") == 1
+        session.cursors[queue] = 2  # 10 left: within the limit, not yet at 90% of it
+        congestion.read(session)
+        assert publisher.holds == {"slow"}
+        session.cursors[queue] = 3  # 9 left: 90%
+        congestion.read(session)
+        assert publisher.holds == set() and congestion.holding("slow") == frozenset()
+        congestion.stored("pub", [queue], ["slow"])  # within the limit now: nothing held
+        assert publisher.holds == set()
+        await store.close()
+
+    run(scenario())
+
+
+def test_a_subscriber_that_leaves_releases_the_publishers_it_held(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        queue = filter_queue("t")
+        session = Session("slow", persistent=True, subscriptions={"t": 1})
+        session.start_queue(queue, 0)
+        for _ in range(5):
+            await put(store, "t", 1, [queue])
+        publisher = AckHoldingLink()
+        delivery = make_delivery(store, session, RecordingLink(), None)
+        congestion = Congestion(
+            config=Config(max_queued_messages=2),
+            store=store,
+            metrics=Metrics(),
+            connections={"pub": publisher},
+            deliveries={"slow": delivery},
+        )
+        congestion.stored("pub", [queue], ["slow"])
+        assert publisher.holds == {"slow"}
+        congestion.gone(session)
+        assert publisher.holds == set()
+        await store.close()
+
+    run(scenario())
+
+
+def test_delivery_tells_its_pace_when_a_pass_ends_and_when_it_stops(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        session = Session("dev", persistent=False, subscriptions={"t": 1})
+        session.start_queue(filter_queue("t"), 0)
+        await put(store, "t", 1, [filter_queue("t")])
+        keeper, _owner = make_keeper(store, {"dev": session}, max_queued_messages=0)
+        delivery = make_delivery(store, session, RecordingLink(), keeper)
+        await delivered(delivery)
+        assert delivery.pace.passes == 1
+        assert session.cursors[filter_queue("t")] == 1, "an online session is never trimmed"
+        delivery.stop()
+        assert delivery.pace.stopped
         await store.close()
 
     run(scenario())
