@@ -111,6 +111,7 @@ class SessionLifecycle:
         return session
 
     def restore_qos2_marker(self, session: Session, packet_id: int, value: bytes) -> None:
+        """Hold a stored "QoS 2 packet id received" marker in the session again."""
         if self.store.atomic_meta:
             session.inbound_qos2[packet_id] = None
         else:

@@ -271,9 +271,11 @@ class Node:
         return self.stamper.next_key()
 
     def connected_count(self) -> int:
+        """Clients connected to this node."""
         return len(self.connections)
 
     def session_count(self) -> int:
+        """Sessions (connected or not) held by this node."""
         return len(self.sessions)
 
     def subscription_count(self) -> int:
@@ -285,9 +287,11 @@ class Node:
         return self.retained.published_count()
 
     def is_connected(self, client_id: str) -> bool:
+        """Whether the client has a connection on this node."""
         return client_id in self.connections
 
     def holds_session(self, client_id: str) -> bool:
+        """Whether the client's session is held by this node."""
         return client_id in self.sessions
 
     def local_shared_members(self) -> list[tuple[str, str, int]]:
@@ -357,25 +361,33 @@ class Node:
         await self.lifecycle.publish_will(client_id, will)
 
     async def clear_online(self, client_id: str) -> None:
+        """Delete a client's online record (a dead node's client that left no will)."""
         await self.store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)])
 
     def deliver_forwarded(self, topic: str, payload: bytes) -> None:
+        """A QoS 0 message a peer forwarded, for this node's own subscribers."""
         self.publisher.deliver_forwarded(topic, payload)
 
     def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
+        """A QoS 0 message a peer picked this node's shared member for."""
         self.publisher.deliver_to(client_id, topic, payload)
 
     def queues_woken(self, queues: Iterable[str]) -> None:
+        """A peer stored messages on these queues (their ends unknown here)."""
         self.publisher.queues_woken(queues)
 
     def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
+        """These queues hold messages up to these ends (notify, or a peer)."""
         self.publisher.queues_grew(ends, forward=forward)
 
     def retained_from_peer(self, topic: str, record: bytes) -> None:
+        """A peer set (or, with an empty record, cleared) a topic's retained message."""
         self.retained.from_peer(topic, record)
 
     def replace_retained(self, records: dict[str, bytes]) -> None:
+        """The registry's full set of retained messages (re-read after a link was down)."""
         self.retained.restore(records)
 
     async def refresh_queue_ends(self) -> None:
+        """Re-read the queue ends connected clients read, then wake them."""
         await self.publisher.refresh_queue_ends()

@@ -451,6 +451,7 @@ class Unsettled:
     key: str
 
     def encode(self) -> bytes:
+        """The marker's stored form (JSON of topic and key)."""
         return json.dumps({"t": self.topic, "k": self.key}, separators=(",", ":")).encode()
 
     @classmethod

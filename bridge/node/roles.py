@@ -85,7 +85,9 @@ class ClientLink(Protocol):
 class SessionOwner(Protocol):
     """What housekeeping asks of the node that holds the sessions."""
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], /) -> asyncio.Task[Any]: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any], /) -> asyncio.Task[Any]:
+        """Run background work whose failures are logged."""
+        ...
 
     def lost_ownership(self, client_ids: list[str]) -> None:
         """Writes for these clients were refused: another node owns them now."""

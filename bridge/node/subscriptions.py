@@ -79,18 +79,21 @@ class Subscriptions:
             self.cluster.local_filter_added(topic_filter)
 
     def remove_subscription(self, client_id: str, topic_filter: str) -> None:
+        """A local session unsubscribes (the cluster withdraws a filter's last subscriber)."""
         if self.trie.unsubscribe(topic_filter, client_id) and self.cluster is not None:
             self.cluster.local_filter_removed(topic_filter)
 
     def add_shared(
         self, client_id: str, share_filter: str, parsed: tuple[str, str], qos: int
     ) -> None:
+        """A local session joins a shared group (`parsed`: group, inner filter); peers hear."""
         group, inner = parsed
         self.shared.subscribe(share_filter, group, inner, client_id, qos)
         if self.cluster is not None:
             self.cluster.shared_member_changed(share_filter, client_id, qos)
 
     def remove_shared(self, client_id: str, share_filter: str) -> None:
+        """A local session leaves a shared group; peers hear."""
         if self.shared.unsubscribe(share_filter, client_id) and self.cluster is not None:
             self.cluster.shared_member_removed(share_filter, client_id)
 
