@@ -142,6 +142,11 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._flush_handle is not None:
+            # The socket is gone: what was queued for it this loop turn cannot be written.
+            self._flush_handle.cancel()
+            self._flush_handle = None
+            self._out = []
         if not self.closed:
             self.closed = True
             if self.session is not None and not self._graceful:

@@ -1,9 +1,9 @@
 """Per-client delivery: read the session's queues from its cursors and send to the client.
 
-A `Delivery` exists while its client is connected. It runs a task only when woken (a message was
-appended to one of its queues, an acknowledgement freed the in-flight window, the socket became
-writable again) and the task ends as soon as the client is caught up or blocked: an idle client
-costs no task and no polling.
+A `Delivery` exists while its client is connected. It runs a task per queue only when woken (a
+message was appended to the queue, an acknowledgement freed the in-flight window, the socket
+became writable again) and the task ends as soon as that queue is caught up or blocked: an idle
+client costs no task and no polling, and a read that waits on one queue holds up no other.
 """
 
 from __future__ import annotations
@@ -55,11 +55,11 @@ class Delivery:
     """The pull task of one connected client."""
 
     __slots__ = (
-        "_pending",
+        "_drains",
         "_retrying",
+        "_scan",
         "_stopped",
-        "_task",
-        "blocked_on_window",
+        "_window_blocked",
         "conn",
         "max_inflight",
         "metrics",
@@ -87,33 +87,62 @@ class Delivery:
         self.offsets = offsets
         self.pace = pace
         self.max_inflight = max_inflight
-        self._pending = False
         self._retrying = False
         self._stopped = False
-        self._task: asyncio.Task[None] | None = None
-        self.blocked_on_window = False
+        self._drains: dict[str, asyncio.Task[None]] = {}
+        """Queue -> the task sending what it holds. Each queue is drained on its own: a read
+        that waits on one (a light queue the broker has not filled yet) holds up no other."""
+        self._window_blocked: set[str] = set()
+        self._scan: asyncio.Handle | None = None
 
     def wake(self) -> None:
-        """Something may be deliverable: run a pass now or right after the current one."""
+        """Something may be deliverable: soon (once per event-loop turn, however many wakes
+        came in it) drain every queue that holds unsent messages and is not being drained
+        already (a running drain goes on until its queue is caught up)."""
+        if self._scan is None and not self._stopped:
+            self._scan = asyncio.get_running_loop().call_soon(self._start_drains)
+
+    def _start_drains(self) -> None:
+        self._scan = None
         if self._stopped:
             return
-        self._pending = True
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        drains = self._drains
+        end_offset = self.store.end_offset
+        session = self.session
+        # With the window full (or the socket backed up) a drain would end at once: start none;
+        # the acknowledgement that frees the window (or resume_writing) wakes this again.
+        window_full = session.window_free(self.max_inflight) <= 0
+        if not window_full and not self.conn.writable:
+            return
+        for queue, cursor in session.cursors.items():
+            if cursor < end_offset(queue) and queue not in drains:
+                if window_full:
+                    self._window_blocked.add(queue)
+                else:
+                    drains[queue] = asyncio.get_running_loop().create_task(self._run(queue))
 
     @property
     def running(self) -> bool:
-        """Whether a pull (a pass over the session's queues) is under way."""
-        return self._task is not None
+        """Whether a queue is being drained (or is about to be)."""
+        return bool(self._drains) or self._scan is not None
+
+    @property
+    def blocked_on_window(self) -> bool:
+        """Whether a drain stopped because the in-flight window is full (an acknowledgement
+        that frees enough of it should wake this delivery)."""
+        return bool(self._window_blocked)
 
     def stop(self) -> None:
         """The connection ended; never send again."""
         if self._stopped:
             return
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        if self._scan is not None:
+            self._scan.cancel()
+            self._scan = None
+        for task in self._drains.values():
+            task.cancel()
+        self._drains.clear()
         self.pace.gone(self.session)
 
     def resend_inflight(self) -> None:
@@ -130,15 +159,12 @@ class Delivery:
             else:
                 conn.send(codec.encode(Pubrel(out.packet_id)))
 
-    async def _run(self) -> None:
+    async def _run(self, queue: str) -> None:
         try:
-            while self._pending and not self._stopped:
-                self._pending = False
-                await self._pass()
-                self.pace.read(self.session)
-                if self._retrying:
-                    self._retrying = False
-                    log.info("client %s: reading queued messages again", self.session.client_id)
+            await self._drain(queue)
+            if self._retrying:
+                self._retrying = False
+                log.info("client %s: reading queued messages again", self.session.client_id)
         except asyncio.CancelledError:
             raise
         except StoreUnavailable as exc:
@@ -157,55 +183,58 @@ class Delivery:
             log.exception("client %s: delivery failed", self.session.client_id)
             self.conn.close("internal error in delivery")
         finally:
-            if self._task is asyncio.current_task():
-                self._task = None
+            # No await since the drain's last look at the queue's end: a wake from now on
+            # starts a new drain, so no message can arrive unseen in between.
+            if self._drains.get(queue) is asyncio.current_task():
+                del self._drains[queue]
+        self.pace.read(self.session)
 
-    async def _pass(self) -> None:
+    async def _drain(self, queue: str) -> None:
+        """Send what `queue` holds from the session's cursor until it is caught up, the window
+        is full (`blocked_on_window`) or the socket is not writable."""
         session = self.session
         store = self.store
         max_inflight = self.max_inflight
-        self.blocked_on_window = False
-        for queue in list(session.cursors):
-            while not self._stopped:
-                cursor = session.cursors.get(queue)
-                if cursor is None or cursor >= store.end_offset(queue):
+        self._window_blocked.discard(queue)
+        while not self._stopped:
+            cursor = session.cursors.get(queue)
+            if cursor is None or cursor >= store.end_offset(queue):
+                return
+            free = session.window_free(max_inflight)
+            if free <= 0:
+                self._window_blocked.add(queue)
+                return
+            if not self.conn.writable:
+                return  # resume_writing wakes us
+            # Read about what the window can take: messages read and not sent are read again.
+            result = await store.read(queue, cursor, min(READ_BATCH, max(free, 8)))
+            if self._stopped or session.cursors.get(queue) != cursor:
+                return
+            next_offset = cursor
+            if result.lost:
+                next_offset = cursor + result.lost
+                session.dropped_retention += result.lost
+                self.metrics.inc("dropped_retention", result.lost)
+                log.warning(
+                    "client %s: %d queued messages of %s were removed by retention before delivery",
+                    session.client_id,
+                    result.lost,
+                    queue,
+                )
+            blocked = False
+            for stored in result.messages:
+                sent = self._send(queue, stored)
+                if sent is None:
+                    blocked = True
+                    self._window_blocked.add(queue)
                     break
-                free = session.window_free(max_inflight)
-                if free <= 0:
-                    self.blocked_on_window = True
-                    return
-                if not self.conn.writable:
-                    return  # resume_writing wakes us
-                # Read about what the window can take: messages read and not sent are read again.
-                result = await store.read(queue, cursor, min(READ_BATCH, max(free, 8)))
-                if self._stopped or session.cursors.get(queue) != cursor:
-                    break
-                next_offset = cursor
-                if result.lost:
-                    next_offset = cursor + result.lost
-                    session.dropped_retention += result.lost
-                    self.metrics.inc("dropped_retention", result.lost)
-                    log.warning(
-                        "client %s: %d queued messages of %s were removed by retention before "
-                        "delivery",
-                        session.client_id,
-                        result.lost,
-                        queue,
-                    )
-                blocked = False
-                for stored in result.messages:
-                    sent = self._send(queue, stored)
-                    if sent is None:
-                        blocked = True
-                        self.blocked_on_window = True
-                        break
-                    next_offset = stored.offset + 1
-                if not result.messages and not result.lost:
-                    next_offset = max(next_offset, result.next_offset)
-                session.cursors[queue] = next_offset
-                self.offsets.mark_offsets_dirty(session)
-                if blocked:
-                    return
+                next_offset = stored.offset + 1
+            if not result.messages and not result.lost:
+                next_offset = max(next_offset, result.next_offset)
+            session.cursors[queue] = next_offset
+            self.offsets.mark_offsets_dirty(session)
+            if blocked:
+                return
 
     def _send(self, queue: str, stored: Stored) -> bool | None:
         """Send one message; False if skipped (delivered through another queue), None if the

@@ -402,3 +402,61 @@ def test_delivery_tells_its_pace_when_a_pass_ends_and_when_it_stops(tmp_path):
         await store.close()
 
     run(scenario())
+
+
+class ParkingStore:
+    """The real embedded store, except that reads of one queue park until released (as a pull
+    of a light queue the broker has not filled yet waits in RocketMQ)."""
+
+    def __init__(self, store: FileLogStore, parked: str) -> None:
+        self.store = store
+        self.parked = parked
+        self.release = asyncio.Event()
+        self.parked_reads = 0
+
+    def end_offset(self, queue: str) -> int:
+        return self.store.end_offset(queue)
+
+    async def read(self, queue: str, offset: int, limit: int):
+        if queue == self.parked:
+            self.parked_reads += 1
+            await self.release.wait()
+        return await self.store.read(queue, offset, limit)
+
+
+def test_a_parked_read_of_one_queue_does_not_hold_up_the_clients_other_queues(tmp_path):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        slow, fast = filter_queue("slow/#"), filter_queue("fast/#")
+        session = Session("dev", persistent=False, subscriptions={"slow/#": 1, "fast/#": 1})
+        session.start_queue(slow, 0)
+        session.start_queue(fast, 0)
+        await put(store, "slow/1", 1, [slow])
+        for i in range(3):
+            await put(store, f"fast/{i}", 1, [fast])
+        parking = ParkingStore(store, slow)
+        keeper, _owner = make_keeper(store, {"dev": session})
+        link = RecordingLink()
+        delivery = Delivery(
+            session,
+            link,
+            store=parking,  # type: ignore[arg-type]
+            metrics=Metrics(),
+            offsets=keeper,
+            pace=RecordingPace(),
+            max_inflight=20,
+        )
+        delivery.wake()
+        for _ in range(100):
+            if len(link.publishes()) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert [p.topic for p in link.publishes()] == ["fast/0", "fast/1", "fast/2"]
+        assert parking.parked_reads == 1 and delivery.running, "the slow queue's read still waits"
+        parking.release.set()
+        await delivered(delivery)
+        assert sorted(p.topic for p in link.publishes()) == ["fast/0", "fast/1", "fast/2", "slow/1"]
+        delivery.stop()
+        await store.close()
+
+    run(scenario())
