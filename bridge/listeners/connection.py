@@ -196,7 +196,7 @@ class Connection(asyncio.Protocol):
     def send_droppable(self, data: bytes, payload_size: int) -> bool:
         """Send a QoS 0 PUBLISH unless the client is too slow to take it (then count the drop);
         `payload_size` is metered. True if sent: the caller counts sent messages in the node's
-        metrics (`Publisher.count_qos0_sent`), once per fan-out rather than once per subscriber."""
+        metrics (`Publisher._send_direct`), once per fan-out rather than once per subscriber."""
         transport = self.transport
         if self.closed or transport is None:
             return False

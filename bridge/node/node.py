@@ -119,10 +119,8 @@ class Node:
             metrics=self.metrics,
             acl=self.access.acl,
             retained=self.retained,
-            deliveries=self.deliveries,
             stamper=self.stamper,
             waker=self.publisher,
-            reachable=self.publisher.reachable,
             offsets_moved=self.housekeeper.mark_offsets_dirty,
             topic_fault=self.check_topic_limits,
             spawn=self.spawn,
@@ -158,7 +156,6 @@ class Node:
         self.cluster = cluster
         self.publisher.join(cluster)
         self.subscriptions.cluster = cluster
-        self.subscriptions.reachable = cluster.is_reachable
         self.lifecycle.cluster = cluster
         self.retained.announce = cluster.retained_changed
 

@@ -26,7 +26,7 @@ from bridge.node.roles import DurableCallback, Spawner
 from bridge.node.stamp import Stamper
 from bridge.operations.metrics import LatencyHistogram, Metrics
 from bridge.router.plan import ConnectionTable, DirectRoutes, RoutePlan, plan_route, readers_of
-from bridge.router.queues import PEER_PREFIX, peer_subscriber
+from bridge.router.queues import is_peer, peer_of, peer_subscriber
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session
@@ -112,18 +112,8 @@ class Publisher:
 
     def _send_now(self, message: Message, plan: RoutePlan) -> None:
         """The plan's QoS 0 part: direct sends, forwards to peers, shared members on peers."""
-        direct = plan.direct
-        if direct:
-            data = codec.encode_publish(message.topic, message.payload, 0)
-            size = len(message.payload)
-            connections = self.connections
-            sent = 0
-            for client_id in direct:
-                sent += connections[client_id].send_droppable(data, size)
-            if sent:
-                metrics = self.metrics
-                metrics.counters["messages_out_qos0"] += sent
-                metrics.packets_out[3] += sent
+        if plan.direct:
+            self._send_direct(message.topic, message.payload, plan.direct)
         if plan.peers or plan.handed:
             cluster = self.cluster
             if cluster is not None:
@@ -134,8 +124,15 @@ class Publisher:
         if plan.unserved:
             self.metrics.inc("dropped_no_shared_member", plan.unserved)
 
-    def count_qos0_sent(self, sent: int) -> None:
-        """Count QoS 0 PUBLISH packets sent directly (`send_droppable`), once per fan-out."""
+    def _send_direct(self, topic: str, payload: bytes, client_ids: list[str]) -> None:
+        """Send a QoS 0 PUBLISH, encoded once, to these connected clients (each may drop it if
+        it is too slow); count what was sent once per fan-out, not once per client."""
+        data = codec.encode_publish(topic, payload, 0)
+        size = len(payload)
+        connections = self.connections
+        sent = 0
+        for client_id in client_ids:
+            sent += connections[client_id].send_droppable(data, size)
         if sent:
             metrics = self.metrics
             metrics.counters["messages_out_qos0"] += sent
@@ -339,21 +336,16 @@ class Publisher:
     # -- from peers and from notify -----------------------------------------------------------
 
     def deliver_forwarded(self, topic: str, payload: bytes) -> None:
-        """A QoS 0 message a peer forwarded: to this node's own (non-shared) subscribers."""
-        connections = self.connections
-        targets = [c for c in self.trie.matched_subscribers(topic) if c in connections]
-        if targets:
-            data = codec.encode_publish(topic, payload, 0)
-            size = len(payload)
-            self.count_qos0_sent(sum(connections[c].send_droppable(data, size) for c in targets))
+        """A QoS 0 message a peer forwarded: to this node's own (non-shared) subscribers (the
+        direct part of its plan; never forwarded again)."""
+        direct = self.direct_routes.plan(topic, self.trie, self.connections).direct
+        if direct:
+            self._send_direct(topic, payload, direct)
 
     def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
         """A QoS 0 message a peer picked this node's client for (shared subscription)."""
-        conn = self.connections.get(client_id)
-        if conn is not None:
-            self.count_qos0_sent(
-                conn.send_droppable(codec.encode_publish(topic, payload, 0), len(payload))
-            )
+        if client_id in self.connections:
+            self._send_direct(topic, payload, [client_id])
         else:
             self.metrics.inc("dropped_no_shared_member")
 
@@ -384,10 +376,10 @@ class Publisher:
         for queue, end in ends.items():
             self.store.note_end(queue, end)
             for reader in readers_of(queue, self.trie, self.reader_of):
-                if reader[0] != PEER_PREFIX:
+                if not is_peer(reader):
                     woken.append(reader)
                 elif forward:
-                    peers.setdefault(reader[1:], {})[queue] = end
+                    peers.setdefault(peer_of(reader), {})[queue] = end
         if woken:
             self.wake_readers(list(dict.fromkeys(woken)), [])
         if self.cluster is not None:
@@ -420,10 +412,10 @@ class Publisher:
             delivery = deliveries.get(reader)
             if delivery is not None:
                 delivery.wake()
-            elif reader[0] == PEER_PREFIX:
+            elif is_peer(reader):
                 if self.cluster is not None and reader not in told:
                     told.add(reader)
-                    self.cluster.wake(reader[1:], queues)
+                    self.cluster.wake(peer_of(reader), queues)
             else:
                 self.offline_reader(reader)
 

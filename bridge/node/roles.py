@@ -101,6 +101,9 @@ class SessionOwner(Protocol):
 class Waker(Protocol):
     """Wakes the readers of queues that received messages."""
 
+    reachable: Callable[[str], bool]
+    """Whether a shared-subscription member can take a message now (here or on a peer)."""
+
     def wake_readers(self, reader_ids: list[str], queues: list[str]) -> None:
         """Wake local readers, tell peers about theirs, check the backlog of offline ones."""
         ...

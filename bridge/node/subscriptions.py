@@ -8,7 +8,7 @@ and removes the peers' interest.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bridge.access.acl import SUBSCRIBE
@@ -30,7 +30,6 @@ from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavaila
 if TYPE_CHECKING:
     from bridge.access.acl import Acl
     from bridge.cluster.cluster import Cluster
-    from bridge.node.delivery import Delivery
 
 log = logging.getLogger("bridge.node")
 
@@ -47,10 +46,8 @@ class Subscriptions:
         metrics: Metrics,
         acl: Acl,
         retained: RetainedMessages,
-        deliveries: Mapping[str, Delivery],
         stamper: Stamper,
         waker: Waker,
-        reachable: Callable[[str], bool],
         offsets_moved: Callable[[Session], None],
         topic_fault: Callable[[str], str | None],
         spawn: Spawner,
@@ -61,11 +58,8 @@ class Subscriptions:
         self.metrics = metrics
         self.acl = acl
         self.retained = retained
-        self.deliveries = deliveries
         self.stamper = stamper
         self.waker = waker
-        self.reachable = reachable
-        """Whether a shared member can take a message now (replaced when the node clusters)."""
         self.offsets_moved = offsets_moved
         self.topic_fault = topic_fault
         self.spawn = spawn
@@ -231,9 +225,7 @@ class Subscriptions:
             await self.store.submit(copy, [client_queue(session.client_id)])
             queued = True
         if queued:
-            delivery = self.deliveries.get(session.client_id)
-            if delivery is not None:
-                delivery.wake()
+            self.waker.wake_readers([session.client_id], [client_queue(session.client_id)])
 
     def unsubscribe(self, conn: ClientLink, session: Session, packet: Unsubscribe) -> None:
         """Remove the filters at once; make it durable for a persistent session, then UNSUBACK."""
@@ -293,7 +285,9 @@ class Subscriptions:
                 if not result.messages:
                     break
                 for stored in result.messages:
-                    member = group.pick(lambda m: m != session.client_id and self.reachable(m))
+                    member = group.pick(
+                        lambda m: m != session.client_id and self.waker.reachable(m)
+                    )
                     if member is None:
                         nobody_else = True  # the rest waits for this member
                         break
