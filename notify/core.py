@@ -16,6 +16,12 @@ the whole cluster. For each message it reads:
 * bridge messages without queues (QoS 0 kept for analytics, messages nobody subscribed to) are
   skipped.
 
+With `skip_filter` (`NOTIFY_FILTER`, as a bridge runs it), pulls carry that SQL92 filter and the
+broker keeps back what notify has no work for: every message a bridge stored, whose readers that
+bridge wakes itself (locally, and on its peers over the peer links). What is left is the backends'
+messages and notify's dispatched copies of them. A broker without `enablePropertyFilter=true`
+refuses such pulls; the notifier then says so once and reads everything, as before.
+
 Offsets are committed to the broker (the group's consumer offsets) every `commit_interval`. A
 queue the group has no offset for starts at its end if its topic existed when this notifier
 started (so a first start does not replay history) and at 0 if the topic appeared later.
@@ -74,6 +80,8 @@ class NotifyStats:
     dispatched: int = 0
     topics: int = 0
     queues: int = 0
+    unfiltered: bool = False
+    """The broker refused the skip filter: every message is read."""
 
 
 Dispatcher = Callable[[Message, Sequence[str], str], "asyncio.Future[int]"]
@@ -96,6 +104,7 @@ class Notifier:
         commit_interval: float = 1.0,
         poll_seconds: float = 10.0,
         batch: int = 64,
+        skip_filter: str | None = None,
     ) -> None:
         self.client = client
         self.sink = sink
@@ -107,6 +116,9 @@ class Notifier:
         self.commit_interval = commit_interval
         self.poll_ms = int(poll_seconds * 1000)
         self.batch = batch
+        self.skip_filter = skip_filter
+        """The SQL92 filter of every pull (None: read everything); dropped if the broker
+        cannot filter on properties."""
         self.stats = NotifyStats()
         self._readers: dict[tuple[str, str, int], _QueueReader] = {}
         self._initial_topics: set[str] | None = None
@@ -211,18 +223,29 @@ class Notifier:
                 if reader.offset < 0:
                     reader.offset = await self._start_offset(reader)
                     reader.committed = reader.offset
+                skip_filter = self.skip_filter
                 result = await self.client.pull(
                     reader.topic,
                     reader.queue_id,
                     reader.offset,
                     self.batch,
                     consumer_group=self.group,
+                    subscription=skip_filter or "*",
+                    expression_type="SQL92" if skip_filter else "TAG",
                     suspend_timeout_ms=self.poll_ms,
                     broker_name=reader.broker,
                 )
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
+            except RemotingError as exc:
+                if skip_filter is not None and exc.code == ResponseCode.SYSTEM_ERROR:
+                    self._filter_refused(exc)
+                    continue
+                log.debug("notify: pulling %s/%d failed: %s", reader.topic, reader.queue_id, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
             except RocketMQError as exc:
                 log.debug("notify: pulling %s/%d failed: %s", reader.topic, reader.queue_id, exc)
                 await asyncio.sleep(backoff)
@@ -240,6 +263,19 @@ class Notifier:
                     result.next_offset,
                 )
             reader.offset = max(reader.offset, result.next_offset)
+
+    def _filter_refused(self, error: RemotingError) -> None:
+        """The broker cannot filter on properties: read everything from now on."""
+        if self.skip_filter is None:
+            return
+        self.skip_filter = None
+        self.stats.unfiltered = True
+        log.warning(
+            "notify: the broker refused a property filter (%s); reading every message, the "
+            "bridges' own too. Set enablePropertyFilter=true in broker.conf to spare the broker "
+            "and the bridges that work",
+            error.remark,
+        )
 
     async def _handle(self, raw: StoredMessage) -> None:
         self.stats.messages += 1

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from bridge.storage.base import Message
-from bridge.storage.rocketmq import escape_name
+from bridge.storage.rocketmq import NOTIFY_FILTER, escape_name
 from notify.core import Notifier
 
 if TYPE_CHECKING:
@@ -46,4 +46,5 @@ def embedded_notifier(node: Node, store: RocketMQStore) -> Notifier:
         store.dispatch,
         group=escape_name(f"{store.namespace}mqtt-bridge-notify"),
         dispatch_topic=store.dispatch_topic,
+        skip_filter=NOTIFY_FILTER,
     )

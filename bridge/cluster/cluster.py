@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bridge.cluster")
 
+PEER_GONE_REFRESH_DELAY = 1.0
+"""Seconds after a peer's link went down (or the peer was declared dead) before this node
+re-reads its readers' queue ends: by then the broker has indexed whatever the peer had stored."""
+
 
 class Cluster:
     """Registry, peer links and interest of one node (see the module docstring)."""
@@ -81,6 +85,10 @@ class Cluster:
         self._removals: set[str] = set()
         self._removal_timer: asyncio.TimerHandle | None = None
         self._requests: dict[int, tuple[str, asyncio.Future[bytes | None]]] = {}
+        self._ends_refresh: asyncio.Task[None] | None = None
+        self._wakes: dict[str, dict[str, int]] = {}
+        """Peer -> queue -> end: the wakes of this event-loop turn, not sent yet."""
+        self._wake_flush: asyncio.Handle | None = None
         """Release request id -> (peer asked, its answer)."""
         self._next_request = 1
         self._server: asyncio.base_events.Server | None = None
@@ -141,6 +149,8 @@ class Cluster:
             self._server.close()
         if self._removal_timer is not None:
             self._removal_timer.cancel()
+        if self._ends_refresh is not None:
+            self._ends_refresh.cancel()
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -195,7 +205,7 @@ class Cluster:
                         await self._try_take_over(node_id)
             for node_id in list(self.peer_filters) + list(self.peer_members):
                 if node_id not in alive and node_id not in dead and node_id not in self.links:
-                    self.forget_peer(node_id)  # cleaned up elsewhere; its NodeGone was lost
+                    self._peer_gone(node_id)  # cleaned up elsewhere; its NodeGone was lost
 
     async def _keep_links(self) -> None:
         """Ping and check the links every half second, apart from the membership loop (whose
@@ -268,7 +278,7 @@ class Cluster:
             await self.registry.unlock_cleanup(dead)
             return
         await self.registry.forget_node(dead)
-        self.forget_peer(dead)
+        self._peer_gone(dead)
         self.broadcast(wire.NodeGone(dead))
         log.warning(
             "node %s: %d sessions taken over, %d adopted, %d wills published",
@@ -313,6 +323,7 @@ class Cluster:
         if self.links.get(link.peer_id) is link:
             del self.links[link.peer_id]
             self.stats["links_down"] += 1
+            self._refresh_ends_soon()
         for request, (peer, future) in list(self._requests.items()):
             if peer == link.peer_id and not future.done():
                 future.set_result(None)  # not answered: the caller uses the registry's copy
@@ -356,7 +367,7 @@ class Cluster:
             if frame.node_id == peer:
                 self._leaving.add(peer)  # it drains: take over its sessions without waiting
             elif frame.node_id != self.node_id and frame.node_id not in self.links:
-                self.forget_peer(frame.node_id)
+                self._peer_gone(frame.node_id)
         else:
             link.close(f"unexpected {type(frame).__name__} frame")
 
@@ -441,6 +452,28 @@ class Cluster:
         self._replay_members.pop(peer, None)
         self._leaving.discard(peer)
 
+    def _peer_gone(self, peer: str) -> None:
+        """A peer is dead: forget its interest, and re-read what it may not have announced."""
+        self.forget_peer(peer)
+        self._refresh_ends_soon()
+
+    def _refresh_ends_soon(self) -> None:
+        """A peer's link went down or the peer is gone: what it stored just before may never be
+        announced here (notify leaves every bridge's messages to the bridge that stored them).
+        Re-read the ends of the queues this node's clients read, once the broker has surely
+        indexed what the peer had confirmed, and wake the readers."""
+        if self._ends_refresh is not None or self.leaving:
+            return
+
+        async def refresh() -> None:
+            try:
+                await asyncio.sleep(PEER_GONE_REFRESH_DELAY)
+                await self.node.refresh_queue_ends()
+            finally:
+                self._ends_refresh = None
+
+        self._ends_refresh = self.node.spawn(refresh())
+
     # -- interest: what this node advertises -----------------------------------------------------
 
     def local_filter_added(self, topic_filter: str) -> None:
@@ -494,10 +527,32 @@ class Cluster:
         if link is None or not link.send_droppable(data):
             self.node.metrics.inc("dropped_peer_link")
 
-    def wake(self, peer: str, queues: list[str]) -> None:
-        link = self.links.get(peer)
-        if link is not None:
-            link.send(wire.Wake(tuple(queues)))
+    def wake(self, peer: str, ends: dict[str, int]) -> None:
+        """Messages were stored on these queues, which end at least at `ends` by this node's
+        count (which misses what other writers stored since it last learned their ends). Sent
+        to the peer at the end of this event-loop turn, merged with the turn's other wakes for
+        it: a `Grew` with the counts (the peer's backlog figures and read sizes), then a `Wake`
+        (a reader the counts leave caught up waits for one more message, in case they lag)."""
+        pending = self._wakes.get(peer)
+        if pending is None:
+            pending = self._wakes[peer] = {}
+            if self._wake_flush is None:
+                self._wake_flush = asyncio.get_running_loop().call_soon(self._send_wakes)
+        for queue, end in ends.items():
+            if end > pending.get(queue, -1):
+                pending[queue] = end
+
+    def _send_wakes(self) -> None:
+        self._wake_flush = None
+        wakes, self._wakes = self._wakes, {}
+        for peer, ends in wakes.items():
+            link = self.links.get(peer)
+            if link is None:
+                continue  # its link's comeback re-reads every queue end (`_after_link_up`)
+            counted = {queue: end for queue, end in ends.items() if end > 0}
+            if counted:
+                link.send(wire.Grew(tuple(counted), tuple(counted.values())))
+            link.send(wire.Wake(tuple(ends)))
 
     def grew(self, peer: str, ends: dict[str, int]) -> None:
         link = self.links.get(peer)

@@ -408,6 +408,7 @@ class Publisher:
         housekeeping look at the backlog of offline sessions."""
         deliveries = self.deliveries
         told: set[str] = set()
+        ends: dict[str, int] | None = None
         for reader in reader_ids:
             delivery = deliveries.get(reader)
             if delivery is not None:
@@ -415,7 +416,10 @@ class Publisher:
             elif is_peer(reader):
                 if self.cluster is not None and reader not in told:
                     told.add(reader)
-                    self.cluster.wake(peer_of(reader), queues)
+                    if ends is None:
+                        end_offset = self.store.end_offset
+                        ends = {queue: end_offset(queue) for queue in queues}
+                    self.cluster.wake(peer_of(reader), ends)
             else:
                 self.offline_reader(reader)
 

@@ -152,6 +152,9 @@ class NodeCollector:
             yield _counter("notify_messages", "messages notify read", stats.messages)
             yield _counter("notify_dispatched", "backend messages notify routed",
                            stats.dispatched)  # fmt: skip
+            yield _gauge("notify_unfiltered", "1 if the broker refused notify's property filter "
+                         "(notify reads the bridges' own messages too)",
+                         int(stats.unfiltered))  # fmt: skip
 
         cluster = self.server.cluster
         if cluster is not None:

@@ -69,7 +69,25 @@ def _publishes(transport: Any) -> list[Publish]:
     return [p for p in transport.packets() if isinstance(p, Publish)]
 
 
-def test_notify_wakes_a_subscriber_for_messages_another_writer_stored(
+async def _dispatch_copies(
+    rocketmq: LocalRocketMQ, tmp_path: Path, namespace: str, topic: str, count: int
+) -> None:
+    """Write `count` messages into the light queue of `topic/#` the way a notifier dispatches a
+    backend's messages: unmarked copies that no bridge announces, so only notify can wake their
+    readers."""
+    other = RocketMQStore(rocketmq.namesrv_addr, tmp_path / "other", namespace=namespace)
+    await other.open()
+    try:
+        lmq = other.lmq_of(f"f:{topic}/#")
+        for i in range(count):
+            await other.dispatch(
+                Message(f"{topic}/m", f"m{i}".encode(), qos=1, key=f"o{i}"), [lmq], f"origin{i}"
+            )
+    finally:
+        await other.close()
+
+
+def test_notify_wakes_a_subscriber_for_messages_no_bridge_announced(
     rocketmq: LocalRocketMQ, tmp_path: Path
 ) -> None:
     topic = _unique("plant")
@@ -82,17 +100,7 @@ def test_notify_wakes_a_subscriber_for_messages_another_writer_stored(
             sub, transport = await open_connection(node, "reader")
             sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
             await asyncio.sleep(0.2)
-            # Another writer (as another bridge node would) fills the filter's queue.
-            other = RocketMQStore(rocketmq.namesrv_addr, tmp_path / "other", namespace=namespace)
-            await other.open()
-            try:
-                for i in range(5):
-                    await other.append(
-                        Message(f"{topic}/m", f"m{i}".encode(), qos=1, key=f"o{i}"),
-                        [f"f:{topic}/#"],
-                    )
-            finally:
-                await other.close()
+            await _dispatch_copies(rocketmq, tmp_path, namespace, topic, 5)
             await _until(lambda: len(_publishes(transport)) == 5, 20)
             assert [p.payload for p in _publishes(transport)] == [
                 f"m{i}".encode() for i in range(5)
@@ -102,6 +110,107 @@ def test_notify_wakes_a_subscriber_for_messages_another_writer_stored(
             await notifier.stop()
 
     _run_node(rocketmq, tmp_path, scenario)
+
+
+def test_notify_reads_no_message_a_bridge_stored_only_the_unannounced_ones(
+    rocketmq: LocalRocketMQ, tmp_path: Path
+) -> None:
+    """Bridges wake the readers of what they store themselves, so notify pulls with a filter
+    that leaves every bridge's messages on the broker (this node's, another node's, queue-less
+    ones): it reads only what no bridge announced, and still wakes subscribers for that."""
+    topic = _unique("line")
+
+    async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
+        notifier = embedded_notifier(node, store)
+        await notifier.start()
+        try:
+            await asyncio.wait_for(notifier.ready.wait(), 20)
+            sub, transport = await open_connection(node, "reader")
+            sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
+            pub, _ = await open_connection(node, "writer")
+            await asyncio.sleep(0.2)
+            for i in range(20):
+                packet = Publish(f"{topic}/own", b"own%d" % i, 1, False, False, i + 1)
+                pub.data_received(codec.encode(packet))
+            nobody = Publish(f"{_unique('nobody')}/x", b"q", 1, False, False, 99)
+            pub.data_received(codec.encode(nobody))
+            await _until(lambda: len(_publishes(transport)) == 20, 20)
+            # Another bridge's store (its node would wake its peers' readers itself).
+            other = RocketMQStore(
+                rocketmq.namesrv_addr, tmp_path / "peer", namespace=namespace, node_id="peer"
+            )
+            await other.open()
+            try:
+                await other.append(Message(f"{topic}/p", b"p", qos=1, key="p0"), [f"f:{topic}/#"])
+            finally:
+                await other.close()
+            await asyncio.sleep(1.0)  # time for notify to have read them, had they come
+            assert notifier.stats.messages == 0
+            assert not notifier.stats.unfiltered
+
+            await _dispatch_copies(rocketmq, tmp_path, namespace, topic, 5)
+            # The peer's message was never announced here; the copies' wake reads it too.
+            await _until(lambda: len(_publishes(transport)) == 26, 20)
+            assert [p.payload for p in _publishes(transport)][20:] == [b"p"] + [
+                f"m{i}".encode() for i in range(5)
+            ]
+            assert notifier.stats.messages == 5
+        finally:
+            await notifier.stop()
+
+    _run_node(rocketmq, tmp_path, scenario)
+
+
+def test_notify_reads_everything_and_says_so_when_the_broker_refuses_property_filters(
+    rocketmq: LocalRocketMQ, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker without enablePropertyFilter: notify still wakes the subscriber for messages no
+    bridge announced, reading every message as before, and logs why once."""
+    topic = _unique("kiln")
+    rocketmq.admin(
+        "updateBrokerConfig",
+        "-b",
+        rocketmq.broker_addr,
+        "-k",
+        "enablePropertyFilter",
+        "-v",
+        "false",
+    )
+
+    async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
+        notifier = embedded_notifier(node, store)
+        await notifier.start()
+        try:
+            await asyncio.wait_for(notifier.ready.wait(), 20)
+            sub, transport = await open_connection(node, "reader")
+            sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
+            pub, _ = await open_connection(node, "writer")
+            await asyncio.sleep(0.2)
+            for i in range(3):
+                packet = Publish(f"{topic}/own", b"own%d" % i, 1, False, False, i + 1)
+                pub.data_received(codec.encode(packet))
+            await _dispatch_copies(rocketmq, tmp_path, namespace, topic, 1)
+            await _until(lambda: len(_publishes(transport)) == 4, 20)
+            await _until(lambda: notifier.stats.messages >= 4, 20)
+            assert notifier.stats.unfiltered
+        finally:
+            await notifier.stop()
+
+    try:
+        with caplog.at_level("WARNING", logger="notify"):
+            _run_node(rocketmq, tmp_path, scenario)
+    finally:
+        rocketmq.admin(
+            "updateBrokerConfig",
+            "-b",
+            rocketmq.broker_addr,
+            "-k",
+            "enablePropertyFilter",
+            "-v",
+            "true",
+        )
+    refused = [r for r in caplog.records if "refused a property filter" in r.getMessage()]
+    assert len(refused) == 1
 
 
 def test_qos2_resend_after_an_unanswered_send_is_not_stored_twice(

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from bridge.storage.rocketmq.mapping import NOTIFY_FILTER, PROP_NOTIFY_SKIP
 from bridge.storage.rocketmq.remoting import (
     BrokerUnavailable,
     PullStatus,
@@ -198,6 +199,56 @@ def test_tag_filter(rmq: LocalRocketMQ) -> None:
             offset = pulled.next_offset
         assert offset == 30
         assert bodies == [i for i in range(30) if i % 4 in (0, 1)]
+
+    run(rmq, scenario)
+
+
+def test_notifys_filtered_pull_returns_only_unmarked_messages_and_skips_past_the_rest(
+    rmq: LocalRocketMQ,
+) -> None:
+    """notify's filter on the real broker: messages a bridge marked stay on the broker; backends'
+    (unmarked) come back, in order, and the pull moves past the kept-back ones."""
+
+    async def scenario(client: RocketMQClient) -> None:
+        topic = await _topic(client, queues=1)
+        marks = ["n1", None, "n2", "n1", None, "n3", "n1"]
+        for i, mark in enumerate(marks):
+            props = {PROP_NOTIFY_SKIP: mark} if mark else None
+            await client.send(topic, str(i).encode(), tags="t", properties=props, queue_id=0)
+        await _await_max_offset(client, topic, 0, len(marks))
+        bodies: list[int] = []
+        offset = 0
+        for _ in range(20):
+            pulled = await client.pull(
+                topic, 0, offset, 2, subscription=NOTIFY_FILTER, expression_type="SQL92"
+            )
+            if pulled.status is PullStatus.NO_NEW_MSG:
+                break
+            assert pulled.status in (PullStatus.FOUND, PullStatus.NO_MATCHED_MSG)
+            bodies.extend(int(m.body) for m in pulled.messages)
+            offset = pulled.next_offset
+        assert bodies == [1, 4]
+        assert offset == len(marks)  # the kept-back tail was skipped, not left to re-read
+
+        # A held filtered pull is not woken by a message the filter keeps back, only by a match.
+        poll = asyncio.create_task(
+            client.pull(
+                topic,
+                0,
+                offset,
+                8,
+                subscription=NOTIFY_FILTER,
+                expression_type="SQL92",
+                suspend_timeout_ms=10_000,
+            )
+        )
+        await asyncio.sleep(0.3)
+        await client.send(topic, b"7", tags="t", properties={PROP_NOTIFY_SKIP: "n1"}, queue_id=0)
+        await asyncio.sleep(0.5)
+        assert not poll.done()
+        await client.send(topic, b"8", tags="t", queue_id=0)
+        pulled = await asyncio.wait_for(poll, 10)
+        assert [m.body for m in pulled.messages] == [b"8"]
 
     run(rmq, scenario)
 

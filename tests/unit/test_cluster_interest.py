@@ -3,8 +3,12 @@ a replay replaces what was known, and a dead peer's interest is forgotten entire
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import pytest
+
+from bridge.cluster import cluster as cluster_module
 from bridge.cluster import wire
 from bridge.cluster.cluster import Cluster
 from bridge.config import Config
@@ -56,3 +60,71 @@ def test_node_gone_from_the_dead_node_itself_marks_it_leaving_not_forgotten(
     cluster.on_frame(Link(), wire.NodeGone("b"))  # type: ignore[arg-type]
     assert "b" in cluster._leaving
     assert matching_peers(node, "x/1") == {"\x00b"}
+
+
+def test_wakes_for_a_peer_in_one_loop_turn_leave_merged_ends_first_then_the_wake(
+    tmp_path: Path,
+) -> None:
+    """Every stored message wakes its peer readers; a turn's wakes for one peer go out as one
+    Grew (the highest end counted per queue) and one Wake, and none to a peer without a link."""
+    _node, cluster = make_cluster(tmp_path)
+
+    class Link:
+        peer_id = "b"
+
+        def __init__(self) -> None:
+            self.sent: list[wire.Frame] = []
+
+        def send(self, frame: wire.Frame) -> None:
+            self.sent.append(frame)
+
+    link = Link()
+    cluster.links["b"] = link  # type: ignore[assignment]
+
+    async def main() -> None:
+        cluster.wake("b", {"f:a/#": 3})
+        cluster.wake("b", {"f:a/#": 4, "c:dev": 0})
+        cluster.wake("c", {"f:a/#": 4})  # no link to c: nothing, no error
+        assert link.sent == []  # not before the turn ends
+        await asyncio.sleep(0)
+        assert link.sent == [wire.Grew(("f:a/#",), (4,)), wire.Wake(("f:a/#", "c:dev"))]
+        cluster.wake("b", {"f:a/#": 5})
+        await asyncio.sleep(0)
+        assert link.sent[2:] == [wire.Grew(("f:a/#",), (5,)), wire.Wake(("f:a/#",))]
+
+    asyncio.run(main())
+
+
+def test_a_peer_link_going_down_or_a_peer_dying_makes_this_node_reread_its_readers_queue_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """notify leaves bridges' messages to the bridge that stored them: a peer that dies between
+    storing a message and telling this node must not leave its readers unwoken."""
+    node, cluster = make_cluster(tmp_path)
+    monkeypatch.setattr(cluster_module, "PEER_GONE_REFRESH_DELAY", 0.01)
+    refreshes: list[float] = []
+
+    async def refresh_queue_ends() -> None:
+        refreshes.append(asyncio.get_running_loop().time())
+
+    monkeypatch.setattr(node, "refresh_queue_ends", refresh_queue_ends)
+
+    class Link:
+        peer_id = "b"
+
+    async def main() -> None:
+        link = Link()
+        cluster.links["b"] = link  # type: ignore[assignment]
+        cluster.link_down(link)  # type: ignore[arg-type]
+        cluster._peer_gone("b")  # the same event seen twice: one re-read
+        await asyncio.sleep(0.1)
+        assert len(refreshes) == 1
+        cluster._peer_gone("c")
+        await asyncio.sleep(0.1)
+        assert len(refreshes) == 2
+        cluster.leaving = True  # a node that leaves re-reads nothing
+        cluster._peer_gone("d")
+        await asyncio.sleep(0.1)
+        assert len(refreshes) == 2
+
+    asyncio.run(main())

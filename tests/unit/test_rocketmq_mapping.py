@@ -13,6 +13,8 @@ from bridge.storage.rocketmq.mapping import (
     DEFAULT_QOS_FOR_BACKEND_MESSAGES,
     MAX_NAME,
     MULTI_DISPATCH,
+    NOTIFY_FILTER,
+    PROP_NOTIFY_SKIP,
     escape_name,
     from_rocketmq,
     lmq_name,
@@ -104,3 +106,13 @@ def test_a_message_produced_by_a_backend_reaches_mqtt_at_qos_1():
 def test_a_message_without_tag_has_no_mqtt_topic():
     assert from_rocketmq(None, "k", {}, b"x") is None
     assert from_rocketmq("", "k", {}, b"x") is None
+
+
+def test_every_bridge_message_is_marked_for_notify_to_leave_and_the_mark_stays_internal():
+    _topic, _tag, _keys, props, _body = to_rocketmq(Message("a/b", b"x", node="n1"), ["f:a/#"])
+    assert NOTIFY_FILTER == "mqtt_notify_skip IS NULL"
+    # Readable by RocketMQ's SQL92 grammar (no dot), and never an MQTT user property of the
+    # message read back.
+    assert "." not in PROP_NOTIFY_SKIP
+    message = from_rocketmq("a/b", "k1", {**props, PROP_NOTIFY_SKIP: "n1"}, b"x")
+    assert message is not None and message.properties == {}

@@ -9,6 +9,7 @@ MQTT <-> RocketMQ mapping (`message_of`, `rocketmq_topic`, `tag_of`, ...). Code 
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import RemotingError, RocketMQError
 from bridge.storage.rocketmq.mapping import (
+    NOTIFY_FILTER,
     PROP_NODE,
     escape_name,
     message_of,
@@ -23,6 +24,7 @@ from bridge.storage.rocketmq.wire import ResponseCode
 
 __all__ = [
     "DISPATCH_TOPIC",
+    "NOTIFY_FILTER",
     "PROPERTY_INNER_MULTI_DISPATCH",
     "PROP_NODE",
     "PullStatus",

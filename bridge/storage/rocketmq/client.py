@@ -242,13 +242,15 @@ class RocketMQClient:
         *,
         consumer_group: str | None = None,
         subscription: str = "*",
+        expression_type: str = "TAG",
         suspend_timeout_ms: int = 0,
         broker_name: str | None = None,
         timeout: float | None = None,
     ) -> PullResult:
         """Pull up to `max_msgs` messages of one queue from `offset` (PULL_MESSAGE).
 
-        See `PullConsumer.pull` for long polling (`suspend_timeout_ms`) and `subscription`.
+        See `PullConsumer.pull` for long polling (`suspend_timeout_ms`), `subscription` and
+        `expression_type`.
         """
         return await self._consumer.pull(
             topic,
@@ -257,6 +259,7 @@ class RocketMQClient:
             max_msgs,
             consumer_group=consumer_group,
             subscription=subscription,
+            expression_type=expression_type,
             suspend_timeout_ms=suspend_timeout_ms,
             broker_name=broker_name,
             timeout=timeout,

@@ -53,6 +53,7 @@ class PullConsumer:
         *,
         consumer_group: str | None = None,
         subscription: str = "*",
+        expression_type: str = "TAG",
         suspend_timeout_ms: int = 0,
         broker_name: str | None = None,
         timeout: float | None = None,
@@ -61,7 +62,11 @@ class PullConsumer:
 
         With `suspend_timeout_ms` > 0 the broker holds the request (long polling) until a message
         arrives or the time is up, then answers NO_NEW_MSG. `subscription` is a TAG expression
-        ("*" or "a || b"); the broker filters by tag hash and this client re-checks the tag.
+        ("*" or "a || b"; the broker filters by tag hash and this client re-checks the tag), or
+        with `expression_type="SQL92"` a filter on message properties that the broker evaluates
+        (it needs `enablePropertyFilter=true`, else the pull fails with SYSTEM_ERROR). A held
+        SQL92 pull is woken only by a matching message; a pull that skipped only unmatched ones
+        answers NO_MATCHED_MSG with `next_offset` past them.
         """
         group = self._group(consumer_group, "pull")
         sys_flag = PullSysFlag.SUBSCRIPTION
@@ -78,7 +83,7 @@ class PullConsumer:
             "suspendTimeoutMillis": str(suspend_timeout_ms),
             "subscription": subscription,
             "subVersion": "0",
-            "expressionType": "TAG",
+            "expressionType": expression_type,
         }
         wait = (timeout or self._pool.request_timeout) + suspend_timeout_ms / 1000
         if suspend_timeout_ms > 0:
@@ -93,7 +98,7 @@ class PullConsumer:
             raise RemotingError(response.code, response.remark, request=RequestCode.PULL_MESSAGE)
         ext = response.ext_fields
         messages = decode_messages(response.body) if status is PullStatus.FOUND else []
-        wanted = _parse_tags(subscription)
+        wanted = _parse_tags(subscription) if expression_type == "TAG" else None
         if wanted is not None:
             messages = [m for m in messages if m.tags in wanted]
         return PullResult(

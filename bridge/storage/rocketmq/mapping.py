@@ -8,6 +8,7 @@ this mapping; docs/design.md has it as a table. In short:
 * tag = the full MQTT topic, so a reader can filter on the broker;
 * KEYS = the bridge's unique message key (the broker indexes it);
 * properties `mqtt.qos`, `mqtt.retain`, `mqtt.publisher`, `mqtt.node` carry the MQTT header fields;
+  `mqtt_notify_skip` tells notify that the storing bridge announced it (`NOTIFY_FILTER`);
 * body = the payload;
 * the queues a message is dispatched to (one per matching filter, ...) become light message queues
   (LMQ) named by `lmq_name`, listed in `INNER_MULTI_DISPATCH`.
@@ -51,6 +52,13 @@ PROP_EMPTY: Final = "mqtt.empty"
 """Set to "1" when the MQTT payload is empty: RocketMQ refuses an empty body, so such a message
 carries the one-byte body `EMPTY_BODY`, which readers must ignore."""
 EMPTY_BODY: Final = b"\x00"
+PROP_NOTIFY_SKIP: Final = "mqtt_notify_skip"
+"""Set (to the storing node's id) on every message a bridge stores: that bridge wakes the
+message's readers itself, so notify has nothing to do for it (`NOTIFY_FILTER`). Spelled with
+underscores: RocketMQ's SQL92 filter cannot name a property with a dot."""
+NOTIFY_FILTER: Final = f"{PROP_NOTIFY_SKIP} IS NULL"
+"""The SQL92 filter of notify's pulls: only messages no bridge announced (backends', notify's own
+dispatched copies, bridges of earlier versions)."""
 USER_PREFIX: Final = "mqtt.user."
 """Message.properties (MQTT 5 user properties) travel as `mqtt.user.<name>`."""
 

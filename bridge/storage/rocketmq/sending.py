@@ -22,7 +22,7 @@ from typing import Any
 from bridge.storage.base import Message, StoreUnavailable
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingConnection, RocketMQError
-from bridge.storage.rocketmq.mapping import MULTI_DISPATCH, to_rocketmq
+from bridge.storage.rocketmq.mapping import MULTI_DISPATCH, PROP_NOTIFY_SKIP, to_rocketmq
 from bridge.storage.rocketmq.messages import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
@@ -85,13 +85,20 @@ def _seq_of(offset_msg_id: str) -> int:
 
 
 def new_send(
-    message: Message, queues: tuple[str, ...], dispatch: str, callback: DurableCallback | None
+    message: Message,
+    queues: tuple[str, ...],
+    dispatch: str,
+    callback: DurableCallback | None,
+    notify_skip: str = "",
 ) -> Send:
     """What sending `message` for the bridge `queues` takes; `dispatch` names their light
-    queues (the INNER_MULTI_DISPATCH property, "" for none)."""
+    queues (the INNER_MULTI_DISPATCH property, "" for none); `notify_skip` is the notifier that
+    has nothing to do for it (`PROP_NOTIFY_SKIP`, "" for none)."""
     topic, tag, keys, properties, body = to_rocketmq(message, ())
     if dispatch:
         properties[MULTI_DISPATCH] = dispatch
+    if notify_skip:
+        properties[PROP_NOTIFY_SKIP] = notify_skip
     properties[PROPERTY_TAGS] = tag
     if keys:
         properties[PROPERTY_KEYS] = keys

@@ -22,6 +22,12 @@ Keyed records ("meta": sessions, offsets, retained messages, QoS 2 markers) live
 message is made durable before the message is sent (`atomic_meta` is False): a crash in between
 leaves meta naming a message that may not exist, which `find_key` settles.
 
+notify. Whoever stores a message through this store wakes its readers once it is durable (the
+node does: local ones at SEND_OK, peers with a wake; see docs/design.md), so every message sent
+here carries `mqtt_notify_skip` = the node id and notify's filtered pulls leave it on the broker
+(`NOTIFY_FILTER`). Only `dispatch` (notify's copies of backends' messages) sends unmarked copies,
+which notify reads to wake their readers.
+
 Queue ends. LMQ offsets are assigned by the broker and not returned by a send, so `end_offset`
 is what this store knows: the end fetched by `queue_end` (GET_MAX_OFFSET), plus one for every
 message of its own confirmed since, raised by `note_end` (notify) and by reads. With other
@@ -44,7 +50,12 @@ from pathlib import Path
 from bridge.storage.base import Message, MetaUpdate, ReadResult, Stored, StoreUnavailable
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingError, RocketMQError
-from bridge.storage.rocketmq.mapping import MULTI_DISPATCH, escape_name, message_of, rocketmq_topic
+from bridge.storage.rocketmq.mapping import (
+    MULTI_DISPATCH,
+    escape_name,
+    message_of,
+    rocketmq_topic,
+)
 from bridge.storage.rocketmq.messages import (
     KEY_SEPARATOR,
     LMQ_DISPATCH_SEPARATOR,
@@ -116,6 +127,8 @@ class RocketMQStore:
         self.dispatch_topic = (
             f"{escape_name(namespace)}{DISPATCH_TOPIC}" if namespace else DISPATCH_TOPIC
         )
+        self._notify_skip = escape_name(node_id) or "bridge"
+        """`mqtt_notify_skip` of every message sent here (see "notify" above)."""
         self.send_timeout = send_timeout
         self.read_wait = read_wait
         self.max_pending = max_pending
@@ -263,7 +276,7 @@ class RocketMQStore:
     ) -> Send:
         remember = self._names.remember
         dispatch = LMQ_DISPATCH_SEPARATOR.join(remember(q) for q in queues) if queues else ""
-        return new_send(message, queues, dispatch, callback)
+        return new_send(message, queues, dispatch, callback, self._notify_skip)
 
     def dispatch(self, message: Message, lmqs: Sequence[str], origin: str) -> asyncio.Future[int]:
         """Send a copy of a message produced outside the bridge into the light queues `lmqs`,
