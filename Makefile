@@ -46,7 +46,8 @@ lint: install
 		bridge/cluster/host.py bridge/operations/metrics.py bridge/config.py bridge/state.py \
 		bridge/cluster/wire.py bridge/storage/rocketmq/mapping.py bridge/storage/rocketmq/wire.py \
 		bridge/storage/rocketmq/messages.py bridge/storage/rocketmq/bytes.py \
-		bridge/storage/rocketmq/queues.py bridge/storage/filelog/segments.py \
+		bridge/storage/rocketmq/queues.py bridge/storage/rocketmq/reads.py \
+		bridge/storage/filelog/segments.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 
 test: test-deps lint

@@ -11,11 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.storage.rocketmq.bytes import ByteReader
 from bridge.storage.rocketmq.messages import (
     MESSAGE_MAGIC_CODE,
     MessageSysFlag,
     StoredMessage,
     UnsupportedCompression,
+    _decode_careful,
+    _decode_plain,
     body_crc,
     decode_messages,
     decode_properties,
@@ -395,6 +398,24 @@ def test_stored_messages_round_trip(msgs: list[StoredMessage], compress: bool) -
         )
         if not compress:
             assert got.body_crc == body_crc(sent.body)
+
+
+@given(stored_messages(), st.binary(max_size=40), st.integers(0, 200))
+def test_the_fast_path_of_the_message_decoder_reads_what_the_careful_one_reads(
+    msg: StoredMessage, tail: bytes, cut: int
+) -> None:
+    """The one-call fast path (V1, IPv4, uncompressed) gives the same message as the field by
+    field path, or declines and leaves it to that path; it never accepts bytes the careful path
+    refuses, even cut short or followed by garbage."""
+    raw = encode_stored_message(msg)
+    for data in (raw, raw + tail, raw[: max(0, len(raw) - cut)], raw[:36] + tail):
+        fast = _decode_plain(data, 0, len(data))
+        try:
+            careful: StoredMessage | None = _decode_careful(ByteReader(data, "t"), 1 << 20)
+        except RemotingProtocolError:
+            careful = None
+        if fast is not None:
+            assert fast == careful
 
 
 # --- fuzz: arbitrary bytes decode or raise our own error ------------------------------------

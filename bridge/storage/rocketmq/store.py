@@ -35,8 +35,13 @@ writers (other bridge nodes, notify's dispatch of backend messages) it may lag. 
 ahead in a race (a fetch that already counted a message whose SEND_OK arrives after it); a read
 that waited for the missing offset and found none sets it back to the broker's end.
 
+Reads. All readers of a light queue on this node share its pulls (reads.py): one pull per
+(queue, offset) at a time, and the last batch of each queue kept in memory (16 MiB in all), so
+ten subscribers of one filter cost one pull and one decode per batch, not ten.
+
 Parts. This module holds the lifecycle, the admission of writes and the read path; the send
-pipeline is in sending.py, the keyed records in meta.py, LMQ names and queue ends in queues.py.
+pipeline is in sending.py, the keyed records in meta.py, LMQ names and queue ends in queues.py,
+the shared reads in reads.py.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from bridge.storage.rocketmq.messages import (
 )
 from bridge.storage.rocketmq.meta import KIND_LMQS, KIND_STATS, KeyedRecords, StoreMeta
 from bridge.storage.rocketmq.queues import DEFAULT_MESSAGE_SIZE, LmqNames, QueueEnds
+from bridge.storage.rocketmq.reads import SharedReads
 from bridge.storage.rocketmq.sending import (
     DurableCallback,
     Send,
@@ -160,6 +166,7 @@ class RocketMQStore:
         self._closing = False
         self._names = LmqNames(namespace)
         self._ends = QueueEnds()
+        self._reads = SharedReads()
         self.stats = dict.fromkeys(
             ("sent", "send_failures", "send_timeouts", "unqueued_dropped", "reads"), 0
         )
@@ -337,6 +344,10 @@ class RocketMQStore:
     async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
         if limit <= 0:
             return ReadResult([], offset)
+        return await self._reads.read(queue, offset, limit, self._pull)
+
+    async def _pull(self, queue: str, offset: int, limit: int) -> ReadResult:
+        """One pull of `queue`'s light queue from `offset` (`read` shares it between readers)."""
         name = self._names.remember(queue)
         known_end = self._ends.end(queue)
         # A message confirmed by SEND_OK reaches its LMQs a moment later (the broker dispatches

@@ -1,0 +1,143 @@
+"""Reads of a light queue shared by all its readers on one node.
+
+Every subscriber of a filter on a node reads the same light queue, usually from the same offset
+at about the same time (they were woken by the same message). `SharedReads` makes that one pull:
+a read of (queue, offset) while a pull of that same (queue, offset) is on its way waits for that
+pull instead of sending its own, and the last batch pulled from each queue is kept for a moment,
+so a reader that comes after it (or comes back for messages it read and could not send) is
+served from memory. Offsets in a light queue never change, so a kept batch is never stale: a
+message removed by retention since is still a valid message to deliver.
+
+Kept batches are bounded in bytes (`max_kept_bytes`, payload and topic of each message), the
+least recently used dropped first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from bridge.storage.base import ReadResult, Stored
+
+__all__ = ["Batch", "SharedReads"]
+
+Pull = Callable[[str, int, int], Awaitable[ReadResult]]
+"""Reads (queue, offset, limit) from the broker."""
+
+
+@dataclass(slots=True, frozen=True)
+class Batch:
+    """Messages of one queue with consecutive offsets from `start`, as one pull returned them."""
+
+    start: int
+    messages: tuple[Stored, ...]
+    size: int
+    """Bytes of the messages (payload + topic)."""
+
+    @property
+    def end(self) -> int:
+        """The offset after the batch's last message."""
+        return self.messages[-1].offset + 1
+
+    def from_offset(self, offset: int, limit: int) -> ReadResult | None:
+        """Up to `limit` messages from `offset` on, if the batch holds `offset`."""
+        if not self.start <= offset < self.end:
+            return None
+        skip = 0
+        messages = self.messages
+        while skip < len(messages) and messages[skip].offset < offset:
+            skip += 1
+        part = list(messages[skip : skip + limit])
+        if not part:
+            return None
+        return ReadResult(part, part[-1].offset + 1)
+
+
+class SharedReads:
+    """One pull per (queue, offset) at a time; the last batch of each queue kept (see above)."""
+
+    __slots__ = ("_inflight", "_kept", "_kept_bytes", "max_kept_bytes", "pull_size", "stats")
+
+    def __init__(self, *, pull_size: int = 64, max_kept_bytes: int = 16 * 1024 * 1024) -> None:
+        self.pull_size = pull_size
+        """Messages asked for by a pull, at least: readers that join it may want more than the
+        first one did."""
+        self.max_kept_bytes = max_kept_bytes
+        self._inflight: dict[tuple[str, int], asyncio.Future[ReadResult]] = {}
+        self._kept: OrderedDict[str, Batch] = OrderedDict()
+        self._kept_bytes = 0
+        self.stats = {"pulls": 0, "joined": 0, "kept_hits": 0}
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes held in kept batches."""
+        return self._kept_bytes
+
+    async def read(self, queue: str, offset: int, limit: int, pull: Pull) -> ReadResult:
+        """Up to `limit` messages of `queue` from `offset`: from the kept batch, from a pull of
+        the same place already on its way, or from a pull of its own (`pull`)."""
+        key = (queue, offset)
+        while True:
+            kept = self._kept.get(queue)
+            if kept is not None:
+                hit = kept.from_offset(offset, limit)
+                if hit is not None:
+                    self._kept.move_to_end(queue)
+                    self.stats["kept_hits"] += 1
+                    return hit
+            pending = self._inflight.get(key)
+            if pending is None:
+                break
+            self.stats["joined"] += 1
+            try:
+                result = await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                if pending.cancelled():
+                    continue  # its reader was cancelled (disconnected), not this one: again
+                raise
+            return _first(result, limit)
+        future: asyncio.Future[ReadResult] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            result = await pull(queue, offset, max(limit, self.pull_size))
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: the readers that joined get it, nobody else must
+            raise
+        else:
+            future.set_result(result)
+        finally:
+            del self._inflight[key]
+        self.stats["pulls"] += 1
+        if result.messages and not result.lost:
+            messages = tuple(result.messages)
+            self._keep(queue, Batch(offset, messages, sum(m.size for m in messages)))
+        return _first(result, limit)
+
+    def forget(self, queue: str) -> None:
+        """Drop the kept batch of a queue nobody here reads any more."""
+        batch = self._kept.pop(queue, None)
+        if batch is not None:
+            self._kept_bytes -= batch.size
+
+    def _keep(self, queue: str, batch: Batch) -> None:
+        self.forget(queue)
+        self._kept[queue] = batch
+        self._kept_bytes += batch.size
+        while self._kept_bytes > self.max_kept_bytes and self._kept:
+            _, old = self._kept.popitem(last=False)
+            self._kept_bytes -= old.size
+
+
+def _first(result: ReadResult, limit: int) -> ReadResult:
+    """`result` cut to `limit` messages (a shared pull may have read more than one reader
+    wants)."""
+    if len(result.messages) <= limit:
+        return result
+    part = result.messages[:limit]
+    return ReadResult(part, part[-1].offset + 1, result.lost)
