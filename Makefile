@@ -58,6 +58,7 @@ bench: test-deps
 	$(BIN)/python tests/bench/durability_contrast.py
 	$(BIN)/python tests/bench/conn_capacity.py
 	$(BIN)/python tests/bench/cluster_bench.py
+	$(BIN)/python tests/bench/rocketmq_path.py
 	$(BIN)/python tests/bench/multi_filter.py
 	$(BIN)/python tests/bench/spark_bench.py
 

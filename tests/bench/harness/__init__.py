@@ -15,7 +15,9 @@ The machinery of one script, named after what it drives:
 - versus: run_bench.py's side-by-side runs and comparison report;
 - cluster, cluster_report: cluster_bench.py's cluster under test and its report;
 - spark, spark_report: spark_bench.py's Spark jobs, stream job and sink, and its report;
-- producer: broker_ceiling.py's RocketMQ benchmark Producer.
+- producer: broker_ceiling.py's RocketMQ benchmark Producer;
+- pathruns, javaclient, path_report: rocketmq_path.py's users' load (mosquitto_pub/-sub),
+  loadgen runs and warm-ups, RocketMQ's Java client (PathClient), and its report.
 
 A module imports only modules above it in these lists, and never a script.
 """

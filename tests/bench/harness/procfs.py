@@ -13,7 +13,9 @@ import re
 import resource
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -184,3 +186,55 @@ class CpuWindow:
     def percent(self, seconds: float) -> float:
         """`seconds` of CPU as % of one core over the window."""
         return 100 * seconds / self.wall
+
+
+def pid_readers(roles: Mapping[str, list[int]]) -> dict[str, Callable[[], float | None]]:
+    """CpuWindow readers for every process of every role ("role/pid"), plus the machine's busy
+    time ("machine")."""
+    readers: dict[str, Callable[[], float | None]] = {
+        f"{role}/{pid}": partial(proc_cpu, pid) for role, pids in roles.items() for pid in pids
+    }
+    readers["machine"] = machine_busy_s
+    return readers
+
+
+def role_usage(
+    window: CpuWindow,
+    roles: Mapping[str, list[int]],
+    delivered: int,
+    extra_cpu_s: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """What a closed window (opened with pid_readers(roles)) says per role: CPU seconds, % of
+    one core and µs per delivered message. A process gone at either end is left out of its
+    role; `extra_cpu_s` adds roles measured another way (a child's rusage). "others" is the
+    machine's busy time no role used (other work on the box), "machine" all of it. A reader
+    named "jit" (jvm_jit_cpu of the RocketMQ broker) adds the JIT's seconds, `jit_cpu_s`."""
+    cpu_s = {
+        role: sum(used for pid in pids if (used := window.used(f"{role}/{pid}")) is not None)
+        for role, pids in roles.items()
+    }
+    cpu_s.update(extra_cpu_s or {})
+    machine = window.used("machine") or 0.0
+    per_msg = {
+        role: round(v / delivered * 1e6, 1) if delivered else None for role, v in cpu_s.items()
+    }
+    cpu_s["others"] = max(0.0, machine - sum(cpu_s.values()))
+    cpu_s["machine"] = machine
+    out = {
+        "run_wall_s": round(window.wall, 2),
+        "cpu_s": {role: round(v, 3) for role, v in cpu_s.items()},
+        "cpu_percent": {role: round(window.percent(v), 1) for role, v in cpu_s.items()},
+        "us_per_msg": per_msg,
+        "loadavg_after": loadavg(),
+    }
+    if (jit := window.used("jit")) is not None:
+        out["jit_cpu_s"] = round(jit, 3)
+    return out
+
+
+def jvm_jit_cpu(pid: int | None) -> float | None:
+    """CPU seconds of a JVM's JIT compiler threads ("C1/C2 CompilerThread"): while they are
+    busy, the JVM's code is still being compiled and its CPU per message is not yet its own."""
+    if pid is None or not Path(f"/proc/{pid}").is_dir():
+        return None
+    return sum(cpu for name, cpu in thread_groups_cpu(pid).items() if "CompilerThre" in name)

@@ -55,6 +55,17 @@ def java_bin(tool: str) -> str:
     return tool
 
 
+def rocketmq_lib() -> str:
+    """The directory of RocketMQ 5.3.3's jars (client included), fetched by
+    deploy/rocketmq/fetch.sh on first use."""
+    fetched = subprocess.run(
+        [str(DEPLOY / "fetch.sh")], capture_output=True, text=True, timeout=1800, check=False
+    )
+    if fetched.returncode != 0:
+        raise RuntimeError(f"deploy/rocketmq/fetch.sh failed:\n{fetched.stderr}")
+    return fetched.stdout.strip().splitlines()[-1]
+
+
 def ensure_producer(cache_dir: Path) -> str:
     """Classpath of RocketMQ 5.3.3's benchmark Producer, built into cache_dir on first use.
 
@@ -63,12 +74,7 @@ def ensure_producer(cache_dir: Path) -> str:
     compiled against the client jars of the same version that deploy/rocketmq/fetch.sh caches;
     those jars are its classpath at run time too.
     """
-    fetched = subprocess.run(
-        [str(DEPLOY / "fetch.sh")], capture_output=True, text=True, timeout=1800, check=False
-    )
-    if fetched.returncode != 0:
-        raise RuntimeError(f"deploy/rocketmq/fetch.sh failed:\n{fetched.stderr}")
-    lib = fetched.stdout.strip().splitlines()[-1]
+    lib = rocketmq_lib()
     classes = cache_dir / "classes"
     classpath = f"{classes}:{lib}/*"
     marker = cache_dir / ".complete"
