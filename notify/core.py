@@ -84,6 +84,13 @@ class NotifyStats:
     """The broker refused the skip filter: every message is read."""
 
 
+def _refuses_filters(error: RemotingError) -> bool:
+    """Whether a pull failed because the broker does not filter on properties (5.3.3 answers
+    SYSTEM_ERROR "The broker does not support consumer to filter message by SQL92"), rather than
+    for a passing fault."""
+    return error.code == ResponseCode.SYSTEM_ERROR and "SQL92" in error.remark
+
+
 Dispatcher = Callable[[Message, Sequence[str], str], "asyncio.Future[int]"]
 """Sends a copy of a backend message into the given LMQs (message, LMQ names, origin id)."""
 
@@ -239,7 +246,7 @@ class Notifier:
             except asyncio.CancelledError:
                 raise
             except RemotingError as exc:
-                if skip_filter is not None and exc.code == ResponseCode.SYSTEM_ERROR:
+                if skip_filter is not None and _refuses_filters(exc):
                     self._filter_refused(exc)
                     continue
                 log.debug("notify: pulling %s/%d failed: %s", reader.topic, reader.queue_id, exc)

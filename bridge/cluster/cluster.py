@@ -552,7 +552,8 @@ class Cluster:
             counted = {queue: end for queue, end in ends.items() if end > 0}
             if counted:
                 link.send(wire.Grew(tuple(counted), tuple(counted.values())))
-            link.send(wire.Wake(tuple(ends)))
+            if ends:
+                link.send(wire.Wake(tuple(ends)))
 
     def grew(self, peer: str, ends: dict[str, int]) -> None:
         link = self.links.get(peer)
