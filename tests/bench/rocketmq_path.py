@@ -21,7 +21,9 @@ Loads (tests/bench/README.md, "RocketMQ path", says exactly what is sent):
   lines (libmosquitto's 20 in flight), 100 B and 2 KB payloads; Java: the same N and size with
   20 sends in flight;
 - our loadgen, QoS 1 2 KB: 1 -> 1 and 10 -> 10 (a topic per pair) throughput with a window of
-  100, and latency at a fixed 1,000 msg/s; Java: 1 -> 1 with 100 sends in flight.
+  100, and latency at a fixed 1,000 msg/s; Java: 1 -> 1 with 100 sends in flight, and the
+  latency load's equivalent: paced at 1,000 msg/s for as long, asynchronous sends, at most 100
+  unacknowledged (the loadgen's window), send -> receive on the wall clock of both JVMs.
 
 Every run records the CPU of every process involved (from /proc, and the load tools' rusage) per
 delivered message. The headline: the RocketMQ broker's CPU per message delivered through the
@@ -92,6 +94,7 @@ OURS_CMD = "{python} -m bridge --listen {host}:{port} --data-dir {data_dir} --lo
 SETTLE = "500ms"  # loadgen -settle: subscriptions reach every node of the cluster first
 USERS_INFLIGHT = 20  # libmosquitto's default max_inflight_messages, hence mosquitto_pub's
 WINDOW = 100  # the loadgen's QoS 1 window
+LAT_RATE = 1000  # msg/s of the latency load
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ DEFAULT = Sizing(
     lat_timeout_s=12,
     warmup_max_s=45,
     idle_s=3,
-    budget_s={"mosquitto": 60, "bridge": 70, "cluster": 90, "java": 60},
+    budget_s={"mosquitto": 60, "bridge": 70, "cluster": 90, "java": 75},
 )
 QUICK = Sizing(
     users_count=3_000,
@@ -135,7 +138,7 @@ QUICK = Sizing(
     lat_timeout_s=6,
     warmup_max_s=15,
     idle_s=2,
-    budget_s={"mosquitto": 40, "bridge": 40, "cluster": 45, "java": 35},
+    budget_s={"mosquitto": 40, "bridge": 40, "cluster": 45, "java": 45},
 )
 
 
@@ -177,14 +180,25 @@ def build_loads(s: Sizing) -> list[Load]:
         "latency",
         1,
         size=2048,
-        rate=1000,
+        rate=LAT_RATE,
         duration=s.lat_duration_s,
         timeout=s.lat_timeout_s,
+        window=WINDOW,
         flags={"-settle": SETTLE},
     )
-    title = "loadgen latency @ 1,000 msg/s"
     loads.append(
-        Load("lg_lat_2KB", title, "loadgen", 2048, s.lat_timeout_s, args=lat, mode="latency")
+        Load(
+            "lg_lat_2KB",
+            f"loadgen latency @ {LAT_RATE:,} msg/s (Java: paced, up to 100 in flight)",
+            "loadgen",
+            2048,
+            s.lat_timeout_s,
+            count=int(LAT_RATE * s.lat_duration_s),
+            args=lat,
+            java_inflight=WINDOW,
+            mode="latency",
+            rate=LAT_RATE,
+        )
     )
     return loads
 
@@ -400,7 +414,7 @@ def java_runs(
 ) -> None:
     """The Java runs, after a warm-up (2 KB, 100 in flight) that lasts until the broker's JIT
     is quiet; a users' load run sends all its messages, a loadgen equivalent stops publishing
-    after the loadgen's publish phase."""
+    after the loadgen's publish phase; the latency load's is paced at its rate for as long."""
     broker_pid = mq.pid("broker")
 
     def roles() -> dict[str, list[int]]:
@@ -409,7 +423,9 @@ def java_runs(
 
     def java(load: Load, duration_s: float | None = None) -> dict[str, Any]:
         assert load.java_inflight is not None
-        if duration_s is None:
+        if duration_s is None and load.mode == "latency":
+            duration_s = env["sizing"].lat_duration_s
+        elif duration_s is None:
             duration_s = env["sizing"].tp_duration_s if load.kind == "loadgen" else load.timeout_s
         return clients.run(
             size=load.size,
@@ -419,6 +435,7 @@ def java_runs(
             timeout_s=load.timeout_s,
             roles=roles(),
             jit_pid=broker_pid,
+            rate=load.rate,
         )
 
     warm = Load("warm-up", "", "loadgen", 2048, 20, 100_000, java_inflight=WINDOW)

@@ -205,10 +205,11 @@ class JavaClients:
         timeout_s: float,
         roles: dict[str, list[int]],
         jit_pid: int | None = None,
+        rate: float = 0,
     ) -> dict[str, Any]:
         """One run (see _run); after a failure the clients are replaced for the next runs."""
         try:
-            return self._run(size, count, inflight, duration_s, timeout_s, roles, jit_pid)
+            return self._run(size, count, inflight, duration_s, timeout_s, roles, jit_pid, rate)
         except (RuntimeError, KeyError, OSError):
             self.stop()
             self.restarts += 1
@@ -224,15 +225,17 @@ class JavaClients:
         timeout_s: float,
         roles: dict[str, list[int]],
         jit_pid: int | None = None,
+        rate: float = 0,
     ) -> dict[str, Any]:
         """One run on a new topic (TOPIC_QUEUES queues) and consumer group: once both clients
-        are ready, `count` messages of `size` bytes with `inflight` synchronous sends in flight
-        (publish phase capped at `duration_s`), until the consumer has every message sent or
-        `timeout_s`. CPU of `roles` and both JVMs over that window, and of the JIT of the JVM
-        `jit_pid` (the broker)."""
+        are ready, `count` messages of `size` bytes, until the consumer has every message sent
+        or `timeout_s`. `rate` 0: `inflight` synchronous sends in flight, publish phase capped at
+        `duration_s`; `rate` > 0: paced at `rate` msg/s for `duration_s` (the loadgen's latency
+        mode), asynchronous sends, at most `inflight` unacknowledged. CPU of `roles` and both
+        JVMs over that window, and of the JIT of the JVM `jit_pid` (the broker)."""
         topic = f"PathBench_{uuid.uuid4().hex[:12]}"
         self.producer.send(
-            f"run {topic} {TOPIC_QUEUES} {size} {count} {inflight} {duration_s} {timeout_s}"
+            f"run {topic} {TOPIC_QUEUES} {size} {count} {inflight} {duration_s} {timeout_s} {rate}"
         )
         self.producer.event("ready", READY_TIMEOUT_S)  # the topic exists and has its route
         self.consumer.send(f"run {topic} {TOPIC_QUEUES} {count} {CONSUMER_IDLE_S} {timeout_s + 10}")
@@ -243,7 +246,7 @@ class JavaClients:
             "consumer": [self.consumer.proc.pid],
         }
         window = CpuWindow({**pid_readers(all_roles), "jit": partial(jvm_jit_cpu, jit_pid)})
-        go_ns = time.monotonic_ns()
+        go_ns = time.time_ns()  # the wall clock: the consumer reports its last arrival on it
         self.producer.send("go")
         sent = self.producer.event("done", timeout_s + 30)
         self.consumer.send(f"expect {sent['sent']}")
@@ -255,6 +258,7 @@ class JavaClients:
             "size": size,
             "count": count,
             "inflight": inflight,
+            "rate": rate,
             "topic": topic,
             "sent": int(sent["sent"]),
             "send_failed": int(sent["failed"]),
@@ -264,9 +268,11 @@ class JavaClients:
             "missing": max(0, int(sent["sent"]) - delivered),
             "stop_reason": got["stop_reason"],
             "publish_rate": round(int(sent["sent"]) / send_s),
-            "msgs_per_s": round(delivered / max(1e-9, (got["last_ns"] - go_ns) / 1e9))
+            "msgs_per_s": round(delivered / max(1e-9, (got["last_wall_ns"] - go_ns) / 1e9))
             if delivered
             else 0,
+            "late_sends": int(sent["late"]),  # paced: sends more than 1 ms behind the schedule
+            "max_inflight": int(sent["max_inflight"]),
             "latency": got["latency"],
             **role_usage(window, all_roles, delivered),
         }

@@ -50,8 +50,10 @@ def describe(system: str, load: Load, r: dict[str, Any]) -> str:
     if load.mode == "latency":
         head = (
             f"p50 {lat.get('p50_ms', 0):.2f} p90 {lat.get('p90_ms', 0):.2f} "
-            f"p99 {lat.get('p99_ms', 0):.2f} max {lat.get('max_ms', 0):.1f} ms "
-            f"(late sends {r.get('late_sends', 0)})"
+            f"p99 {lat.get('p99_ms', 0):.2f} max {lat.get('max_ms', 0):.1f} ms, "
+            f"{r.get('delivered', 0):,} received (late sends {r.get('late_sends', 0)}"
+            + (f", max {r['max_inflight']} in flight" if "max_inflight" in r else "")
+            + ")"
         )
     else:
         lost = r.get("missing", r.get("lost")) or 0
@@ -204,6 +206,7 @@ HEADLINE_PAIRS = [
     ("users_2KB", "users_2KB", "users' load 2 KB, 20 in flight"),
     ("lg_1to1_2KB", "lg_1to1_2KB", "loadgen 1 -> 1 2 KB, window 100 / Java 100 in flight"),
     ("lg_10to10_2KB", "lg_1to1_2KB", "loadgen 10 pairs 2 KB (up to 1,000 in flight) / Java 100"),
+    ("lg_lat_2KB", "lg_lat_2KB", "latency load 2 KB, both paced at 1,000 msg/s"),
 ]
 
 

@@ -43,7 +43,8 @@ PUB_GRACE_S = 5.0
 @dataclass(frozen=True)
 class Load:
     """One load: the users' (mosquitto_pub/-sub) or a loadgen run; `java_inflight` is the
-    number of sends in flight of its Java equivalent (None: it has none)."""
+    number of sends in flight of its Java equivalent (None: it has none); `rate` > 0 is the
+    fixed publish rate (msg/s) of a latency load, which its Java equivalent keeps too."""
 
     key: str
     title: str
@@ -54,6 +55,7 @@ class Load:
     args: dict[str, str] = field(default_factory=dict)
     java_inflight: int | None = None
     mode: str = "throughput"  # "throughput" | "latency"
+    rate: int = 0  # msg/s, latency loads; 0: as fast as the window allows
 
     def info(self) -> dict[str, Any]:
         return asdict(self)
