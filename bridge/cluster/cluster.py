@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bridge.cluster")
 
+PARTITION_REFRESH_INTERVAL = 5.0
+"""While a live member has no link to this node, re-read the readers' queue ends this often: what
+it stores for this node's readers meanwhile waits at most this long."""
 PEER_GONE_REFRESH_DELAY = 1.0
 """Seconds after a peer's link went down (or the peer was declared dead) before this node
 re-reads its readers' queue ends: by then the broker has indexed whatever the peer had stored."""
@@ -86,6 +89,7 @@ class Cluster:
         self._removal_timer: asyncio.TimerHandle | None = None
         self._requests: dict[int, tuple[str, asyncio.Future[bytes | None]]] = {}
         self._ends_refresh: asyncio.Task[None] | None = None
+        self._ends_refreshed_at = 0.0
         self._wakes: dict[str, dict[str, int]] = {}
         """Peer -> queue -> end: the wakes of this event-loop turn, not sent yet."""
         self._wake_flush: asyncio.Handle | None = None
@@ -215,6 +219,10 @@ class Cluster:
             now = time.monotonic()
             for link in list(self.links.values()):
                 link.check_alive(now)
+            cut_off = any(peer not in self.links for peer in self.members if peer != self.node_id)
+            if cut_off and now - self._ends_refreshed_at >= PARTITION_REFRESH_INTERVAL:
+                # A live peer we have no link to cannot tell us what it stores for our readers.
+                self._refresh_ends_soon()
 
     def _redis_trouble(self, exc: BaseException) -> None:
         # Others' heartbeats failed too: judge nobody dead until everyone had time to beat.
@@ -471,6 +479,7 @@ class Cluster:
                 await self.node.refresh_queue_ends()
             finally:
                 self._ends_refresh = None
+                self._ends_refreshed_at = time.monotonic()
 
         self._ends_refresh = self.node.spawn(refresh())
 

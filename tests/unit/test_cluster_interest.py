@@ -128,3 +128,35 @@ def test_a_peer_link_going_down_or_a_peer_dying_makes_this_node_reread_its_reade
         assert len(refreshes) == 2
 
     asyncio.run(main())
+
+
+def test_while_a_live_peer_has_no_link_this_node_rereads_its_readers_queue_ends_periodically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition between two live nodes: what one stores for the other's readers cannot be
+    announced, so the other re-reads its readers' queue ends every few seconds until the link
+    is back."""
+    node, cluster = make_cluster(tmp_path)
+    monkeypatch.setattr(cluster_module, "PEER_GONE_REFRESH_DELAY", 0.0)
+    monkeypatch.setattr(cluster_module, "PARTITION_REFRESH_INTERVAL", 0.4)
+    refreshes: list[float] = []
+
+    async def refresh_queue_ends() -> None:
+        refreshes.append(asyncio.get_running_loop().time())
+
+    monkeypatch.setattr(node, "refresh_queue_ends", refresh_queue_ends)
+
+    async def main() -> None:
+        cluster.members = {"a": {}, "b": {}}  # b is alive, but no link to it
+        keeper = asyncio.create_task(cluster._keep_links())
+        try:
+            await asyncio.sleep(1.7)
+            partitioned = len(refreshes)
+            assert 2 <= partitioned <= 4
+            cluster.links["b"] = type("Link", (), {"check_alive": lambda self, now: None})()  # type: ignore[assignment]
+            await asyncio.sleep(1.0)
+            assert len(refreshes) == partitioned  # linked again: no more re-reads
+        finally:
+            keeper.cancel()
+
+    asyncio.run(main())
