@@ -47,6 +47,7 @@ lint: install
 		bridge/cluster/wire.py bridge/storage/rocketmq/mapping.py bridge/storage/rocketmq/wire.py \
 		bridge/storage/rocketmq/messages.py bridge/storage/rocketmq/bytes.py \
 		bridge/storage/rocketmq/queues.py bridge/storage/rocketmq/reads.py \
+		bridge/storage/rocketmq/sendframe.py \
 		bridge/storage/filelog/segments.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 

@@ -246,6 +246,20 @@ class RemotingConnection:
         self._queue_frame(frame)
         return opaque
 
+    def new_opaque(self) -> int:
+        """An opaque for a request the caller encodes itself (`send_frame_nowait`)."""
+        return next(self._opaques) & 0x7FFFFFFF
+
+    def send_frame_nowait(self, opaque: int, frame: bytes, callback: ResponseCallback) -> None:
+        """`request_nowait` for a frame the caller encoded itself (see `SendFrames`), with an
+        opaque from `new_opaque`."""
+        if self._closed is not None:
+            raise BrokerUnavailable(
+                f"connection to {self.addr} is closed: {self._closed}", maybe_delivered=False
+            )
+        self._callbacks[opaque] = callback
+        self._queue_frame(frame)
+
     def forget(self, opaque: int) -> None:
         """Stop waiting for the response of a `request_nowait` (its callback is not called)."""
         self._callbacks.pop(opaque, None)

@@ -28,10 +28,11 @@ from bridge.storage.rocketmq.messages import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT_STORE_MSG_OK,
-    send_message_v2_fields,
+    encode_properties,
 )
 from bridge.storage.rocketmq.queues import QueueEnds
-from bridge.storage.rocketmq.wire import RemotingCommand, RequestCode, ResponseCode
+from bridge.storage.rocketmq.sendframe import SendFrames
+from bridge.storage.rocketmq.wire import RemotingCommand, ResponseCode
 
 __all__ = ["DurableCallback", "Send", "SendPipeline", "future_callback", "new_send"]
 
@@ -151,6 +152,7 @@ class SendPipeline:
         self._pump_task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._targets: dict[str, _Target] = {}
+        self._frames = SendFrames(client.producer_group)
 
     @property
     def pending(self) -> int:
@@ -200,20 +202,23 @@ class SendPipeline:
                 try:
                     target = self._targets.get(send.topic) or await self._route(send.topic)
                     conn = await client.connection(target.addr)
-                    fields = send_message_v2_fields(
-                        producer_group=client.producer_group,
-                        topic=send.topic,
-                        queue_id=target.queue_ids[next(target.counter) % len(target.queue_ids)],
-                        properties=send.properties,
-                        born_timestamp=int(time.time() * 1000),
+                    queue_id = target.queue_ids[next(target.counter) % len(target.queue_ids)]
+                    opaque = conn.new_opaque()
+                    frame = self._frames.frame(
+                        opaque,
+                        send.topic,
+                        queue_id,
+                        encode_properties(send.properties),
+                        int(time.time() * 1000),
+                        send.body,
                     )
                     send.sent_at = time.monotonic()
                     send.conn = conn
+                    send.opaque = opaque
                     self._inflight.append(send)
-                    send.opaque = conn.request_nowait(
-                        RequestCode.SEND_MESSAGE_V2,
-                        fields,
-                        send.body,
+                    conn.send_frame_nowait(
+                        opaque,
+                        frame,
                         lambda response, error, send=send: self._answered(send, response, error),
                     )
                 except (RocketMQError, OSError, ValueError) as exc:
