@@ -44,7 +44,8 @@ lint: install
 		bridge/access/passwd.py bridge/access/acl.py bridge/access/ttlcache.py \
 		bridge/node/presubscribe.py bridge/node/retained.py bridge/node/stamp.py bridge/node/roles.py \
 		bridge/cluster/host.py bridge/operations/metrics.py bridge/config.py bridge/state.py \
-		bridge/cluster/wire.py bridge/storage/rocketmq/mapping.py bridge/storage/rocketmq/wire.py \
+		bridge/cluster/wire.py bridge/cluster/announce.py \
+		bridge/storage/rocketmq/mapping.py bridge/storage/rocketmq/wire.py \
 		bridge/storage/rocketmq/messages.py bridge/storage/rocketmq/bytes.py \
 		bridge/storage/rocketmq/queues.py bridge/storage/rocketmq/reads.py \
 		bridge/storage/rocketmq/sendframe.py \

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 
 from bridge.cluster import wire
+from bridge.cluster.announce import Announcer
 from bridge.cluster.peers import PeerLink, dial
 from bridge.cluster.registry import RedisRegistry
 from bridge.config import Config, parse_listen
@@ -43,13 +44,6 @@ if TYPE_CHECKING:
     from bridge.cluster.host import ClusterHost
 
 log = logging.getLogger("bridge.cluster")
-
-PARTITION_REFRESH_INTERVAL = 5.0
-"""While a live member has no link to this node, re-read the readers' queue ends this often: what
-it stores for this node's readers meanwhile waits at most this long."""
-PEER_GONE_REFRESH_DELAY = 1.0
-"""Seconds after a peer's link went down (or the peer was declared dead) before this node
-re-reads its readers' queue ends: by then the broker has indexed whatever the peer had stored."""
 
 
 class Cluster:
@@ -88,12 +82,9 @@ class Cluster:
         self._removals: set[str] = set()
         self._removal_timer: asyncio.TimerHandle | None = None
         self._requests: dict[int, tuple[str, asyncio.Future[bytes | None]]] = {}
-        self._ends_refresh: asyncio.Task[None] | None = None
-        self._ends_refreshed_at = 0.0
-        self._wakes: dict[str, dict[str, int]] = {}
-        """Peer -> queue -> end: the wakes of this event-loop turn, not sent yet."""
-        self._wake_flush: asyncio.Handle | None = None
         """Release request id -> (peer asked, its answer)."""
+        self.announcer = Announcer(self.links, node.refresh_queue_ends, node.spawn)
+        """Tells peers what this node stored for their readers (and covers for their silence)."""
         self._next_request = 1
         self._server: asyncio.base_events.Server | None = None
         self._membership: asyncio.Task[None] | None = None
@@ -153,8 +144,7 @@ class Cluster:
             self._server.close()
         if self._removal_timer is not None:
             self._removal_timer.cancel()
-        if self._ends_refresh is not None:
-            self._ends_refresh.cancel()
+        self.announcer.stop()
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -220,9 +210,9 @@ class Cluster:
             for link in list(self.links.values()):
                 link.check_alive(now)
             cut_off = any(peer not in self.links for peer in self.members if peer != self.node_id)
-            if cut_off and now - self._ends_refreshed_at >= PARTITION_REFRESH_INTERVAL:
+            if cut_off and not self.leaving and self.announcer.refresh_due(now):
                 # A live peer we have no link to cannot tell us what it stores for our readers.
-                self._refresh_ends_soon()
+                self.announcer.refresh_soon()
 
     def _redis_trouble(self, exc: BaseException) -> None:
         # Others' heartbeats failed too: judge nobody dead until everyone had time to beat.
@@ -331,7 +321,8 @@ class Cluster:
         if self.links.get(link.peer_id) is link:
             del self.links[link.peer_id]
             self.stats["links_down"] += 1
-            self._refresh_ends_soon()
+            if not self.leaving:
+                self.announcer.refresh_soon()  # it may have stored messages it did not announce
         for request, (peer, future) in list(self._requests.items()):
             if peer == link.peer_id and not future.done():
                 future.set_result(None)  # not answered: the caller uses the registry's copy
@@ -463,25 +454,8 @@ class Cluster:
     def _peer_gone(self, peer: str) -> None:
         """A peer is dead: forget its interest, and re-read what it may not have announced."""
         self.forget_peer(peer)
-        self._refresh_ends_soon()
-
-    def _refresh_ends_soon(self) -> None:
-        """A peer's link went down or the peer is gone: what it stored just before may never be
-        announced here (notify leaves every bridge's messages to the bridge that stored them).
-        Re-read the ends of the queues this node's clients read, once the broker has surely
-        indexed what the peer had confirmed, and wake the readers."""
-        if self._ends_refresh is not None or self.leaving:
-            return
-
-        async def refresh() -> None:
-            try:
-                await asyncio.sleep(PEER_GONE_REFRESH_DELAY)
-                await self.node.refresh_queue_ends()
-            finally:
-                self._ends_refresh = None
-                self._ends_refreshed_at = time.monotonic()
-
-        self._ends_refresh = self.node.spawn(refresh())
+        if not self.leaving:
+            self.announcer.refresh_soon()
 
     # -- interest: what this node advertises -----------------------------------------------------
 
@@ -537,32 +511,8 @@ class Cluster:
             self.node.metrics.inc("dropped_peer_link")
 
     def wake(self, peer: str, ends: dict[str, int]) -> None:
-        """Messages were stored on these queues, which end at least at `ends` by this node's
-        count (which misses what other writers stored since it last learned their ends). Sent
-        to the peer at the end of this event-loop turn, merged with the turn's other wakes for
-        it: a `Grew` with the counts (the peer's backlog figures and read sizes), then a `Wake`
-        (a reader the counts leave caught up waits for one more message, in case they lag)."""
-        pending = self._wakes.get(peer)
-        if pending is None:
-            pending = self._wakes[peer] = {}
-            if self._wake_flush is None:
-                self._wake_flush = asyncio.get_running_loop().call_soon(self._send_wakes)
-        for queue, end in ends.items():
-            if end > pending.get(queue, -1):
-                pending[queue] = end
-
-    def _send_wakes(self) -> None:
-        self._wake_flush = None
-        wakes, self._wakes = self._wakes, {}
-        for peer, ends in wakes.items():
-            link = self.links.get(peer)
-            if link is None:
-                continue  # its link's comeback re-reads every queue end (`_after_link_up`)
-            counted = {queue: end for queue, end in ends.items() if end > 0}
-            if counted:
-                link.send(wire.Grew(tuple(counted), tuple(counted.values())))
-            if ends:
-                link.send(wire.Wake(tuple(ends)))
+        """Messages were stored on these queues for `peer`'s readers (see `Announcer.wake`)."""
+        self.announcer.wake(peer, ends)
 
     def grew(self, peer: str, ends: dict[str, int]) -> None:
         link = self.links.get(peer)

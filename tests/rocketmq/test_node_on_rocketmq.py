@@ -6,10 +6,11 @@ its own namespace and first-level topic."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from bridge.mqtt.packets import Publish, Pubrec, Subscribe, Subscription
 from bridge.node import Node, Unsettled
 from bridge.storage.base import Message
 from bridge.storage.rocketmq.store import RocketMQStore
+from notify.core import Notifier
 from notify.embedded import embedded_notifier
 from tests.integration.test_store_failure import open_connection
 from tests.support.clients import paho_client
@@ -87,16 +89,38 @@ async def _dispatch_copies(
         await other.close()
 
 
+@contextlib.asynccontextmanager
+async def _notifier(node: Node, store: RocketMQStore) -> AsyncIterator[Notifier]:
+    """The node's embedded notifier, started and ready (every queue has a reader), then stopped."""
+    notifier = embedded_notifier(node, store)
+    await notifier.start()
+    try:
+        await asyncio.wait_for(notifier.ready.wait(), 20)
+        yield notifier
+    finally:
+        await notifier.stop()
+
+
+async def _reader_and_writer(node: Node, topic: str, count: int) -> tuple[Any, Any]:
+    """A subscriber of `topic/#` (its recording transport) and a publisher on the node that has
+    sent `count` QoS 1 messages to `topic/own` (its connection)."""
+    sub, transport = await open_connection(node, "reader")
+    sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
+    pub, _ = await open_connection(node, "writer")
+    await asyncio.sleep(0.2)
+    for i in range(count):
+        packet = Publish(f"{topic}/own", b"own%d" % i, 1, False, False, i + 1)
+        pub.data_received(codec.encode(packet))
+    return transport, pub
+
+
 def test_notify_wakes_a_subscriber_for_messages_no_bridge_announced(
     rocketmq: LocalRocketMQ, tmp_path: Path
 ) -> None:
     topic = _unique("plant")
 
     async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
-        notifier = embedded_notifier(node, store)
-        await notifier.start()
-        try:
-            await asyncio.wait_for(notifier.ready.wait(), 20)
+        async with _notifier(node, store) as notifier:
             sub, transport = await open_connection(node, "reader")
             sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
             await asyncio.sleep(0.2)
@@ -106,8 +130,6 @@ def test_notify_wakes_a_subscriber_for_messages_no_bridge_announced(
                 f"m{i}".encode() for i in range(5)
             ]
             assert notifier.stats.events >= 1
-        finally:
-            await notifier.stop()
 
     _run_node(rocketmq, tmp_path, scenario)
 
@@ -121,17 +143,8 @@ def test_notify_reads_no_message_a_bridge_stored_only_the_unannounced_ones(
     topic = _unique("line")
 
     async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
-        notifier = embedded_notifier(node, store)
-        await notifier.start()
-        try:
-            await asyncio.wait_for(notifier.ready.wait(), 20)
-            sub, transport = await open_connection(node, "reader")
-            sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
-            pub, _ = await open_connection(node, "writer")
-            await asyncio.sleep(0.2)
-            for i in range(20):
-                packet = Publish(f"{topic}/own", b"own%d" % i, 1, False, False, i + 1)
-                pub.data_received(codec.encode(packet))
+        async with _notifier(node, store) as notifier:
+            transport, pub = await _reader_and_writer(node, topic, 20)
             nobody = Publish(f"{_unique('nobody')}/x", b"q", 1, False, False, 99)
             pub.data_received(codec.encode(nobody))
             await _until(lambda: len(_publishes(transport)) == 20, 20)
@@ -155,8 +168,6 @@ def test_notify_reads_no_message_a_bridge_stored_only_the_unannounced_ones(
                 f"m{i}".encode() for i in range(5)
             ]
             assert notifier.stats.messages == 5
-        finally:
-            await notifier.stop()
 
     _run_node(rocketmq, tmp_path, scenario)
 
@@ -178,23 +189,12 @@ def test_notify_reads_everything_and_says_so_when_the_broker_refuses_property_fi
     )
 
     async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
-        notifier = embedded_notifier(node, store)
-        await notifier.start()
-        try:
-            await asyncio.wait_for(notifier.ready.wait(), 20)
-            sub, transport = await open_connection(node, "reader")
-            sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
-            pub, _ = await open_connection(node, "writer")
-            await asyncio.sleep(0.2)
-            for i in range(3):
-                packet = Publish(f"{topic}/own", b"own%d" % i, 1, False, False, i + 1)
-                pub.data_received(codec.encode(packet))
+        async with _notifier(node, store) as notifier:
+            transport, _ = await _reader_and_writer(node, topic, 3)
             await _dispatch_copies(rocketmq, tmp_path, namespace, topic, 1)
             await _until(lambda: len(_publishes(transport)) == 4, 20)
             await _until(lambda: notifier.stats.messages >= 4, 20)
             assert notifier.stats.unfiltered
-        finally:
-            await notifier.stop()
 
     try:
         with caplog.at_level("WARNING", logger="notify"):

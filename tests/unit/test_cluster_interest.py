@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.cluster import cluster as cluster_module
-from bridge.cluster import wire
+from bridge.cluster import announce, wire
 from bridge.cluster.cluster import Cluster
 from bridge.config import Config
 from bridge.node import Node
@@ -100,14 +99,14 @@ def test_a_peer_link_going_down_or_a_peer_dying_makes_this_node_reread_its_reade
 ) -> None:
     """notify leaves bridges' messages to the bridge that stored them: a peer that dies between
     storing a message and telling this node must not leave its readers unwoken."""
-    node, cluster = make_cluster(tmp_path)
-    monkeypatch.setattr(cluster_module, "PEER_GONE_REFRESH_DELAY", 0.01)
+    monkeypatch.setattr(announce, "PEER_GONE_REFRESH_DELAY", 0.01)
     refreshes: list[float] = []
 
     async def refresh_queue_ends() -> None:
         refreshes.append(asyncio.get_running_loop().time())
 
-    monkeypatch.setattr(node, "refresh_queue_ends", refresh_queue_ends)
+    monkeypatch.setattr(Node, "refresh_queue_ends", lambda _self: refresh_queue_ends())
+    _node, cluster = make_cluster(tmp_path)
 
     class Link:
         peer_id = "b"
@@ -136,15 +135,15 @@ def test_while_a_live_peer_has_no_link_this_node_rereads_its_readers_queue_ends_
     """A partition between two live nodes: what one stores for the other's readers cannot be
     announced, so the other re-reads its readers' queue ends every few seconds until the link
     is back."""
-    node, cluster = make_cluster(tmp_path)
-    monkeypatch.setattr(cluster_module, "PEER_GONE_REFRESH_DELAY", 0.0)
-    monkeypatch.setattr(cluster_module, "PARTITION_REFRESH_INTERVAL", 0.4)
+    monkeypatch.setattr(announce, "PEER_GONE_REFRESH_DELAY", 0.0)
+    monkeypatch.setattr(announce, "PARTITION_REFRESH_INTERVAL", 0.4)
     refreshes: list[float] = []
 
     async def refresh_queue_ends() -> None:
         refreshes.append(asyncio.get_running_loop().time())
 
-    monkeypatch.setattr(node, "refresh_queue_ends", refresh_queue_ends)
+    monkeypatch.setattr(Node, "refresh_queue_ends", lambda _self: refresh_queue_ends())
+    _node, cluster = make_cluster(tmp_path)
 
     async def main() -> None:
         cluster.members = {"a": {}, "b": {}}  # b is alive, but no link to it

@@ -415,24 +415,12 @@ def _decode_plain(data: bytes | memoryview, start: int, end: int) -> StoredMessa
         text = bytes(data[topic_end + 2 : props_end]).decode("utf-8") if props_len > 0 else ""
     except UnicodeDecodeError:
         return None
-    return StoredMessage(
-        topic=topic,
-        body=bytes(data[pos:body_end]),
-        properties=decode_properties(text) if text else {},
-        queue_id=queue_id,
-        queue_offset=queue_offset,
-        commit_log_offset=phys,
-        store_timestamp=store_ts,
-        born_timestamp=born_ts,
-        born_host=_unpack_host(born_raw),
-        store_host=_unpack_host(store_raw),
-        sys_flag=sys_flag,
-        flag=flag,
-        body_crc=crc,
-        reconsume_times=reconsume_times,
-        prepared_transaction_offset=prepared,
-        store_size=store_size,
-        offset_msg_id=(store_raw + _I64.pack(phys)).hex().upper(),
+    properties = decode_properties(text) if text else {}
+    body = bytes(data[pos:body_end])
+    return _assemble(
+        (topic, body, properties, queue_id, queue_offset, phys, store_ts, born_ts),
+        (born_raw, store_raw),
+        (sys_flag, flag, crc, reconsume_times, prepared, store_size),
     )
 
 
@@ -480,24 +468,28 @@ def _decode_careful(reader: ByteReader, max_body: int) -> StoredMessage:
     (props_len,) = msg.unpack(_I16)
     properties = decode_properties(msg.text(props_len, "properties")) if props_len > 0 else {}
     reader.pos = start + store_size
+    return _assemble(
+        (topic, body, properties, queue_id, queue_offset, phys, store_ts, born_ts),
+        (born_raw, store_raw),
+        (sys_flag, flag, crc, reconsume_times, prepared, store_size),
+    )
+
+
+def _assemble(
+    head: tuple[str, bytes, dict[str, str], int, int, int, int, int],
+    hosts: tuple[bytes, bytes],
+    tail: tuple[int, int, int, int, int, int],
+) -> StoredMessage:
+    """A decoded message from its fields: (topic, body, properties, queue id, queue offset,
+    commit-log offset, store time, birth time), the packed (born, store) hosts, and (sys flag,
+    flag, body CRC, reconsume times, prepared transaction offset, store size)."""
+    born_raw, store_raw = hosts
     return StoredMessage(
-        topic=topic,
-        body=body,
-        properties=properties,
-        queue_id=queue_id,
-        queue_offset=queue_offset,
-        commit_log_offset=phys,
-        store_timestamp=store_ts,
-        born_timestamp=born_ts,
-        born_host=_unpack_host(born_raw),
-        store_host=_unpack_host(store_raw),
-        sys_flag=sys_flag,
-        flag=flag,
-        body_crc=crc,
-        reconsume_times=reconsume_times,
-        prepared_transaction_offset=prepared,
-        store_size=store_size,
-        offset_msg_id=make_offset_msg_id(store_raw, phys),
+        *head,
+        _unpack_host(born_raw),
+        _unpack_host(store_raw),
+        *tail,
+        offset_msg_id=make_offset_msg_id(store_raw, head[5]),
     )
 
 
