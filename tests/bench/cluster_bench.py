@@ -57,7 +57,6 @@ every warning a node logs is shown under the run during which it appeared.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import shutil
 import signal
@@ -88,7 +87,6 @@ from tests.bench.harness.common import (
     log,
     matching,
     on_sigterm,
-    platform_name,
     tail,
     tool_versions,
     utc_now,
@@ -100,7 +98,7 @@ from tests.bench.harness.loadgen import (
     run_loadgen,
 )
 from tests.bench.harness.processes import stock_mosquitto
-from tests.bench.harness.procfs import loadavg
+from tests.bench.harness.procfs import loadavg, run_meta
 from tests.bench.harness.report import payload_label
 from tests.bench.harness.rocketmq import add_rocketmq_option
 
@@ -363,17 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     t0 = time.monotonic()
-    meta: dict[str, Any] = {
-        "command": command,
-        "started_at": utc_now(),
-        "loadavg_start": loadavg(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform_name(),
-        "versions": tool_versions(python_path=False),
-        "quick": args.quick,
-        "mosquitto_set_tcp_nodelay": args.mosquitto_nodelay,
-        "settle": SETTLE,
-    }
+    meta: dict[str, Any] = run_meta(
+        command,
+        versions=tool_versions(python_path=False),
+        quick=args.quick,
+        mosquitto_set_tcp_nodelay=args.mosquitto_nodelay,
+        settle=SETTLE,
+    )
     log(f"command: {command}")
     log(f"cpus:    {meta['cpu_count']} ({meta['platform']}), load average {loadavg()}")
     loadgen = args.loadgen or build_loadgen(args.cache_dir)

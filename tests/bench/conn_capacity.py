@@ -53,7 +53,6 @@ from tests.bench.harness.common import (
     free_port,
     log,
     on_sigterm,
-    platform_name,
     tail,
     tool_versions,
     utc_now,
@@ -73,7 +72,7 @@ from tests.bench.harness.processes import (
     ours_broker,
     stopped_at_exit,
 )
-from tests.bench.harness.procfs import loadavg, open_files, proc_cpu, proc_status_kib
+from tests.bench.harness.procfs import loadavg, open_files, proc_cpu, proc_status_kib, run_meta
 from tests.bench.harness.report import md_table, plain_table
 
 DEFAULT_MAX = 19_000
@@ -533,22 +532,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     t0 = time.monotonic()
-    meta: dict[str, Any] = {
-        "command": command,
-        "started_at": utc_now(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform_name(),
-        "versions": tool_versions(),
-        "max_connections": args.max_connections,
-        "steps": args.step_list,
-        "sources": args.source_list,
-        "per_process": args.per_process,
-        "concurrency_per_process": args.concurrency,
-        "keepalive_s": IDLE_KEEPALIVE_S,
-        "settle_s": args.settle,
-        "open_files_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-        "loadavg_start": loadavg(),
-    }
+    meta: dict[str, Any] = run_meta(
+        command,
+        versions=tool_versions(),
+        max_connections=args.max_connections,
+        steps=args.step_list,
+        sources=args.source_list,
+        per_process=args.per_process,
+        concurrency_per_process=args.concurrency,
+        keepalive_s=IDLE_KEEPALIVE_S,
+        settle_s=args.settle,
+        open_files_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+    )
     log(f"command:   {command}")
     log(f"mosquitto: {meta['versions']['mosquitto']}")
     log(

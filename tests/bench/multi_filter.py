@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import secrets
 import shlex
 import signal
@@ -44,12 +43,11 @@ from tests.bench.harness.common import (
     invocation,
     log,
     on_sigterm,
-    platform_name,
     utc_now,
     write_results,
 )
 from tests.bench.harness.processes import stopped_at_exit
-from tests.bench.harness.procfs import loadavg
+from tests.bench.harness.procfs import loadavg, run_meta
 from tests.bench.harness.report import fmt_s, log_section, md_table, plain_table
 from tests.bench.harness.rocketmq import RocketMQBridge, add_rocketmq_option
 from tests.support.clients import RawClient, close_all_raw_clients
@@ -254,17 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     t0 = time.monotonic()
-    meta: dict[str, Any] = {
-        "command": command,
-        "started_at": utc_now(),
-        "loadavg_start": loadavg(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform_name(),
-        "round_timeout_s": args.round_timeout,
-        "messages": TOTAL,
-        "window": WINDOW,
-        "target_tail_s": TARGET_TAIL_S,
-    }
+    meta: dict[str, Any] = run_meta(
+        command,
+        round_timeout_s=args.round_timeout,
+        messages=TOTAL,
+        window=WINDOW,
+        target_tail_s=TARGET_TAIL_S,
+    )
     log(f"command: {command}")
     args.results_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="mqtt-bench-multi-filter-"))

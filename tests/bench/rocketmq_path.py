@@ -65,7 +65,6 @@ from tests.bench.harness.common import (
     invocation,
     log,
     on_sigterm,
-    platform_name,
     run_text,
     tool_versions,
     utc_now,
@@ -84,7 +83,7 @@ from tests.bench.harness.pathruns import (
     warm_up,
 )
 from tests.bench.harness.processes import ours_broker, stock_mosquitto, stopped_at_exit
-from tests.bench.harness.procfs import loadavg, session_pids
+from tests.bench.harness.procfs import loadavg, run_meta, session_pids
 from tests.bench.harness.producer import DEFAULT_PRODUCER_JAVA_OPTS
 from tests.bench.harness.rocketmq import add_rocketmq_option, local_rocketmq, stop_rocketmq
 from tests.support.rocketmq import LocalRocketMQ
@@ -506,13 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     sizing = QUICK if args.quick else DEFAULT
     loads = build_loads(sizing)
-    meta: dict[str, Any] = {
-        "command": command,
-        "started_at": utc_now(),
-        "loadavg_start": loadavg(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform_name(),
-        "versions": {
+    meta: dict[str, Any] = run_meta(
+        command,
+        versions={
             **tool_versions(python_path=False),
             "mosquitto_clients": next(
                 (
@@ -524,12 +519,12 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "java": first_line(run_text(["java", "-version"])),
         },
-        "quick": args.quick,
-        "rounds": args.rounds,
-        "systems": args.systems,
-        "rocketmq_java_opts": args.rocketmq_java_opts,
-        "loads": {load.key: load.info() for load in loads},
-    }
+        quick=args.quick,
+        rounds=args.rounds,
+        systems=args.systems,
+        rocketmq_java_opts=args.rocketmq_java_opts,
+        loads={load.key: load.info() for load in loads},
+    )
     log(f"command: {command}")
     log(f"cpus:    {meta['cpu_count']} ({meta['platform']}), load average {loadavg()}")
     args.results_dir.mkdir(parents=True, exist_ok=True)

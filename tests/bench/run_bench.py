@@ -26,7 +26,6 @@ See tests/bench/README.md for what each figure means.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import signal
 import sys
@@ -44,14 +43,13 @@ from tests.bench.harness.common import (
     log,
     matching,
     on_sigterm,
-    platform_name,
     run_text,
     tool_versions,
     utc_now,
 )
 from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen, loadgen_args
 from tests.bench.harness.processes import Broker, ours_broker, stock_mosquitto, stopped_at_exit
-from tests.bench.harness.procfs import loadavg
+from tests.bench.harness.procfs import loadavg, run_meta
 from tests.bench.harness.rocketmq import (
     ROCKETMQ_VARIANT,
     RocketMQBridge,
@@ -333,18 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     t0 = time.monotonic()
     versions = tool_versions()
-    meta: dict[str, Any] = {
-        "command": command,
-        "started_at": utc_now(),
-        "loadavg_start": loadavg(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform_name(),
-        "versions": versions,
-        "quick": args.quick,
-        "loadgen_client": args.client,
-        "mosquitto_set_tcp_nodelay": args.mosquitto_nodelay,
-        "brokers": args.broker_list,
-    }
+    meta: dict[str, Any] = run_meta(
+        command,
+        versions=versions,
+        quick=args.quick,
+        loadgen_client=args.client,
+        mosquitto_set_tcp_nodelay=args.mosquitto_nodelay,
+        brokers=args.broker_list,
+    )
     log(f"command:   {command}")
     log(f"mosquitto: {versions['mosquitto']}")
     log(f"go:        {versions['go']}")

@@ -4,7 +4,8 @@ scenarios, what its report says and its command line.
 Shared by several scripts:
 
 - common: paths, logging, SIGTERM, run metadata, time budget, keeping logs, writing results;
-- procfs: CPU, RSS and load readings from /proc, and CpuWindow around a run;
+- procfs: CPU, RSS and load readings from /proc, CpuWindow around a run, and `run_meta`
+  (what every script records at its start);
 - processes: server processes (Broker) and how Mosquitto and our bridge are started;
 - loadgen: the Go load generator (build, one run, Scenario, idle mode);
 - rocketmq: RocketMQ started and stopped for a bench, its counters, the ours-rocketmq broker;

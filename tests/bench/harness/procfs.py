@@ -17,6 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from tests.bench.harness.common import platform_name, utc_now
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -119,6 +121,19 @@ def loadavg() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "?"
+
+
+def run_meta(command: str, **extra: Any) -> dict[str, Any]:
+    """What every benchmark records about its run before anything else: its command line, when
+    it started, the machine's load then, its CPUs and platform; then the script's own `extra`."""
+    return {
+        "command": command,
+        "started_at": utc_now(),
+        "loadavg_start": loadavg(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform_name(),
+        **extra,
+    }
 
 
 def proc_status_kib(pid: int, key: str) -> int | None:
