@@ -84,11 +84,15 @@ class NotifyStats:
     """The broker refused the skip filter: every message is read."""
 
 
-def _refuses_filters(error: RemotingError) -> bool:
+def _refuses_filters(error: RocketMQError) -> bool:
     """Whether a pull failed because the broker does not filter on properties (5.3.3 answers
     SYSTEM_ERROR "The broker does not support consumer to filter message by SQL92"), rather than
     for a passing fault."""
-    return error.code == ResponseCode.SYSTEM_ERROR and "SQL92" in error.remark
+    return (
+        isinstance(error, RemotingError)
+        and error.code == ResponseCode.SYSTEM_ERROR
+        and "SQL92" in error.remark
+    )
 
 
 Dispatcher = Callable[[Message, Sequence[str], str], "asyncio.Future[int]"]
@@ -245,15 +249,10 @@ class Notifier:
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
-            except RemotingError as exc:
+            except RocketMQError as exc:
                 if skip_filter is not None and _refuses_filters(exc):
                     self._filter_refused(exc)
                     continue
-                log.debug("notify: pulling %s/%d failed: %s", reader.topic, reader.queue_id, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            except RocketMQError as exc:
                 log.debug("notify: pulling %s/%d failed: %s", reader.topic, reader.queue_id, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -271,7 +270,7 @@ class Notifier:
                 )
             reader.offset = max(reader.offset, result.next_offset)
 
-    def _filter_refused(self, error: RemotingError) -> None:
+    def _filter_refused(self, error: RocketMQError) -> None:
         """The broker cannot filter on properties: read everything from now on."""
         if self.skip_filter is None:
             return
@@ -281,7 +280,7 @@ class Notifier:
             "notify: the broker refused a property filter (%s); reading every message, the "
             "bridges' own too. Set enablePropertyFilter=true in broker.conf to spare the broker "
             "and the bridges that work",
-            error.remark,
+            error,
         )
 
     async def _handle(self, raw: StoredMessage) -> None:

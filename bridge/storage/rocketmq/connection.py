@@ -228,11 +228,7 @@ class RemotingConnection:
         opaque (pass it to `forget` to stop waiting). No future, no task, no timer: for pipelined
         hot paths whose caller tracks time-outs itself. Raises BrokerUnavailable if the
         connection is closed. Does not wait for the socket to drain (see `writable`)."""
-        if self._closed is not None:
-            raise BrokerUnavailable(
-                f"connection to {self.addr} is closed: {self._closed}", maybe_delivered=False
-            )
-        opaque = next(self._opaques) & 0x7FFFFFFF
+        opaque = self.new_opaque()
         frame = encode_command(
             RemotingCommand(
                 code=code,
@@ -242,8 +238,7 @@ class RemotingConnection:
                 serialize_type=_header_type(code),
             )
         )
-        self._callbacks[opaque] = callback
-        self._queue_frame(frame)
+        self.send_frame_nowait(opaque, frame, callback)
         return opaque
 
     def new_opaque(self) -> int:

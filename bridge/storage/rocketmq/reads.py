@@ -15,6 +15,7 @@ least recently used dropped first.
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ __all__ = ["Batch", "SharedReads"]
 
 Pull = Callable[[str, int, int], Awaitable[ReadResult]]
 """Reads (queue, offset, limit) from the broker."""
+
+
+def _offset(stored: Stored) -> int:
+    return stored.offset
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,13 +50,8 @@ class Batch:
         """Up to `limit` messages from `offset` on, if the batch holds `offset`."""
         if not self.start <= offset < self.end:
             return None
-        skip = 0
-        messages = self.messages
-        while skip < len(messages) and messages[skip].offset < offset:
-            skip += 1
-        part = list(messages[skip : skip + limit])
-        if not part:
-            return None
+        skip = bisect_left(self.messages, offset, key=_offset)
+        part = list(self.messages[skip : skip + limit])
         return ReadResult(part, part[-1].offset + 1)
 
 
@@ -119,14 +119,10 @@ class SharedReads:
             self._keep(queue, Batch(offset, messages, sum(m.size for m in messages)))
         return _first(result, limit)
 
-    def forget(self, queue: str) -> None:
-        """Drop the kept batch of a queue nobody here reads any more."""
-        batch = self._kept.pop(queue, None)
-        if batch is not None:
-            self._kept_bytes -= batch.size
-
     def _keep(self, queue: str, batch: Batch) -> None:
-        self.forget(queue)
+        old = self._kept.pop(queue, None)
+        if old is not None:
+            self._kept_bytes -= old.size
         self._kept[queue] = batch
         self._kept_bytes += batch.size
         while self._kept_bytes > self.max_kept_bytes and self._kept:
