@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from tests.bench.harness.common import BENCH_DIR, log, run_text
 from tests.bench.harness.procfs import CpuWindow, jvm_jit_cpu, pid_readers, role_usage
-from tests.bench.harness.producer import java_bin, rocketmq_lib
+from tests.bench.harness.producer import java_bin, java_client_command, rocketmq_lib
 from tests.support.rocketmq import LocalRocketMQ
 
 CLIENT_SRC = BENCH_DIR / "java" / "PathClient.java"
@@ -141,16 +141,8 @@ class ClientJVM:
 def client_command(java_opts: str, classpath: str, mq: LocalRocketMQ, role: str) -> list[str]:
     """The command line of the producer or consumer JVM; its client logs go to the RocketMQ
     data dir, as producer.py's Producer's do."""
-    home = mq.data_dir / "home"
     return [
-        java_bin("java"),
-        *shlex.split(java_opts),
-        f"-Duser.home={home}",
-        f"-Drmq.log.dir={mq.log_dir}",
-        f"-Drmq.logback.configurationFile={home}/conf/rmq.tools.logback.xml",
-        "-Drocketmq.client.logUseSlf4j=true",
-        "-cp",
-        classpath,
+        *java_client_command(java_opts, classpath, mq, mq.data_dir / "home"),
         CLIENT_MAIN,
         role,
         mq.namesrv_addr,
@@ -195,21 +187,11 @@ class JavaClients:
         finally:
             self.consumer.stop()
 
-    def run(
-        self,
-        *,
-        size: int,
-        count: int,
-        inflight: int,
-        duration_s: float,
-        timeout_s: float,
-        roles: dict[str, list[int]],
-        jit_pid: int | None = None,
-        rate: float = 0,
-    ) -> dict[str, Any]:
-        """One run (see _run); after a failure the clients are replaced for the next runs."""
+    def run(self, **run: Any) -> dict[str, Any]:
+        """One run (`_run`'s keyword arguments); after a failure the clients are replaced for
+        the next runs."""
         try:
-            return self._run(size, count, inflight, duration_s, timeout_s, roles, jit_pid, rate)
+            return self._run(**run)
         except (RuntimeError, KeyError, OSError):
             self.stop()
             self.restarts += 1
@@ -218,6 +200,7 @@ class JavaClients:
 
     def _run(
         self,
+        *,
         size: int,
         count: int,
         inflight: int,

@@ -123,6 +123,22 @@ def ensure_producer(cache_dir: Path) -> str:
 # --------------------------------------------------------------------------- running
 
 
+def java_client_command(java_opts: str, classpath: str, mq: LocalRocketMQ, home: Path) -> list[str]:
+    """`java` with the options of a RocketMQ client JVM, up to its main class. user.home and the
+    logback settings keep its client logs in the data dir (the client writes ~/logs/rocketmqlogs
+    otherwise); deploy/rocketmq's start scripts copied rmq.tools.logback.xml there."""
+    return [
+        java_bin("java"),
+        *shlex.split(java_opts),
+        f"-Duser.home={home}",
+        f"-Drmq.log.dir={mq.log_dir}",
+        f"-Drmq.logback.configurationFile={home}/conf/rmq.tools.logback.xml",
+        "-Drocketmq.client.logUseSlf4j=true",
+        "-cp",
+        classpath,
+    ]
+
+
 def producer_command(
     java_opts: str,
     classpath: str,
@@ -134,18 +150,9 @@ def producer_command(
     threads: int,
     keys: bool,
 ) -> list[str]:
-    """The Producer's command line. user.home and the logback settings keep its client logs in
-    the data dir (the client writes ~/logs/rocketmqlogs otherwise); deploy/rocketmq's start
-    scripts copied rmq.tools.logback.xml there."""
+    """The Producer's command line (`java_client_command`, then its own arguments)."""
     return [
-        java_bin("java"),
-        *shlex.split(java_opts),
-        f"-Duser.home={home}",
-        f"-Drmq.log.dir={mq.log_dir}",
-        f"-Drmq.logback.configurationFile={home}/conf/rmq.tools.logback.xml",
-        "-Drocketmq.client.logUseSlf4j=true",
-        "-cp",
-        classpath,
+        *java_client_command(java_opts, classpath, mq, home),
         PRODUCER_MAIN,
         "-n",
         mq.namesrv_addr,
