@@ -172,21 +172,21 @@ def test_notify_reads_no_message_a_bridge_stored_only_the_unannounced_ones(
     _run_node(rocketmq, tmp_path, scenario)
 
 
+def _property_filters(rocketmq: LocalRocketMQ, *, enabled: bool) -> None:
+    """Switch the running broker's `enablePropertyFilter` (it takes effect at once)."""
+    value = "true" if enabled else "false"
+    rocketmq.admin(
+        "updateBrokerConfig", "-b", rocketmq.broker_addr, "-k", "enablePropertyFilter", "-v", value
+    )
+
+
 def test_notify_reads_everything_and_says_so_when_the_broker_refuses_property_filters(
     rocketmq: LocalRocketMQ, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A broker without enablePropertyFilter: notify still wakes the subscriber for messages no
     bridge announced, reading every message as before, and logs why once."""
     topic = _unique("kiln")
-    rocketmq.admin(
-        "updateBrokerConfig",
-        "-b",
-        rocketmq.broker_addr,
-        "-k",
-        "enablePropertyFilter",
-        "-v",
-        "false",
-    )
+    _property_filters(rocketmq, enabled=False)
 
     async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
         async with _notifier(node, store) as notifier:
@@ -200,15 +200,7 @@ def test_notify_reads_everything_and_says_so_when_the_broker_refuses_property_fi
         with caplog.at_level("WARNING", logger="notify"):
             _run_node(rocketmq, tmp_path, scenario)
     finally:
-        rocketmq.admin(
-            "updateBrokerConfig",
-            "-b",
-            rocketmq.broker_addr,
-            "-k",
-            "enablePropertyFilter",
-            "-v",
-            "true",
-        )
+        _property_filters(rocketmq, enabled=True)
     refused = [r for r in caplog.records if "refused a property filter" in r.getMessage()]
     assert len(refused) == 1
 
