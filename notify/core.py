@@ -55,8 +55,9 @@ log = logging.getLogger("notify")
 class Sink(Protocol):
     """Where a notifier's findings go (a bridge node, or a link to remote bridges)."""
 
-    def queues_grew(self, ends: dict[str, int]) -> None:
-        """LMQ name -> the end its queue has reached (offset of its newest message + 1)."""
+    def queues_grew(self, ends: dict[str, int], group: str) -> None:
+        """LMQ name -> the end its queue has reached on broker group `group` (offset of its
+        newest message there + 1)."""
 
     def route(self, message: Message) -> Sequence[str]:
         """The LMQ names a backend message must be dispatched to (none: nobody subscribes)."""
@@ -133,7 +134,8 @@ class Notifier:
         self.stats = NotifyStats()
         self._readers: dict[tuple[str, str, int], _QueueReader] = {}
         self._initial_topics: set[str] | None = None
-        self._pending: dict[str, int] = {}
+        self._pending: dict[str, dict[str, int]] = {}
+        """Broker group -> LMQ name -> end, not yet told to the sink."""
         self._flush: asyncio.TimerHandle | None = None
         self._main: asyncio.Task[None] | None = None
         self._committer: asyncio.Task[None] | None = None
@@ -259,7 +261,7 @@ class Notifier:
                 continue
             if result.status is PullStatus.FOUND:
                 for raw in result.messages:
-                    await self._handle(raw)
+                    await self._handle(raw, reader.broker)
             if result.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning(
                     "notify: %s/%d offset %d out of range, moving to %d",
@@ -283,11 +285,11 @@ class Notifier:
             error,
         )
 
-    async def _handle(self, raw: StoredMessage) -> None:
+    async def _handle(self, raw: StoredMessage, group: str) -> None:
         self.stats.messages += 1
         offsets = raw.lmq_offsets()
         if offsets:
-            pending = self._pending
+            pending = self._pending.setdefault(group, {})
             for name, offset in offsets.items():
                 if offset + 1 > pending.get(name, -1):
                     pending[name] = offset + 1
@@ -320,13 +322,14 @@ class Notifier:
         self._flush = None
         if not self._pending:
             return
-        ends, self._pending = self._pending, {}
-        self.stats.events += len(ends)
+        by_group, self._pending = self._pending, {}
         self.stats.event_batches += 1
-        try:
-            self.sink.queues_grew(ends)
-        except Exception:
-            log.exception("notify: the sink failed to take events")
+        for group, ends in by_group.items():
+            self.stats.events += len(ends)
+            try:
+                self.sink.queues_grew(ends, group)
+            except Exception:
+                log.exception("notify: the sink failed to take events")
 
     # --- offsets ---------------------------------------------------------------------------------
 

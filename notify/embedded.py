@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from bridge.storage.base import Message
-from bridge.storage.rocketmq import NOTIFY_FILTER, escape_name
+from bridge.storage.rocketmq import NOTIFY_FILTER, escape_name, part_name
 from notify.core import Notifier
 
 if TYPE_CHECKING:
@@ -25,12 +25,12 @@ class NodeSink:
         self.node = node
         self.store = store
 
-    def queues_grew(self, ends: dict[str, int]) -> None:
+    def queues_grew(self, ends: dict[str, int], group: str) -> None:
         mine: dict[str, int] = {}
         for lmq, end in ends.items():
             queue = self.store.queue_of(lmq)
             if queue is not None:
-                mine[queue] = end
+                mine[part_name(group, queue)] = end
         if mine:
             self.node.queues_grew(mine)
 

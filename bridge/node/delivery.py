@@ -196,6 +196,7 @@ class Delivery:
         store = self.store
         max_inflight = self.max_inflight
         self._window_blocked.discard(queue)
+        logical = store.queue_of_part(queue) or queue  # `queue` is a part (see positions.py)
         while not self._stopped:
             cursor = session.cursors.get(queue)
             if cursor is None or cursor >= store.end_offset(queue):
@@ -223,7 +224,7 @@ class Delivery:
                 )
             blocked = False
             for stored in result.messages:
-                sent = self._send(queue, stored)
+                sent = self._send(queue, logical, stored)
                 if sent is None:
                     blocked = True
                     self._window_blocked.add(queue)
@@ -236,24 +237,27 @@ class Delivery:
             if blocked:
                 return
 
-    def _send(self, queue: str, stored: Stored) -> bool | None:
-        """Send one message; False if skipped (delivered through another queue), None if the
-        window or packet id is not free (stop and wait for an acknowledgement)."""
+    def _send(self, queue: str, logical: str, stored: Stored) -> bool | None:
+        """Send one message read from part `queue` of queue `logical`; False if skipped
+        (delivered through another queue), None if the window or packet id is not free (stop
+        and wait for an acknowledgement)."""
         session = self.session
         message = stored.message
         retain = False
-        kind = queue_kind(queue)
+        kind = queue_kind(logical)
         if kind == FILTER:
             # A message on several of this client's filter queues goes out once, from the queue
             # of the filter granting the highest QoS (MQTT-3.3.5-1).
-            topic_filter = filter_of(queue)
+            topic_filter = filter_of(logical)
             best_qos = -1
             best_filter = ""
             if len(stored.queues) == 1:
                 best_qos = session.subscriptions.get(topic_filter, -1)
                 best_filter = topic_filter
             else:
-                for name in stored.queues:
+                queue_of_part = self.store.queue_of_part
+                for part in stored.queues:
+                    name = queue_of_part(part) or part
                     if queue_kind(name) == FILTER:
                         other = filter_of(name)
                         granted = session.subscriptions.get(other)
@@ -267,7 +271,7 @@ class Delivery:
             retain = retained_qos is not None
             qos = min(message.qos, int(retained_qos)) if retained_qos is not None else message.qos
         else:
-            qos = min(message.qos, session.shared.get(share_filter_of(queue), 0))
+            qos = min(message.qos, session.shared.get(share_filter_of(logical), 0))
         conn = self.conn
         if qos == 0:
             payload = message.payload

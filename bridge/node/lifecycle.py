@@ -20,6 +20,7 @@ from bridge.access.acl import PUBLISH
 from bridge.access.auth import AuthResult
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connack, ConnackCode, Connect, Will
+from bridge.node.positions import start_new_parts, start_reading
 from bridge.node.presubscribe import Presubscription
 from bridge.node.publish import Publisher, Unsettled
 from bridge.node.roles import ClientLink, Spawner
@@ -103,6 +104,7 @@ class SessionLifecycle:
     ) -> Session:
         """A persistent session from its records, offline, in the tables."""
         session = Session.restore(client_id, subs, offsets)
+        start_new_parts(self.store, session)
         if not session.disconnected_at or was_online:
             # Connected when its node stopped (or never recorded): offline from now on.
             session.disconnected_at = time.time()
@@ -248,8 +250,7 @@ class SessionLifecycle:
         updates.append(MetaUpdate(KIND_ONLINE, client_id, self._online_record(conn, packet.will)))
         own_queue = client_queue(client_id)
         try:
-            if own_queue not in session.cursors:
-                session.start_queue(own_queue, await self.store.queue_end(own_queue))
+            await start_reading(self.store, session, own_queue)
             if self.presubscriptions and await self._presubscribe(session, username):
                 updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
             await self.store.put_meta(updates, durable=True)
@@ -313,9 +314,7 @@ class SessionLifecycle:
                 continue
             if self.topic_fault(topic_filter):
                 continue
-            queue = filter_queue(topic_filter)
-            if queue not in session.cursors:
-                session.start_queue(queue, await self.store.queue_end(queue))
+            await start_reading(self.store, session, filter_queue(topic_filter))
             self.subscriptions.add_subscription(client_id, topic_filter, presub.qos)
             session.subscriptions[topic_filter] = presub.qos
             self.metrics.inc("presubscriptions")

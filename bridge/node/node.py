@@ -33,6 +33,7 @@ from bridge.node.congestion import Congestion
 from bridge.node.delivery import Delivery
 from bridge.node.housekeeping import Housekeeper
 from bridge.node.lifecycle import SessionLifecycle
+from bridge.node.positions import start_new_parts
 from bridge.node.presubscribe import parse_presubscriptions
 from bridge.node.publish import Publisher, Unsettled
 from bridge.node.retained import RetainedMessages
@@ -181,6 +182,8 @@ class Node:
         clients that were connected when the node last stopped without a clean shutdown."""
         store = self.store
         lifecycle = self.lifecycle
+        if hasattr(store, "on_new_groups"):
+            store.on_new_groups = self._new_store_parts
         await store.open()
         self.retained.restore(store.meta(KIND_RETAINED))
         offsets = store.meta(KIND_OFFSETS)
@@ -384,6 +387,14 @@ class Node:
     def replace_retained(self, records: dict[str, bytes]) -> None:
         """The registry's full set of retained messages (re-read after a link was down)."""
         self.retained.restore(records)
+
+    def _new_store_parts(self, _groups: list[str]) -> None:
+        """The store holds queues in more parts now (a RocketMQ broker group was added): every
+        session reads the new parts of its queues from their start."""
+        for session in self.sessions.values():
+            if start_new_parts(self.store, session):
+                self.housekeeper.mark_offsets_dirty(session)
+        self.spawn(self.refresh_queue_ends())  # learn the new parts' ends, then wake
 
     async def refresh_queue_ends(self) -> None:
         """Re-read the queue ends connected clients read, then wake them."""

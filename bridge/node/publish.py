@@ -369,17 +369,22 @@ class Publisher:
         self.retained.apply(message)
 
     def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
-        """Queues are known to hold messages up to these ends (notify): wake their readers,
-        here and (`forward`) on the peers that have readers of them."""
+        """Parts of queues are known to hold messages up to these ends (notify, a peer): wake
+        their readers, here and (`forward`) on the peers that have readers of them."""
         woken: list[str] = []
         peers: dict[str, dict[str, int]] = {}
-        for queue, end in ends.items():
-            self.store.note_end(queue, end)
+        store = self.store
+        queue_of_part = store.queue_of_part
+        for part, end in ends.items():
+            queue = queue_of_part(part)
+            if queue is None:
+                continue  # not a part of this store's queues (a peer on another store?)
+            store.note_end(part, end)
             for reader in readers_of(queue, self.trie, self.reader_of):
                 if not is_peer(reader):
                     woken.append(reader)
                 elif forward:
-                    peers.setdefault(peer_of(reader), {})[queue] = end
+                    peers.setdefault(peer_of(reader), {})[part] = end
         if woken:
             self.wake_readers(list(dict.fromkeys(woken)), [])
         if self.cluster is not None:
@@ -387,18 +392,22 @@ class Publisher:
                 self.cluster.grew(peer, peer_ends)
 
     def queues_woken(self, queues: Iterable[str]) -> None:
-        """A peer stored messages on these queues (their new ends unknown here): let each
-        reader that is caught up wait for at least one more message."""
+        """A peer stored messages on these parts of queues (their new ends unknown here): let
+        each reader that is caught up wait for at least one more message."""
         woken: list[str] = []
         store = self.store
-        for queue in queues:
+        queue_of_part = store.queue_of_part
+        for part in queues:
+            queue = queue_of_part(part)
+            if queue is None:
+                continue
             for reader in readers_of(queue, self.trie, self.reader_of):
                 session = self.sessions.get(reader)
                 if session is None:
                     continue
-                cursor = session.cursors.get(queue)
-                if cursor is not None and cursor >= store.end_offset(queue):
-                    store.note_end(queue, cursor + 1)  # a read waits (long-polls) for it
+                cursor = session.cursors.get(part)
+                if cursor is not None and cursor >= store.end_offset(part):
+                    store.note_end(part, cursor + 1)  # a read waits (long-polls) for it
                 woken.append(reader)
         if woken:
             self.wake_readers(list(dict.fromkeys(woken)), [])
@@ -418,7 +427,8 @@ class Publisher:
                     told.add(reader)
                     if ends is None:
                         end_offset = self.store.end_offset
-                        ends = {queue: end_offset(queue) for queue in queues}
+                        parts = self.store.parts
+                        ends = {p: end_offset(p) for queue in queues for p in parts(queue)}
                     self.cluster.wake(peer_of(reader), ends)
             else:
                 self.offline_reader(reader)

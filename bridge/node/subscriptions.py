@@ -16,12 +16,13 @@ from bridge.mqtt import codec
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.packets import SUBACK_FAILURE, Suback, Subscribe, Unsuback, Unsubscribe
 from bridge.mqtt.topics import parse_shared, validate_topic_filter
+from bridge.node.positions import parts_read, start_reading, stop_reading
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import ClientLink, Spawner, Waker
 from bridge.node.stamp import Stamper
 from bridge.operations.metrics import Metrics
 from bridge.router.queues import client_queue, filter_queue, shared_queue
-from bridge.router.shared import SharedSubscriptions
+from bridge.router.shared import SharedGroup, SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session
 from bridge.state import KIND_OFFSETS, KIND_SESSION, RETAINED_DELIVERY
@@ -153,15 +154,13 @@ class Subscriptions:
                 if parsed is not None
                 else filter_queue(topic_filter)
             )
-            if queue not in session.cursors:
-                try:
-                    end = await self.store.queue_end(queue)
-                except StoreUnavailable as exc:
-                    codes.append(
-                        self._refuse_filter(session, topic_filter, f"store unavailable: {exc}")
-                    )
-                    continue
-                session.start_queue(queue, end)
+            try:
+                await start_reading(self.store, session, queue)
+            except StoreUnavailable as exc:
+                codes.append(
+                    self._refuse_filter(session, topic_filter, f"store unavailable: {exc}")
+                )
+                continue
             if parsed is not None:
                 session.shared[topic_filter] = granted
                 self.add_shared(session.client_id, topic_filter, parsed, granted)
@@ -233,11 +232,11 @@ class Subscriptions:
             if topic_filter in session.subscriptions:
                 del session.subscriptions[topic_filter]
                 self.remove_subscription(session.client_id, topic_filter)
-                session.forget_queue(filter_queue(topic_filter))
+                stop_reading(self.store, session, filter_queue(topic_filter))
             elif topic_filter in session.shared:
                 del session.shared[topic_filter]
                 self.remove_shared(session.client_id, topic_filter)
-                session.forget_queue(shared_queue(topic_filter, session.client_id))
+                stop_reading(self.store, session, shared_queue(topic_filter, session.client_id))
         self.spawn(self._finish_unsubscribe(conn, session, packet.packet_id))
 
     async def _finish_unsubscribe(self, conn: ClientLink, session: Session, packet_id: int) -> None:
@@ -267,47 +266,55 @@ class Subscriptions:
 
     async def _redispatch_shared(self, session: Session) -> None:
         for share_filter in list(session.shared):
-            queue = shared_queue(share_filter, session.client_id)
             group = self.shared.group(share_filter)
             if group is None:
                 continue
-            start = session.committed(queue)
-            try:
-                end = await self.store.queue_end(queue)
-            except StoreUnavailable as exc:
-                log.error("shared messages of %s stay queued: %s", session.client_id, exc)
-                return
-            handed_to = start  # offsets below this now belong to another member
-            moved = 0
-            nobody_else = False
-            while handed_to < end and not nobody_else:
-                result = await self.store.read(queue, handed_to, 256)
-                if not result.messages:
+            queue = shared_queue(share_filter, session.client_id)
+            for part in parts_read(self.store, session, queue):
+                if not await self._hand_over(session, share_filter, group, part):
+                    return
+
+    async def _hand_over(
+        self, session: Session, share_filter: str, group: SharedGroup, queue: str
+    ) -> bool:
+        """Move the unacknowledged and unread messages of one part of a leaving member's queue
+        to other members; False if the store cannot be read (they stay queued)."""
+        start = session.committed(queue)
+        try:
+            end = await self.store.queue_end(queue)
+        except StoreUnavailable as exc:
+            log.error("shared messages of %s stay queued: %s", session.client_id, exc)
+            return False
+        handed_to = start  # offsets below this now belong to another member
+        moved = 0
+        nobody_else = False
+        while handed_to < end and not nobody_else:
+            result = await self.store.read(queue, handed_to, 256)
+            if not result.messages:
+                break
+            for stored in result.messages:
+                member = group.pick(lambda m: m != session.client_id and self.waker.reachable(m))
+                if member is None:
+                    nobody_else = True  # the rest waits for this member
                     break
-                for stored in result.messages:
-                    member = group.pick(
-                        lambda m: m != session.client_id and self.waker.reachable(m)
-                    )
-                    if member is None:
-                        nobody_else = True  # the rest waits for this member
-                        break
-                    target = shared_queue(share_filter, member)
-                    await self.store.submit(stored.message, [target])
-                    handed_to = stored.offset + 1
-                    moved += 1
-                    self.waker.wake_readers([self.waker.reader_of(member)], [target])
-            if handed_to == start:
-                continue
-            # What was handed over is this member's no more: not in flight, not to be read.
-            for packet_id, out in list(session.inflight.items()):
-                if out.queue == queue and out.offset < handed_to:
-                    del session.inflight[packet_id]
-            if session.cursors.get(queue, 0) < handed_to:
-                session.cursors[queue] = handed_to
-            self.offsets_moved(session)
-            log.info(
-                "client %s left %s: %d unacknowledged messages moved to other members",
-                session.client_id,
-                share_filter,
-                moved,
-            )
+                target = shared_queue(share_filter, member)
+                await self.store.submit(stored.message, [target])
+                handed_to = stored.offset + 1
+                moved += 1
+                self.waker.wake_readers([self.waker.reader_of(member)], [target])
+        if handed_to == start:
+            return True
+        # What was handed over is this member's no more: not in flight, not to be read.
+        for packet_id, out in list(session.inflight.items()):
+            if out.queue == queue and out.offset < handed_to:
+                del session.inflight[packet_id]
+        if session.cursors.get(queue, 0) < handed_to:
+            session.cursors[queue] = handed_to
+        self.offsets_moved(session)
+        log.info(
+            "client %s left %s: %d unacknowledged messages moved to other members",
+            session.client_id,
+            share_filter,
+            moved,
+        )
+        return True

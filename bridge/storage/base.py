@@ -142,8 +142,21 @@ class MessageStore(Protocol):
         """Store a message no queue references (QoS 0 kept for analytics): not awaited, not
         kept in memory, durable with the next group commit."""
 
+    def parts(self, queue: str) -> tuple[str, ...]:
+        """The parts `queue` is read as, each with offsets of its own: a reader keeps one
+        position per part, and `read`, `end_offset`, `queue_end`, `note_end` and `backlog` take
+        a part. A store with one log has one part per queue, the queue itself; RocketMQ has one
+        per broker group (a message is stored on one group only)."""
+
+    def queue_of_part(self, part: str) -> str | None:
+        """The queue a part belongs to (None: not a part of this store)."""
+
+    def upgrade_part(self, queue: str) -> str:
+        """The part a position kept under a queue's own name belongs to (positions written
+        before queues had parts)."""
+
     async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
-        """Up to `limit` messages of `queue` from `offset` on, in offset order."""
+        """Up to `limit` messages of part `queue` from `offset` on, in offset order."""
 
     def end_offset(self, queue: str) -> int:
         """The end of `queue` (the offset its next message gets) as far as this store knows: at

@@ -227,7 +227,8 @@ def test_qos2_resend_after_an_unanswered_send_is_not_stored_twice(
         pub, transport = await open_connection(node, "publisher")
         pub.data_received(codec.encode(Publish(f"{topic}/x", b"once", 2, dup=True, packet_id=5)))
         await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
-        assert await store.queue_end(f"f:{topic}/#") == 1  # stored once, not twice
+        (part,) = store.parts(f"f:{topic}/#")  # one broker group: one part
+        assert await store.queue_end(part) == 1  # stored once, not twice
 
     _run_node(rocketmq, tmp_path, scenario)
 
@@ -247,8 +248,9 @@ def test_qos2_resend_whose_first_send_never_arrived_is_stored(
         session.inbound_qos2[9] = Unsettled(f"{topic}/x", f"never-sent-{uuid.uuid4().hex}")
         pub.data_received(codec.encode(Publish(f"{topic}/x", b"late", 2, dup=True, packet_id=9)))
         await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
-        assert await store.queue_end(f"f:{topic}/#") == 1
-        result = await store.read(f"f:{topic}/#", 0, 10)
+        (part,) = store.parts(f"f:{topic}/#")
+        assert await store.queue_end(part) == 1
+        result = await store.read(part, 0, 10)
         assert [s.message.payload for s in result.messages] == [b"late"]
 
     _run_node(rocketmq, tmp_path, scenario)
@@ -296,14 +298,15 @@ def test_a_queue_end_counted_one_ahead_is_set_back_by_a_read_that_found_nothing(
         await store.open()
         try:
             await store.append(Message("race/x", b"only", qos=1, key="r0"), ["q"])
-            assert await store.queue_end("q") == 1
-            store.note_end("q", 2)  # as if the SEND_OK was counted on top of the fetch
-            first = await store.read("q", 0, 10)
+            (q,) = store.parts("q")
+            assert await store.queue_end(q) == 1
+            store.note_end(q, 2)  # as if the SEND_OK was counted on top of the fetch
+            first = await store.read(q, 0, 10)
             assert [s.message.payload for s in first.messages] == [b"only"]
-            empty = await store.read("q", 1, 10)
+            empty = await store.read(q, 1, 10)
             assert empty.messages == [] and empty.next_offset == 1
-            assert store.end_offset("q") == 1
-            assert store.backlog("q", 1)[0] == 0
+            assert store.end_offset(q) == 1
+            assert store.backlog(q, 1)[0] == 0
         finally:
             await store.close()
 

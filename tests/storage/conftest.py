@@ -17,6 +17,7 @@ import pytest
 import uvloop
 
 from bridge.storage import FileLogStore, MessageStore
+from bridge.storage.base import ReadResult
 from bridge.storage.rocketmq.store import RocketMQStore
 
 T = TypeVar("T")
@@ -39,6 +40,42 @@ BACKENDS: dict[str, Callable[..., MessageStore]] = {"filelog": _filelog, "rocket
 NEEDS_ROCKETMQ = {"rocketmq"}
 
 
+class OnePartView:
+    """A store seen through queue names: with one log (or one RocketMQ broker group, as here)
+    every queue has exactly one part, and the contract is the same whatever the backend names
+    its parts. Stored.queues come back as queue names too."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def part(self, queue: str) -> str:
+        parts = self.store.parts(queue)
+        assert len(parts) == 1, parts
+        return parts[0]
+
+    def end_offset(self, queue: str) -> int:
+        return self.store.end_offset(self.part(queue))
+
+    async def queue_end(self, queue: str) -> int:
+        return await self.store.queue_end(self.part(queue))
+
+    def note_end(self, queue: str, end: int) -> None:
+        self.store.note_end(self.part(queue), end)
+
+    def backlog(self, queue: str, offset: int) -> tuple[int, int]:
+        return self.store.backlog(self.part(queue), offset)
+
+    async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
+        result = await self.store.read(self.part(queue), offset, limit)
+        of = self.store.queue_of_part
+        for stored in result.messages:
+            stored.queues = tuple(of(p) or p for p in stored.queues)
+        return result
+
+
 class StoreFactory:
     """Opens a backend's store on one data location and can reopen it (a restart)."""
 
@@ -55,7 +92,7 @@ class StoreFactory:
         store = BACKENDS[self.backend](self.path, **self.options)
         await store.open()
         self.current = store
-        return store
+        return OnePartView(store)  # type: ignore[return-value]
 
     async def reopen(self) -> MessageStore:
         """Close the store cleanly and open it again on the same data."""

@@ -417,6 +417,9 @@ class ParkingStore:
     def end_offset(self, queue: str) -> int:
         return self.store.end_offset(queue)
 
+    def queue_of_part(self, part: str) -> str | None:
+        return self.store.queue_of_part(part)
+
     async def read(self, queue: str, offset: int, limit: int):
         if queue == self.parked:
             self.parked_reads += 1

@@ -483,6 +483,16 @@ class FileLogStore:
 
     # --- reading ---------------------------------------------------------------------------------
 
+    def parts(self, queue: str) -> tuple[str, ...]:
+        """One log holds every queue: a queue is its only part."""
+        return (queue,)
+
+    def queue_of_part(self, part: str) -> str | None:
+        return part
+
+    def upgrade_part(self, queue: str) -> str:
+        return queue
+
     def end_offset(self, queue: str) -> int:
         q = self._queues.get(queue)
         return q.visible if q is not None else 0

@@ -8,6 +8,7 @@ MQTT <-> RocketMQ mapping (`message_of`, `rocketmq_topic`, `tag_of`, ...). Code 
 
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import RemotingError, RocketMQError
+from bridge.storage.rocketmq.groups import part_name
 from bridge.storage.rocketmq.mapping import (
     NOTIFY_FILTER,
     PROP_NODE,
@@ -36,6 +37,7 @@ __all__ = [
     "StoredMessage",
     "escape_name",
     "message_of",
+    "part_name",
     "rocketmq_topic",
     "tag_of",
     "to_rocketmq",

@@ -34,6 +34,8 @@ __all__ = ["NameServerRouting"]
 # Named after the module this code was split from, so logging configuration keeps applying.
 log = logging.getLogger("bridge.storage.rocketmq_remoting")
 
+_CLUSTER_REFETCH_SECONDS = 1.0
+
 
 class NameServerRouting:
     """The route cache and broker lookups of one client; requests go through its `pool`."""
@@ -48,6 +50,9 @@ class NameServerRouting:
         self._route_locks: dict[str, asyncio.Lock] = {}
         self._namesrv_index = 0
         self._cluster_brokers: dict[str, BrokerInfo] = {}
+        self._cluster_failed_at = 0.0
+        """When a broker found in the cluster table last could not be reached."""
+        self._cluster_fetched_at = 0.0
 
     async def namesrv_call(
         self, code: int, ext_fields: Mapping[str, str] | None = None
@@ -125,24 +130,42 @@ class NameServerRouting:
         try:
             table = loads_fastjson(response.body).get("brokerAddrTable") or {}
             self._cluster_brokers = parse_brokers(table.values())
+            self._cluster_fetched_at = time.monotonic()
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise RemotingProtocolError(f"malformed cluster info: {exc!r}") from None
         return self._cluster_brokers
 
+    def _cluster_stale(self) -> bool:
+        """Whether the cluster table should be fetched again before it is used: a broker in it
+        could not be reached since it was fetched (at most once a second)."""
+        now = time.monotonic()
+        return (
+            self._cluster_failed_at > self._cluster_fetched_at
+            and now - self._cluster_fetched_at >= _CLUSTER_REFETCH_SECONDS
+        )
+
     async def broker_addr(self, topic: str, broker_name: str | None = None) -> str:
         """The master address serving `topic` (or `broker_name`).
 
-        LMQ queues ("%LMQ%...") have no route of their own: they live on every broker with
-        enableLmq, so any master (or the named one) serves them.
+        LMQ queues ("%LMQ%...") have no route of their own: one lives on every broker group
+        that stored a message for it. The named group's master serves it, or its slave while
+        the master is gone (a SYNC_MASTER's slave holds every message the master acknowledged);
+        without a name, the first master.
         """
         if topic.startswith(LMQ_PREFIX):
-            brokers = await self.cluster_brokers()
-            names = [broker_name] if broker_name else sorted(brokers)
-            for name in names:
-                info = brokers.get(name)
-                if info is not None and info.master_addr:
-                    return info.master_addr
-            raise BrokerUnavailable(f"no master broker for {topic!r}", maybe_delivered=False)
+            brokers = await self.cluster_brokers(refresh=self._cluster_stale())
+            if broker_name:
+                info = brokers.get(broker_name)
+                addr = info.read_addr if info is not None else None
+                if addr is not None:
+                    return addr
+            else:
+                for name in sorted(brokers):
+                    if brokers[name].master_addr:
+                        return brokers[name].master_addr or ""
+            raise BrokerUnavailable(
+                f"no broker of {broker_name or 'any group'} serves {topic!r}", maybe_delivered=False
+            )
         route = await self.get_route(topic)
         return route.master_addr(broker_name)
 
@@ -178,12 +201,16 @@ class NameServerRouting:
         body: bytes = b"",
         idempotent: bool = True,
     ) -> RemotingCommand:
-        """A request to the master serving `topic`; the route is dropped when that fails."""
+        """A request to the master serving `topic` (for a light queue of `broker_name`: its
+        master, or its slave while the master is gone); the route (or the cluster table) is
+        looked up again after that fails."""
         addr = await self.broker_addr(topic, broker_name)
         try:
             return await self._pool.call(
                 addr, code, fields, body, timeout=timeout, idempotent=idempotent
             )
         except BrokerUnavailable:
+            if topic.startswith(LMQ_PREFIX):
+                self._cluster_failed_at = time.monotonic()
             self.invalidate_route(topic)
             raise

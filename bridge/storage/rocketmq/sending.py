@@ -21,7 +21,13 @@ from typing import Any
 
 from bridge.storage.base import Message, StoreUnavailable
 from bridge.storage.rocketmq.client import RocketMQClient
-from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingConnection, RocketMQError
+from bridge.storage.rocketmq.connection import (
+    BrokerUnavailable,
+    RemotingConnection,
+    RemotingError,
+    RocketMQError,
+)
+from bridge.storage.rocketmq.groups import BrokerGroups, group_seq, part_name
 from bridge.storage.rocketmq.mapping import MULTI_DISPATCH, PROP_NOTIFY_SKIP, to_rocketmq
 from bridge.storage.rocketmq.messages import (
     PROPERTY_KEYS,
@@ -32,6 +38,7 @@ from bridge.storage.rocketmq.messages import (
 )
 from bridge.storage.rocketmq.queues import QueueEnds
 from bridge.storage.rocketmq.sendframe import SendFrames
+from bridge.storage.rocketmq.types import DEFAULT_TOPIC
 from bridge.storage.rocketmq.wire import RemotingCommand, ResponseCode
 
 __all__ = ["DurableCallback", "Send", "SendPipeline", "future_callback", "new_send"]
@@ -59,8 +66,13 @@ class Send:
     properties: dict[str, str]
     body: bytes
     queues: tuple[str, ...]
+    """The bridge queues it is stored on (their parts on the group it goes to count it)."""
     size: int
     callback: DurableCallback | None
+    group: str = ""
+    """The broker group it was sent to."""
+    group_tag: int = 0
+    """That group's tag in seqs."""
     meta_durable: asyncio.Future[None] | None = None
     sent_at: float = 0.0
     conn: RemotingConnection | None = None
@@ -72,11 +84,13 @@ class Send:
 
 @dataclass(slots=True)
 class _Target:
-    """Where a RocketMQ topic's messages go: one broker's queues, round-robin."""
+    """Where a RocketMQ topic's messages go: one broker group's queues, round-robin."""
 
     addr: str
     broker: str
     queue_ids: list[int]
+    tag: int
+    """The group's tag in the seqs of its messages."""
     counter: Any = field(default_factory=itertools.count)
 
 
@@ -127,13 +141,15 @@ def future_callback(future: asyncio.Future[int]) -> DurableCallback:
 class SendPipeline:
     """The sends of one store: queued, in flight, answered, completed in order.
 
-    Handed the client whose connections it sends over, the queue ends it counts confirmed
-    messages in, and the store's `stats` (it counts "sent", "send_failures", "send_timeouts").
+    Handed the client whose connections it sends over, the broker groups (which one each topic
+    goes to), the queue ends it counts confirmed messages in, and the store's `stats` (it
+    counts "sent", "send_failures", "send_timeouts").
     """
 
     def __init__(
         self,
         client: RocketMQClient,
+        groups: BrokerGroups,
         ends: QueueEnds,
         stats: dict[str, int],
         *,
@@ -141,6 +157,7 @@ class SendPipeline:
         send_window: int,
     ) -> None:
         self._client = client
+        self._groups = groups
         self._ends = ends
         self._stats = stats
         self.send_timeout = send_timeout
@@ -199,8 +216,11 @@ class SendPipeline:
                     self._finish(send, None, StoreUnavailable(str(send.meta_durable.exception())))
                     self._complete_in_order()
                     continue
+                target = None
                 try:
                     target = self._targets.get(send.topic) or await self._route(send.topic)
+                    send.group = target.broker
+                    send.group_tag = target.tag
                     conn = await client.connection(target.addr)
                     queue_id = target.queue_ids[next(target.counter) % len(target.queue_ids)]
                     opaque = conn.new_opaque()
@@ -223,6 +243,8 @@ class SendPipeline:
                     )
                 except (RocketMQError, OSError, ValueError) as exc:
                     self._targets.pop(send.topic, None)
+                    if target is not None and isinstance(exc, (BrokerUnavailable, OSError)):
+                        self._group_failed(target.broker, send.topic)
                     maybe = isinstance(exc, BrokerUnavailable) and exc.maybe_delivered
                     error = StoreUnavailable(f"RocketMQ send failed: {exc}", maybe_stored=maybe)
                     if send not in self._inflight:
@@ -245,19 +267,50 @@ class SendPipeline:
                 self._pump_task = asyncio.get_running_loop().create_task(self._pump())
 
     async def _route(self, topic: str) -> _Target:
-        """Route a RocketMQ topic (unknown topics go through the default topic's route, so a
-        broker with autoCreateTopicEnable creates them); the target is kept for the next sends
-        once the topic's own route is known."""
-        broker, _queue_id, addr = await self._client.choose_queue(topic)
+        """The broker group a RocketMQ topic's messages go to (`BrokerGroups.pick`) among those
+        that take writes for it: the groups whose queues of the topic are writable, and, where
+        the topic does not exist yet, those whose default topic is (a broker with
+        autoCreateTopicEnable creates it on the first message). The target is kept for the
+        next sends once the topic's own route has the group."""
+        client = self._client
+        own: dict[str, list[int]] = {}
+        addrs: dict[str, str] = {}
         try:
-            route = await self._client.get_route(topic)
-            queue_ids = sorted(qid for name, qid in route.write_queues() if name == broker)
-        except RocketMQError:
-            queue_ids = []
-        target = _Target(addr, broker, queue_ids or [_queue_id])
+            route = await client.get_route(topic)
+        except RemotingError as exc:
+            if exc.code != ResponseCode.TOPIC_NOT_EXIST:
+                raise
+        else:
+            for name, qid in route.write_queues():
+                own.setdefault(name, []).append(qid)
+                addrs[name] = route.master_addr(name)
+        try:
+            default = await client.get_route(DEFAULT_TOPIC)
+        except RemotingError as exc:
+            if exc.code != ResponseCode.TOPIC_NOT_EXIST:
+                raise
+        else:
+            for name, _qid in default.write_queues():
+                addrs.setdefault(name, default.master_addr(name))
+        group = self._groups.pick(topic, addrs)
+        if group is None:
+            raise BrokerUnavailable(
+                f"no broker group takes writes of {topic!r}", maybe_delivered=False
+            )
+        queue_ids = sorted(own.get(group, ()))
+        target = _Target(addrs[group], group, queue_ids or [0], self._groups.tag(group))
         if queue_ids:
             self._targets[topic] = target
         return target
+
+    def _group_failed(self, group: str, topic: str) -> None:
+        """A group's master did not take a send: its topics go elsewhere for a while, and the
+        routes are looked up again (the NameServer drops a master that went away)."""
+        self._groups.failed(group)
+        for name in [t for t, target in self._targets.items() if target.broker == group]:
+            del self._targets[name]
+        self._client.invalidate_route(topic)
+        self._client.invalidate_route(DEFAULT_TOPIC)
 
     def _answered(
         self, send: Send, response: RemotingCommand | None, error: BaseException | None
@@ -266,6 +319,8 @@ class SendPipeline:
             return
         if response is None:
             self._targets.pop(send.topic, None)
+            if send.group:
+                self._group_failed(send.group, send.topic)
             self._finish(
                 send,
                 None,
@@ -273,7 +328,7 @@ class SendPipeline:
             )
         elif response.code == _SEND_OK:
             try:
-                seq = _seq_of(response.ext_fields["msgId"])
+                seq = group_seq(_seq_of(response.ext_fields["msgId"]), send.group_tag)
             except (KeyError, ValueError):
                 self._finish(send, None, StoreUnavailable("SEND_OK without a message id"))
             else:
@@ -283,6 +338,8 @@ class SendPipeline:
             if response.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
                 self._targets.pop(send.topic, None)
                 self._client.invalidate_route(send.topic)
+            if response.code == ResponseCode.NO_PERMISSION and send.group:
+                self._group_failed(send.group, send.topic)  # drained: writes go elsewhere
             self._finish(
                 send,
                 None,
@@ -300,7 +357,9 @@ class SendPipeline:
         send.error = error
         if error is None:
             self._stats["sent"] += 1
-            self._ends.count_stored(send.queues, send.size)
+            if send.queues:
+                group = send.group
+                self._ends.count_stored([part_name(group, q) for q in send.queues], send.size)
         else:
             self._stats["send_failures"] += 1
 

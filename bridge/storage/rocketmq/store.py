@@ -47,14 +47,16 @@ the shared reads in reads.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bridge.storage.base import Message, MetaUpdate, ReadResult, Stored, StoreUnavailable
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingError, RocketMQError
+from bridge.storage.rocketmq.groups import BrokerGroups, group_seq, part_name, split_part
 from bridge.storage.rocketmq.mapping import (
     MULTI_DISPATCH,
     escape_name,
@@ -78,8 +80,8 @@ from bridge.storage.rocketmq.sending import (
     future_callback,
     new_send,
 )
-from bridge.storage.rocketmq.types import PullStatus
-from bridge.storage.rocketmq.wire import ResponseCode
+from bridge.storage.rocketmq.types import BrokerInfo, PullStatus
+from bridge.storage.rocketmq.wire import RemotingProtocolError, ResponseCode
 
 __all__ = [
     "DEFAULT_MESSAGE_SIZE",
@@ -95,6 +97,8 @@ __all__ = [
 DISPATCH_TOPIC = "mqtt|dispatch"
 """The RocketMQ topic through which notify dispatches backend messages into light queues. `|di`
 is not an escape sequence, so no MQTT topic maps to it."""
+log = logging.getLogger("bridge.storage.rocketmq")
+
 PROP_ORIGIN = "mqtt.origin"
 """On a dispatched copy of a backend message: the original's message id."""
 
@@ -125,6 +129,7 @@ class RocketMQStore:
         fsync: bool = True,
         meta_segment_bytes: int = 16 * 1024 * 1024,
         session_meta: KeyedRecords | None = None,
+        group_refresh: float = 5.0,
     ) -> None:
         self.namesrv_addr = namesrv_addr
         self.data_dir = Path(data_dir)
@@ -164,6 +169,14 @@ class RocketMQStore:
         )
         self._open = False
         self._closing = False
+        self._groups = BrokerGroups()
+        self._parts: dict[str, tuple[int, tuple[str, ...]]] = {}
+        """Bridge queue -> (groups generation, its parts), as last computed."""
+        self.group_refresh = group_refresh
+        self.on_new_groups: Callable[[list[str]], None] | None = None
+        """Called with the groups seen for the first time after `open` (the node starts
+        reading their parts)."""
+        self._refresher: asyncio.Task[None] | None = None
         self._names = LmqNames(namespace)
         self._ends = QueueEnds()
         self._reads = SharedReads()
@@ -172,6 +185,7 @@ class RocketMQStore:
         )
         self._pipeline = SendPipeline(
             self._client,
+            self._groups,
             self._ends,
             self.stats,
             send_timeout=send_timeout,
@@ -191,18 +205,19 @@ class RocketMQStore:
             await self._meta.open_session()
             await self._client.start()
             await self._reader.start()
-            brokers = await self._client.cluster_brokers(refresh=True)
+            brokers = await self._reader.cluster_brokers(refresh=True)
             if not any(b.master_addr for b in brokers.values()):
                 raise BrokerUnavailable("no master broker is registered", maybe_delivered=False)
+            self._learn_groups(brokers)
             self._ends.avg_size = self._meta.saved_avg_size()
             known = self._meta.known_queues()
             limit = asyncio.Semaphore(64)
 
-            async def fetch(queue: str) -> None:
+            async def fetch(part: str) -> None:
                 async with limit:
-                    await self.queue_end(queue)
+                    await self.queue_end(part)
 
-            await asyncio.gather(*(fetch(q) for q in known))
+            await asyncio.gather(*(fetch(p) for q in known for p in self.parts(q)))
         except (RocketMQError, OSError, StoreUnavailable) as exc:
             await self._client.close()
             await self._reader.close()
@@ -212,11 +227,15 @@ class RocketMQStore:
             raise StoreUnavailable(f"RocketMQ at {self.namesrv_addr} is not usable: {exc}") from exc
         self._open = True
         self._pipeline.start()
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_groups())
 
     async def close(self) -> None:
         if not self._open:
             return
         self._closing = True
+        if self._refresher is not None:
+            self._refresher.cancel()
+            self._refresher = None
         deadline = time.monotonic() + self.send_timeout + 1.0
         while self._pipeline.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -318,6 +337,66 @@ class RocketMQStore:
     def meta(self, kind: str) -> dict[str, bytes]:
         return self._meta.meta(kind)
 
+    # --- broker groups ---------------------------------------------------------------------------
+
+    def parts(self, queue: str) -> tuple[str, ...]:
+        """The parts of a bridge queue: one per broker group known (see groups.py)."""
+        generation = self._groups.generation
+        cached = self._parts.get(queue)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        parts = tuple(part_name(group, queue) for group in self._groups.names())
+        self._parts[queue] = (generation, parts)
+        return parts
+
+    def queue_of_part(self, part: str) -> str | None:
+        """The bridge queue a part belongs to; None for a name that is not a part."""
+        split = split_part(part)
+        return split[1] if split is not None else None
+
+    def upgrade_part(self, queue: str) -> str:
+        """The part a position kept under a bridge queue's own name (by a version that read one
+        broker group only: the first by name) now belongs to."""
+        if split_part(queue) is not None:
+            return queue
+        names = self._groups.names()
+        return part_name(names[0], queue) if names else queue
+
+    @property
+    def broker_groups(self) -> list[str]:
+        """Every broker group this store knows (registered now, or seen since it opened)."""
+        return self._groups.names()
+
+    def _learn_groups(self, brokers: dict[str, BrokerInfo]) -> list[str]:
+        new = self._groups.update(brokers)
+        for first, second in self._groups.tag_collisions():
+            log.error(
+                "broker groups %r and %r share a seq tag: QoS 2 deliveries of their messages "
+                "may be confused; rename one",
+                first,
+                second,
+            )
+        return new
+
+    async def _refresh_groups(self) -> None:
+        """Learn broker groups added to (or gone from) the NameServer, every `group_refresh`
+        seconds; tell the node about new ones."""
+        while True:
+            await asyncio.sleep(self.group_refresh)
+            try:
+                brokers = await self._reader.cluster_brokers(refresh=True)
+            except (RocketMQError, RemotingProtocolError) as exc:
+                log.debug("broker group refresh failed: %s", exc)
+                continue
+            new = self._learn_groups(brokers)
+            if new:
+                log.info("new broker group(s) %s: reading their parts of every queue", new)
+                if self.on_new_groups is not None:
+                    try:
+                        self.on_new_groups(new)
+                    except Exception:
+                        log.exception("starting the parts of new broker groups failed")
+
     # --- reading ---------------------------------------------------------------------------------
 
     def end_offset(self, queue: str) -> int:
@@ -327,16 +406,29 @@ class RocketMQStore:
         self._ends.note(queue, end)
 
     async def queue_end(self, queue: str) -> int:
-        name = self._names.remember(queue)
-        updates = self._meta.new_queues((queue,))
+        """The end of a part (`queue` is a part name, see `parts`) on its broker group. A group
+        no longer registered answers with the last end known."""
+        group, bridge_queue = self._split(queue)
+        name = self._names.remember(bridge_queue)
+        updates = self._meta.new_queues((bridge_queue,))
         if updates:
             await self._meta.put_own(updates)
+        if not self._groups.registered(group):
+            return self._ends.end(queue)
         try:
-            end = await self._reader.max_offset(name, 0)
+            end = await self._reader.max_offset(name, 0, broker_name=group)
         except RocketMQError as exc:
-            raise StoreUnavailable(f"cannot read the end of {queue!r}: {exc}") from exc
+            raise StoreUnavailable(
+                f"cannot read the end of {bridge_queue!r} on {group}: {exc}"
+            ) from exc
         self._ends.note(queue, end)
         return self._ends.end(queue)
+
+    def _split(self, part: str) -> tuple[str, str]:
+        split = split_part(part)
+        if split is None:
+            raise StoreUnavailable(f"{part!r} is not a part of a bridge queue (see parts())")
+        return split
 
     def backlog(self, queue: str, offset: int) -> tuple[int, int]:
         return self._ends.backlog(queue, offset)
@@ -347,23 +439,27 @@ class RocketMQStore:
         return await self._reads.read(queue, offset, limit, self._pull)
 
     async def _pull(self, queue: str, offset: int, limit: int) -> ReadResult:
-        """One pull of `queue`'s light queue from `offset` (`read` shares it between readers)."""
-        name = self._names.remember(queue)
+        """One pull of a part's light queue from `offset` (`read` shares it between readers)."""
+        group, bridge_queue = self._split(queue)
+        name = self._names.remember(bridge_queue)
         known_end = self._ends.end(queue)
         # A message confirmed by SEND_OK reaches its LMQs a moment later (the broker dispatches
         # asynchronously): if we know it is there, wait for it briefly instead of missing it.
         wait_ms = int(self.read_wait * 1000) if offset < known_end else 0
         self.stats["reads"] += 1
         try:
-            result = await self._reader.pull(name, 0, offset, limit, suspend_timeout_ms=wait_ms)
+            result = await self._reader.pull(
+                name, 0, offset, limit, suspend_timeout_ms=wait_ms, broker_name=group
+            )
         except RocketMQError as exc:
-            raise StoreUnavailable(f"cannot read {queue!r}: {exc}") from exc
+            raise StoreUnavailable(f"cannot read {bridge_queue!r} on {group}: {exc}") from exc
         if result.max_offset > 0:
             self._ends.note(queue, result.max_offset)
         if result.status is PullStatus.FOUND:
             messages = []
+            tag = self._groups.tag(group)
             for raw in result.messages:
-                stored = self._stored(raw, name)
+                stored = self._stored(raw, name, group, tag)
                 if stored is not None and stored.offset >= offset:
                     messages.append(stored)
             messages = messages[:limit]
@@ -381,7 +477,7 @@ class RocketMQStore:
             return ReadResult([], result.next_offset)
         return ReadResult([], offset)
 
-    def _stored(self, raw: StoredMessage, lmq: str) -> Stored | None:
+    def _stored(self, raw: StoredMessage, lmq: str, group: str, tag: int) -> Stored | None:
         offsets = raw.lmq_offsets()
         offset = offsets.get(lmq)
         if offset is None:
@@ -393,10 +489,10 @@ class RocketMQStore:
         for name in offsets:
             queue = self._names.queue_of(name)
             if queue is not None:
-                queues.append(queue)
+                queues.append(part_name(group, queue))
         return Stored(
             offset=offset,
-            seq=raw.commit_log_offset,
+            seq=group_seq(raw.commit_log_offset, tag),
             message=message,
             queues=tuple(queues),
             size=len(message.payload) + len(message.topic.encode()),

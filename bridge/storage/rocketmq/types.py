@@ -130,6 +130,15 @@ class BrokerInfo:
         """Address of the master (brokerId 0), if it is registered."""
         return self.addrs.get(MASTER_ID)
 
+    @property
+    def read_addr(self) -> str | None:
+        """Where the set is read: its master, else its slave with the lowest id (a SYNC_MASTER's
+        slave holds every message the master acknowledged), else None."""
+        master = self.addrs.get(MASTER_ID)
+        if master or not self.addrs:
+            return master
+        return self.addrs[min(self.addrs, key=lambda i: int(i) if i.isdigit() else 1 << 30)]
+
 
 @dataclass(slots=True)
 class TopicRoute:

@@ -1,0 +1,74 @@
+"""A session's positions in the parts of the queues it reads.
+
+A store may hold a queue in several parts with offsets of their own (RocketMQ: one per broker
+group, see `MessageStore.parts`); a session keeps one cursor per part, under the part's name.
+These helpers start, stop and complete those cursors; everything else (delivery, wakes,
+backlogs) works on parts as on any queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from bridge.session import Session
+from bridge.storage.base import MessageStore
+
+__all__ = ["parts_read", "queues_read", "start_new_parts", "start_reading", "stop_reading"]
+
+
+async def start_reading(store: MessageStore, session: Session, queue: str) -> None:
+    """Begin reading every part of `queue` the session does not read yet, each at its end now
+    (new messages only). Raises StoreUnavailable when an end cannot be learned."""
+    missing = [part for part in store.parts(queue) if part not in session.cursors]
+    if not missing:
+        return
+    if len(missing) == 1:
+        ends = [await store.queue_end(missing[0])]
+    else:
+        ends = await asyncio.gather(*(store.queue_end(part) for part in missing))
+    for part, end in zip(missing, ends, strict=True):
+        session.start_queue(part, end)
+
+
+def parts_read(store: MessageStore, session: Session, queue: str) -> list[str]:
+    """The parts of `queue` the session has a cursor for."""
+    of = store.queue_of_part
+    return [part for part in session.cursors if part == queue or of(part) == queue]
+
+
+def stop_reading(store: MessageStore, session: Session, queue: str) -> None:
+    """Stop reading every part of `queue` (after UNSUBSCRIBE)."""
+    for part in parts_read(store, session, queue):
+        session.forget_queue(part)
+
+
+def queues_read(store: MessageStore, session: Session) -> set[str]:
+    """The queues whose parts the session reads."""
+    of = store.queue_of_part
+    return {of(part) or part for part in session.cursors}
+
+
+def start_new_parts(store: MessageStore, session: Session) -> bool:
+    """Give a session a cursor at 0 for every part of its queues it has none for, and move
+    positions kept under a queue's own name (written before queues had parts) to their part.
+
+    Used when a session is restored and when a store learns of new parts (a broker group
+    added): a part the session has no position in was not known when the session began to
+    read the queue, so everything in it came after (offset 0). True if anything changed.
+    """
+    changed = False
+    upgrade = store.upgrade_part
+    for name in list(session.cursors):
+        part = upgrade(name)
+        if part != name:
+            session.cursors[part] = session.cursors.pop(name)
+            below = session.resend_below.pop(name, None)
+            if below is not None:
+                session.resend_below[part] = below
+            changed = True
+    for queue in queues_read(store, session):
+        for part in store.parts(queue):
+            if part not in session.cursors:
+                session.start_queue(part, 0)
+                changed = True
+    return changed
