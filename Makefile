@@ -42,13 +42,13 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/access/auth.py \
 		bridge/access/passwd.py bridge/access/acl.py bridge/access/ttlcache.py \
-		bridge/node/presubscribe.py bridge/node/retained.py bridge/node/stamp.py bridge/node/roles.py \
+		bridge/node/presubscribe.py bridge/node/positions.py bridge/node/retained.py bridge/node/stamp.py bridge/node/roles.py \
 		bridge/cluster/host.py bridge/operations/metrics.py bridge/config.py bridge/state.py \
 		bridge/cluster/wire.py bridge/cluster/announce.py \
 		bridge/storage/rocketmq/mapping.py bridge/storage/rocketmq/wire.py \
 		bridge/storage/rocketmq/messages.py bridge/storage/rocketmq/bytes.py \
 		bridge/storage/rocketmq/queues.py bridge/storage/rocketmq/reads.py \
-		bridge/storage/rocketmq/sendframe.py \
+		bridge/storage/rocketmq/sendframe.py bridge/storage/rocketmq/groups.py \
 		bridge/storage/filelog/segments.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 
@@ -76,11 +76,17 @@ spark-demo: install install-spark
 # A local N-node cluster behind HAProxy on 127.0.0.1:1883 (Redis, RocketMQ, N bridges). Its
 # RocketMQ runs with full JIT (deploy/rocketmq alone starts C1-only, which starts fast for tests
 # but halves peak throughput); RMQ_JIT= keeps the fast-starting default.
+# RocketMQ's shape (deploy/rocketmq/env.sh): RMQ_GROUPS broker groups (default 1: broker-a;
+# then broker-b, ...), with RMQ_SLAVES=1 a slave each (masters SYNC_MASTER), e.g.
+#   RMQ_GROUPS=2 RMQ_SLAVES=1 make cluster N=3    # 2 masters + 2 slaves, 256 MiB heap each
+# deploy/rocketmq/add-group.sh broker-c (with ROCKETMQ_DATA_DIR=data/cluster/rocketmq) adds a
+# group to the running cluster; kill-broker.sh / start-broker.sh GROUP ID stop and start one.
 RMQ_JIT ?= -XX:TieredStopAtLevel=4
 cluster: install
 	deploy/ensure-debian-packages.sh default-jre-headless:java maven:mvn \
 		redis-server redis-tools:redis-cli haproxy
-	ROCKETMQ_JAVA_OPTS="$(RMQ_JIT) $$ROCKETMQ_JAVA_OPTS" deploy/cluster/start.sh $(N)
+	$(if $(RMQ_GROUPS),RMQ_GROUPS=$(RMQ_GROUPS)) $(if $(RMQ_SLAVES),RMQ_SLAVES=$(RMQ_SLAVES)) \
+		ROCKETMQ_JAVA_OPTS="$(RMQ_JIT) $$ROCKETMQ_JAVA_OPTS" deploy/cluster/start.sh $(N)
 
 cluster-stop:
 	deploy/cluster/stop.sh

@@ -4,6 +4,9 @@
 #   CLUSTER_PEER_BASE  18830   node i's peer links on CLUSTER_PEER_BASE + i
 #   CLUSTER_REDIS_PORT 16379
 #   PYTHON             <repo>/.venv/bin/python
+#   RMQ_GROUPS, RMQ_SLAVES and the other ROCKETMQ_* settings reach deploy/rocketmq/start.sh
+#   unchanged (deploy/rocketmq/env.sh): RMQ_GROUPS=2 RMQ_SLAVES=1 start.sh 3 runs two broker
+#   groups with a slave each.
 DEPLOY="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPO="$(cd "$DEPLOY/.." && pwd)"
 : "${CLUSTER_DIR:=$REPO/data/cluster}"

@@ -4,6 +4,7 @@
 # for MQTT on 127.0.0.1:$((CLUSTER_PORT + i)) and for its peers on 127.0.0.1:$((CLUSTER_PEER_BASE + i)).
 # Everything lives under $CLUSTER_DIR (default <repo>/data/cluster); stop.sh stops it all.
 #   deploy/cluster/start.sh 3            # what `make cluster N=3` runs
+#   RMQ_GROUPS=2 RMQ_SLAVES=1 deploy/cluster/start.sh 3   # RocketMQ: 2 groups, a slave each
 #   deploy/cluster/add-node.sh 4         # one more node, no restart of the others
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,6 +15,8 @@ n=${1:-3}
 [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: start.sh N (number of bridge nodes)"
 mkdir -p "$CLUSTER_DIR"
 "$DEPLOY/redis/start.sh" "$CLUSTER_DIR/redis" "$CLUSTER_REDIS_PORT"
+# RMQ_GROUPS / RMQ_SLAVES (and ROCKETMQ_*) pass through the environment; unset, they are 1 / 0
+# or what a previous start saved in $CLUSTER_DIR/rocketmq/rocketmq.env.
 ROCKETMQ_DATA_DIR="$CLUSTER_DIR/rocketmq" "$DEPLOY/rocketmq/start.sh"
 backends=()
 for i in $(seq 1 "$n"); do

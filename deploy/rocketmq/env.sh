@@ -6,12 +6,20 @@
 #   ROCKETMQ_BROKER_PORT      20911   broker listenPort (upstream 10911); the broker also binds
 #                                     PORT-2 (its "fast" channel) and PORT+1 (HA), keep them free
 #   ROCKETMQ_CLUSTER          DefaultCluster
-#   ROCKETMQ_BROKER_NAME      broker-a
+#   ROCKETMQ_BROKER_NAME      broker-a   brokerName of group 0
+#   RMQ_GROUPS                1       broker groups (1-26) on this machine: group 0 is
+#                                     ROCKETMQ_BROKER_NAME, group i>0 is broker-b, broker-c, ...;
+#                                     group i's master listens on ROCKETMQ_BROKER_PORT + 20*i
+#   RMQ_SLAVES                0       0, or 1: each group also gets a slave (brokerId 1, brokerRole
+#                                     SLAVE) on its master's port + 10, and the masters become
+#                                     SYNC_MASTER (a send is acknowledged once the slave has it)
 #   ROCKETMQ_FLUSH_DISK_TYPE  SYNC_FLUSH (fsync before a send is acknowledged) | ASYNC_FLUSH
 #   ROCKETMQ_START_TIMEOUT    90      seconds to wait for a process to come up
 #   ROCKETMQ_STOP_TIMEOUT     30      seconds between SIGTERM and SIGKILL
 #   ROCKETMQ_NAMESRV_HEAP     -Xms128m -Xmx256m
-#   ROCKETMQ_BROKER_HEAP      -Xms256m -Xmx512m -XX:MaxDirectMemorySize=256m
+#   ROCKETMQ_BROKER_HEAP      -Xms256m -Xmx512m -XX:MaxDirectMemorySize=256m for one broker;
+#                             -Xms128m -Xmx256m -XX:MaxDirectMemorySize=128m each for several
+#                             (RMQ_GROUPS > 1 or RMQ_SLAVES = 1)
 #   ROCKETMQ_ADMIN_HEAP       -Xms64m -Xmx256m
 #   ROCKETMQ_JAVA_OPTS        extra JVM options for every process (appended last)
 #   ROCKETMQ_VERSION          5.3.3
@@ -22,6 +30,14 @@
 # start.sh saves the ports/names it used in $ROCKETMQ_DATA_DIR/rocketmq.env; the other scripts
 # read that file for every variable that is not set, so `stop.sh`, `admin.sh`,
 # `start-broker.sh` ... only need ROCKETMQ_DATA_DIR to find an instance started with other ports.
+#
+# Brokers: one per (group, brokerId); its "role" names its files. Group 0's master keeps the
+# single-broker layout (role `broker`); every other broker has role NAME-ID (broker-b-0,
+# broker-a-1) and its own copies:
+#   role `broker`        broker.pid  logs/broker.out  logs/broker.log       conf/broker.conf  store/
+#   role e.g. broker-a-1 ROLE.pid    logs/ROLE.out    logs/ROLE/broker.log  conf/ROLE.conf    store-ROLE/
+# Ports of group i (P = ROCKETMQ_BROKER_PORT): master P+20i (and P+20i-2 fast channel, P+20i+1
+# HA), slave P+20i+10 (P+20i+8, P+20i+11).
 
 ROCKETMQ_DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROCKETMQ_REPO_DIR="$(cd "$ROCKETMQ_DEPLOY_DIR/../.." && pwd)"
@@ -41,16 +57,31 @@ ROCKETMQ_LIB="$ROCKETMQ_CACHE_DIR/lib"
 : "${ROCKETMQ_BROKER_PORT:=20911}"
 : "${ROCKETMQ_CLUSTER:=DefaultCluster}"
 : "${ROCKETMQ_BROKER_NAME:=broker-a}"
+: "${RMQ_GROUPS:=1}"
+: "${RMQ_SLAVES:=0}"
 : "${ROCKETMQ_FLUSH_DISK_TYPE:=SYNC_FLUSH}"
 : "${ROCKETMQ_START_TIMEOUT:=90}"
 : "${ROCKETMQ_STOP_TIMEOUT:=30}"
 : "${ROCKETMQ_NAMESRV_HEAP:=-Xms128m -Xmx256m}"
+if ! [[ "$RMQ_GROUPS" =~ ^[1-9][0-9]?$ ]] || [ "$RMQ_GROUPS" -gt 26 ]; then
+    echo "RMQ_GROUPS must be 1..26, not '$RMQ_GROUPS'" >&2
+    exit 2
+fi
+case "$RMQ_SLAVES" in
+    0 | 1) ;;
+    *) echo "RMQ_SLAVES must be 0 or 1, not '$RMQ_SLAVES'" >&2; exit 2 ;;
+esac
+# Several brokers on one machine: smaller heaps each, unless set.
+if [ "$RMQ_GROUPS" -gt 1 ] || [ "$RMQ_SLAVES" -gt 0 ]; then
+    : "${ROCKETMQ_BROKER_HEAP:=-Xms128m -Xmx256m -XX:MaxDirectMemorySize=128m}"
+fi
 : "${ROCKETMQ_BROKER_HEAP:=-Xms256m -Xmx512m -XX:MaxDirectMemorySize=256m}"
 : "${ROCKETMQ_ADMIN_HEAP:=-Xms64m -Xmx256m}"
 : "${ROCKETMQ_JAVA_OPTS:=}"
 # admin.sh can also talk to another NameServer: ROCKETMQ_NAMESRV_ADDR=host:port admin.sh ...
 : "${ROCKETMQ_NAMESRV_ADDR:=127.0.0.1:$ROCKETMQ_NAMESRV_PORT}"
 RMQ_LOCAL_NAMESRV="127.0.0.1:$ROCKETMQ_NAMESRV_PORT"  # what start*.sh start and register with
+# shellcheck disable=SC2034  # group 0's master, for the scripts that source this file
 ROCKETMQ_BROKER_ADDR="127.0.0.1:$ROCKETMQ_BROKER_PORT"
 
 case "$ROCKETMQ_FLUSH_DISK_TYPE" in
@@ -64,9 +95,9 @@ fi
 
 # Layout of the data dir.
 RMQ_HOME="$ROCKETMQ_DATA_DIR/home"  # rocketmq.home.dir and user.home of every JVM (conf/ inside)
-RMQ_CONF="$ROCKETMQ_DATA_DIR/conf"  # rendered namesrv.conf / broker.conf
+RMQ_CONF="$ROCKETMQ_DATA_DIR/conf"  # rendered namesrv.conf / broker.conf / ROLE.conf
 RMQ_LOGS="$ROCKETMQ_DATA_DIR/logs"
-RMQ_STORE="$ROCKETMQ_DATA_DIR/store"
+RMQ_STORE="$ROCKETMQ_DATA_DIR/store"  # group 0's master; the other brokers: store-ROLE
 
 NAMESRV_MAIN=org.apache.rocketmq.namesrv.NamesrvStartup
 BROKER_MAIN=org.apache.rocketmq.broker.BrokerStartup
@@ -91,7 +122,7 @@ RMQ_JDK_ACCESS=(
 # cores. C1-only JIT (TieredStopAtLevel=1) halves start-up CPU; peak throughput is not the goal
 # here (set ROCKETMQ_JAVA_OPTS=-XX:TieredStopAtLevel=4 for benchmarks).
 rmq_java_common() {
-    # $1 = logback file name under $RMQ_HOME/conf
+    # $1 = logback file name under $RMQ_HOME/conf, $2 = its log dir (default $RMQ_LOGS)
     # shellcheck disable=SC2206  # heap/opts strings are word lists on purpose
     RMQ_JAVA_ARGS=(
         -server -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-OmitStackTraceInFastThrow
@@ -99,7 +130,7 @@ rmq_java_common() {
         "${RMQ_JDK_ACCESS[@]}"
         -Djava.awt.headless=true -Dfile.encoding=UTF-8
         "-Duser.home=$RMQ_HOME" "-Drocketmq.home.dir=$RMQ_HOME"
-        "-Drmq.log.dir=$RMQ_LOGS"
+        "-Drmq.log.dir=${2:-$RMQ_LOGS}"
         "-Drmq.logback.configurationFile=$RMQ_HOME/conf/$1"
         -Drocketmq.client.logUseSlf4j=true
         -cp "$ROCKETMQ_LIB/*"
@@ -123,30 +154,129 @@ prepare_dirs() {
     {
         echo "# Written by deploy/rocketmq/start.sh; read by the other scripts for unset variables."
         for v in ROCKETMQ_NAMESRV_PORT ROCKETMQ_BROKER_PORT ROCKETMQ_CLUSTER ROCKETMQ_BROKER_NAME \
-            ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_VERSION; do
+            RMQ_GROUPS RMQ_SLAVES ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_VERSION; do
             printf ': "${%s:=%s}"\n' "$v" "${!v}"
         done
     } >"$ROCKETMQ_DATA_DIR/rocketmq.env"
 }
 
-# render TEMPLATE OUTPUT: replace @NAME@ placeholders.
+# render TEMPLATE OUTPUT: replace @NAME@ placeholders; the broker ones come from the B_*
+# variables of select_broker.
 render() {
     sed -e "s#@DATA_DIR@#$ROCKETMQ_DATA_DIR#g" \
-        -e "s#@STORE_DIR@#$RMQ_STORE#g" \
         -e "s#@NAMESRV_PORT@#$ROCKETMQ_NAMESRV_PORT#g" \
-        -e "s#@BROKER_PORT@#$ROCKETMQ_BROKER_PORT#g" \
         -e "s#@CLUSTER@#$ROCKETMQ_CLUSTER#g" \
-        -e "s#@BROKER_NAME@#$ROCKETMQ_BROKER_NAME#g" \
         -e "s#@FLUSH_DISK_TYPE@#$ROCKETMQ_FLUSH_DISK_TYPE#g" \
+        -e "s#@STORE_DIR@#${B_STORE:-$RMQ_STORE}#g" \
+        -e "s#@BROKER_PORT@#${B_PORT:-$ROCKETMQ_BROKER_PORT}#g" \
+        -e "s#@HA_PORT@#${B_HA_PORT:-$((ROCKETMQ_BROKER_PORT + 1))}#g" \
+        -e "s#@BROKER_NAME@#${B_NAME:-$ROCKETMQ_BROKER_NAME}#g" \
+        -e "s#@BROKER_ID@#${B_ID:-0}#g" \
+        -e "s#@BROKER_ROLE@#${B_BROKER_ROLE:-ASYNC_MASTER}#g" \
+        -e "s#@IN_SYNC_REPLICAS@#${B_IN_SYNC_REPLICAS:-1}#g" \
         "$1" >"$2.tmp"
     mv "$2.tmp" "$2"
 }
 
-# pid_of ROLE: print the PID recorded for ROLE (namesrv|broker) if that process is alive and
-# still runs the expected main class (guards against a recycled PID); else print nothing.
+# -- brokers: (group index, brokerId) -> name, role, ports, files -----------------------------
+RMQ_LETTERS=abcdefghijklmnopqrstuvwxyz
+
+# group_name INDEX: brokerName of group INDEX (0-based): ROCKETMQ_BROKER_NAME, broker-b, ...
+group_name() {
+    if [ "$1" -eq 0 ]; then echo "$ROCKETMQ_BROKER_NAME"; else echo "broker-${RMQ_LETTERS:$1:1}"; fi
+}
+
+# group_index NAME: print the index of group NAME; fail for a name no group has.
+group_index() {
+    local i
+    for ((i = 0; i < ${#RMQ_LETTERS}; i++)); do
+        if [ "$(group_name "$i")" = "$1" ]; then
+            echo "$i"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# select_broker INDEX ID: set the B_* variables of the broker with brokerId ID (0 master,
+# 1 slave) in group INDEX: B_NAME (brokerName), B_ROLE (file names), B_PORT, B_HA_PORT, B_ADDR,
+# B_BROKER_ROLE (brokerRole), B_IN_SYNC_REPLICAS, B_STORE, B_CONF, B_OUT, B_LOG_DIR.
+select_broker() {
+    local i=$1 id=$2
+    # shellcheck disable=SC2034  # B_GROUP is for the scripts that source this file
+    B_GROUP=$i
+    B_ID=$id
+    B_NAME=$(group_name "$i")
+    if [ "$i" -gt 0 ] && [ "$B_NAME" = "$ROCKETMQ_BROKER_NAME" ]; then
+        die "group $i would be named $B_NAME like group 0 (ROCKETMQ_BROKER_NAME); choose another name"
+    fi
+    B_PORT=$((ROCKETMQ_BROKER_PORT + 20 * i + 10 * id))
+    B_HA_PORT=$((B_PORT + 1))
+    B_ADDR="127.0.0.1:$B_PORT"
+    if [ "$i" -eq 0 ] && [ "$id" -eq 0 ]; then
+        B_ROLE=broker  # the single-broker layout of old
+        B_STORE=$RMQ_STORE
+        B_LOG_DIR=$RMQ_LOGS
+    else
+        B_ROLE="$B_NAME-$id"
+        B_STORE="$ROCKETMQ_DATA_DIR/store-$B_ROLE"
+        B_LOG_DIR="$RMQ_LOGS/$B_ROLE"
+    fi
+    B_CONF="$RMQ_CONF/$B_ROLE.conf"
+    B_OUT="$RMQ_LOGS/$B_ROLE.out"
+    if [ "$id" -ne 0 ]; then
+        B_BROKER_ROLE=SLAVE
+    elif [ "$RMQ_SLAVES" -gt 0 ]; then
+        B_BROKER_ROLE=SYNC_MASTER
+    else
+        B_BROKER_ROLE=ASYNC_MASTER
+    fi
+    # Copies (master included) that must have a message before a SYNC_MASTER acknowledges it.
+    B_IN_SYNC_REPLICAS=$((RMQ_SLAVES + 1))
+}
+
+# select_named_broker GROUP_NAME ID: select_broker by group name; dies for an unknown group or id.
+select_named_broker() {
+    local i
+    i=$(group_index "$1") \
+        || die "no broker group '$1': group 0 is $ROCKETMQ_BROKER_NAME, the others broker-b ... broker-z"
+    case "$2" in
+        0) ;;
+        1) [ "$RMQ_SLAVES" -gt 0 ] || die "broker id 1 is a slave; slaves need RMQ_SLAVES=1" ;;
+        *) die "broker id must be 0 (master) or 1 (slave), not '$2'" ;;
+    esac
+    select_broker "$i" "$2"
+}
+
+# select_role ROLE: select_broker for a role name (broker, GROUP_NAME-ID).
+select_role() {
+    if [ "$1" = broker ]; then select_broker 0 0; else select_named_broker "${1%-*}" "${1##*-}"; fi
+}
+
+# broker_list: "INDEX ID" of every broker RMQ_GROUPS and RMQ_SLAVES ask for, masters first.
+broker_list() {
+    local i id
+    for ((id = 0; id <= RMQ_SLAVES; id++)); do
+        for ((i = 0; i < RMQ_GROUPS; i++)); do echo "$i $id"; done
+    done
+}
+
+# recorded_broker_roles: roles of the brokers with a PID file (started by any script here).
+recorded_broker_roles() {
+    local f role
+    for f in "$ROCKETMQ_DATA_DIR"/*.pid; do
+        [ -e "$f" ] || continue
+        role=$(basename "$f" .pid)
+        [ "$role" = namesrv ] || echo "$role"
+    done
+}
+
+# pid_of ROLE: print the PID recorded for ROLE (namesrv, broker, broker-b-0, ...) if that process
+# is alive and still runs the expected main class (guards against a recycled PID); else print
+# nothing.
 pid_of() {
     local role=$1 main pid
-    case "$role" in namesrv) main=$NAMESRV_MAIN ;; broker) main=$BROKER_MAIN ;; *) return 1 ;; esac
+    case "$role" in "") return 1 ;; namesrv) main=$NAMESRV_MAIN ;; *) main=$BROKER_MAIN ;; esac
     [ -f "$ROCKETMQ_DATA_DIR/$role.pid" ] || return 0
     pid=$(cat "$ROCKETMQ_DATA_DIR/$role.pid" 2>/dev/null || true)
     [[ "$pid" =~ ^[0-9]+$ ]] || return 0
@@ -181,8 +311,8 @@ launch() {
     echo $! >"$ROCKETMQ_DATA_DIR/$role.pid"
 }
 
-# wait_up ROLE PORT LOG...: wait until ROLE's recorded process listens on PORT (and, for the
-# broker, printed "boot success", which it does after registering with the NameServer).
+# wait_up ROLE PORT LOG...: wait until ROLE's recorded process listens on PORT (and, for a
+# broker, printed "boot success" to logs/ROLE.out).
 wait_up() {
     local role=$1 port=$2 deadline=$((SECONDS + ROCKETMQ_START_TIMEOUT)) pid
     shift 2
@@ -197,7 +327,7 @@ wait_up() {
             exit 1
         fi
         if port_open "$port"; then
-            if [ "$role" != broker ] || grep -q "boot success" "$RMQ_LOGS/broker.out"; then
+            if [ "$role" = namesrv ] || grep -q "boot success" "$RMQ_LOGS/$role.out"; then
                 return 0
             fi
         fi
@@ -251,26 +381,77 @@ start_namesrv() {
     echo "rocketmq: namesrv up (pid $(pid_of namesrv)) on $RMQ_LOCAL_NAMESRV"
 }
 
-start_broker() {
+# launch_broker INDEX ID: start that broker (select_broker) unless it runs; does not wait.
+# Appends "INDEX ID" to RMQ_LAUNCHED when it started one.
+launch_broker() {
     local pid p
-    pid=$(pid_of broker)
+    select_broker "$1" "$2"
+    pid=$(pid_of "$B_ROLE")
     if [ -n "$pid" ]; then
-        echo "rocketmq: broker already running (pid $pid) on $ROCKETMQ_BROKER_ADDR"
+        echo "rocketmq: $B_ROLE ($B_NAME id $B_ID) already running (pid $pid) on $B_ADDR"
         return 0
     fi
     port_open "$ROCKETMQ_NAMESRV_PORT" \
         || die "no NameServer on $RMQ_LOCAL_NAMESRV; start it first (start.sh)"
-    for p in $((ROCKETMQ_BROKER_PORT - 2)) "$ROCKETMQ_BROKER_PORT" $((ROCKETMQ_BROKER_PORT + 1)); do
-        port_open "$p" && die "port $p (broker uses ROCKETMQ_BROKER_PORT-2..+1) is taken by another process; set ROCKETMQ_BROKER_PORT"
+    for p in $((B_PORT - 2)) "$B_PORT" $((B_PORT + 1)); do
+        port_open "$p" && die "port $p ($B_ROLE uses $((B_PORT - 2))..$((B_PORT + 1))) is taken by another process; set ROCKETMQ_BROKER_PORT"
     done
-    render "$ROCKETMQ_DEPLOY_DIR/broker.conf" "$RMQ_CONF/broker.conf"
-    rmq_java_common rmq.broker.logback.xml
+    mkdir -p "$B_STORE" "$B_LOG_DIR"
+    render "$ROCKETMQ_DEPLOY_DIR/broker.conf" "$B_CONF"
+    rmq_java_common rmq.broker.logback.xml "$B_LOG_DIR"
     # shellcheck disable=SC2206
     RMQ_JAVA_ARGS=($ROCKETMQ_BROKER_HEAP "${RMQ_JAVA_ARGS[@]}")
-    launch broker "$BROKER_MAIN" -c "$RMQ_CONF/broker.conf" -n "$RMQ_LOCAL_NAMESRV"
-    wait_up broker "$ROCKETMQ_BROKER_PORT" "$RMQ_LOGS/broker.out" "$RMQ_LOGS/broker.log"
+    launch "$B_ROLE" "$BROKER_MAIN" -c "$B_CONF" -n "$RMQ_LOCAL_NAMESRV"
+    RMQ_LAUNCHED+=("$1 $2")
+}
+
+# await_broker INDEX ID: wait until that broker is up and registered with the NameServer.
+await_broker() {
+    select_broker "$1" "$2"
+    wait_up "$B_ROLE" "$B_PORT" "$B_OUT" "$B_LOG_DIR/broker.log"
     wait_registered
-    echo "rocketmq: broker up (pid $(pid_of broker)) on $ROCKETMQ_BROKER_ADDR, registered at $RMQ_LOCAL_NAMESRV"
+    echo "rocketmq: $B_ROLE up ($B_NAME id $B_ID, $B_BROKER_ROLE, pid $(pid_of "$B_ROLE")) on $B_ADDR," \
+        "registered at $RMQ_LOCAL_NAMESRV"
+}
+
+# start_brokers "INDEX ID"...: launch these brokers together, then wait for each of them.
+start_brokers() {
+    local b i id
+    RMQ_LAUNCHED=()
+    for b in "$@"; do
+        read -r i id <<<"$b"
+        launch_broker "$i" "$id"
+    done
+    for b in "${RMQ_LAUNCHED[@]}"; do
+        read -r i id <<<"$b"
+        await_broker "$i" "$id"
+    done
+}
+
+# start_broker [INDEX [ID]]: start one broker (default group 0's master) and wait for it.
+start_broker() {
+    start_brokers "${1:-0} ${2:-0}"
+}
+
+# start_all_brokers: every broker RMQ_GROUPS/RMQ_SLAVES ask for, the masters first (a slave
+# finds its master's HA address through the NameServer).
+start_all_brokers() {
+    local masters=() slaves=() b
+    while read -r b; do
+        if [ "${b#* }" = 0 ]; then masters+=("$b"); else slaves+=("$b"); fi
+    done < <(broker_list)
+    start_brokers "${masters[@]}"
+    [ "${#slaves[@]}" -eq 0 ] || start_brokers "${slaves[@]}"
+}
+
+# stop_brokers SIGNAL: stop every broker with a PID file, all at once (an orderly stop takes
+# ~20 s per broker).
+stop_brokers() {
+    local role
+    for role in $(recorded_broker_roles); do
+        stop_role "$role" "$1" &
+    done
+    wait
 }
 
 # run_admin ARGS...: MQAdminStartup with our classpath; adds -n unless given. Prints its output.
@@ -292,13 +473,13 @@ run_admin() {
     return "$status"
 }
 
-# wait_registered: until the NameServer lists our broker (probe.py nudges the broker to
-# register at once instead of its first periodic registration 10 s after start).
+# wait_registered: until the NameServer lists the selected broker (select_broker; probe.py
+# nudges it to register at once instead of its first periodic registration 10 s after start).
 wait_registered() {
     if ! "${PYTHON:-python3}" "$ROCKETMQ_DEPLOY_DIR/probe.py" wait-registered \
-        "$RMQ_LOCAL_NAMESRV" "$ROCKETMQ_BROKER_ADDR" "$ROCKETMQ_START_TIMEOUT"; then
-        log_tail "$RMQ_LOGS/broker.out" "$RMQ_LOGS/broker.log" "$RMQ_LOGS/namesrv.log"
-        die "broker $ROCKETMQ_BROKER_ADDR did not register with the NameServer $RMQ_LOCAL_NAMESRV"
+        "$RMQ_LOCAL_NAMESRV" "$B_ADDR" "$ROCKETMQ_START_TIMEOUT"; then
+        log_tail "$B_OUT" "$B_LOG_DIR/broker.log" "$RMQ_LOGS/namesrv.log"
+        die "$B_ROLE $B_ADDR did not register with the NameServer $RMQ_LOCAL_NAMESRV"
     fi
 }
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Start the local RocketMQ: NameServer, then one Broker registered with it. Fetches the jars
-# first when the cache is empty. Idempotent: running parts are left alone. Settings: env.sh.
+# Start the local RocketMQ: the NameServer, then every broker registered with it: RMQ_GROUPS
+# groups (default 1: one broker, the layout of old), their masters first, then with RMQ_SLAVES=1
+# one slave per group. Fetches the jars first when the cache is empty. Idempotent: running parts
+# are left alone. Settings: env.sh.
 #   ROCKETMQ_DATA_DIR=/tmp/rmq ROCKETMQ_NAMESRV_PORT=19876 ROCKETMQ_BROKER_PORT=20911 deploy/rocketmq/start.sh
+#   RMQ_GROUPS=2 RMQ_SLAVES=1 deploy/rocketmq/start.sh   # broker-a and broker-b, a slave each
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/env.sh"
@@ -10,5 +13,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 need_jars
 prepare_dirs
 start_namesrv
-start_broker
-echo "rocketmq: ready: namesrv $RMQ_LOCAL_NAMESRV, broker $ROCKETMQ_BROKER_ADDR, data $ROCKETMQ_DATA_DIR"
+start_all_brokers
+if [ "$RMQ_GROUPS" -eq 1 ] && [ "$RMQ_SLAVES" -eq 0 ]; then
+    echo "rocketmq: ready: namesrv $RMQ_LOCAL_NAMESRV, broker $ROCKETMQ_BROKER_ADDR, data $ROCKETMQ_DATA_DIR"
+else
+    echo "rocketmq: ready: namesrv $RMQ_LOCAL_NAMESRV, $RMQ_GROUPS broker groups" \
+        "($((RMQ_SLAVES + 1)) brokers each) from $ROCKETMQ_BROKER_ADDR, data $ROCKETMQ_DATA_DIR"
+fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Stop the local RocketMQ started by start.sh: broker, then NameServer, by their recorded PIDs.
-# Default: SIGTERM (orderly shutdown; the broker takes ~20 s, mostly joining its POP revive
-# threads), SIGKILL after ROCKETMQ_STOP_TIMEOUT seconds. `stop.sh --kill`: SIGKILL at once, for
-# throw-away test instances (with SYNC_FLUSH no acknowledged message is lost either way).
-# Safe to run twice.
+# Stop the local RocketMQ started by start.sh (and add-group.sh): every broker, all at once, then
+# the NameServer, by their recorded PIDs. Default: SIGTERM (orderly shutdown; a broker takes
+# ~20 s, mostly joining its POP revive threads), SIGKILL after ROCKETMQ_STOP_TIMEOUT seconds.
+# `stop.sh --kill`: SIGKILL at once, for throw-away test instances (with SYNC_FLUSH no
+# acknowledged message is lost either way). Safe to run twice.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/env.sh"
@@ -14,5 +14,5 @@ case "${1:-}" in
     "") ;;
     *) die "usage: stop.sh [--kill]" ;;
 esac
-stop_role broker "$sig"
+stop_brokers "$sig"
 stop_role namesrv "$sig"

@@ -1,10 +1,18 @@
-"""A real RocketMQ (NameServer + one broker) for tests, driven by the deploy/rocketmq scripts.
+"""A real RocketMQ (NameServer + brokers) for tests, driven by the deploy/rocketmq scripts.
 
     mq = LocalRocketMQ(tmp_path / "rocketmq").start()   # free loopback ports unless given
     mq.create_topic("factory")
     mq.admin("sendMessage", "-t", "factory", "-p", "hello")
     mq.kill_broker(); mq.start_broker()                  # fault tests: kill -9, restart
     mq.stop()
+
+Several broker groups, each with a slave (deploy/rocketmq's RMQ_GROUPS / RMQ_SLAVES):
+
+    mq = LocalRocketMQ(tmp_path / "rocketmq", groups=2, slaves=1).start()
+    mq.broker_addrs()                 # {("broker-a", 0): "127.0.0.1:P", ("broker-a", 1): ...}
+    mq.kill_broker("broker-b", 1); mq.start_broker("broker-b", 1)
+    mq.add_group("broker-c")          # one more group on the running NameServer
+    mq.set_write_permission("broker-a", False)   # brokerPermission 4: read only
 
 `rocketmq_for_tests(data_dir)` is a context manager for a session fixture: it uses the external
 NameServer in $ROCKETMQ_NAMESRV ("host:port") when set, else starts a LocalRocketMQ and always
@@ -27,6 +35,34 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "rocketmq"
 CLUSTER = "DefaultCluster"
+GROUP_PORT_STEP = 20
+"""Group i's master listens on broker_port + 20*i (deploy/rocketmq/env.sh) ..."""
+SLAVE_PORT_OFFSET = 10
+"""... and its slave 10 above its master."""
+BROKER_PORT_OFFSETS = (-2, 0, 1)
+"""A broker binds listenPort-2 (fast channel), listenPort and listenPort+1 (HA)."""
+PERM_READ_WRITE = 6
+PERM_READ = 4
+
+
+def group_name(index: int) -> str:
+    """The brokerName of group `index` (0-based), as deploy/rocketmq names it: broker-a, ..."""
+    if not 0 <= index < 26:
+        raise ValueError(f"group index {index} out of 0..25")
+    return f"broker-{chr(ord('a') + index)}"
+
+
+def group_index(name: str) -> int:
+    """The index of group `name` (broker-a -> 0, broker-b -> 1, ...)."""
+    prefix, _, letter = name.rpartition("-")
+    if prefix != "broker" or len(letter) != 1 or not "a" <= letter <= "z":
+        raise ValueError(f"not a broker group name (broker-a ... broker-z): {name!r}")
+    return ord(letter) - ord("a")
+
+
+def broker_role(group: str, broker_id: int) -> str:
+    """The name deploy/rocketmq gives that broker's files ({role}.pid, logs/{role}.out, ...)."""
+    return "broker" if (group_index(group), broker_id) == (0, 0) else f"{group}-{broker_id}"
 
 
 def _load_probe():  # type: ignore[no-untyped-def]
@@ -74,13 +110,26 @@ class LocalRocketMQ:
         *,
         flush_disk_type: str = "SYNC_FLUSH",
         start_timeout: float = 90.0,
+        groups: int = 1,
+        slaves: int = 0,
+        spare_groups: int = 0,
     ) -> None:
+        """`groups` broker groups (broker-a, broker-b, ...), each a master and with `slaves=1`
+        a slave. The free ports looked for cover them and `spare_groups` more, for add_group()."""
+        if not 1 <= groups <= 26 or slaves not in (0, 1) or spare_groups < 0:
+            raise ValueError(f"groups must be 1..26 and slaves 0 or 1, not {groups}, {slaves}")
         self.data_dir = Path(data_dir).resolve()
-        self.namesrv_port = namesrv_port or free_port_block()
-        # The broker binds listenPort-2 (fast channel), listenPort and listenPort+1 (HA).
-        self.broker_port = broker_port or free_port_block((-2, 0, 1))
+        self.groups = groups
+        self.slaves = slaves
+        self.spare_groups = spare_groups
+        self.broker_port = broker_port or free_port_block(self._port_offsets(groups + spare_groups))
+        taken = {self.broker_port + off for off in self._port_offsets(groups + spare_groups)}
+        self.namesrv_port = namesrv_port or next(
+            port for port in iter(free_port_block, None) if port not in taken
+        )
         self.flush_disk_type = flush_disk_type
         self.start_timeout = start_timeout
+        self._added: list[str] = []
         self._started = False
         # Never leave JVMs behind, even when a test run is interrupted (runs at exit too).
         self._finalizer = weakref.finalize(self, _kill_quietly, self.data_dir, self._env())
@@ -92,7 +141,25 @@ class LocalRocketMQ:
 
     @property
     def broker_addr(self) -> str:
+        """Group 0's master."""
         return f"127.0.0.1:{self.broker_port}"
+
+    def group_names(self) -> list[str]:
+        """The groups started by start() and those added since, in that order."""
+        return [group_name(i) for i in range(self.groups)] + self._added
+
+    def broker_port_of(self, group: str, broker_id: int = 0) -> int:
+        return (
+            self.broker_port + GROUP_PORT_STEP * group_index(group) + SLAVE_PORT_OFFSET * broker_id
+        )
+
+    def broker_addrs(self) -> dict[tuple[str, int], str]:
+        """{(group name, broker id): "127.0.0.1:port"} of every broker this instance runs."""
+        return {
+            (group, broker_id): f"127.0.0.1:{self.broker_port_of(group, broker_id)}"
+            for group in self.group_names()
+            for broker_id in range(self.slaves + 1)
+        }
 
     @property
     def log_dir(self) -> Path:
@@ -114,17 +181,50 @@ class LocalRocketMQ:
         self._script("stop.sh", *([] if graceful else ["--kill"]), timeout=120)
         self._started = False
 
-    def kill_broker(self) -> None:
-        """SIGKILL the broker and wait until it is gone."""
-        self._script("kill-broker.sh", timeout=60)
+    def kill_broker(self, group: str = "broker-a", broker_id: int = 0) -> None:
+        """SIGKILL one broker (default group 0's master) and wait until it is gone."""
+        self._script("kill-broker.sh", group, str(broker_id), timeout=60)
 
-    def start_broker(self) -> None:
-        """Start the broker alone (after kill_broker); return when it is registered again."""
+    def start_broker(self, group: str = "broker-a", broker_id: int = 0) -> None:
+        """Start one broker alone (after kill_broker); return when it is registered again."""
+        args = (group, str(broker_id))
         try:
-            self._script("start-broker.sh", timeout=self.start_timeout + 60)
+            self._script("start-broker.sh", *args, timeout=self.start_timeout + 60)
         except RuntimeError:
-            self._script("kill-broker.sh", timeout=60, check=False)
+            self._script("kill-broker.sh", *args, timeout=60, check=False)
             raise
+
+    def add_group(self, name: str) -> None:
+        """Start one more broker group `name` (broker-b ... broker-z; master, and slave if
+        `slaves`) on the running NameServer; return when all of it is registered."""
+        index = group_index(name)
+        if name in self.group_names():
+            raise ValueError(f"group {name} already belongs to this instance")
+        if index >= self.groups + self.spare_groups:
+            # Its ports were not looked for: check them now rather than fail in the JVM.
+            base = self.broker_port_of(name)
+            busy = [base + off for off in self._port_offsets(1) if not _can_bind(base + off)]
+            if busy:
+                raise RuntimeError(f"ports {busy} of group {name} are taken")
+        self._added.append(name)
+        try:
+            self._script("add-group.sh", name, timeout=2 * self.start_timeout + 60)
+        except RuntimeError:
+            for broker_id in range(self.slaves + 1):
+                self._script("kill-broker.sh", name, str(broker_id), timeout=60, check=False)
+            raise
+
+    def set_write_permission(self, group: str, writable: bool) -> None:
+        """Let a group's master take sends (brokerPermission 6) or not (4, read only): mqadmin
+        updateBrokerConfig. The broker re-registers at once, so the NameServer's routes show it
+        when this returns. A restarted broker is writable again (its conf is rendered anew)."""
+        addr = self.broker_addrs()[(group, 0)]
+        perm = PERM_READ_WRITE if writable else PERM_READ
+        out = self.admin(
+            "updateBrokerConfig", "-b", addr, "-k", "brokerPermission", "-v", str(perm)
+        )
+        if "success" not in out:
+            raise RuntimeError(f"setting brokerPermission={perm} on {addr} failed:\n{out}")
 
     def __enter__(self) -> LocalRocketMQ:
         return self.start()
@@ -134,7 +234,8 @@ class LocalRocketMQ:
 
     # -- inspection ------------------------------------------------------------------------
     def pid(self, role: str) -> int | None:
-        """PID of 'namesrv' or 'broker' if that JVM is running."""
+        """PID of that JVM if it is running. Roles: 'namesrv', 'broker' (group 0's master),
+        GROUP-ID for the other brokers ('broker-b-0', 'broker-a-1'; see broker_role)."""
         try:
             pid = int((self.data_dir / f"{role}.pid").read_text().strip())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -156,8 +257,13 @@ class LocalRocketMQ:
         return probe.brokers(self.namesrv_addr)
 
     def log_tail(self, lines: int = 40) -> str:
+        names = ["namesrv.out", "namesrv.log", "broker.out", "broker.log"]
+        for group, broker_id in self.broker_addrs():
+            role = broker_role(group, broker_id)
+            if role != "broker":
+                names += [f"{role}.out", f"{role}/broker.log"]
         parts = []
-        for name in ("namesrv.out", "namesrv.log", "broker.out", "broker.log"):
+        for name in names:
             path = self.log_dir / name
             if path.exists():
                 text = path.read_text(errors="replace").splitlines()[-lines:]
@@ -177,6 +283,15 @@ class LocalRocketMQ:
             raise RuntimeError(f"creating topic {name!r} failed:\n{out}")
 
     # -- internals -------------------------------------------------------------------------
+    def _port_offsets(self, groups: int) -> tuple[int, ...]:
+        """Offsets from broker_port of every port `groups` groups bind."""
+        return tuple(
+            GROUP_PORT_STEP * group + SLAVE_PORT_OFFSET * broker_id + off
+            for group in range(groups)
+            for broker_id in range(self.slaves + 1)
+            for off in BROKER_PORT_OFFSETS
+        )
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         for key in [k for k in env if k.startswith("ROCKETMQ_")]:
@@ -188,6 +303,8 @@ class LocalRocketMQ:
             ROCKETMQ_BROKER_PORT=str(self.broker_port),
             ROCKETMQ_FLUSH_DISK_TYPE=self.flush_disk_type,
             ROCKETMQ_START_TIMEOUT=str(int(self.start_timeout)),
+            RMQ_GROUPS=str(self.groups),
+            RMQ_SLAVES=str(self.slaves),
             PYTHON=sys.executable,
         )
         return env
@@ -217,7 +334,7 @@ class LocalRocketMQ:
 
 
 def _kill_quietly(data_dir: Path, env: dict[str, str]) -> None:
-    if (data_dir / "namesrv.pid").exists() or (data_dir / "broker.pid").exists():
+    if any(data_dir.glob("*.pid")):
         subprocess.run(
             [str(DEPLOY / "stop.sh"), "--kill"], env=env, capture_output=True, check=False
         )
@@ -248,10 +365,10 @@ class ExternalRocketMQ:
     def stop(self, graceful: bool = True) -> None:
         pass
 
-    def kill_broker(self) -> None:
+    def kill_broker(self, group: str = "broker-a", broker_id: int = 0) -> None:
         raise RuntimeError("cannot kill the broker of an external RocketMQ (ROCKETMQ_NAMESRV)")
 
-    def start_broker(self) -> None:
+    def start_broker(self, group: str = "broker-a", broker_id: int = 0) -> None:
         raise RuntimeError("cannot start the broker of an external RocketMQ (ROCKETMQ_NAMESRV)")
 
     def registered_brokers(self) -> list[str]:
