@@ -131,8 +131,9 @@ class Admin:
     ) -> list[StoredMessage]:
         """Messages of `topic` whose KEYS contain `key`, stored between `begin_ms` and `end_ms`.
 
-        Asks every master serving the topic (QUERY_MESSAGE) for up to `max_num` messages each (a
-        broker caps it at its maxMsgsNumBatch, 64 by default); a broker without a match answers
+        Asks every broker group serving the topic (QUERY_MESSAGE; its master, else its slave)
+        for up to `max_num` messages each (a broker caps it at its maxMsgsNumBatch, 64 by
+        default); a broker without a match answers
         QUERY_NOT_FOUND. The broker's index is a hash of "topic#key" and keeps store times in
         whole seconds (relative to the index file's start), so what it returns is re-checked
         here: only messages of `topic` with `key` among their KEYS and a store timestamp within
@@ -159,10 +160,19 @@ class Admin:
             "endTimestamp": str(end_ms),
             UNIQUE_KEY_QUERY_FLAG: "false",
         }
-        route = await self._routing.get_route(topic)
-        addrs = sorted(
-            {info.master_addr for info in route.brokers.values() if info.master_addr is not None}
-        )
+        # A fresh route: the topic may have been created on another broker group since. Each
+        # group is asked on its master, or on its slave while the master is gone; a group of
+        # the topic with neither cannot say, so neither can this.
+        route = await self._routing.get_route(topic, refresh=True)
+        addrs = []
+        for name in sorted({q.broker_name for q in route.queues}):
+            info = route.brokers.get(name)
+            addr = info.read_addr if info is not None else None
+            if addr is None:
+                raise BrokerUnavailable(
+                    f"no broker of group {name!r} of topic {topic!r} answers", maybe_delivered=False
+                )
+            addrs.append(addr)
         if not addrs:
             raise BrokerUnavailable(f"no master broker for topic {topic!r}", maybe_delivered=False)
 

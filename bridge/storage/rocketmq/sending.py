@@ -338,8 +338,10 @@ class SendPipeline:
             if response.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
                 self._targets.pop(send.topic, None)
                 self._client.invalidate_route(send.topic)
-            if response.code == ResponseCode.NO_PERMISSION and send.group:
-                self._group_failed(send.group, send.topic)  # drained: writes go elsewhere
+            if send.group and (response.code == ResponseCode.NO_PERMISSION or reason is not None):
+                # Drained (no write permission), or its slave does not confirm (SYNC_MASTER):
+                # the group cannot make messages durable now, so its topics go elsewhere.
+                self._group_failed(send.group, send.topic)
             self._finish(
                 send,
                 None,
