@@ -1,6 +1,6 @@
-"""Load clients for fault tests: QoS 1 publishers and subscribers that behave as the spec asks of
-a client (reconnect with their persistent session, resend what was not acknowledged with DUP=1)
-and count everything, so a test can prove nothing acknowledged was lost."""
+"""Load clients for fault tests: QoS 1 and 2 publishers and QoS 1 subscribers that behave as the
+spec asks of a client (reconnect with their persistent session, resend what was not
+acknowledged with DUP=1) and count everything, so a test can prove nothing acknowledged was lost."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from bridge.mqtt.packets import Puback, Publish
+from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from tests.support.clients import RawClient
 
 RECONNECT_PAUSE = 0.2
@@ -161,3 +161,79 @@ class Qos1Subscriber(threading.Thread):
             finally:
                 if client is not None:
                     client.close()
+
+
+class Qos2Publisher(ReconnectingClient):
+    """Publishes numbered QoS 2 messages to `topic` continuously, up to `window` handshakes
+    open. When the bridge closes the connection it reconnects with its persistent session and,
+    as the spec requires, resends every PUBLISH not yet PUBRECed (DUP=1) and every PUBREL not
+    yet PUBCOMPed. After `stop` it publishes nothing new and finishes when every handshake is
+    complete. `recorded` holds the payloads the bridge acknowledged (PUBREC)."""
+
+    def __init__(
+        self,
+        port: int,
+        client_id: str,
+        topic: str,
+        stop: threading.Event,
+        window: int = 4,
+        reply_timeout: float = 9.0,
+    ) -> None:
+        super().__init__(name=client_id, daemon=True)
+        self.port = port
+        self.client_id = client_id
+        self.topic = topic
+        self.stop_publishing = stop
+        self.window = window
+        self.reply_timeout = reply_timeout
+        self.next_index = 0
+        self.published: set[str] = set()
+        self.unreceived: dict[int, str] = {}  # packet id -> payload: PUBLISH sent, no PUBREC
+        self.unreleased: dict[int, str] = {}  # PUBREC received, no PUBCOMP yet
+        self.recorded: set[str] = set()
+        self.completed: set[str] = set()
+        self.closed_at: list[float] = []
+        self.error: BaseException | None = None
+        self.deadline = time.monotonic() + 300
+
+    def _lost(self) -> None:
+        self.closed_at.append(time.monotonic())
+
+    def _unfinished(self) -> str:
+        return f"{len(self.unreceived)} never PUBRECed, {len(self.unreleased)} never PUBCOMPed"
+
+    def _session(self) -> bool:
+        client = RawClient(self.port, timeout=self.reply_timeout)
+        try:
+            client.connect(self.client_id, clean_session=False)
+            for packet_id, payload in self.unreceived.items():
+                client.send(Publish(self.topic, payload.encode(), 2, dup=True, packet_id=packet_id))
+            for packet_id in self.unreleased:
+                client.send(Pubrel(packet_id))
+            while True:
+                while (
+                    not self.stop_publishing.is_set()
+                    and len(self.unreceived) + len(self.unreleased) < self.window
+                ):
+                    payload = f"{self.client_id}-{self.next_index}"
+                    packet_id = self.next_index % 60000 + 1
+                    self.next_index += 1
+                    self.unreceived[packet_id] = payload
+                    self.published.add(payload)
+                    client.send(Publish(self.topic, payload.encode(), 2, packet_id=packet_id))
+                if self.stop_publishing.is_set() and not self.unreceived and not self.unreleased:
+                    client.disconnect()
+                    return True
+                packet = client.recv()
+                packet_id = getattr(packet, "packet_id", None) or 0
+                if isinstance(packet, Pubrec):
+                    if packet_id in self.unreceived:
+                        payload = self.unreceived.pop(packet_id)
+                        self.unreleased[packet_id] = payload
+                        self.recorded.add(payload)
+                    if packet_id in self.unreleased:
+                        client.send(Pubrel(packet_id))
+                elif isinstance(packet, Pubcomp) and packet_id in self.unreleased:
+                    self.completed.add(self.unreleased.pop(packet_id))
+        finally:
+            client.close()

@@ -75,7 +75,7 @@ def _weight(group: str, topic: str) -> int:
 class BrokerGroups:
     """The broker groups this store knows, where each is read, and where each topic goes."""
 
-    __slots__ = ("_failed", "_groups", "_pins", "generation", "tags")
+    __slots__ = ("_failed", "_groups", "_pins", "generation", "read_only", "tags")
 
     def __init__(self) -> None:
         self._groups: dict[str, BrokerInfo] = {}
@@ -84,6 +84,10 @@ class BrokerGroups:
         self._pins: dict[str, str] = {}
         self._failed: dict[str, float] = {}
         self.tags: dict[str, int] = {}
+        self.read_only: frozenset[str] = frozenset()
+        """Groups whose brokers take no writes (an operator removed the write permission to
+        drain them). A broker still stores what is sent to a normal topic then; clients are to
+        keep away, so every pick does."""
         self.generation = 0
         """Grows whenever a group is seen for the first time (parts of queues change)."""
 
@@ -136,7 +140,7 @@ class BrokerGroups:
         """The group `topic`'s next message goes to, among the `writable` ones: the one it went
         to before while that one still takes writes, else the rendezvous choice (groups whose
         master failed a moment ago only if no other takes writes). None if none is writable."""
-        candidates = sorted(set(writable))
+        candidates = sorted(set(writable) - self.read_only)
         if not candidates:
             return None
         pinned = self._pins.get(topic)

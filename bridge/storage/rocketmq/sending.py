@@ -303,6 +303,11 @@ class SendPipeline:
             self._targets[topic] = target
         return target
 
+    def forget_targets(self, groups: frozenset[str]) -> None:
+        """Route the next sends of every topic that goes to one of `groups` anew."""
+        for name in [t for t, target in self._targets.items() if target.broker in groups]:
+            del self._targets[name]
+
     def _group_failed(self, group: str, topic: str) -> None:
         """A group's master did not take a send: its topics go elsewhere for a while, and the
         routes are looked up again (the NameServer drops a master that went away)."""

@@ -80,7 +80,7 @@ from bridge.storage.rocketmq.sending import (
     future_callback,
     new_send,
 )
-from bridge.storage.rocketmq.types import BrokerInfo, PullStatus
+from bridge.storage.rocketmq.types import DEFAULT_TOPIC, PERM_WRITE, BrokerInfo, PullStatus
 from bridge.storage.rocketmq.wire import RemotingProtocolError, ResponseCode
 
 __all__ = [
@@ -209,6 +209,7 @@ class RocketMQStore:
             if not any(b.master_addr for b in brokers.values()):
                 raise BrokerUnavailable("no master broker is registered", maybe_delivered=False)
             self._learn_groups(brokers)
+            await self._learn_write_permissions()
             self._ends.avg_size = self._meta.saved_avg_size()
             known = self._meta.known_queues()
             limit = asyncio.Semaphore(64)
@@ -378,6 +379,22 @@ class RocketMQStore:
             )
         return new
 
+    async def _learn_write_permissions(self) -> None:
+        """Which groups take writes, from the default topic's route (every broker with
+        autoCreateTopicEnable serves it, with its broker permission): topics of a group that
+        was drained move now, not when their own cached routes go stale; a new group is in it
+        at once for topics first used from now on."""
+        try:
+            route = await self._client.get_route(DEFAULT_TOPIC, refresh=True)
+        except (RocketMQError, RemotingProtocolError):
+            return  # no such template (autoCreateTopicEnable off): topic routes tell, later
+        read_only = frozenset(q.broker_name for q in route.queues if not q.perm & PERM_WRITE)
+        if read_only != self._groups.read_only:
+            if read_only - self._groups.read_only:
+                log.info("broker group(s) %s take no writes: sending elsewhere", sorted(read_only))
+            self._groups.read_only = read_only
+            self._pipeline.forget_targets(read_only)
+
     async def _refresh_groups(self) -> None:
         """Learn broker groups added to (or gone from) the NameServer, every `group_refresh`
         seconds; tell the node about new ones."""
@@ -389,6 +406,7 @@ class RocketMQStore:
                 log.debug("broker group refresh failed: %s", exc)
                 continue
             new = self._learn_groups(brokers)
+            await self._learn_write_permissions()
             if new:
                 log.info("new broker group(s) %s: reading their parts of every queue", new)
                 if self.on_new_groups is not None:
