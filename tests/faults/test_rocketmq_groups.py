@@ -21,6 +21,7 @@ from bridge.mqtt.packets import Puback, Publish
 from bridge.storage.rocketmq import RocketMQClient
 from bridge.storage.rocketmq.groups import BrokerGroups
 from tests.support.clients import RawClient
+from tests.support.cluster import ClusterLauncher
 from tests.support.load import Qos1Publisher, Qos2Publisher, poll_until, wait_until
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
@@ -435,3 +436,56 @@ def test_a_group_added_under_load_and_a_drained_group_lose_nothing(
         assert all("broker-b" in routes[f"a{i}"] for i in range(6)), routes  # moved off broker-a
     finally:
         mq.stop(graceful=False)
+
+
+# --- a cluster over two groups --------------------------------------------------------------------
+
+
+def test_a_three_node_cluster_over_two_groups_delivers_across_nodes_and_moves_sessions(
+    two_groups: LocalRocketMQ, bridge_factory, redis_server, collectors
+) -> None:
+    """Publishers on node1, subscribers on node2 and node3 (peers wake each other per part of a
+    queue); a persistent session that queued messages of both groups while offline resumes on
+    another node (its positions, one per part, travel through Redis) and gets all of them."""
+    launcher = ClusterLauncher(
+        bridge_factory, two_groups.namesrv_addr, (f"redis_url={redis_server.url}",)
+    )
+    node1 = launcher.start("n1")
+    node2 = launcher.start("n2")
+    node3 = launcher.start("n3")
+    launcher.wait_linked()
+    wildcard = start_collector(collectors, node2.port, "wild", ["+/x"])
+    exact = start_collector(collectors, node3.port, "exact", ["t3/x", "t8/x"])
+    mover = start_collector(collectors, node2.port, "mover", ["#"])
+    time.sleep(2.0)  # subscriptions reach node1 through the peer links
+    first = publish_rounds(node1.port, "pub0", range(5), TOPICS)
+    poll_until(lambda: set(first) <= set(mover.delivered), DELIVERY_TIMEOUT)
+    mover.stop.set()
+    mover.join(10)
+    second = publish_rounds(node1.port, "pub0", range(5, 10), TOPICS)  # queued for the mover
+    moved = start_collector(collectors, node3.port, "mover", [])  # resumes on another node
+    published = set(first) | set(second)
+    for_exact = {p for p in published if p.split(":")[1] in ("t3/x", "t8/x")}
+    poll_until(
+        lambda: (
+            published <= set(wildcard.delivered)
+            and for_exact <= set(exact.delivered)
+            and set(second) <= set(moved.delivered)
+        ),
+        DELIVERY_TIMEOUT,
+    )
+    time.sleep(QUIET)
+    routes = groups_of_topics(two_groups.namesrv_addr, [t.split("/")[0] for t in TOPICS])
+    print(
+        f"\ncluster over two groups: published {len(published)}, wildcard "
+        f"{len(set(wildcard.delivered))}, exact {len(set(exact.delivered))}, moved session "
+        f"{len(set(moved.delivered) & set(second))} of {len(second)} queued while offline; "
+        f"topics per group {Counter(g for gs in routes.values() for g in gs)}"
+    )
+    assert set().union(*routes.values()) == {"broker-a", "broker-b"}
+    assert set(wildcard.delivered) == published
+    assert set(exact.delivered) == for_exact
+    lost = set(second) - set(moved.delivered)
+    assert not lost, f"the moved session lost {len(lost)}: {sorted(lost)[:5]}"
+    for collector in (wildcard, exact, moved):
+        assert not in_publisher_order(collector.arrived), collector.client_id
