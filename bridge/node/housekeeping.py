@@ -10,6 +10,7 @@ the limits and a `SessionOwner` to ask when sessions must go, not the node.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections.abc import Mapping
@@ -84,18 +85,21 @@ class Housekeeper:
                 return
             target_count = int(limit_count * 0.9)
             target_bytes = int(limit_bytes * 0.9)
-            heads: dict[str, list[tuple[int, int, int]]] = {}
+            heads: list[list[tuple[int, int, str, int, int]]] = []
             excess = max(count - target_count, 1)
             for queue, cursor in session.cursors.items():
                 result = await self.store.read(queue, cursor, min(excess, 4096))
-                heads[queue] = [(s.seq, s.offset, s.size) for s in result.messages]
-            merged = sorted(
-                (seq, queue, offset, msg_size)
-                for queue, entries in heads.items()
-                for seq, offset, msg_size in entries
-            )
+                heads.append(
+                    [
+                        (s.message.timestamp_ms, s.seq, queue, s.offset, s.size)
+                        for s in result.messages
+                    ]
+                )
+            # Oldest first: by time, then seq. Each queue's (part's) messages stay in offset
+            # order (seqs of two RocketMQ broker groups say nothing of which came first).
+            merged = heapq.merge(*heads, key=lambda head: head[:2])
             dropped = 0
-            for _seq, queue, offset, msg_size in merged:
+            for _time, _seq, queue, offset, msg_size in merged:
                 if count <= target_count and size <= target_bytes:
                     break
                 if queue in session.cursors and session.cursors[queue] <= offset:

@@ -489,3 +489,32 @@ def test_a_three_node_cluster_over_two_groups_delivers_across_nodes_and_moves_se
     assert not lost, f"the moved session lost {len(lost)}: {sorted(lost)[:5]}"
     for collector in (wildcard, exact, moved):
         assert not in_publisher_order(collector.arrived), collector.client_id
+
+
+def test_an_offline_session_over_its_limit_drops_its_oldest_messages_of_both_groups(
+    two_groups: LocalRocketMQ, bridge_factory, collectors
+) -> None:
+    """The queue limit of an offline session counts every part, and trimming drops the oldest
+    messages whichever group holds them (by time: seqs of two groups are not comparable)."""
+    node = bridge_factory(
+        "store=rocketmq",
+        f"rocketmq_namesrv={two_groups.namesrv_addr}",
+        "max_queued_messages=60",
+    )
+    sleeper = start_collector(collectors, node.port, "sleeper", ["+/x"])
+    sleeper.stop.set()
+    sleeper.join(10)
+    published = []
+    for i in range(10):
+        published += publish_rounds(node.port, "pub0", range(i, i + 1), TOPICS)
+        time.sleep(0.05)  # rounds apart in time
+    time.sleep(2.0)  # housekeeping trims the offline session
+    woken = start_collector(collectors, node.port, "sleeper", [])
+    poll_until(lambda: len(woken.delivered) >= 50, DELIVERY_TIMEOUT)
+    time.sleep(QUIET)
+    rounds = Counter(int(p.rsplit(":", 1)[1]) for p in woken.delivered)
+    print(f"\ntrim over two groups: delivered {len(woken.delivered)} of 120, per round {rounds}")
+    assert 50 <= len(woken.delivered) <= 60
+    assert rounds[9] == len(TOPICS)  # the newest round, on both groups, all there
+    assert rounds[0] == 0  # the oldest, on both groups, all dropped
+    assert not in_publisher_order(woken.arrived)

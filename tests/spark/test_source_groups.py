@@ -1,0 +1,105 @@
+"""The `rocketmq` data source against a RocketMQ of two broker groups (broker-a, broker-b).
+
+A topic lives on every group a message was sent to, so one RocketMQ topic may have queues on
+both groups and another only on the second. The messages go in with RocketMQ's own admin tool
+(`sendMessage -b GROUP`), not through a bridge, so where each one is stored is known; Spark must
+read them back from every group, in a batch and in a stream. Start-up of the two groups takes
+~30 s on two cores, so this module runs them once for its tests.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import Row, SparkSession
+
+from tests.spark.conftest import unique
+from tests.support.rocketmq import LocalRocketMQ
+
+pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]
+
+GROUPS = ("broker-a", "broker-b")
+
+Stored = tuple[str, str, str, bytes]
+"""(RocketMQ topic, broker group, MQTT topic, payload) of one message."""
+
+
+@pytest.fixture(scope="module")
+def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
+    mq = LocalRocketMQ(tmp_path_factory.mktemp("rocketmq-groups"), groups=2)
+    mq.start()
+    try:
+        yield mq
+    finally:
+        mq.stop(graceful=False)
+
+
+def send(mq: LocalRocketMQ, rocketmq_topic: str, group: str, mqtt_topic: str, body: str) -> Stored:
+    """One message into `group` with mqadmin (its tag is the MQTT topic, as a backend sends)."""
+    out = mq.admin("sendMessage", "-t", rocketmq_topic, "-b", group, "-c", mqtt_topic, "-p", body)
+    assert "SEND_OK" in out, out
+    return (rocketmq_topic, group, mqtt_topic, body.encode())
+
+
+@pytest.fixture(scope="module")
+def stored(two_groups: LocalRocketMQ) -> list[Stored]:
+    """Two messages of one topic on each group, and one topic with a message on broker-b only."""
+    shared, only_b = unique("grp"), unique("onb")
+    messages = [
+        send(two_groups, shared, group, f"{shared}/{group}/{i}", f"{group}-{i}")
+        for group in GROUPS
+        for i in range(2)
+    ]
+    messages.append(send(two_groups, only_b, "broker-b", f"{only_b}/x", "only on broker-b"))
+    return messages
+
+
+def as_stored(rows: list[Row]) -> Counter[Stored]:
+    return Counter((r.rocketmq_topic, r.broker, r.topic, bytes(r.payload)) for r in rows)
+
+
+def test_the_source_reads_messages_of_every_broker_group(
+    spark: SparkSession, two_groups: LocalRocketMQ, stored: list[Stored]
+) -> None:
+    ns = two_groups.namesrv_addr
+    topics = sorted({s[0] for s in stored})
+    named = (
+        spark.read.format("rocketmq")
+        .option("nameserver", ns)
+        .option("topics", ",".join(topics))
+        .load()
+        .collect()
+    )
+    assert as_stored(named) == Counter(stored)
+    # With no topic named, the data topics the NameServer lists: the same messages, no others.
+    every = spark.read.format("rocketmq").option("nameserver", ns).load().collect()
+    assert as_stored(every) == Counter(stored)
+    assert len({(r.rocketmq_topic, r.broker, r.queue, r.offset) for r in every}) == len(stored)
+
+
+def test_a_stream_reads_messages_of_every_broker_group(
+    spark: SparkSession, two_groups: LocalRocketMQ, stored: list[Stored], tmp_path: Path
+) -> None:
+    frame = (
+        spark.readStream.format("rocketmq")
+        .option("nameserver", two_groups.namesrv_addr)
+        .option("topics", ",".join(sorted({s[0] for s in stored})))
+        .option("startingOffsets", "earliest")
+        .option("maxMessagesPerTrigger", "2")
+        .load()
+    )
+    query = (
+        frame.select("rocketmq_topic", "broker", "topic", "payload")
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180), "the availableNow query did not finish"
+    assert query.exception() is None
+    rows = spark.read.parquet(str(tmp_path / "out")).collect()
+    assert as_stored(rows) == Counter(stored)
