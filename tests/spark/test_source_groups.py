@@ -1,9 +1,9 @@
 """The `rocketmq` data source against a RocketMQ of two broker groups (broker-a, broker-b).
 
-A topic lives on every group a message was sent to, so one RocketMQ topic may have queues on
-both groups and another only on the second. The messages go in with RocketMQ's own admin tool
-(`sendMessage -b GROUP`), not through a bridge, so where each one is stored is known; Spark must
-read them back from every group, in a batch and in a stream. Start-up of the two groups takes
+One RocketMQ topic has queues on both groups, another only on the second (created there by its
+first message). The messages go in with RocketMQ's own admin tool (`sendMessage -b GROUP -i
+QUEUE`), not through a bridge, so where each one is stored is known; Spark must read them back
+from every group, in a batch and in a stream. Start-up of the two groups takes
 ~30 s on two cores, so this module runs them once for its tests.
 """
 
@@ -37,23 +37,31 @@ def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocket
         mq.stop(graceful=False)
 
 
-def send(mq: LocalRocketMQ, rocketmq_topic: str, group: str, mqtt_topic: str, body: str) -> Stored:
-    """One message into `group` with mqadmin (its tag is the MQTT topic, as a backend sends)."""
-    out = mq.admin("sendMessage", "-t", rocketmq_topic, "-b", group, "-c", mqtt_topic, "-p", body)
-    assert "SEND_OK" in out, out
+def send(
+    mq: LocalRocketMQ, rocketmq_topic: str, group: str, queue: int, mqtt_topic: str, body: str
+) -> Stored:
+    """One message into queue `queue` of `group` with mqadmin; its tag is the MQTT topic, as a
+    backend sends. mqadmin honours -b only with -i, and only for a group the topic's route
+    already lists (or any group while the topic does not exist: it is created there)."""
+    where = ("-b", group, "-i", str(queue))
+    out = mq.admin("sendMessage", "-t", rocketmq_topic, *where, "-c", mqtt_topic, "-p", body)
+    broker, qid, status = out.strip().splitlines()[-1].split()[:3]
+    assert (broker, qid, status) == (group, str(queue), "SEND_OK"), out
     return (rocketmq_topic, group, mqtt_topic, body.encode())
 
 
 @pytest.fixture(scope="module")
 def stored(two_groups: LocalRocketMQ) -> list[Stored]:
-    """Two messages of one topic on each group, and one topic with a message on broker-b only."""
+    """Two messages of one topic on each group (created on both first), and one topic that
+    exists only on broker-b, where its one message created it."""
     shared, only_b = unique("grp"), unique("onb")
+    two_groups.create_topic(shared)
     messages = [
-        send(two_groups, shared, group, f"{shared}/{group}/{i}", f"{group}-{i}")
+        send(two_groups, shared, group, i, f"{shared}/{group}/{i}", f"{group}-{i}")
         for group in GROUPS
         for i in range(2)
     ]
-    messages.append(send(two_groups, only_b, "broker-b", f"{only_b}/x", "only on broker-b"))
+    messages.append(send(two_groups, only_b, "broker-b", 0, f"{only_b}/x", "only on broker-b"))
     return messages
 
 

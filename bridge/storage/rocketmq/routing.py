@@ -145,7 +145,8 @@ class NameServerRouting:
         )
 
     async def broker_addr(self, topic: str, broker_name: str | None = None) -> str:
-        """The master address serving `topic` (or `broker_name`).
+        """The master address serving `topic` (or `broker_name`; its slave while the group's
+        master is gone).
 
         LMQ queues ("%LMQ%...") have no route of their own: one lives on every broker group
         that stored a message for it. The named group's master serves it, or its slave while
@@ -167,6 +168,12 @@ class NameServerRouting:
                 f"no broker of {broker_name or 'any group'} serves {topic!r}", maybe_delivered=False
             )
         route = await self.get_route(topic)
+        if broker_name:
+            # A request about one group's queues (a pull, an offset): its slave answers while
+            # the master is gone.
+            info = route.brokers.get(broker_name)
+            if info is not None and not info.master_addr and info.read_addr:
+                return info.read_addr
         return route.master_addr(broker_name)
 
     async def master_addrs(self, *, include_cluster: bool) -> list[str]:
