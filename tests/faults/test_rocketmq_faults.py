@@ -25,6 +25,7 @@ from tests.support.load import (
     Qos1Publisher,
     Qos1Subscriber,
     ReconnectingClient,
+    finish,
     poll_until,
     wait_until,
 )
@@ -124,11 +125,7 @@ def test_kill_9_of_rocketmq_broker_under_qos1_load_loses_no_pubacked_message(mq,
         wait_until(lambda: acked() >= acked_while_down + 150, 120, "150 PUBACKs after the restart")
     finally:
         stop.set()
-        for publisher in publishers:
-            publisher.join(150)
-    for publisher in publishers:
-        assert publisher.error is None, f"{publisher.client_id}: {publisher.error!r}"
-        assert not publisher.is_alive()
+    finish(stop, publishers)
 
     published = set().union(*(p.published for p in publishers))
     pubacked = set().union(*(p.acked for p in publishers))

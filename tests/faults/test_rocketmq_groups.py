@@ -17,12 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from bridge.mqtt.packets import Puback, Publish
 from bridge.storage.rocketmq import RocketMQClient
 from bridge.storage.rocketmq.groups import BrokerGroups
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
-from tests.support.load import Qos1Publisher, Qos2Publisher, poll_until, wait_until
+from tests.support.load import (
+    Qos1Publisher,
+    Qos1Subscriber,
+    Qos2Publisher,
+    finish,
+    poll_until,
+    wait_until,
+)
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
 from tests.support.rocketmq import LocalRocketMQ
@@ -38,50 +44,9 @@ TOPICS = [f"t{k}/x" for k in range(12)]
 """Twelve first-level topics: twelve RocketMQ topics, spread over the groups."""
 
 
-class Collector(threading.Thread):
-    """A persistent QoS 1 subscriber recording every delivery in arrival order."""
-
-    def __init__(self, port: int, client_id: str, filters: list[str]) -> None:
-        super().__init__(name=client_id, daemon=True)
-        self.port = port
-        self.client_id = client_id
-        self.filters = filters
-        self.arrived: list[tuple[str, str]] = []
-        self.stop = threading.Event()
-        self.ready = threading.Event()
-        self.reconnects = 0
-
-    @property
-    def delivered(self) -> Counter[str]:
-        return Counter(payload for _, payload in self.arrived)
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            client = RawClient(self.port)
-            try:
-                client.connect(self.client_id, clean_session=False)
-                if not self.ready.is_set():
-                    for i, topic_filter in enumerate(self.filters):
-                        assert client.subscribe(topic_filter, 1, packet_id=i + 1) == [1]
-                    self.ready.set()
-                while not self.stop.is_set():
-                    try:
-                        packet = client.recv(0.5)
-                    except TimeoutError:
-                        continue
-                    if isinstance(packet, Publish):
-                        self.arrived.append((packet.topic, packet.payload.decode()))
-                        client.send(Puback(packet.packet_id or 0))
-            except (ConnectionError, OSError, TimeoutError):
-                self.reconnects += 1
-                time.sleep(0.2)
-            finally:
-                client.close()
-
-
 @pytest.fixture
-def collectors() -> Iterator[list[Collector]]:
-    started: list[Collector] = []
+def collectors() -> Iterator[list[Qos1Subscriber]]:
+    started: list[Qos1Subscriber] = []
     yield started
     for collector in started:
         collector.stop.set()
@@ -89,9 +54,9 @@ def collectors() -> Iterator[list[Collector]]:
         collector.join(10)
 
 
-def start_collector(started: list[Collector], port: int, client_id: str, filters: list[str]):
+def start_collector(started: list[Qos1Subscriber], port: int, client_id: str, filters: list[str]):
     """A collector subscribed to `filters` (none: it resumes its persistent session)."""
-    collector = Collector(port, client_id, filters)
+    collector = Qos1Subscriber(port, client_id, filters)
     started.append(collector)
     collector.start()
     assert collector.ready.wait(30), f"{client_id} did not subscribe"
@@ -343,11 +308,7 @@ def test_kill_9_of_a_master_with_its_slave_loses_no_acknowledged_message(
             after = acked() - at_kill
         finally:
             stop.set()
-            for publisher in [*qos1, qos2]:
-                publisher.join(150)
-        for publisher in [*qos1, qos2]:
-            assert publisher.error is None, f"{publisher.client_id}: {publisher.error!r}"
-            assert not publisher.is_alive()
+        finish(stop, [*qos1, qos2])
 
         late_again = start_collector(collectors, node.port, "late", [])  # its session resumes
         pubacked = set().union(*(p.acked for p in qos1))
@@ -439,10 +400,7 @@ def test_a_group_added_under_load_and_a_drained_group_lose_nothing(
             wait_until(lambda: acked() >= at_drain + 150, 120, "150 PUBACKs after the drain")
         finally:
             stop.set()
-            for publisher in publishers:
-                publisher.join(150)
-        for publisher in publishers:
-            assert publisher.error is None, f"{publisher.client_id}: {publisher.error!r}"
+        finish(stop, publishers)
         pubacked = set().union(*(p.acked for p in publishers))
         assert pubacked == set().union(*(p.published for p in publishers))
         poll_until(lambda: pubacked <= set(collector.delivered), DELIVERY_TIMEOUT)

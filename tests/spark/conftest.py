@@ -10,11 +10,13 @@ import asyncio
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from spark.session import spark_session
 from tests.support.processes import BridgeProcess
@@ -27,6 +29,21 @@ def spark() -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+
+
+def run_available_now(frame: DataFrame, out: Path) -> StreamingQuery:
+    """Write a streaming frame to parquet under `out` (data and checkpoint) with the
+    availableNow trigger; return the finished query (it must end, without an error)."""
+    query = (
+        frame.writeStream.format("parquet")
+        .option("path", str(out / "out"))
+        .option("checkpointLocation", str(out / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180), "the availableNow query did not finish"
+    assert query.exception() is None
+    return query
 
 
 def unique(prefix: str) -> str:

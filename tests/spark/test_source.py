@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.spark.conftest import produce_backend_message, publish_all, unique
+from tests.spark.conftest import (
+    produce_backend_message,
+    publish_all,
+    run_available_now,
+    unique,
+)
 from tests.support.load import wait_until
 from tests.support.processes import BridgeProcess
 
@@ -163,16 +168,7 @@ def test_a_stream_takes_at_most_max_messages_per_trigger_and_resumes_from_its_ch
             .option("maxMessagesPerTrigger", "7")
             .load()
         )
-        query = (
-            frame.select("payload", "broker", "queue", "offset")
-            .writeStream.format("parquet")
-            .option("path", str(tmp_path / "out"))
-            .option("checkpointLocation", str(tmp_path / "ck"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        assert query.awaitTermination(180), "the availableNow query did not finish"
-        assert query.exception() is None
+        query = run_available_now(frame.select("payload", "broker", "queue", "offset"), tmp_path)
         return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
     first = run_once()
@@ -219,16 +215,7 @@ def test_the_embedded_store_log_is_read_by_the_same_source(
             .option("maxMessagesPerTrigger", "2")
             .load()
         )
-        query = (
-            frame.select("topic", "offset")
-            .writeStream.format("parquet")
-            .option("path", str(tmp_path / "out"))
-            .option("checkpointLocation", str(tmp_path / "ck"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        assert query.awaitTermination(180)
-        assert query.exception() is None
+        query = run_available_now(frame.select("topic", "offset"), tmp_path)
         return sum(p["numInputRows"] for p in query.recentProgress)
 
     assert stream_once() == 3

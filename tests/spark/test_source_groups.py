@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import Row, SparkSession
 
-from tests.spark.conftest import unique
+from tests.spark.conftest import run_available_now, unique
 from tests.support.rocketmq import LocalRocketMQ
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]
@@ -99,15 +99,6 @@ def test_a_stream_reads_messages_of_every_broker_group(
         .option("maxMessagesPerTrigger", "2")
         .load()
     )
-    query = (
-        frame.select("rocketmq_topic", "broker", "topic", "payload")
-        .writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(180), "the availableNow query did not finish"
-    assert query.exception() is None
+    run_available_now(frame.select("rocketmq_topic", "broker", "topic", "payload"), tmp_path)
     rows = spark.read.parquet(str(tmp_path / "out")).collect()
     assert as_stored(rows) == Counter(stored)

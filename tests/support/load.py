@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from tests.support.clients import RawClient
@@ -27,6 +27,17 @@ def poll_until(check: Callable[[], bool], timeout: float) -> bool:
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     assert poll_until(check, timeout), f"timed out after {timeout} s waiting for {what}"
+
+
+def finish(stop: threading.Event, clients: Sequence[ReconnectingClient]) -> None:
+    """Stop publishing, wait for every client to finish (all it sent acknowledged), and assert
+    that each ended well."""
+    stop.set()
+    for client in clients:
+        client.join(150)
+    for client in clients:
+        assert client.error is None, f"{client.name}: {client.error!r}"
+        assert not client.is_alive(), f"{client.name} did not finish"
 
 
 class ReconnectingClient(threading.Thread):
@@ -128,16 +139,21 @@ class Qos1Publisher(ReconnectingClient):
 
 
 class Qos1Subscriber(threading.Thread):
-    """A persistent QoS 1 subscriber counting every delivery by payload (reconnects if cut)."""
+    """A persistent QoS 1 subscriber counting every delivery by payload (reconnects if cut),
+    and keeping (topic, payload) of each in arrival order. With `filters` it subscribes to them
+    at QoS 1 on its first connection (`ready` is set then); without, it resumes its session."""
 
-    def __init__(self, port: int, client_id: str) -> None:
+    def __init__(self, port: int, client_id: str, filters: Sequence[str] = ()) -> None:
         super().__init__(name=client_id, daemon=True)
         self.port = port
         self.client_id = client_id
+        self.filters = list(filters)
         self.delivered: Counter[str] = Counter()
+        self.arrived: list[tuple[str, str]] = []
         self.dup_flagged = 0
         self.reconnects = 0
         self.stop = threading.Event()
+        self.ready = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -145,6 +161,10 @@ class Qos1Subscriber(threading.Thread):
             try:
                 client = RawClient(self.port)
                 client.connect(self.client_id, clean_session=False)
+                if not self.ready.is_set():
+                    for i, topic_filter in enumerate(self.filters):
+                        assert client.subscribe(topic_filter, 1, packet_id=i + 1) == [1]
+                    self.ready.set()
                 while not self.stop.is_set():
                     try:
                         packet = client.recv(0.5)
@@ -152,6 +172,7 @@ class Qos1Subscriber(threading.Thread):
                         continue
                     if isinstance(packet, Publish):
                         self.delivered[packet.payload.decode()] += 1
+                        self.arrived.append((packet.topic, packet.payload.decode()))
                         self.dup_flagged += packet.dup
                         if packet.qos == 1:
                             client.send(Puback(packet.packet_id or 0))
