@@ -58,14 +58,15 @@ class Congestion:
         """Lagging subscriber's ClientId -> publishers whose acknowledgements wait for it."""
 
     def stored(self, publisher: str, queues: Sequence[str], readers: Sequence[str]) -> None:
-        """A QoS 1/2 message of `publisher` is durable on `queues`, read by `readers`: if one of
-        them is connected here and too far behind, hold the publisher's acknowledgements (this
-        one included: call this before acknowledging)."""
+        """A QoS 1/2 message of `publisher` is durable on `queues` (each counted in its parts),
+        read by `readers`: if one of them is connected here and too far behind, hold the
+        publisher's acknowledgements (this one included: call this before acknowledging)."""
         conn = self.connections.get(publisher)
         if conn is None or not readers:
             return
         deliveries = self.deliveries
         backlog = self.store.backlog
+        parts = self.store.parts
         max_count = self.config.max_queued_messages
         max_bytes = self.config.max_queued_bytes
         for reader in readers:
@@ -75,11 +76,11 @@ class Congestion:
             if delivery is None:
                 continue
             cursors = delivery.session.cursors
-            for queue in queues:
-                cursor = cursors.get(queue)
+            for part in (part for queue in queues for part in parts(queue)):
+                cursor = cursors.get(part)
                 if cursor is None:
                     continue
-                count, size = backlog(queue, cursor)
+                count, size = backlog(part, cursor)
                 if count > max_count or size > max_bytes:
                     self._hold(reader, publisher, conn, count)
                     break

@@ -396,6 +396,15 @@ def test_a_group_added_under_load_and_a_drained_group_lose_nothing(
             at_add = acked()
             wait_until(lambda: acked() >= at_add + 150, 90, "150 PUBACKs with two groups")
             mq.set_write_permission("broker-a", False)
+            old_topics = [f"a{i}" for i in range(6)]
+
+            def moved() -> bool:
+                time.sleep(0.5)  # a route lookup per check, not per 20 ms
+                routes = groups_of_topics(mq.namesrv_addr, old_topics)
+                return all("broker-b" in groups for groups in routes.values())
+
+            # The nodes learn of the drain within 5 s (the brokers still store what is sent).
+            wait_until(moved, 60, "the drained group's topics to move to broker-b")
             at_drain = acked()
             wait_until(lambda: acked() >= at_drain + 150, 120, "150 PUBACKs after the drain")
         finally:
