@@ -363,11 +363,6 @@ class RocketMQStore:
         names = self._groups.names()
         return part_name(names[0], queue) if names else queue
 
-    @property
-    def broker_groups(self) -> list[str]:
-        """Every broker group this store knows (registered now, or seen since it opened)."""
-        return self._groups.names()
-
     def _learn_groups(self, brokers: dict[str, BrokerInfo]) -> list[str]:
         new = self._groups.update(brokers)
         for first, second in self._groups.tag_collisions():
