@@ -1,10 +1,13 @@
 """Decoders of MQTT packet bodies (variable header and payload), one per packet type.
 
 `BODY_DECODERS[packet_type]` turns a complete packet body into a packet object, validating it
-strictly for MQTT 3.1.1 / 3.1 and reading the 5.0 property blocks and reason codes at
-``level >= 5``. Framing (fixed header, remaining length, buffering) and the inlined 3.1.1
-PUBLISH fast path are `bridge.mqtt.decoder.Decoder`'s job; this module never sees partial
-packets.
+strictly for MQTT 3.1.1 / 3.1 and, at ``level >= 5``, for MQTT 5.0: the property blocks (which
+identifiers each packet allows and the rules on their values, from `bridge.mqtt.property_rules`),
+the reason codes each packet may carry, the subscription options and the AUTH packet.
+
+Framing (fixed header, remaining length, buffering), the inlined 3.1.1 PUBLISH fast path and the
+one rule that depends on direction (no Subscription Identifier in a client's PUBLISH) are
+`bridge.mqtt.decoder.Decoder`'s job; this module never sees partial packets.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from typing import Any, Final
 
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.packets import (
+    Auth,
     Connack,
     Connect,
     Disconnect,
     Packet,
+    PacketType,
     Pingreq,
     Pingresp,
     Puback,
@@ -33,16 +38,25 @@ from bridge.mqtt.packets import (
     Will,
 )
 from bridge.mqtt.properties import PropertyId, decode_properties, read_binary, read_utf8
-from bridge.mqtt.topics import validate_topic_name
+from bridge.mqtt.property_rules import (
+    ALLOWED_PROPERTIES,
+    WILL,
+    check_property_values,
+    scope_name,
+)
+from bridge.mqtt.topics import SHARE_PREFIX, validate_topic_name
 from bridge.mqtt.wire import (
     SUBACK_CODES_5,
     SUBACK_CODES_311,
     SUPPORTED_PROTOCOLS,
-    UNSUBACK_CODES_5,
+    check_reason_code,
     malformed,
+    protocol_error,
 )
 
 __all__ = ["BODY_DECODERS", "BodyDecoder"]
+
+_T = PacketType
 
 BodyDecoder = Callable[[bytes, int, int, int, int], Packet]
 """Signature of a body decoder: (buf, pos, end, flags, level) -> packet, the body being
@@ -61,6 +75,14 @@ def _read_packet_id(buf: bytes, pos: int, end: int, what: str) -> int:
 def _check_end(pos: int, end: int, what: str) -> None:
     if pos != end:
         raise malformed(f"{what} has {end - pos} unexpected trailing bytes")
+
+
+def _read_properties(buf: bytes, pos: int, end: int, scope: int) -> tuple[dict[int, Any], int]:
+    """A 5.0 property block for `scope` (a packet type or WILL), with the rules applied."""
+    props, pos = decode_properties(buf, pos, end, ALLOWED_PROPERTIES[scope], scope_name(scope))
+    if props:
+        check_property_values(props, scope)
+    return props, pos
 
 
 def _decode_connect(buf: bytes, pos: int, end: int, flags: int, level: int) -> Connect:
@@ -113,13 +135,13 @@ def _decode_connect_rest(
         )
     properties: dict[int, Any] = {}
     if layout >= 5:
-        properties, pos = decode_properties(buf, pos, end)
+        properties, pos = _read_properties(buf, pos, end, _T.CONNECT)
     client_id, pos = read_utf8(buf, pos, end)
     will = None
     if will_flag:
         will_properties: dict[int, Any] = {}
         if layout >= 5:
-            will_properties, pos = decode_properties(buf, pos, end)
+            will_properties, pos = _read_properties(buf, pos, end, WILL)
         will_topic, pos = read_utf8(buf, pos, end)
         validate_topic_name(will_topic)
         will_payload, pos = read_binary(buf, pos, end)
@@ -154,8 +176,9 @@ def _decode_connack(buf: bytes, pos: int, end: int, flags: int, level: int) -> C
         raise MQTTProtocolError("connack-reserved-flags", "CONNACK flag bits 7-1 must be 0")
     properties: dict[int, Any] = {}
     if level >= 5:
+        check_reason_code(_T.CONNACK, code, "CONNACK")
         if end - pos > 2:
-            properties, stop = decode_properties(buf, pos + 2, end)
+            properties, stop = _read_properties(buf, pos + 2, end, _T.CONNACK)
             _check_end(stop, end, "CONNACK")
     elif code > 5:
         raise MQTTProtocolError("connack-return-code", f"CONNACK return code {code} is reserved")
@@ -175,10 +198,14 @@ def _decode_publish(buf: bytes, pos: int, end: int, flags: int, level: int) -> P
         pos += 2
     properties: dict[int, Any] = {}
     if level >= 5:
-        properties, pos = decode_properties(buf, pos, end)
+        properties, pos = _read_properties(buf, pos, end, _T.PUBLISH)
     if not topic:
-        if level < 5 or PropertyId.TOPIC_ALIAS not in properties:
+        if level < 5:
             raise MQTTProtocolError("MQTT-4.7.3-1", "PUBLISH topic name must not be empty")
+        if PropertyId.TOPIC_ALIAS not in properties:
+            raise protocol_error(
+                "MQTT-4.7.3-1", "PUBLISH with an empty topic name needs a Topic Alias"
+            )
     elif "+" in topic or "#" in topic:
         raise MQTTProtocolError("MQTT-3.3.2-2", "PUBLISH topic name must not contain wildcards")
     return Publish(
@@ -196,7 +223,7 @@ _AckClass = type[Puback] | type[Pubrec] | type[Pubrel] | type[Pubcomp]
 
 
 def _make_ack_decoder(
-    cls: _AckClass, what: str
+    cls: _AckClass, packet_type: int, what: str
 ) -> Callable[[bytes, int, int, int, int], Puback | Pubrec | Pubrel | Pubcomp]:
     def decode(
         buf: bytes, pos: int, end: int, flags: int, level: int
@@ -208,9 +235,10 @@ def _make_ack_decoder(
         if size == 2:
             return cls(packet_id)
         reason = buf[pos + 2]
+        check_reason_code(packet_type, reason, what)
         properties: dict[int, Any] = {}
         if size > 3:
-            properties, stop = decode_properties(buf, pos + 3, end)
+            properties, stop = _read_properties(buf, pos + 3, end, packet_type)
             _check_end(stop, end, what)
         return cls(packet_id, reason, properties)
 
@@ -222,9 +250,9 @@ def _decode_subscribe(buf: bytes, pos: int, end: int, flags: int, level: int) ->
     pos += 2
     properties: dict[int, Any] = {}
     if level >= 5:
-        properties, pos = decode_properties(buf, pos, end)
+        properties, pos = _read_properties(buf, pos, end, _T.SUBSCRIBE)
     if pos >= end:
-        raise MQTTProtocolError("MQTT-3.8.3-3", "SUBSCRIBE must contain at least one filter")
+        raise protocol_error("MQTT-3.8.3-3", "SUBSCRIBE must contain at least one filter")
     subscriptions = []
     while pos < end:
         topic_filter, pos = read_utf8(buf, pos, end)
@@ -241,16 +269,19 @@ def _decode_subscribe(buf: bytes, pos: int, end: int, flags: int, level: int) ->
                     "MQTT-3.8.3-5", "reserved bits of subscription options must be 0"
                 )
             if qos == 3:
-                raise MQTTProtocolError("invalid-subscription-options", "maximum QoS must not be 3")
+                raise protocol_error("invalid-subscription-options", "maximum QoS must not be 3")
             retain_handling = (options >> 4) & 0x03
             if retain_handling == 3:
-                raise MQTTProtocolError(
+                raise protocol_error(
                     "invalid-subscription-options", "retain handling must not be 3"
                 )
-            subscriptions.append(
-                Subscription(
-                    topic_filter, qos, bool(options & 0x04), bool(options & 0x08), retain_handling
+            no_local = bool(options & 0x04)
+            if no_local and topic_filter.startswith(SHARE_PREFIX):
+                raise protocol_error(
+                    "MQTT-3.8.3-4", "No Local must not be set on a shared subscription"
                 )
+            subscriptions.append(
+                Subscription(topic_filter, qos, no_local, bool(options & 0x08), retain_handling)
             )
         else:
             if options & 0xFC or qos == 3:
@@ -267,14 +298,14 @@ def _decode_suback(buf: bytes, pos: int, end: int, flags: int, level: int) -> Su
     pos += 2
     properties: dict[int, Any] = {}
     if level >= 5:
-        properties, pos = decode_properties(buf, pos, end)
+        properties, pos = _read_properties(buf, pos, end, _T.SUBACK)
     codes = list(buf[pos:end])
     if not codes:
         raise malformed("SUBACK must contain at least one return code")
     allowed = SUBACK_CODES_5 if level >= 5 else SUBACK_CODES_311
     for code in codes:
         if code not in allowed:
-            raise MQTTProtocolError("MQTT-3.9.3-2", f"SUBACK return code 0x{code:02X} is reserved")
+            raise protocol_error("MQTT-3.9.3-2", f"SUBACK return code 0x{code:02X} is reserved")
     return Suback(packet_id, codes, properties)
 
 
@@ -283,9 +314,9 @@ def _decode_unsubscribe(buf: bytes, pos: int, end: int, flags: int, level: int) 
     pos += 2
     properties: dict[int, Any] = {}
     if level >= 5:
-        properties, pos = decode_properties(buf, pos, end)
+        properties, pos = _read_properties(buf, pos, end, _T.UNSUBSCRIBE)
     if pos >= end:
-        raise MQTTProtocolError("MQTT-3.10.3-2", "UNSUBSCRIBE must contain at least one filter")
+        raise protocol_error("MQTT-3.10.3-2", "UNSUBSCRIBE must contain at least one filter")
     filters = []
     while pos < end:
         topic_filter, pos = read_utf8(buf, pos, end)
@@ -301,13 +332,10 @@ def _decode_unsuback(buf: bytes, pos: int, end: int, flags: int, level: int) -> 
     packet_id = _read_packet_id(buf, pos, end, "UNSUBACK")
     if level < 5:
         return Unsuback(packet_id)
-    properties, pos = decode_properties(buf, pos + 2, end)
+    properties, pos = _read_properties(buf, pos + 2, end, _T.UNSUBACK)
     codes = list(buf[pos:end])
     for code in codes:
-        if code not in UNSUBACK_CODES_5:
-            raise MQTTProtocolError(
-                "invalid-reason-code", f"UNSUBACK reason code 0x{code:02X} is not defined"
-            )
+        check_reason_code(_T.UNSUBACK, code, "UNSUBACK")
     return Unsuback(packet_id, codes, properties)
 
 
@@ -329,11 +357,29 @@ def _decode_disconnect(buf: bytes, pos: int, end: int, flags: int, level: int) -
     if level < 5:
         raise malformed(f"DISCONNECT remaining length must be 0, got {end - pos}")
     reason = buf[pos]
+    check_reason_code(_T.DISCONNECT, reason, "DISCONNECT")
     properties: dict[int, Any] = {}
     if end - pos > 1:
-        properties, stop = decode_properties(buf, pos + 1, end)
+        properties, stop = _read_properties(buf, pos + 1, end, _T.DISCONNECT)
         _check_end(stop, end, "DISCONNECT")
     return Disconnect(reason, properties)
+
+
+def _decode_auth(buf: bytes, pos: int, end: int, flags: int, level: int) -> Auth:
+    if level < 5:  # pragma: no cover - the Decoder rejects type 15 below 5.0 by its first byte
+        raise MQTTProtocolError("invalid-packet-type", "AUTH needs MQTT 5.0")
+    if end == pos:
+        return Auth()  # the short form: Success, no properties
+    if end - pos < 2:
+        raise malformed("AUTH with a reason code needs a property length")
+    reason = buf[pos]
+    check_reason_code(_T.AUTH, reason, "AUTH")
+    properties, stop = decode_properties(
+        buf, pos + 1, end, ALLOWED_PROPERTIES[_T.AUTH], scope_name(_T.AUTH)
+    )
+    _check_end(stop, end, "AUTH")
+    check_property_values(properties, _T.AUTH)  # also when empty: AUTH needs its method
+    return Auth(reason, properties)
 
 
 def _decode_reserved(buf: bytes, pos: int, end: int, flags: int, level: int) -> Packet:
@@ -345,10 +391,10 @@ BODY_DECODERS: Final[tuple[BodyDecoder, ...]] = (
     _decode_connect,
     _decode_connack,
     _decode_publish,
-    _make_ack_decoder(Puback, "PUBACK"),
-    _make_ack_decoder(Pubrec, "PUBREC"),
-    _make_ack_decoder(Pubrel, "PUBREL"),
-    _make_ack_decoder(Pubcomp, "PUBCOMP"),
+    _make_ack_decoder(Puback, _T.PUBACK, "PUBACK"),
+    _make_ack_decoder(Pubrec, _T.PUBREC, "PUBREC"),
+    _make_ack_decoder(Pubrel, _T.PUBREL, "PUBREL"),
+    _make_ack_decoder(Pubcomp, _T.PUBCOMP, "PUBCOMP"),
     _decode_subscribe,
     _decode_suback,
     _decode_unsubscribe,
@@ -356,7 +402,7 @@ BODY_DECODERS: Final[tuple[BodyDecoder, ...]] = (
     _decode_pingreq,
     _decode_pingresp,
     _decode_disconnect,
-    _decode_reserved,
+    _decode_auth,
 )
-"""Body decoder per packet type (the high nibble of the first byte); 0 and 15 are reserved and
-rejected by the Decoder before a body decoder is called."""
+"""Body decoder per packet type (the high nibble of the first byte); the Decoder rejects type 0,
+and type 15 (AUTH) below MQTT 5.0, before a body decoder is called."""

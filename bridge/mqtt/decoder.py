@@ -2,7 +2,10 @@
 
 `Decoder` owns framing: buffering partial reads, the fixed header (first-byte validity, remaining
 length, size limit) and, for MQTT 3.x, an inlined PUBLISH decoder, the broker's hot path. Every
-other body goes to its decoder in `bridge.mqtt.body_decoders`. Import it through
+other body goes to its decoder in `bridge.mqtt.body_decoders`. The one MQTT 5.0 rule that
+depends on which side sent the packet lives here too: a PUBLISH from a client must not carry a
+Subscription Identifier (MQTT-3.3.4-6), so a server's decoder (the default) refuses it and a
+client's (``Decoder(from_server=True)``) accepts it. Import it through
 `bridge.mqtt.codec`, the public facade.
 """
 
@@ -13,7 +16,8 @@ from typing import Final
 from bridge.mqtt.body_decoders import BODY_DECODERS
 from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
 from bridge.mqtt.packets import Connect, Packet, Publish
-from bridge.mqtt.wire import MAX_PACKET_SIZE, SUPPORTED_PROTOCOLS, malformed
+from bridge.mqtt.properties import PropertyId
+from bridge.mqtt.wire import MAX_PACKET_SIZE, SUPPORTED_PROTOCOLS, malformed, protocol_error
 
 __all__ = ["Decoder"]
 
@@ -36,14 +40,15 @@ _TYPE_NAMES: Final = (
     "PINGREQ",
     "PINGRESP",
     "DISCONNECT",
-    "reserved type 15",
+    "AUTH",
 )
 
 
-def _first_byte_problem(first: int) -> tuple[str, str] | None:
-    """The rule a fixed header's first byte breaks, or None when it is valid."""
+def _first_byte_problem(first: int, level: int) -> tuple[str, str] | None:
+    """The rule a fixed header's first byte breaks at protocol `level`, or None when it is valid
+    (type 15 is AUTH from MQTT 5.0 on, reserved before)."""
     kind, flags = first >> 4, first & 0x0F
-    if kind == 0 or kind == 15:
+    if kind == 0 or (kind == 15 and level < 5):
         return "invalid-packet-type", f"packet type {kind} is reserved (first byte 0x{first:02X})"
     if kind == 3:
         qos = (flags >> 1) & 3
@@ -61,14 +66,22 @@ def _first_byte_problem(first: int) -> tuple[str, str] | None:
     return None
 
 
-_FIRST_BYTE_PROBLEMS: Final = tuple(_first_byte_problem(b) for b in range(256))
+_FIRST_BYTE_PROBLEMS: Final = tuple(_first_byte_problem(b, 4) for b in range(256))
 _FIRST_BYTE_BAD: Final = tuple(p is not None for p in _FIRST_BYTE_PROBLEMS)
+_FIRST_BYTE_PROBLEMS_5: Final = tuple(_first_byte_problem(b, 5) for b in range(256))
+_FIRST_BYTE_BAD_5: Final = tuple(p is not None for p in _FIRST_BYTE_PROBLEMS_5)
 
 
-def _first_byte_error(first: int) -> MQTTProtocolError:
-    problem = _FIRST_BYTE_PROBLEMS[first]
+def _first_byte_error(first: int, level: int) -> MQTTProtocolError:
+    problem = (_FIRST_BYTE_PROBLEMS_5 if level >= 5 else _FIRST_BYTE_PROBLEMS)[first]
     assert problem is not None
     return MQTTProtocolError(*problem)
+
+
+def _subscription_id_error() -> MQTTProtocolError:
+    return protocol_error(
+        "MQTT-3.3.4-6", "a PUBLISH from a client must not carry a Subscription Identifier"
+    )
 
 
 # --- the incremental decoder -----------------------------------------------------------------
@@ -81,6 +94,10 @@ class Decoder:
     (one). `protocol_level` selects the 3.1.1 or 5.0 wire format; decoding a CONNECT with a
     supported (name, level) pair sets it. Any violation raises `MQTTProtocolError`; afterwards the
     decoder is dead and raises the same error again.
+
+    `from_server` says which side this decoder reads: False (the default) for a server reading
+    a client, True for a client reading a server. It matters only at 5.0, where a client's
+    PUBLISH must not carry a Subscription Identifier (MQTT-3.3.4-6) but a server's may.
 
     Buffering: the unread bytes are held as one ``bytes`` object plus a read index, so a read
     holding many packets is sliced without copying the rest. While the next packet is known to be
@@ -95,12 +112,16 @@ class Decoder:
         "_pending",
         "_pending_len",
         "_pos",
+        "from_server",
         "max_packet_size",
         "protocol_level",
     )
 
-    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+    def __init__(
+        self, max_packet_size: int = MAX_PACKET_SIZE, *, from_server: bool = False
+    ) -> None:
         self.max_packet_size = max_packet_size
+        self.from_server = from_server
         self.protocol_level: int = 4
         self._buf = b""
         self._pos = 0
@@ -156,13 +177,13 @@ class Decoder:
         n = len(buf)
         level = self.protocol_level
         max_size = self.max_packet_size
-        bad = _FIRST_BYTE_BAD
+        bad = _FIRST_BYTE_BAD_5 if level >= 5 else _FIRST_BYTE_BAD
         append = out.append
         try:
             while pos < n and limit:
                 first = buf[pos]
                 if bad[first]:
-                    raise _first_byte_error(first)
+                    raise _first_byte_error(first, level)
                 if pos + 1 >= n:
                     break
                 remaining = buf[pos + 1]
@@ -224,10 +245,17 @@ class Decoder:
                         )
                 else:
                     packet = BODY_DECODERS[first >> 4](buf, start, end, first & 0x0F, level)
-                    if type(packet) is Connect and (
-                        (packet.protocol_name, packet.protocol_level) in SUPPORTED_PROTOCOLS
+                    if type(packet) is Connect:
+                        if (packet.protocol_name, packet.protocol_level) in SUPPORTED_PROTOCOLS:
+                            level = self.protocol_level = packet.protocol_level
+                            bad = _FIRST_BYTE_BAD_5 if level >= 5 else _FIRST_BYTE_BAD
+                    elif (
+                        type(packet) is Publish
+                        and packet.properties
+                        and _SUBSCRIPTION_IDENTIFIER in packet.properties
+                        and not self.from_server
                     ):
-                        level = self.protocol_level = packet.protocol_level
+                        raise _subscription_id_error()
                     append(packet)
                 pos = end
                 limit -= 1
@@ -241,6 +269,9 @@ class Decoder:
         else:
             self._pos = pos
         return out
+
+
+_SUBSCRIPTION_IDENTIFIER: Final = PropertyId.SUBSCRIPTION_IDENTIFIER
 
 
 def _long_remaining_length(buf: bytes, pos: int, n: int) -> tuple[int, int]:

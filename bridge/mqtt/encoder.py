@@ -1,9 +1,11 @@
-"""The MQTT encoder: packets to bytes (`encode`) and the allocation-free fast paths the broker
-uses for the packets it sends most (`encode_publish`, `encode_puback` and the other QoS acks).
+"""The MQTT encoder: packet objects to bytes (`encode`).
 
-Encoding validates what the wire format needs (packet identifiers, QoS, reason codes, topic
-names in `encode`) and raises `MQTTProtocolError` otherwise. Import it through
-`bridge.mqtt.codec`, the public facade.
+Encoding validates what the wire format needs (packet identifiers, QoS, topic names) and, for
+MQTT 5.0, the reason codes each packet defines and the properties it allows (the same rules the
+decoder applies, from `bridge.mqtt.property_rules`), and raises `MQTTProtocolError` otherwise, so
+the server never writes what it would refuse to read. PUBLISH, the acknowledgements and
+DISCONNECT go through the fast paths of `bridge.mqtt.fast_encoders`, which this module re-exports.
+Import it through `bridge.mqtt.codec`, the public facade.
 """
 
 from __future__ import annotations
@@ -12,12 +14,27 @@ from collections.abc import Callable
 from struct import Struct
 from typing import Any, Final
 
-from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
+from bridge.mqtt.errors import MQTTProtocolError
+from bridge.mqtt.fast_encoders import (
+    PACKET_FIRST_BYTES,
+    encode_ack5,
+    encode_disconnect5,
+    encode_puback,
+    encode_pubcomp,
+    encode_publish,
+    encode_publish5,
+    encode_pubrec,
+    encode_pubrel,
+    frame,
+    packet_id_bytes,
+)
 from bridge.mqtt.packets import (
+    Auth,
     Connack,
     Connect,
     Disconnect,
     Packet,
+    PacketType,
     Pingreq,
     Pingresp,
     Puback,
@@ -31,152 +48,40 @@ from bridge.mqtt.packets import (
     Unsubscribe,
 )
 from bridge.mqtt.properties import (
-    MAX_VARINT,
     PropertyId,
     encode_binary,
     encode_properties,
+    encode_property_block_content,
     encode_utf8,
-    encode_varint,
 )
-from bridge.mqtt.topics import validate_topic_name
+from bridge.mqtt.property_rules import WILL, check_properties
+from bridge.mqtt.topics import SHARE_PREFIX, validate_topic_name
 from bridge.mqtt.wire import (
-    MAX_PACKET_SIZE,
     SUBACK_CODES_5,
     SUBACK_CODES_311,
-    UNSUBACK_CODES_5,
+    check_reason_code,
     malformed,
+    protocol_error,
 )
 
 __all__ = [
     "encode",
+    "encode_ack5",
+    "encode_disconnect5",
     "encode_puback",
     "encode_pubcomp",
     "encode_publish",
+    "encode_publish5",
     "encode_pubrec",
     "encode_pubrel",
 ]
 
-_BBH = Struct(">BBH")
+_T = PacketType
+
 _H = Struct(">H")
 
 
-# --- fixed header ----------------------------------------------------------------------------
-
-
-def _header(first: int, remaining: int) -> bytes:
-    if remaining < 0x80:
-        return bytes((first, remaining))
-    if remaining > MAX_VARINT:
-        raise PacketTooLarge(1 + 4 + remaining, MAX_PACKET_SIZE)
-    return bytes((first,)) + encode_varint(remaining)
-
-
-def _frame(first: int, body: bytes) -> bytes:
-    return _header(first, len(body)) + body
-
-
 # --- packets ---------------------------------------------------------------------------------
-
-
-def _packet_id_bytes(packet_id: int | None, what: str) -> bytes:
-    if packet_id is None or not 0 < packet_id <= 0xFFFF:
-        raise MQTTProtocolError(
-            "MQTT-2.3.1-1", f"{what} needs a packet identifier in 1..65535, got {packet_id!r}"
-        )
-    return _H.pack(packet_id)
-
-
-def encode_publish(
-    topic: str,
-    payload: bytes,
-    qos: int,
-    retain: bool = False,
-    dup: bool = False,
-    packet_id: int | None = None,
-    *,
-    protocol_level: int = 4,
-) -> bytes:
-    """Encode a PUBLISH without building a `Publish`: the broker's hot path.
-
-    The topic is not validated here (the broker only forwards topics it decoded or validated).
-    With ``protocol_level >= 5`` an empty property block is written; use `encode` for properties.
-    """
-    encoded_topic = topic.encode()
-    topic_len = len(encoded_topic)
-    if topic_len > 0xFFFF:
-        raise MQTTProtocolError(
-            "MQTT-4.7.3-3", f"topic name of {topic_len} bytes exceeds 65535 bytes"
-        )
-    if qos == 0:
-        if dup:
-            raise MQTTProtocolError("MQTT-3.3.1-2", "DUP must be 0 in a QoS 0 PUBLISH")
-        if packet_id is not None:
-            raise MQTTProtocolError("MQTT-2.3.1-5", "a QoS 0 PUBLISH has no packet identifier")
-        first = 0x31 if retain else 0x30
-        if protocol_level < 5:
-            remaining = topic_len + 2 + len(payload)
-            if remaining < 0x80:
-                return b"".join((_BBH.pack(first, remaining, topic_len), encoded_topic, payload))
-            return b"".join((_header(first, remaining), _H.pack(topic_len), encoded_topic, payload))
-        remaining = topic_len + 3 + len(payload)
-        return b"".join(
-            (_header(first, remaining), _H.pack(topic_len), encoded_topic, b"\x00", payload)
-        )
-    if qos != 1 and qos != 2:
-        raise MQTTProtocolError("MQTT-3.3.1-4", f"PUBLISH QoS must be 0, 1 or 2, got {qos}")
-    if packet_id is None or not 0 < packet_id <= 0xFFFF:
-        raise MQTTProtocolError(
-            "MQTT-2.3.1-1", f"PUBLISH needs a packet identifier in 1..65535, got {packet_id!r}"
-        )
-    first = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
-    if protocol_level < 5:
-        remaining = topic_len + 4 + len(payload)
-        if remaining < 0x80:
-            return b"".join(
-                (_BBH.pack(first, remaining, topic_len), encoded_topic, _H.pack(packet_id), payload)
-            )
-        return b"".join(
-            (
-                _header(first, remaining),
-                _H.pack(topic_len),
-                encoded_topic,
-                _H.pack(packet_id),
-                payload,
-            )
-        )
-    remaining = topic_len + 5 + len(payload)
-    return b"".join(
-        (
-            _header(first, remaining),
-            _H.pack(topic_len),
-            encoded_topic,
-            _H.pack(packet_id),
-            b"\x00",
-            payload,
-        )
-    )
-
-
-def _ack_encoder(first: int, what: str) -> Callable[[int], bytes]:
-    prefix = bytes((first, 2))
-
-    def encode_ack(packet_id: int) -> bytes:
-        if not 0 < packet_id <= 0xFFFF:
-            raise MQTTProtocolError(
-                "MQTT-2.3.1-1", f"{what} needs a packet identifier in 1..65535, got {packet_id!r}"
-            )
-        return prefix + _H.pack(packet_id)
-
-    encode_ack.__name__ = f"encode_{what.lower()}"
-    encode_ack.__qualname__ = encode_ack.__name__
-    encode_ack.__doc__ = f"Encode a {what} (3.1.1 form, also valid 5.0 with reason code 0)."
-    return encode_ack
-
-
-encode_puback: Final = _ack_encoder(0x40, "PUBACK")
-encode_pubrec: Final = _ack_encoder(0x50, "PUBREC")
-encode_pubrel: Final = _ack_encoder(0x62, "PUBREL")
-encode_pubcomp: Final = _ack_encoder(0x70, "PUBCOMP")
 
 
 def _encode_connect(packet: Connect, level: int) -> bytes:
@@ -204,10 +109,12 @@ def _encode_connect(packet: Connect, level: int) -> bytes:
         _H.pack(packet.keepalive),
     ]
     if layout >= 5:
+        check_properties(packet.properties, _T.CONNECT)
         parts.append(encode_properties(packet.properties))
     parts.append(encode_utf8(packet.client_id))
     if will is not None:
         if layout >= 5:
+            check_properties(will.properties, WILL)
             parts.append(encode_properties(will.properties))
         parts.append(encode_utf8(will.topic))
         parts.append(encode_binary(will.payload))
@@ -215,12 +122,14 @@ def _encode_connect(packet: Connect, level: int) -> bytes:
         parts.append(encode_utf8(packet.username))
     if packet.password is not None:
         parts.append(encode_binary(packet.password))
-    return _frame(0x10, b"".join(parts))
+    return frame(0x10, b"".join(parts))
 
 
 def _encode_connack(packet: Connack, level: int) -> bytes:
     code = packet.return_code
-    if not 0 <= code <= 0xFF or (level < 5 and code > 5):
+    if level >= 5:
+        check_reason_code(_T.CONNACK, code, "CONNACK")
+    elif not 0 <= code <= 5:
         raise MQTTProtocolError("connack-return-code", f"CONNACK return code {code} is reserved")
     if code and packet.session_present:
         raise MQTTProtocolError(
@@ -228,8 +137,9 @@ def _encode_connack(packet: Connack, level: int) -> bytes:
         )
     body = bytes((1 if packet.session_present else 0, code))
     if level >= 5:
+        check_properties(packet.properties, _T.CONNACK)
         body += encode_properties(packet.properties)
-    return _frame(0x20, body)
+    return frame(0x20, body)
 
 
 def _encode_publish_packet(packet: Publish, level: int) -> bytes:
@@ -249,44 +159,35 @@ def _encode_publish_packet(packet: Publish, level: int) -> bytes:
             packet.packet_id,
             protocol_level=level,
         )
-    qos = packet.qos
-    if qos == 0:
-        if packet.dup:
-            raise MQTTProtocolError("MQTT-3.3.1-2", "DUP must be 0 in a QoS 0 PUBLISH")
-        if packet.packet_id is not None:
-            raise MQTTProtocolError("MQTT-2.3.1-5", "a QoS 0 PUBLISH has no packet identifier")
-        packet_id = b""
-    elif qos in (1, 2):
-        packet_id = _packet_id_bytes(packet.packet_id, "PUBLISH")
-    else:
-        raise MQTTProtocolError("MQTT-3.3.1-4", f"PUBLISH QoS must be 0, 1 or 2, got {qos}")
-    first = 0x30 | (qos << 1) | (0x01 if packet.retain else 0) | (0x08 if packet.dup else 0)
-    body = b"".join(
-        (encode_utf8(topic), packet_id, encode_properties(packet.properties), packet.payload)
+    check_properties(packet.properties, _T.PUBLISH)
+    return encode_publish5(
+        topic,
+        packet.payload,
+        packet.qos,
+        packet.retain,
+        packet.dup,
+        packet.packet_id,
+        encode_property_block_content(packet.properties),
     )
-    return _frame(first, body)
 
 
-def _encode_ack(first: int, what: str) -> Callable[[Any, int], bytes]:
+def _encode_ack(packet_type: int, what: str) -> Callable[[Any, int], bytes]:
+    first = bytes((PACKET_FIRST_BYTES[packet_type], 2))
+
     def encode_ack(packet: Any, level: int) -> bytes:
-        packet_id = _packet_id_bytes(packet.packet_id, what)
-        if level < 5 or (packet.reason_code == 0 and not packet.properties):
-            return bytes((first, 2)) + packet_id
-        if not 0 <= packet.reason_code <= 0xFF:
-            raise MQTTProtocolError("invalid-reason-code", f"reason code {packet.reason_code}")
-        body = packet_id + bytes((packet.reason_code,))
-        if packet.properties:
-            body += encode_properties(packet.properties)
-        return _frame(first, body)
+        if level >= 5:
+            return encode_ack5(packet_type, packet.packet_id, packet.reason_code, packet.properties)
+        return first + packet_id_bytes(packet.packet_id, what)
 
     return encode_ack
 
 
 def _encode_subscribe(packet: Subscribe, level: int) -> bytes:
     if not packet.subscriptions:
-        raise MQTTProtocolError("MQTT-3.8.3-3", "SUBSCRIBE must contain at least one filter")
-    parts = [_packet_id_bytes(packet.packet_id, "SUBSCRIBE")]
+        raise protocol_error("MQTT-3.8.3-3", "SUBSCRIBE must contain at least one filter")
+    parts = [packet_id_bytes(packet.packet_id, "SUBSCRIBE")]
     if level >= 5:
+        check_properties(packet.properties, _T.SUBSCRIBE)
         parts.append(encode_properties(packet.properties))
     for sub in packet.subscriptions:
         if not sub.topic_filter:
@@ -296,9 +197,13 @@ def _encode_subscribe(packet: Subscribe, level: int) -> bytes:
         options = sub.qos
         if level >= 5:
             if not 0 <= sub.retain_handling <= 2:
-                raise MQTTProtocolError(
+                raise protocol_error(
                     "invalid-subscription-options",
                     f"retain handling must be 0..2, got {sub.retain_handling}",
+                )
+            if sub.no_local and sub.topic_filter.startswith(SHARE_PREFIX):
+                raise protocol_error(
+                    "MQTT-3.8.3-4", "No Local must not be set on a shared subscription"
                 )
             options |= (
                 (0x04 if sub.no_local else 0)
@@ -307,7 +212,7 @@ def _encode_subscribe(packet: Subscribe, level: int) -> bytes:
             )
         parts.append(encode_utf8(sub.topic_filter))
         parts.append(bytes((options,)))
-    return _frame(0x82, b"".join(parts))
+    return frame(0x82, b"".join(parts))
 
 
 def _encode_suback(packet: Suback, level: int) -> bytes:
@@ -316,38 +221,38 @@ def _encode_suback(packet: Suback, level: int) -> bytes:
     allowed = SUBACK_CODES_5 if level >= 5 else SUBACK_CODES_311
     for code in packet.return_codes:
         if code not in allowed:
-            raise MQTTProtocolError("MQTT-3.9.3-2", f"SUBACK return code {code!r} is reserved")
-    parts = [_packet_id_bytes(packet.packet_id, "SUBACK")]
+            raise protocol_error("MQTT-3.9.3-2", f"SUBACK return code {code!r} is reserved")
+    parts = [packet_id_bytes(packet.packet_id, "SUBACK")]
     if level >= 5:
+        check_properties(packet.properties, _T.SUBACK)
         parts.append(encode_properties(packet.properties))
     parts.append(bytes(packet.return_codes))
-    return _frame(0x90, b"".join(parts))
+    return frame(0x90, b"".join(parts))
 
 
 def _encode_unsubscribe(packet: Unsubscribe, level: int) -> bytes:
     if not packet.topic_filters:
-        raise MQTTProtocolError("MQTT-3.10.3-2", "UNSUBSCRIBE must contain at least one filter")
-    parts = [_packet_id_bytes(packet.packet_id, "UNSUBSCRIBE")]
+        raise protocol_error("MQTT-3.10.3-2", "UNSUBSCRIBE must contain at least one filter")
+    parts = [packet_id_bytes(packet.packet_id, "UNSUBSCRIBE")]
     if level >= 5:
+        check_properties(packet.properties, _T.UNSUBSCRIBE)
         parts.append(encode_properties(packet.properties))
     for topic_filter in packet.topic_filters:
         if not topic_filter:
             raise MQTTProtocolError("MQTT-4.7.3-1", "topic filter must not be empty")
         parts.append(encode_utf8(topic_filter))
-    return _frame(0xA2, b"".join(parts))
+    return frame(0xA2, b"".join(parts))
 
 
 def _encode_unsuback(packet: Unsuback, level: int) -> bytes:
-    packet_id = _packet_id_bytes(packet.packet_id, "UNSUBACK")
+    packet_id = packet_id_bytes(packet.packet_id, "UNSUBACK")
     if level < 5:
         return b"\xb0\x02" + packet_id
     for code in packet.reason_codes:
-        if code not in UNSUBACK_CODES_5:
-            raise MQTTProtocolError(
-                "invalid-reason-code", f"UNSUBACK reason code {code!r} is not defined"
-            )
+        check_reason_code(_T.UNSUBACK, code, "UNSUBACK")
+    check_properties(packet.properties, _T.UNSUBACK)
     body = packet_id + encode_properties(packet.properties) + bytes(packet.reason_codes)
-    return _frame(0xB0, body)
+    return frame(0xB0, body)
 
 
 def _encode_pingreq(packet: Pingreq, level: int) -> bytes:
@@ -359,24 +264,29 @@ def _encode_pingresp(packet: Pingresp, level: int) -> bytes:
 
 
 def _encode_disconnect(packet: Disconnect, level: int) -> bytes:
-    if level < 5 or (packet.reason_code == 0 and not packet.properties):
+    if level < 5:
         return b"\xe0\x00"
-    if not 0 <= packet.reason_code <= 0xFF:
-        raise MQTTProtocolError("invalid-reason-code", f"reason code {packet.reason_code}")
-    body = bytes((packet.reason_code,))
-    if packet.properties:
-        body += encode_properties(packet.properties)
-    return _frame(0xE0, body)
+    return encode_disconnect5(packet.reason_code, packet.properties)
+
+
+def _encode_auth(packet: Auth, level: int) -> bytes:
+    if level < 5:
+        raise MQTTProtocolError("invalid-packet-type", "AUTH exists only in MQTT 5.0")
+    if packet.reason_code == 0 and not packet.properties:
+        return b"\xf0\x00"  # the short form
+    check_reason_code(_T.AUTH, packet.reason_code, "AUTH")
+    check_properties(packet.properties, _T.AUTH)
+    return frame(0xF0, bytes((packet.reason_code,)) + encode_properties(packet.properties))
 
 
 _ENCODERS: Final[dict[type, Callable[[Any, int], bytes]]] = {
     Connect: _encode_connect,
     Connack: _encode_connack,
     Publish: _encode_publish_packet,
-    Puback: _encode_ack(0x40, "PUBACK"),
-    Pubrec: _encode_ack(0x50, "PUBREC"),
-    Pubrel: _encode_ack(0x62, "PUBREL"),
-    Pubcomp: _encode_ack(0x70, "PUBCOMP"),
+    Puback: _encode_ack(_T.PUBACK, "PUBACK"),
+    Pubrec: _encode_ack(_T.PUBREC, "PUBREC"),
+    Pubrel: _encode_ack(_T.PUBREL, "PUBREL"),
+    Pubcomp: _encode_ack(_T.PUBCOMP, "PUBCOMP"),
     Subscribe: _encode_subscribe,
     Suback: _encode_suback,
     Unsubscribe: _encode_unsubscribe,
@@ -384,6 +294,7 @@ _ENCODERS: Final[dict[type, Callable[[Any, int], bytes]]] = {
     Pingreq: _encode_pingreq,
     Pingresp: _encode_pingresp,
     Disconnect: _encode_disconnect,
+    Auth: _encode_auth,
 }
 
 
@@ -391,8 +302,10 @@ def encode(packet: Packet, protocol_level: int = 4) -> bytes:
     """Encode any packet for a connection speaking `protocol_level` (3/4: MQTT 3.x, 5: MQTT 5.0).
 
     A `Connect` is encoded for its own ``protocol_level`` field. Below level 5 the 5.0-only fields
-    (properties, non-CONNACK reason codes) are not written. Packets that cannot be encoded
-    validly raise `MQTTProtocolError`.
+    (properties, non-CONNACK reason codes) are not written and `Auth` cannot be encoded. At 5.0
+    the shortest form is written (an ack or DISCONNECT without reason code when it is 0 and
+    there are no properties, an AUTH of Success without properties as an empty body). Packets
+    that cannot be encoded validly raise `MQTTProtocolError`.
     """
     encoder = _ENCODERS.get(type(packet))
     if encoder is None:

@@ -29,6 +29,7 @@ class PacketType(IntEnum):
     PINGREQ = 12
     PINGRESP = 13
     DISCONNECT = 14
+    AUTH = 15
 
 
 class ProtocolLevel(IntEnum):
@@ -206,6 +207,18 @@ class Disconnect:
     properties: Properties = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class Auth:
+    """AUTH (MQTT 5.0 only): one step of an enhanced authentication exchange.
+
+    `reason_code` is 0x00 (success), 0x18 (continue authentication) or 0x19 (re-authenticate);
+    `properties` carry the Authentication Method and Data.
+    """
+
+    reason_code: int = 0
+    properties: Properties = field(default_factory=dict)
+
+
 Packet = (
     Connect
     | Connack
@@ -221,4 +234,5 @@ Packet = (
     | Pingreq
     | Pingresp
     | Disconnect
+    | Auth
 )

@@ -12,8 +12,10 @@ A property block is a Variable Byte Integer length followed by that many bytes o
 * the repeatable properties are always lists in wire order: User Property (0x26) a
   ``list[tuple[str, str]]`` and Subscription Identifier (0x0B) a ``list[int]``.
 
-Which property may appear in which packet is not checked yet (a later issue); a property other
-than User Property / Subscription Identifier appearing twice is a Protocol Error.
+A property other than User Property / Subscription Identifier appearing twice is a Protocol Error
+(reason code 0x82); an unknown identifier, or one the caller's `allowed` set leaves out, makes the
+packet malformed (0x81). Which identifiers each packet allows, and the rules on their values, are
+`bridge.mqtt.property_rules`; the codec passes those sets in.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from enum import IntEnum
 from typing import Any
 
 from bridge.mqtt.errors import MQTTProtocolError
+from bridge.mqtt.reasons import ReasonCode
 
 __all__ = [
     "MAX_VARINT",
@@ -32,6 +35,7 @@ __all__ = [
     "decode_properties",
     "encode_binary",
     "encode_properties",
+    "encode_property_block_content",
     "encode_utf8",
     "encode_varint",
     "read_binary",
@@ -269,14 +273,13 @@ def _encode_value(kind: PropertyType, identifier: int, value: Any) -> bytes:
     return prefix + encode_utf8(value[0]) + encode_utf8(value[1])
 
 
-def encode_properties(props: dict[int, Any]) -> bytes:
-    """Encode a property block: Variable Byte Integer length, then the properties.
+def encode_property_block_content(props: dict[int, Any]) -> bytes:
+    """Encode the properties of a block without its length prefix (b"" when `props` is empty).
 
     Values of repeatable properties (User Property, Subscription Identifier) are lists; each
-    element is written as one property, in order.
+    element is written as one property, in order. Whether the properties suit a packet type is
+    not checked here (see `bridge.mqtt.property_rules`).
     """
-    if not props:
-        return b"\x00"
     parts: list[bytes] = []
     for identifier, value in props.items():
         kind = PROPERTY_TYPES.get(identifier)
@@ -290,14 +293,30 @@ def encode_properties(props: dict[int, Any]) -> bytes:
             parts.extend(_encode_value(kind, identifier, item) for item in value)
         else:
             parts.append(_encode_value(kind, identifier, value))
-    body = b"".join(parts)
+    return b"".join(parts)
+
+
+def encode_properties(props: dict[int, Any]) -> bytes:
+    """Encode a property block: Variable Byte Integer length, then the properties (see
+    `encode_property_block_content`)."""
+    if not props:
+        return b"\x00"
+    body = encode_property_block_content(props)
     return encode_varint(len(body)) + body
 
 
-def decode_properties(buf: Buffer, pos: int, end: int | None = None) -> tuple[dict[int, Any], int]:
+def decode_properties(
+    buf: Buffer,
+    pos: int,
+    end: int | None = None,
+    allowed: frozenset[int] | None = None,
+    where: str = "this packet",
+) -> tuple[dict[int, Any], int]:
     """Decode the property block starting at `pos` (its length first); return (props, new_pos).
 
     `end` bounds the read (default: the end of `buf`); a block running past it is malformed.
+    With `allowed`, an identifier outside it is malformed too (MQTT 5.0 section 2.2.2.2); `where`
+    names the packet (or will) in that error.
     """
     if end is None:
         end = len(buf)
@@ -311,6 +330,10 @@ def decode_properties(buf: Buffer, pos: int, end: int | None = None) -> tuple[di
         kind = PROPERTY_TYPES.get(identifier)
         if kind is None:
             raise MQTTProtocolError("invalid-property", f"unknown property 0x{identifier:02X}")
+        if allowed is not None and identifier not in allowed:
+            raise MQTTProtocolError(
+                "invalid-property", f"property 0x{identifier:02X} is not allowed in {where}"
+            )
         value: Any
         if kind is PropertyType.BYTE:
             if pos + 1 > stop:
@@ -341,7 +364,9 @@ def decode_properties(buf: Buffer, pos: int, end: int | None = None) -> tuple[di
             props.setdefault(identifier, []).append(value)
         elif identifier in props:
             raise MQTTProtocolError(
-                "duplicate-property", f"property 0x{identifier:02X} appears more than once"
+                "duplicate-property",
+                f"property 0x{identifier:02X} appears more than once",
+                reason_code=ReasonCode.PROTOCOL_ERROR,
             )
         else:
             props[identifier] = value

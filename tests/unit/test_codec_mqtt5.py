@@ -7,6 +7,7 @@ import pytest
 from bridge.mqtt.codec import Decoder, encode, encode_publish
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.packets import (
+    Auth,
     Connack,
     Connect,
     Disconnect,
@@ -266,5 +267,10 @@ def test_mqtt5_ack_shorter_than_packet_id_is_malformed() -> None:
     assert rule5(b"\x40\x01\x00") == "malformed-packet"
 
 
-def test_mqtt5_auth_packet_type_15_is_not_supported_yet() -> None:
-    assert rule5(b"\xf0\x00") == "invalid-packet-type"
+def test_mqtt5_auth_packet_type_15_decodes_at_5_and_stays_reserved_below() -> None:
+    assert decode5(b"\xf0\x00") == [Auth()]
+    decoder = Decoder()
+    decoder.feed(b"\xf0\x00")
+    with pytest.raises(MQTTProtocolError) as info:
+        decoder.packets()
+    assert info.value.rule == "invalid-packet-type"
