@@ -7,6 +7,13 @@ and `PasswordFile`, which checks user names and passwords against a file of salt
 sources together (the file, the users kept in the cluster's Redis, client certificates) and is
 what the node asks.
 
+A line may end in a third field, the user's SCRAM-SHA-256 credential
+(`username:hash:scram-sha-256$...`, `bridge.access.scram`), which `python -m bridge.passwd add`
+writes with the hash: the password hash cannot serve SCRAM, which needs keys derived with
+PBKDF2. Lines without it still load and still authenticate with user name and password; their
+users cannot log in with SCRAM. (A bridge older than the field refuses such a file, naming the
+line.) Redis users keep the credential in a second hash (`redis_scram_value`).
+
 New hashes are Argon2id (argon2-cffi, the reference implementation's bindings), stored in the
 standard PHC form `$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>`: 19 MiB and two passes, OWASP's
 recommended minimum, about 20-50 ms of CPU per verification. Files written before still verify:
@@ -35,10 +42,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import NamedTuple
 
 import argon2
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from bridge.access.scram import DEFAULT_ITERATIONS, ScramCredential
+from bridge.access.scram import SCHEME as SCRAM_SCHEME
 from bridge.access.ttlcache import TTLCache
 from bridge.mqtt.packets import ConnackCode
 
@@ -301,30 +311,53 @@ def _is_skipped(line: str) -> bool:
     return not text or text.startswith("#")
 
 
-def parse_line(line: str) -> tuple[str, StoredHash] | None:
-    """Parse one password file line: None for a blank line or comment, else (username, hash).
+class PasswordEntry(NamedTuple):
+    """One user of a password file: the name, the password hash and, if the line has one, the
+    SCRAM-SHA-256 credential."""
 
-    The user name is everything before the last `:` (hashes contain none), whitespace-stripped.
-    Raises AuthConfigError (without a location) for a malformed line.
+    username: str
+    stored: StoredHash
+    scram: ScramCredential | None
+
+
+def parse_scram(text: str) -> ScramCredential:
+    """A stored SCRAM credential (`scram-sha-256$...`), or AuthConfigError saying what is wrong."""
+    try:
+        return ScramCredential.parse(text)
+    except ValueError as exc:
+        raise AuthConfigError(str(exc)) from None
+
+
+def parse_line(line: str) -> PasswordEntry | None:
+    """Parse one password file line, `username:hash[:scram-sha-256$...]`: None for a blank line or
+    comment, else the entry.
+
+    The user name is everything before the hash's `:` (hashes and SCRAM credentials contain
+    none), whitespace-stripped. Raises AuthConfigError (without a location) for a malformed line.
     """
     if _is_skipped(line):
         return None
+    rest, sep, last = line.rpartition(":")
+    scram = None
+    if sep and last.strip().startswith(SCRAM_SCHEME + "$"):
+        scram = parse_scram(last)
+        line = rest
     username, sep, stored = line.rpartition(":")
     username = username.strip()
     if not sep:
         raise AuthConfigError("expected username:hash")
     if not username:
         raise AuthConfigError("empty user name")
-    return username, parse_hash(stored)
+    return PasswordEntry(username, parse_hash(stored), scram)
 
 
-def parse_password_file(path: str | os.PathLike[str]) -> dict[str, StoredHash]:
-    """Read a password file into {username: hash}; AuthConfigError names `file:line` on errors."""
+def parse_password_file(path: str | os.PathLike[str]) -> dict[str, PasswordEntry]:
+    """Read a password file into {username: entry}; AuthConfigError names `file:line` on errors."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise AuthConfigError(f"cannot read password file {path}: {exc.strerror}") from None
-    users: dict[str, StoredHash] = {}
+    users: dict[str, PasswordEntry] = {}
     first_seen: dict[str, int] = {}
     for number, raw in enumerate(data.splitlines(), start=1):
         try:
@@ -336,15 +369,38 @@ def parse_password_file(path: str | os.PathLike[str]) -> dict[str, StoredHash]:
             raise AuthConfigError(f"{path}:{number}: {exc}") from None
         if entry is None:
             continue
-        username, stored = entry
+        username = entry.username
         if username in users:
             first = first_seen[username]
             raise AuthConfigError(
                 f"{path}:{number}: duplicate user {username!r} (first on line {first})"
             )
-        users[username] = stored
+        users[username] = entry
         first_seen[username] = number
     return users
+
+
+def _hash_fingerprint(password_hash: str) -> str:
+    digest = hashlib.sha256(password_hash.strip().encode("utf-8")).digest()[:12]
+    return base64.b64encode(digest).decode("ascii")
+
+
+def redis_scram_value(credential: ScramCredential, password_hash: str) -> str:
+    """What a Redis user's entry in `<cluster>:users:scram` holds: the SCRAM credential, a space,
+    and a fingerprint of the password hash it was made with (its hash field in `<cluster>:users`).
+    The fingerprint ties the two: a password later changed by anything that does not write
+    SCRAM credentials (an older `bridge.passwd`, a hand-made HSET) voids the old credential."""
+    return f"{credential.encode()} {_hash_fingerprint(password_hash)}"
+
+
+def parse_redis_scram_value(value: str, password_hash: str) -> ScramCredential | None:
+    """The credential in a `redis_scram_value`, or None if it was made for another password hash
+    than `password_hash`. AuthConfigError if the value is malformed."""
+    credential, _, fingerprint = value.strip().partition(" ")
+    expected = _hash_fingerprint(password_hash).encode("ascii")
+    if not hmac.compare_digest(fingerprint.encode("utf-8"), expected):
+        return None
+    return parse_scram(credential)
 
 
 class PasswordFile:
@@ -357,7 +413,8 @@ class PasswordFile:
     The file is read by the constructor and by `reload()`; a malformed file raises AuthConfigError
     then, never during `authenticate`. Successful verifications are cached for `cache_ttl` seconds
     (0 disables the cache), so repeated CONNECTs of a client skip the hash; `reload()` empties the
-    cache. Thread-safe.
+    cache. `scram_credential` gives a user's SCRAM-SHA-256 credential, if the file has one.
+    Thread-safe.
     """
 
     def __init__(
@@ -373,8 +430,10 @@ class PasswordFile:
         self.allow_anonymous = allow_anonymous
         self.cache = VerifiedCache(cache_ttl, cache_size, clock)
         self._lock = threading.Lock()
-        self._users: dict[str, StoredHash] = {}
+        self._users: dict[str, PasswordEntry] = {}
         self._decoy: StoredHash | None = None
+        self.scram_iterations = DEFAULT_ITERATIONS
+        """The iteration count of the file's (first) SCRAM credentials: unknown users get it too."""
         self.reload()
 
     @property
@@ -390,10 +449,13 @@ class PasswordFile:
         """Re-read the file and empty the cache. On AuthConfigError the previous users stay."""
         users = parse_password_file(self.path)
         _warn_if_exposed(self.path)
-        decoy = decoy_like(next(iter(users.values()), None))
+        first = next(iter(users.values()), None)
+        decoy = decoy_like(None if first is None else first.stored)
+        scram = next((entry.scram for entry in users.values() if entry.scram is not None), None)
         with self._lock:
             self._users = users
             self._decoy = decoy
+            self.scram_iterations = DEFAULT_ITERATIONS if scram is None else scram.iterations
             self.cache.clear()
         log.info("password file %s: %d users", self.path, len(users))
 
@@ -413,16 +475,23 @@ class PasswordFile:
             return AuthResult.ACCEPTED
         with self._lock:
             generation = cache.generation
-            stored = self._users.get(username)
+            entry = self._users.get(username)
             decoy = self._decoy
-        if stored is None:
+        if entry is None:
             if decoy is not None:
                 _verify(decoy, password)
             return AuthResult.BAD_CREDENTIALS
-        if not _verify(stored, password):
+        if not _verify(entry.stored, password):
             return AuthResult.BAD_CREDENTIALS
         cache.remember(key, generation)
         return AuthResult.ACCEPTED
+
+    def scram_credential(self, username: str) -> ScramCredential | None:
+        """The user's SCRAM-SHA-256 credential; None if there is no such user or its line has
+        none (written before SCRAM, or with `--no-scram`)."""
+        with self._lock:
+            entry = self._users.get(username)
+        return None if entry is None else entry.scram
 
 
 def _warn_if_exposed(path: str | os.PathLike[str]) -> None:

@@ -5,8 +5,15 @@ Sources, combined:
 * users: the password file (`password_file`), the cluster's Redis (`auth_redis`, hash
   `<cluster>:users`, user name -> hash) and, on TLS listeners, a verified client certificate whose
   CN is taken as the user name (`tls_cn_as_username`);
+* SCRAM-SHA-256 credentials (MQTT 5.0 enhanced authentication) of the same users: the third field
+  of a password file line, the hash `<cluster>:users:scram` in Redis (`scram_credential`);
 * ACL rules: the rules file (`acl_file`) first, then the rules in the cluster's Redis (`acl_redis`,
   list `<cluster>:acl`), in order (syntax: `bridge.access.acl`).
+
+A SCRAM exchange is run by the connection: `new_scram_exchange()` makes the pure state machine
+(`bridge.access.scram.ScramServer`), `scram_credential(username)` looks the user up between its
+first two steps. Unknown users get a fake credential derived from a key the cluster's nodes share
+(`<cluster>:scram-decoy-key` in Redis, else one per process), so no node tells them apart.
 
 Files are re-read on SIGHUP (`reload`). Whoever changes the users or rules in Redis
 (`python -m bridge.passwd redis://...`, `python -m bridge.aclctl`) publishes on the channel
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +42,9 @@ from bridge.access.auth import (
     _verify,
     decoy_like,
     parse_hash,
+    parse_redis_scram_value,
 )
+from bridge.access.scram import DEFAULT_ITERATIONS, ScramCredential, ScramServer
 
 if TYPE_CHECKING:
     from bridge.config import Config
@@ -47,6 +57,16 @@ RESUBSCRIBE_DELAY = 1.0
 def users_key(cluster: str) -> str:
     """The Redis hash of user name -> password hash."""
     return f"{cluster}:users"
+
+
+def scram_key(cluster: str) -> str:
+    """The Redis hash of user name -> SCRAM-SHA-256 credential (`auth.redis_scram_value`)."""
+    return f"{cluster}:users:scram"
+
+
+def scram_decoy_key(cluster: str) -> str:
+    """The Redis string holding the key of unknown users' fake SCRAM credentials."""
+    return f"{cluster}:scram-decoy-key"
 
 
 def acl_key(cluster: str) -> str:
@@ -71,6 +91,10 @@ def load_acl_file(path: str) -> list[Rule]:
     return parse_rules(lines, path)
 
 
+class UserStoreUnavailable(Exception):
+    """The user could not be looked up (Redis unreachable): answer "server unavailable"."""
+
+
 class AccessControl:
     """The authentication and authorisation in force on a node, and where they come from."""
 
@@ -87,6 +111,7 @@ class AccessControl:
         """The cluster's Redis client, set by `start` when a Redis source is configured."""
         self._redis_cache = VerifiedCache(config.auth_cache_ttl)
         self._redis_decoy = None if not config.auth_redis else decoy_like(None)
+        self._scram_decoy_key = secrets.token_bytes(32)
         self._file_rules: list[Rule] | None = (
             load_acl_file(config.acl_file) if config.acl_file else None
         )
@@ -129,12 +154,28 @@ class AccessControl:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, redis: Any) -> None:
-        """Read the Redis rules and listen for changes (if a Redis source is configured)."""
+        """Read the Redis rules and listen for changes (if a Redis source is configured); with
+        the cluster's Redis, take the cluster's key for fake SCRAM credentials."""
+        if redis is not None and self.scram_available:
+            await self._share_scram_decoy_key(redis)
         if not (self.config.auth_redis or self.config.acl_redis):
             return
         self.redis = redis
         await self._load_redis_rules()
         self._listener = asyncio.get_running_loop().create_task(self._listen())
+
+    async def _share_scram_decoy_key(self, redis: Any) -> None:
+        """Use the key stored in Redis (the first node to start stores one), so every node
+        answers an unknown user with the same fake salt, as it would for a real user."""
+        key = scram_decoy_key(self.config.cluster_name)
+        try:
+            await redis.set(key, secrets.token_hex(32), nx=True)
+            shared = await redis.get(key)
+        except (RedisError, OSError) as exc:
+            log.warning("SCRAM decoy key not shared through Redis, using this node's: %s", exc)
+            return
+        if shared:
+            self._scram_decoy_key = bytes(shared)
 
     async def stop(self) -> None:
         if self._listener is not None:
@@ -191,6 +232,11 @@ class AccessControl:
             pubsub = self.redis.pubsub()
             try:
                 await pubsub.subscribe(channel)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # redis-py (8.1) swallows a cancel that lands while it connects: `stop`
+                    # right after `start` would wait for ever on `listen()`.
+                    raise asyncio.CancelledError
                 if not first:
                     await self.changed()  # changes may have been missed while cut off
                 first = False
@@ -268,3 +314,55 @@ class AccessControl:
             return AuthResult.BAD_CREDENTIALS
         cache.remember(key, generation)
         return AuthResult.ACCEPTED
+
+    # -- SCRAM-SHA-256 ---------------------------------------------------------------------------
+
+    @property
+    def scram_available(self) -> bool:
+        """Whether a user source that can hold SCRAM credentials (the password file, Redis users)
+        is configured. Without one, a SCRAM login has nobody to match."""
+        return bool(self.config.password_file or self.config.auth_redis)
+
+    def new_scram_exchange(self, *, server_nonce: str | None = None) -> ScramServer:
+        """A fresh SCRAM-SHA-256 exchange whose unknown users get this cluster's fake credential
+        (`server_nonce` fixes the server's nonce, for tests)."""
+        users = self.password_file
+        iterations = DEFAULT_ITERATIONS if users is None else users.scram_iterations
+        return ScramServer(
+            self._scram_decoy_key, decoy_iterations=iterations, server_nonce=server_nonce
+        )
+
+    async def scram_credential(self, username: str) -> ScramCredential | None:
+        """The user's SCRAM-SHA-256 credential, from the source `authenticate` would ask (the
+        password file if it names the user, else Redis users); None if the user is unknown or
+        has none. Raises UserStoreUnavailable when Redis cannot be asked.
+
+        Read afresh every time (the file's users are in memory; Redis is one round trip), so a
+        changed or removed user takes effect at once, with no cache to forget."""
+        config = self.config
+        users = self.password_file
+        if users is not None and (users.has_user(username) or not config.auth_redis):
+            return users.scram_credential(username)
+        if config.auth_redis and self.redis is not None:
+            return await self._redis_scram_credential(username)
+        return None
+
+    async def _redis_scram_credential(self, username: str) -> ScramCredential | None:
+        cluster = self.config.cluster_name
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hget(users_key(cluster), username)
+                pipe.hget(scram_key(cluster), username)
+                stored, scram = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.warning("user %r not looked up, Redis unavailable: %s", username, exc)
+            raise UserStoreUnavailable(str(exc)) from None
+        if stored is None or scram is None:
+            return None
+        try:
+            return parse_redis_scram_value(
+                scram.decode("utf-8", "replace"), stored.decode("utf-8", "replace")
+            )
+        except AuthConfigError as exc:
+            log.error("user %r in Redis has an unusable SCRAM credential: %s", username, exc)
+            return None

@@ -1,7 +1,7 @@
 """Maintain the users of a password file (`bridge.access.auth.PasswordFile`) or of the cluster's
 Redis (`auth_redis`).
 
-    python -m bridge.passwd FILE add USER [--password-stdin]
+    python -m bridge.passwd FILE add USER [--password-stdin] [--no-scram]
     python -m bridge.passwd FILE remove USER
     python -m bridge.passwd FILE list
     python -m bridge.passwd redis://HOST:PORT/DB [--cluster NAME] add|remove|list ...
@@ -9,6 +9,13 @@ Redis (`auth_redis`).
 With a `redis://` (or `rediss://`) URL the users are the hash `<cluster>:users` (cluster name
 default `mqtt`, the setting `cluster_name`); every change is announced on
 `<cluster>:access-changed`, so the nodes forget cached verifications of the old password at once.
+
+`add` also stores the user's SCRAM-SHA-256 credential (MQTT 5.0 enhanced authentication,
+`bridge.access.scram`): a third field on the file line, or the user's field in the hash
+`<cluster>:users:scram`. Users added before, or with `--no-scram`, log in with user name and
+password only; a SCRAM login of theirs fails as not authorized until their password is set again.
+The credential is easier to attack offline than the Argon2id hash (PBKDF2, 4096 rounds, as
+RFC 7677 asks), so `--no-scram` leaves it out where SCRAM is not wanted.
 
 `add` creates the file if needed and replaces the hash of an existing user in place; without
 `--password-stdin` it prompts twice on the terminal. The file is rewritten atomically (a temporary
@@ -29,7 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bridge.access.auth import AuthConfigError, hash_password, parse_line
+from bridge.access.auth import AuthConfigError, hash_password, parse_line, redis_scram_value
+from bridge.access.scram import make_credential, saslprep
 
 PROG = "python -m bridge.passwd"
 
@@ -82,6 +90,21 @@ def _check_username(username: str) -> None:
         raise PasswdError("user name must not start with '#' (it would be a comment)")
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in username):
         raise PasswdError("user name must not contain control characters")
+
+
+def _warn_if_scram_cannot_find(username: str) -> None:
+    """SCRAM clients send the user name prepared by SASLprep, and the bridge looks that up: a name
+    SASLprep changes (or refuses) is never found by a SCRAM login."""
+    try:
+        unchanged = saslprep(username, allow_unassigned=True) == username
+    except ValueError:
+        unchanged = False
+    if not unchanged:
+        print(
+            f"{PROG}: warning: SASLprep changes or refuses the user name {username!r}, so SCRAM "
+            "logins will not find it (user name and password logins will)",
+            file=sys.stderr,
+        )
 
 
 def write_atomically(path: Path, lines: list[str]) -> None:
@@ -146,12 +169,16 @@ def _interactive() -> bool:
     return sys.stdin.isatty()
 
 
-def cmd_add(path: Path, username: str, from_stdin: bool) -> str:
-    """Add `username` or change its password; returns the message to print."""
+def cmd_add(path: Path, username: str, from_stdin: bool, scram: bool = True) -> str:
+    """Add `username` or change its password (and SCRAM credential, if `scram`); returns the
+    message to print."""
     _check_username(username)
     lines = _read_lines(path, missing_ok=True)
     password = _read_password(from_stdin)
     entry = f"{username}:{hash_password(password)}"
+    if scram:
+        entry += f":{make_credential(password).encode()}"
+        _warn_if_scram_cannot_find(username)
     for index, line in enumerate(lines):
         if _username_of(line) == username:
             ending = line[len(line.rstrip("\r\n")) :] or "\n"
@@ -186,7 +213,9 @@ def cmd_list(path: Path) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Maintain mqtt-bridge users (Argon2id hashes) in a file or Redis."
+        prog=PROG,
+        description="Maintain mqtt-bridge users (Argon2id hashes and SCRAM-SHA-256 credentials) "
+        "in a file or Redis.",
     )
     parser.add_argument(
         "file", metavar="FILE", help="the password file, or redis://HOST:PORT/DB for Redis users"
@@ -195,12 +224,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster", default="mqtt", help="cluster_name of the bridges (Redis users; default mqtt)"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add = commands.add_parser("add", help="add a user or change its password")
+    add = commands.add_parser(
+        "add",
+        help="add a user or change its password",
+        description="Add a user or change its password. The Argon2id hash serves user name and "
+        "password logins; the SCRAM-SHA-256 credential stored with it serves MQTT 5.0 SCRAM "
+        "logins. Users stored without one (older entries, --no-scram) fail SCRAM logins as not "
+        "authorized until their password is set again.",
+    )
     add.add_argument("username", metavar="USER")
     add.add_argument(
         "--password-stdin",
         action="store_true",
         help="read the password from the first line of stdin instead of prompting",
+    )
+    add.add_argument(
+        "--no-scram",
+        dest="scram",
+        action="store_false",
+        help="store no SCRAM-SHA-256 credential (the user cannot log in with SCRAM; a stolen "
+        "file or Redis then holds only the Argon2id hash, which is harder to guess from)",
     )
     remove = commands.add_parser("remove", help="remove a user")
     remove.add_argument("username", metavar="USER")
@@ -219,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args.file = Path(args.file)
     try:
         if args.command == "add":
-            print(cmd_add(args.file, args.username, args.password_stdin))
+            print(cmd_add(args.file, args.username, args.password_stdin, args.scram))
         elif args.command == "remove":
             print(cmd_remove(args.file, args.username))
         else:
@@ -235,9 +278,10 @@ def _redis_main(args: argparse.Namespace) -> int:
     import redis
     from redis.exceptions import RedisError
 
-    from bridge.access.control import changed_channel, users_key
+    from bridge.access.control import changed_channel, scram_key, users_key
 
     key = users_key(args.cluster)
+    scram_hash = scram_key(args.cluster)
     try:
         client = redis.Redis.from_url(args.file, socket_timeout=5, socket_connect_timeout=5)
     except ValueError as exc:
@@ -246,13 +290,26 @@ def _redis_main(args: argparse.Namespace) -> int:
     try:
         if args.command == "add":
             _check_username(args.username)
-            stored = hash_password(_read_password(args.password_stdin))
-            added = client.hset(key, args.username, stored)
+            password = _read_password(args.password_stdin)
+            stored = hash_password(password)
+            with client.pipeline(transaction=True) as pipe:  # both or neither
+                pipe.hset(key, args.username, stored)
+                if args.scram:
+                    value = redis_scram_value(make_credential(password), stored)
+                    pipe.hset(scram_hash, args.username, value)
+                    _warn_if_scram_cannot_find(args.username)
+                else:
+                    pipe.hdel(scram_hash, args.username)
+                added = pipe.execute()[0]
             client.publish(changed_channel(args.cluster), f"user {args.username}")
             verb = "added" if added else "updated password of"
             print(f"{verb} user {args.username!r} in {key}")
         elif args.command == "remove":
-            if not client.hdel(key, args.username):
+            with client.pipeline(transaction=True) as pipe:
+                pipe.hdel(key, args.username)
+                pipe.hdel(scram_hash, args.username)
+                removed = pipe.execute()[0]
+            if not removed:
                 raise PasswdError(f"{key}: no user {args.username!r}")
             client.publish(changed_channel(args.cluster), f"user {args.username}")
             print(f"removed user {args.username!r} from {key}")
