@@ -41,7 +41,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/access/auth.py \
-		bridge/access/passwd.py bridge/access/acl.py bridge/access/ttlcache.py \
+		bridge/access/passwd.py bridge/access/acl.py bridge/access/ttlcache.py bridge/access/scram.py \
 		bridge/node/presubscribe.py bridge/node/positions.py bridge/node/retained.py bridge/node/stamp.py bridge/node/roles.py \
 		bridge/cluster/host.py bridge/operations/metrics.py bridge/config.py bridge/state.py \
 		bridge/cluster/wire.py bridge/cluster/announce.py \
@@ -50,6 +50,9 @@ lint: install
 		bridge/storage/rocketmq/queues.py bridge/storage/rocketmq/reads.py \
 		bridge/storage/rocketmq/sendframe.py bridge/storage/rocketmq/groups.py \
 		bridge/storage/filelog/segments.py \
+	bridge/storage/metadata.py bridge/node/outbound.py bridge/node/admission.py bridge/node/wills.py \
+	bridge/listeners/v5.py bridge/listeners/link.py bridge/listeners/enhanced_auth.py \
+	bridge/listeners/inbound.py bridge/listeners/outbound_acks.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 
 test: test-deps lint

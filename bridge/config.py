@@ -66,6 +66,9 @@ class Config:
     max_topic_levels: int = 128
     max_inflight: int = 32
     max_inbound_pending: int = 1000
+    receive_maximum: int = 1000
+    topic_alias_maximum: int = 64
+    server_reference: str = ""
     max_queued_messages: int = 10000
     max_queued_bytes: int = 64 * MiB
     session_expiry_seconds: float = 7 * 24 * 3600.0
@@ -148,6 +151,11 @@ SETTINGS: dict[str, str] = {
     "max_topic_levels": "most `/`-separated levels in a topic name or filter",
     "max_inflight": "unacknowledged QoS 1/2 messages in flight to one client",
     "max_inbound_pending": "QoS 1/2 publishes of one client awaiting storage before reading pauses",
+    "receive_maximum": "MQTT 5.0: QoS 1/2 messages a client may have unacknowledged towards the "
+    "bridge (told in CONNACK; more gets DISCONNECT 0x93)",
+    "topic_alias_maximum": "MQTT 5.0: topic aliases a client may use towards the bridge (0: none)",
+    "server_reference": "MQTT 5.0: the address v5 clients are told to use instead when this "
+    "node shuts down (DISCONNECT 0x8B), e.g. the load balancer's; empty: none",
     "max_queued_messages": "messages queued for an offline session before the oldest drop "
     "(a connected subscriber past it slows its publishers instead)",
     "max_queued_bytes": "bytes queued for an offline session before the oldest drop "
@@ -344,6 +352,7 @@ def validate(config: Config) -> None:
         "max_topic_levels",
         "max_inflight",
         "max_inbound_pending",
+        "receive_maximum",
         "max_queued_messages",
         "max_queued_bytes",
         "write_buffer_high",
@@ -353,6 +362,10 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{name}: must be positive, got {getattr(config, name)}")
     if config.max_inflight > 65535:
         raise ConfigError("max_inflight: at most 65535 (the packet id space)")
+    if config.receive_maximum > 65535:
+        raise ConfigError("receive_maximum: at most 65535 (the packet id space)")
+    if not 0 <= config.topic_alias_maximum <= 65535:
+        raise ConfigError("topic_alias_maximum: 0..65535")
     if config.max_packet_size > 268_435_460:
         raise ConfigError("max_packet_size: at most 268435460 (the MQTT maximum)")
     for name in ("connect_timeout", "offset_flush_interval", "session_expiry_seconds"):

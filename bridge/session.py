@@ -50,6 +50,22 @@ class Outbound:
     payload: bytes
     retain: bool
     phase: Phase = Phase.AWAITING_ACK
+    message: Any = None
+    """The stored message (`bridge.storage.base.Message`), so a resend keeps its properties."""
+    sub_ids: tuple[int, ...] = ()
+    """The Subscription Identifiers it was sent with."""
+
+
+@dataclass(slots=True, frozen=True)
+class SubOptions:
+    """The MQTT 5.0 options of one subscription beyond its QoS (3.1.1 subscriptions have none)."""
+
+    no_local: bool = False
+    """Not sent messages this client published itself (MQTT-3.8.3-3)."""
+    retain_as_published: bool = False
+    """Forwarded messages keep the RETAIN flag they were published with."""
+    identifier: int = 0
+    """The Subscription Identifier sent with every message it matches (0: none)."""
 
 
 @dataclass(slots=True)
@@ -62,6 +78,11 @@ class Session:
     """Non-shared topic filter -> granted QoS."""
     shared: dict[str, int] = field(default_factory=dict)
     """`$share/{group}/{filter}` -> granted QoS."""
+    options: dict[str, SubOptions] = field(default_factory=dict)
+    """Filter (plain or shared) -> its MQTT 5.0 options, only for filters that have any."""
+    expiry: float | None = None
+    """Seconds the session outlives its connection (MQTT 5.0 Session Expiry Interval); None
+    for a 3.1.1 persistent session, which lives the node's `session_expiry_seconds`."""
     cursors: dict[str, int] = field(default_factory=dict)
     """Queue -> next offset to read."""
     resend_below: dict[str, int] = field(default_factory=dict)
@@ -148,9 +169,15 @@ class Session:
 
     def encode_subscriptions(self) -> bytes:
         """The durable part that changes on SUBSCRIBE/UNSUBSCRIBE."""
-        return json.dumps(
-            {"subs": self.subscriptions, "shared": self.shared}, separators=(",", ":")
-        ).encode()
+        record: dict[str, Any] = {"subs": self.subscriptions, "shared": self.shared}
+        if self.options:
+            record["opt"] = {
+                f: [int(o.no_local), int(o.retain_as_published), o.identifier]
+                for f, o in self.options.items()
+            }
+        if self.expiry is not None:
+            record["exp"] = self.expiry
+        return json.dumps(record, separators=(",", ":")).encode()
 
     def encode_offsets(self) -> bytes:
         """Read positions, committed positions, the QoS 2 PUBREL-phase set and when the client
@@ -176,6 +203,11 @@ class Session:
             persistent=True,
             subscriptions={str(k): int(v) for k, v in subs.get("subs", {}).items()},
             shared={str(k): int(v) for k, v in subs.get("shared", {}).items()},
+            options={
+                str(k): SubOptions(bool(v[0]), bool(v[1]), int(v[2]))
+                for k, v in subs.get("opt", {}).items()
+            },
+            expiry=float(subs["exp"]) if subs.get("exp") is not None else None,
         )
         if offsets:
             data = json.loads(offsets)

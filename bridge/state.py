@@ -10,6 +10,7 @@ import json
 from base64 import b64decode, b64encode
 
 from bridge.storage.base import Message
+from bridge.storage.metadata import RETAINED_QOS
 
 KIND_SESSION = "session"
 """Persistent session: its subscriptions (JSON)."""
@@ -22,7 +23,7 @@ KIND_ONLINE = "online"
 KIND_QOS2_IN = "q2in"
 """`ClientId NUL packet id` of inbound QoS 2 messages stored and not yet released."""
 
-RETAINED_DELIVERY = "mqtt.retained-delivery"
+RETAINED_DELIVERY = RETAINED_QOS
 """Property of a retained message queued for one subscriber: the QoS it was granted."""
 
 
@@ -38,25 +39,29 @@ def will_of(online_record: bytes | None) -> Message | None:
 
 
 def encode_message(message: Message) -> bytes:
-    """A message as a small JSON record (retained messages, wills)."""
-    return json.dumps(
-        {
-            "t": message.topic,
-            "p": b64encode(message.payload).decode(),
-            "q": message.qos,
-            "r": message.retain,
-            "pub": message.publisher,
-            "k": message.key,
-            "ts": message.timestamp_ms,
-            "n": message.node,
-        },
-        separators=(",", ":"),
-    ).encode()
+    """A message as a small JSON record (retained messages, wills; a peer gets a retained
+    message in this form too). Its MQTT 5 metadata (`Message.properties`, see
+    `bridge.storage.metadata`) is the object `pr`, in its order, left out when empty: records of
+    earlier versions have none, and they ignore it."""
+    record = {
+        "t": message.topic,
+        "p": b64encode(message.payload).decode(),
+        "q": message.qos,
+        "r": message.retain,
+        "pub": message.publisher,
+        "k": message.key,
+        "ts": message.timestamp_ms,
+        "n": message.node,
+    }
+    if message.properties:
+        record["pr"] = message.properties
+    return json.dumps(record, separators=(",", ":")).encode()
 
 
 def decode_message(data: bytes) -> Message:
-    """Inverse of `encode_message`."""
+    """Inverse of `encode_message` (also of the records earlier versions wrote)."""
     raw = json.loads(data)
+    properties = raw.get("pr") or {}
     return Message(
         topic=raw["t"],
         payload=b64decode(raw["p"]),
@@ -66,4 +71,5 @@ def decode_message(data: bytes) -> Message:
         key=raw.get("k", ""),
         timestamp_ms=int(raw.get("ts", 0)),
         node=raw.get("n", ""),
+        properties={str(name): str(value) for name, value in properties.items()},
     )

@@ -15,11 +15,13 @@ Rules are lines of four words, checked top to bottom; the first rule that applie
 * topic filter: an MQTT filter where `%c` is the ClientId and `%u` the user name.
 
 With rules configured, a request no rule applies to is denied. A PUBLISH applies to a rule when
-its topic matches the rule's filter. A SUBSCRIBE applies to an `allow` rule when every topic the
-client's filter can match also matches the rule's (`sensors/#` allows `sensors/+/temp`, not the
-reverse), and to a `deny` rule when the two filters share any topic (so `#` is denied where
-`secret/#` is). A substitution that cannot be made (no user name for `%u`; a ClientId or user
-name with `+`, `#` or NUL) makes the rule not apply to that client.
+its topic matches the rule's filter. A SUBSCRIBE applies to a rule when every topic the client's
+filter can match also matches the rule's (`sensors/#` allows `sensors/+/temp`, not the reverse).
+A `deny` rule that shares only some topics with a requested filter does not refuse it: `#` is
+granted past `deny all subscribe secret/#`, and messages on topics the client may not read are
+left out when they are delivered (`may_read`, asked only of clients some deny rule applies to),
+as Mosquitto and EMQX do. A substitution that cannot be made (no user name for `%u`; a ClientId
+or user name with `+`, `#` or NUL) makes the rule not apply to that client.
 
 Pure: parsing, matching and the decision cache; `bridge.authstore` loads the rules from files and
 Redis.
@@ -244,6 +246,33 @@ class Acl:
         self._cache.put(key, allowed)
         return allowed
 
+    def subscribe_allowed(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        """Whether a SUBSCRIBE to `topic_filter` is granted: the first rule that covers it
+        decides (deny rules that share only some topics with it filter deliveries instead)."""
+        return self.allows(SUBSCRIBE, client_id, username, topic_filter)
+
+    def filters_reads(self, client_id: str, username: str | None) -> bool:
+        """Whether some deny rule on subscribing applies to this client, so what it receives
+        must be checked topic by topic (`may_read`). Cached like every decision."""
+        if self.rules is None:
+            return False
+        key = (client_id, username, "filters-reads", "")
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = any(
+                rule.decision is Decision.DENY
+                and rule.action in ("all", SUBSCRIBE)
+                and rule.applies_to(client_id, username)
+                for rule in self.rules
+            )
+            self._cache.put(key, cached)
+        return cached
+
+    def may_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        """Whether a message on topic name `topic` may be delivered to this client under the
+        rules on subscribing (a topic name is the narrowest filter)."""
+        return self.allows(SUBSCRIBE, client_id, username, topic)
+
     def decide(self, action: str, client_id: str, username: str | None, topic: str) -> bool:
         """The decision without the cache: the first rule that applies, else deny."""
         rule = self.first_applying(action, client_id, username, topic)
@@ -261,12 +290,6 @@ class Acl:
             pattern = substitute(rule.topic_filter, client_id, username)
             if pattern is None:
                 continue
-            if action == PUBLISH:
-                hit = topic_matches(pattern, topic)
-            elif rule.decision is Decision.ALLOW:
-                hit = covers(pattern, topic)
-            else:
-                hit = overlaps(pattern, topic)
-            if hit:
+            if topic_matches(pattern, topic) if action == PUBLISH else covers(pattern, topic):
                 return rule
         return None

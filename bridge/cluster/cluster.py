@@ -162,6 +162,7 @@ class Cluster:
             "admin": admin,
             "connections": self.node.connected_count(),
             "started": self.started_at,
+            "features": list(wire.FEATURES),
         }
         lapsed = await self.registry.heartbeat(info, self.config.node_timeout)
         if lapsed and self._started:
@@ -332,14 +333,14 @@ class Cluster:
         """A frame from an up link."""
         peer = link.peer_id
         node = self.node
-        if isinstance(frame, wire.Forward):
-            node.deliver_forwarded(frame.topic, frame.payload)
+        if isinstance(frame, wire.Forward | wire.ForwardMeta):
+            node.deliver_forwarded(wire.message_of(frame))
         elif isinstance(frame, wire.Wake):
             node.queues_woken(frame.queues)
         elif isinstance(frame, wire.Grew):
             node.queues_grew(dict(zip(frame.queues, frame.ends, strict=True)), forward=False)
-        elif isinstance(frame, wire.Deliver):
-            node.deliver_to(frame.client_id, frame.topic, frame.payload)
+        elif isinstance(frame, wire.Deliver | wire.DeliverMeta):
+            node.deliver_to(frame.client_id, wire.message_of(frame))
         elif isinstance(frame, wire.AddFilters):
             self._add_filters(peer, frame.filters)
         elif isinstance(frame, wire.RemoveFilters):
@@ -496,19 +497,39 @@ class Cluster:
     # -- messages to peers -----------------------------------------------------------------------
 
     def forward(self, peers: list[str], message: Message) -> None:
-        """A QoS 0 message for these peers' subscribers, encoded once (dropped, and counted,
-        where a link is down or backed up: QoS 0 is at most once)."""
-        data = wire.encode_forward(message.topic, message.payload, int(message.retain))
+        """A QoS 0 message for these peers' subscribers, encoded once per frame kind (dropped,
+        and counted, where a link is down or backed up: QoS 0 is at most once)."""
+        encoded: dict[bool, bytes] = {}  # by whether the frame carries the MQTT 5 metadata
         for peer in peers:
             link = self.links.get(peer)
-            if link is None or not link.send_droppable(data):
+            if link is None:
+                self.node.metrics.inc("dropped_peer_link")
+                continue
+            metadata = bool(message.properties) and self.speaks_metadata(link)
+            data = encoded.get(metadata)
+            if data is None:
+                data = encoded[metadata] = wire.forward_frame(message, metadata=metadata)
+            if not link.send_droppable(data):
                 self.node.metrics.inc("dropped_peer_link")
 
     def deliver(self, client_id: str, message: Message) -> None:
+        """A QoS 0 message for a shared member whose session a peer holds."""
         link = self.links.get(self.member_node.get(client_id, ""))
-        data = wire.encode(wire.Deliver(client_id, message.topic, message.payload))
+        metadata = link is not None and bool(message.properties) and self.speaks_metadata(link)
+        data = wire.deliver_frame(client_id, message, metadata=metadata)
         if link is None or not link.send_droppable(data):
             self.node.metrics.inc("dropped_peer_link")
+
+    def speaks_metadata(self, link: PeerLink) -> bool:
+        """Whether the peer's node understands the frames carrying MQTT 5 metadata: its registry
+        info says so, and is that of the boot at the other end of the link (a peer restarted
+        with an earlier version must not be sent them on the strength of stale info)."""
+        info = self.members.get(link.peer_id)
+        return (
+            info is not None
+            and info.get("boot") == link.peer_boot
+            and wire.FEATURE_METADATA in info.get("features", ())
+        )
 
     def wake(self, peer: str, ends: dict[str, int]) -> None:
         """Messages were stored on these queues for `peer`'s readers (see `Announcer.wake`)."""

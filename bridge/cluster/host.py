@@ -75,12 +75,16 @@ class ClusterHost(Protocol):
 
     # -- what peers send ------------------------------------------------------------------------
 
-    def deliver_forwarded(self, topic: str, payload: bytes) -> None:
-        """A QoS 0 message for this node's own subscribers."""
+    def deliver_forwarded(self, message: Message) -> None:
+        """A QoS 0 message a peer forwarded, for this node's own (non-shared) subscribers.
+        Topic, payload and retain flag are set; publisher, timestamp and `properties` (its
+        MQTT 5 metadata) too when it has metadata and the peer could send it
+        (`wire.ForwardMeta`), empty otherwise. QoS is 0."""
         ...
 
-    def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
-        """A QoS 0 message for one shared member held here."""
+    def deliver_to(self, client_id: str, message: Message) -> None:
+        """A QoS 0 message for one shared member held here (filled as for
+        `deliver_forwarded`)."""
         ...
 
     def queues_woken(self, queues: Iterable[str]) -> None:

@@ -10,10 +10,17 @@ A frame on the wire is::
 
 and its fields are, in the order the frame's class declares them: ``u8``, ``u64`` (8 bytes, big
 endian), ``str`` and ``bytes`` (u32 length, then UTF-8 or raw bytes), ``strs`` (u32 count, then
-that many ``str``) and ``u64s`` (u32 count, then that many ``u64``). A link starts with `Hello`
-from both sides; a peer that speaks another `VERSION` is refused with a clear error. New frame
-types get new type numbers; an unknown type is a protocol error, so a version bump is needed
-only when an old node could misread a frame.
+that many ``str``), ``u64s`` (u32 count, then that many ``u64``) and ``pairs`` (u32 count, then
+that many ``str`` name, ``str`` value). A link starts with `Hello` from both sides; a peer that
+speaks another `VERSION` is refused with a clear error. New frame types get new type numbers; an
+unknown type is a protocol error, so a version bump is needed only when an old node could misread
+a frame.
+
+Frames an earlier version does not know are optional `FEATURES`: a node advertises the ones it
+understands in its registry info, and a peer sends them only to a node that advertised them
+(for the boot it is linked to), the older frame otherwise. So in a rolling upgrade old and new
+nodes keep their links. `ForwardMeta` and `DeliverMeta` (feature `"meta"`) carry a QoS 0
+message's MQTT 5 metadata; a message without any still goes as `Forward` or `Deliver`.
 
 What each frame means to a node is described in docs/design.md ("Cluster").
 """
@@ -23,10 +30,17 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
+
+from bridge.storage.base import Message
 
 VERSION = 1
 """The peer protocol version this code speaks (sent in `Hello`)."""
+
+FEATURE_METADATA: Final = "meta"
+"""The node understands `ForwardMeta` and `DeliverMeta`."""
+FEATURES: Final = (FEATURE_METADATA,)
+"""The optional frames this code understands (a node advertises them in its registry info)."""
 
 MAX_FRAME = 64 * 1024 * 1024
 """Largest frame accepted: a full interest replay is split into frames well below this."""
@@ -140,6 +154,38 @@ class Deliver(Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class ForwardMeta(Frame):
+    """`Forward` of a message with MQTT 5 metadata: also its publisher (for No Local), its
+    timestamp (its expiry counts from it) and its `Message.properties`, in order. Sent only to
+    a peer with `FEATURE_METADATA`."""
+
+    TYPE = 18
+    SCHEMA = ("str", "bytes", "u8", "str", "u64", "pairs")
+    topic: str
+    payload: bytes
+    retain: int
+    publisher: str
+    timestamp_ms: int
+    properties: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverMeta(Frame):
+    """`Deliver` of a message with MQTT 5 metadata (the fields of `ForwardMeta`). Sent only to
+    a peer with `FEATURE_METADATA`."""
+
+    TYPE = 19
+    SCHEMA = ("str", "str", "bytes", "u8", "str", "u64", "pairs")
+    client_id: str
+    topic: str
+    payload: bytes
+    retain: int
+    publisher: str
+    timestamp_ms: int
+    properties: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Wake(Frame):
     """Messages were stored on these queues (ends not known to the sender): wake their readers."""
 
@@ -236,8 +282,65 @@ FRAME_TYPES: dict[int, type[Frame]] = {
         NodeGone,
         Ping,
         Pong,
+        ForwardMeta,
+        DeliverMeta,
     )
 }
+
+
+# --- QoS 0 messages ------------------------------------------------------------------------------
+
+
+def forward_frame(message: Message, *, metadata: bool) -> bytes:
+    """The bytes of a QoS 0 message forwarded to a peer's subscribers: `ForwardMeta` when it
+    has MQTT 5 metadata and the peer understands it (`metadata`), `Forward` otherwise (the
+    metadata is then lost, as it would be on a node of an earlier version)."""
+    if metadata and message.properties:
+        return encode(
+            ForwardMeta(
+                message.topic,
+                message.payload,
+                int(message.retain),
+                message.publisher,
+                message.timestamp_ms,
+                tuple(message.properties.items()),
+            )
+        )
+    return encode_forward(message.topic, message.payload, int(message.retain))
+
+
+def deliver_frame(client_id: str, message: Message, *, metadata: bool) -> bytes:
+    """The bytes of a QoS 0 message for one of a peer's clients (see `forward_frame`)."""
+    if metadata and message.properties:
+        return encode(
+            DeliverMeta(
+                client_id,
+                message.topic,
+                message.payload,
+                int(message.retain),
+                message.publisher,
+                message.timestamp_ms,
+                tuple(message.properties.items()),
+            )
+        )
+    return encode(Deliver(client_id, message.topic, message.payload))
+
+
+def message_of(frame: Forward | ForwardMeta | Deliver | DeliverMeta) -> Message:
+    """The QoS 0 message a `Forward`, `ForwardMeta`, `Deliver` or `DeliverMeta` carries (what
+    the older frames lack is left empty)."""
+    if isinstance(frame, ForwardMeta | DeliverMeta):
+        return Message(
+            frame.topic,
+            frame.payload,
+            retain=bool(frame.retain),
+            publisher=frame.publisher,
+            timestamp_ms=frame.timestamp_ms,
+            properties=dict(frame.properties),
+        )
+    return Message(
+        frame.topic, frame.payload, retain=isinstance(frame, Forward) and bool(frame.retain)
+    )
 
 
 # --- encoding ------------------------------------------------------------------------------------
@@ -283,6 +386,11 @@ def encode(frame: Frame) -> bytes:
             out.append(_U32.pack(len(value)))
             for item in value:
                 _put_str(out, item)
+        elif kind == "pairs":
+            out.append(_U32.pack(len(value)))
+            for name, text in value:
+                _put_str(out, name)
+                _put_str(out, text)
         else:  # u64s
             out.append(_U32.pack(len(value)))
             out.extend(_U64.pack(item) for item in value)
@@ -352,6 +460,8 @@ class _Reader:
         count = self.u32()
         if kind == "strs":
             return tuple(self.string() for _ in range(count))
+        if kind == "pairs":
+            return tuple((self.string(), self.string()) for _ in range(count))
         if count * 8 > len(self.data) - self.pos:
             raise PeerProtocolError("frame ends inside a field")
         return tuple(_U64.unpack(self.take(8))[0] for _ in range(count))

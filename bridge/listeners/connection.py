@@ -14,12 +14,17 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridge.access.acl import PUBLISH
+from bridge.listeners import outbound_acks
+from bridge.listeners.enhanced_auth import METHODS, Authentication
+from bridge.listeners.inbound import Inbound
 from bridge.listeners.tls import peer_cert_cn
+from bridge.listeners.v5 import Version5, connack_properties
 from bridge.mqtt import codec
-from bridge.mqtt.codec import Decoder, encode_puback, encode_pubrec
+from bridge.mqtt.codec import Decoder
 from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
 from bridge.mqtt.packets import (
+    Auth,
+    Connack,
     Connect,
     Disconnect,
     Pingreq,
@@ -33,8 +38,9 @@ from bridge.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from bridge.state import KIND_OFFSETS
-from bridge.storage.base import MetaUpdate, StoreUnavailable
+from bridge.mqtt.properties import PropertyId
+from bridge.mqtt.reasons import ReasonCode
+from bridge.storage.base import Message
 
 if TYPE_CHECKING:
     from bridge.node import Node
@@ -71,14 +77,17 @@ class Connection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
         self._paused_writing = False
-        self._paused_reading = False
-        self._pending_in = 0
-        self._ack_gate: _AckGate | None = None
+        self.inbound = Inbound(self)
+        self.v5: Version5 | None = None
+        """The MQTT 5.0 state once a v5 CONNECT is accepted (None: 3.1.1 / 3.1)."""
+        self.receive_maximum = node.config.receive_maximum
+        """QoS 1/2 messages a v5 client may have unacknowledged towards us."""
+        self.auth: Authentication | None = None
+        """The MQTT 5.0 enhanced authentication of the connection (None: none)."""
         self._keepalive_limit = 0.0
         self._last_rx = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._slow_since = 0.0
-        self._denied_topics: set[str] | None = None
         self.close_reason = ""
         self.listener = "tcp"
         self.keepalive = 0
@@ -124,6 +133,9 @@ class Connection(asyncio.Protocol):
             if self.closed:
                 return
             packets_in[_TYPE_NUMBERS.get(type(packet), 0)] += 1
+            if type(packet) is Auth and self.auth is not None and self.auth.waiting:
+                self.auth.on_auth(packet)  # the answer an exchange waits for, never held
+                continue
             if self._connecting or self._holds:
                 self._held.append(packet)
                 continue
@@ -132,12 +144,19 @@ class Connection(asyncio.Protocol):
             self._protocol_fault(error)
 
     def _protocol_fault(self, error: MQTTProtocolError) -> None:
+        reason_code = getattr(error, "reason_code", ReasonCode.MALFORMED_PACKET)
+        if self.session is None and self.decoder.protocol_level >= 5:
+            # A v5 client that never got its CONNACK hears why in one (MQTT-3.1.4-1).
+            self.send(codec.encode(Connack(reason_code, False), 5))
         if isinstance(error, PacketTooLarge):
             self.node.metrics.inc("packets_too_large")
-            self.close(f"packet of {error.size} bytes exceeds max_packet_size={error.limit}")
+            self.close(
+                f"packet of {error.size} bytes exceeds max_packet_size={error.limit}",
+                reason_code=ReasonCode.PACKET_TOO_LARGE,
+            )
         else:
             self.node.metrics.inc("protocol_errors")
-            self.close(f"protocol violation {error}")
+            self.close(f"protocol violation {error}", reason_code=reason_code)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
@@ -231,10 +250,102 @@ class Connection(asyncio.Protocol):
         self.transport.write(data)
         self.node.metrics.inc("bytes_out", len(data))
 
-    def close(self, reason: str, *, taken_over: bool = False, log_it: bool = True) -> None:
-        """Close the connection after flushing what is queued; log why, naming the client."""
+    @property
+    def auth_method(self) -> str | None:
+        """The enhanced authentication method the client completed (None: none)."""
+        auth = self.auth
+        return auth.method if auth is not None and auth.final else None
+
+    @property
+    def receive_window(self) -> int:
+        """QoS 1/2 messages the client takes unacknowledged (its v5 Receive Maximum)."""
+        return self.v5.receive_maximum if self.v5 is not None else 65535
+
+    @property
+    def level(self) -> int:
+        """The protocol level the client speaks (3, 4 or 5; 4 until its CONNECT is read)."""
+        return self.decoder.protocol_level
+
+    def start_v5(
+        self, connect_props: dict[int, Any], chosen: dict[int, Any], session_present: bool
+    ) -> None:
+        """Accept a v5 CONNECT: take the client's limits, answer CONNACK with the server's
+        (and what it `chosen` differently from what the client asked)."""
+        config = self.node.config
+        self.v5 = Version5(connect_props, config.topic_alias_maximum)
+        props = connack_properties(
+            receive_maximum=self.receive_maximum,
+            maximum_packet_size=config.max_packet_size,
+            topic_alias_maximum=config.topic_alias_maximum,
+        )
+        props.update(chosen)
+        if self.auth is not None:
+            props[PropertyId.AUTHENTICATION_METHOD] = self.auth.method
+            props[PropertyId.AUTHENTICATION_DATA] = self.auth.final
+        self.send(codec.encode(Connack(0, session_present, props), 5))
+
+    def encode_message(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        dup: bool = False,
+        packet_id: int | None = None,
+        sub_ids: tuple[int, ...] = (),
+    ) -> bytes | None:
+        """The PUBLISH of `message` for this client, in its protocol version; None if larger
+        than a v5 client's Maximum Packet Size (counted: it is not sent)."""
+        v5 = self.v5
+        if v5 is None:
+            return codec.encode_publish(message.topic, message.payload, qos, retain, dup, packet_id)
+        data = v5.encode_publish(message, qos, retain, dup, packet_id, sub_ids)
+        if data is None:
+            self.node.metrics.inc("dropped_too_large_for_client")
+            log.debug(
+                "client %s: message on %r larger than its Maximum Packet Size, not sent",
+                self.client_id,
+                message.topic,
+            )
+        return data
+
+    def may_read(self, topic: str) -> bool:
+        """Whether a message on `topic` may be delivered to this client: a deny rule narrower
+        than one of its subscriptions leaves such topics out (asked only when a deny rule on
+        subscribing applies to the client; decisions are cached)."""
+        acl = self.node.access.acl
+        if acl.rules is None or not acl.filters_reads(self.client_id, self.username):
+            return True
+        if acl.may_read(self.client_id, self.username, topic):
+            return True
+        self.node.metrics.inc("acl_filtered_deliveries")
+        return False
+
+    def reason_string(self, text: str) -> dict[int, Any] | None:
+        """A Reason String property for an acknowledgement, if the v5 client wants them."""
+        v5 = self.v5
+        if v5 is None or not v5.problem_information:
+            return None
+        return {PropertyId.REASON_STRING: text[:200]}
+
+    def close(
+        self,
+        reason: str,
+        *,
+        taken_over: bool = False,
+        log_it: bool = True,
+        reason_code: int | None = None,
+        server_reference: str = "",
+    ) -> None:
+        """Close the connection after flushing what is queued; log why, naming the client. A v5
+        client is first sent DISCONNECT with `reason_code`, the reason as Reason String and
+        the `server_reference` to use instead, if any."""
         if self.closed:
             return
+        if reason_code is not None and self.v5 is not None:
+            props: dict[int, Any] = {PropertyId.REASON_STRING: reason[:200]}
+            if server_reference:
+                props[PropertyId.SERVER_REFERENCE] = server_reference
+            self.send(codec.encode_disconnect5(reason_code, props))
         self.closed = True
         self.close_reason = reason
         if log_it:
@@ -264,9 +375,15 @@ class Connection(asyncio.Protocol):
             handler = _HANDLERS.get(type(packet))
             if handler is None:
                 if isinstance(packet, Connect):
-                    self.close("second CONNECT on one connection (MQTT-3.1.0-2)")
+                    self.close(
+                        "second CONNECT on one connection (MQTT-3.1.0-2)",
+                        reason_code=ReasonCode.PROTOCOL_ERROR,
+                    )
                 else:
-                    self.close(f"{type(packet).__name__} is not a packet a client may send")
+                    self.close(
+                        f"{type(packet).__name__} is not a packet a client may send",
+                        reason_code=ReasonCode.PROTOCOL_ERROR,
+                    )
                 return
             handler(self, packet)
         except Exception:
@@ -276,7 +393,7 @@ class Connection(asyncio.Protocol):
                 self.peer,
                 type(packet).__name__,
             )
-            self.close("internal error")
+            self.close("internal error", reason_code=ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _start_connect(self, packet: Connect) -> None:
         self._connecting = True
@@ -287,21 +404,35 @@ class Connection(asyncio.Protocol):
 
     async def _connect(self, packet: Connect) -> None:
         try:
+            method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
+            if (
+                method in METHODS
+                and packet.protocol_level >= 5
+                and self.node.access.scram_available
+            ):
+                self.auth = Authentication(self, method)
+                if not await self.auth.at_connect(packet):
+                    return
             session = await self.node.lifecycle.connect(self, packet)
         finally:
             self._connecting = False
         if session is None or self.closed:
             return
-        keepalive = packet.keepalive
-        if self.node.config.max_keepalive and (
-            keepalive == 0 or keepalive > self.node.config.max_keepalive
-        ):
-            keepalive = self.node.config.max_keepalive
-        self.keepalive = keepalive
+        keepalive = self.keepalive  # granted by the lifecycle (capped by max_keepalive)
         if keepalive:
             self._keepalive_limit = keepalive * 1.5
             self._timer = self.loop.call_later(self._keepalive_limit, self._keepalive_check)
         self._handle_held()
+
+    def _on_auth(self, packet: Auth) -> None:
+        auth = self.auth
+        if auth is None:
+            self.close(
+                "AUTH without enhanced authentication at CONNECT (MQTT-4.12.0-7)",
+                reason_code=ReasonCode.PROTOCOL_ERROR,
+            )
+            return
+        auth.on_auth(packet)
 
     def hold(self) -> None:
         """Keep further packets of this client unhandled until `release` (while the node
@@ -330,197 +461,20 @@ class Connection(asyncio.Protocol):
         idle = self.loop.time() - self._last_rx
         if idle >= self._keepalive_limit:
             self.node.metrics.inc("keepalive_timeouts")
-            self.close(f"keepalive timeout: nothing received for {idle:.1f} s (MQTT-3.1.2-24)")
+            self.close(
+                f"keepalive timeout: nothing received for {idle:.1f} s (MQTT-3.1.2-24)",
+                reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT,
+            )
             return
         self._timer = self.loop.call_later(self._keepalive_limit - idle, self._keepalive_check)
 
-    def _on_publish(self, packet: Publish) -> None:
-        session = self.session
-        assert session is not None
-        node = self.node
-        error = node.check_topic_limits(packet.topic)
-        if error:
-            self.close(f"PUBLISH to {packet.topic[:64]!r}: {error}")
-            return
-        if packet.topic.startswith("$SYS"):
-            self._drop_publish(packet, "dropped_sys_publish", "$SYS topics are the broker's")
-            return
-        acl = node.access.acl
-        if acl.rules is not None and not acl.allows(
-            PUBLISH, self.client_id, self.username, packet.topic
-        ):
-            self._drop_publish(packet, "acl_denied_publish", "denied by the ACL")
-            return
-        if packet.qos == 0:
-            self.msgs_in += 1
-            self.payload_in += len(packet.payload)
-            node.publisher.publish_qos0(session, packet)
-            return
-        packet_id = packet.packet_id
-        assert packet_id is not None
-        if packet.qos == 2 and packet_id in session.inbound_qos2:
-            # A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
-            # that store is durable, never store it twice. (A failed store removes the id.)
-            node.publisher.publish_qos2_again(
-                session, packet, lambda error: self._acknowledge(error, 2, packet_id)
-            )
-            return
-        qos = packet.qos
-        self.msgs_in += 1
-        self.payload_in += len(packet.payload)
-        self._pending_in += 1  # before publish: a failing store may call back at once
-        node.publisher.publish(
-            session, packet, lambda _s, error: self._acknowledge(error, qos, packet_id, True)
-        )
-        if self._pending_in >= node.config.max_inbound_pending and not self._paused_reading:
-            self._paused_reading = True
-            if self.transport is not None:
-                self.transport.pause_reading()
-
-    def _drop_publish(self, packet: Publish, counter: str, reason: str) -> None:
-        """Drop a PUBLISH the client may not send. MQTT 3.1.1 has no way to say so: a QoS 1/2
-        message is acknowledged (else the client would resend it forever), counted and logged;
-        the first drop per topic of a connection at WARNING, repeats at DEBUG."""
-        self.node.metrics.inc(counter)
-        denied = self._denied_topics
-        if denied is None:
-            denied = self._denied_topics = set()
-        first = packet.topic not in denied
-        if first and len(denied) < 100:
-            denied.add(packet.topic)
-        log.log(
-            logging.WARNING if first else logging.DEBUG,
-            "client %s (user %r): PUBLISH to %r dropped: %s",
-            self.client_id,
-            self.username,
-            packet.topic,
-            reason,
-        )
-        if packet.qos == 1:
-            self._send_ack(codec.encode(Puback(packet.packet_id or 0)))
-        elif packet.qos == 2:
-            self._send_ack(codec.encode(Pubrec(packet.packet_id or 0)))
-
-    def _acknowledge(
-        self, error: BaseException | None, qos: int, packet_id: int, counted: bool = False
-    ) -> None:
-        """The PUBLISH is durable (or failed): PUBACK/PUBREC it (or close so the client resends).
-        While acknowledgements are held (`hold_acks`) it waits behind the others, in order."""
-        if error is not None:
-            if counted:
-                self._stored_in()
-            self.close(f"message not stored, so not acknowledged ({error}); the client will resend")
-            return
-        self._send_ack(encode_puback(packet_id) if qos == 1 else encode_pubrec(packet_id), counted)
-
-    def _send_ack(self, data: bytes, counted: bool = False) -> None:
-        """Send a PUBACK/PUBREC now, or after the ones held before it (`hold_acks`)."""
-        gate = self._ack_gate
-        if gate is not None:
-            gate.waiting.append((data, counted))
-            return
-        if counted:
-            self._stored_in()
-        self.send(data)
-
-    def _stored_in(self) -> None:
-        """One counted publish is answered: resume reading once half the pending ones are."""
-        self._pending_in -= 1
-        if self._paused_reading and self._pending_in <= self.node.config.max_inbound_pending // 2:
-            self._paused_reading = False
-            if self.transport is not None and not self.closed:
-                self.transport.resume_reading()
-
     def hold_acks(self, reason: str) -> None:
-        """Hold this client's PUBACKs/PUBRECs, in order, until every reason is released (a
-        subscriber of its messages is too far behind: `bridge.node.congestion`)."""
-        gate = self._ack_gate
-        if gate is None:
-            gate = self._ack_gate = _AckGate()
-        gate.reasons.add(reason)
+        """Hold this client's PUBACKs/PUBRECs, in order (see `Inbound.hold_acks`)."""
+        self.inbound.hold_acks(reason)
 
     def release_acks(self, reason: str) -> None:
-        """One reason to hold acknowledgements is gone; with none left, send what waited."""
-        gate = self._ack_gate
-        if gate is None:
-            return
-        gate.reasons.discard(reason)
-        if gate.reasons:
-            return
-        self._ack_gate = None
-        for data, counted in gate.waiting:
-            if counted:
-                self._stored_in()
-            self.send(data)
-
-    def _on_pubrel(self, packet: Pubrel) -> None:
-        session = self.session
-        assert session is not None
-        if not session.persistent:
-            session.inbound_qos2.pop(packet.packet_id, None)
-            self.send(codec.encode(Pubcomp(packet.packet_id)))
-            return
-        self.node.spawn(self._release(session, packet.packet_id))
-
-    async def _release(self, session: Session, packet_id: int) -> None:
-        try:
-            await self.node.publisher.release_qos2(session, packet_id)
-        except StoreUnavailable as exc:
-            self.close(f"store unavailable, PUBREL not completed: {exc}")
-            return
-        self.send(codec.encode(Pubcomp(packet_id)))
-
-    def _on_puback(self, packet: Puback) -> None:
-        session = self.session
-        assert session is not None
-        if session.on_puback(packet.packet_id) is None:
-            log.debug(
-                "client %s: PUBACK for unknown packet id %d", self.client_id, packet.packet_id
-            )
-            return
-        self._after_ack(session)
-
-    def _on_pubrec(self, packet: Pubrec) -> None:
-        session = self.session
-        assert session is not None
-        out = session.on_pubrec(packet.packet_id)
-        if out is None or not session.persistent:
-            # Unknown id: answer PUBREL anyway so the client can finish its side.
-            self.send(codec.encode(Pubrel(packet.packet_id)))
-            return
-        # The client may forget the id once it has PUBCOMPed: the PUBREL phase must be durable
-        # before PUBREL goes out, so a restart never resends this PUBLISH.
-        self.node.spawn(self._persist_then_pubrel(session, packet.packet_id))
-
-    async def _persist_then_pubrel(self, session: Session, packet_id: int) -> None:
-        try:
-            await self.node.store.put_meta(
-                [MetaUpdate(KIND_OFFSETS, session.client_id, session.encode_offsets())],
-                durable=True,
-            )
-        except StoreUnavailable as exc:
-            self.close(f"store unavailable, PUBREC not recorded: {exc}")
-            return
-        self.send(codec.encode(Pubrel(packet_id)))
-
-    def _on_pubcomp(self, packet: Pubcomp) -> None:
-        session = self.session
-        assert session is not None
-        if session.on_pubcomp(packet.packet_id) is None:
-            log.debug(
-                "client %s: PUBCOMP for unknown packet id %d", self.client_id, packet.packet_id
-            )
-            return
-        self._after_ack(session)
-
-    def _after_ack(self, session: Session) -> None:
-        self.node.housekeeper.mark_offsets_dirty(session)
-        delivery = self.node.deliveries.get(session.client_id)
-        if delivery is not None and delivery.blocked_on_window:
-            # Refill the window in batches, not one message per acknowledgement.
-            max_inflight = self.node.config.max_inflight
-            if max_inflight - len(session.inflight) >= max(1, max_inflight // 4):
-                delivery.wake()
+        """One reason to hold acknowledgements is gone (see `Inbound.release_acks`)."""
+        self.inbound.release_acks(reason)
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         assert self.session is not None
@@ -534,20 +488,32 @@ class Connection(asyncio.Protocol):
         self.send(PINGRESP)
 
     def _on_disconnect(self, packet: Disconnect) -> None:
-        self._graceful = True
+        session = self.session
+        assert session is not None
+        if self.v5 is not None:
+            expiry = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+            if expiry is not None:
+                if expiry and not session.persistent:
+                    self.close(
+                        "DISCONNECT sets a Session Expiry Interval on a session that had 0 "
+                        "(MQTT-3.14.2-2)",
+                        reason_code=ReasonCode.PROTOCOL_ERROR,
+                    )
+                    return
+                self.node.lifecycle.set_expiry(session, expiry)
+            if packet.reason_code >= 0x80:
+                log.info(
+                    "client %s: DISCONNECT with reason 0x%02X %s",
+                    self.client_id,
+                    packet.reason_code,
+                    packet.properties.get(PropertyId.REASON_STRING, ""),
+                )
+        # DISCONNECT with reason 0x04 asks for the will to be published all the same.
+        self._graceful = packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL
         log.debug("client %s: DISCONNECT", self.client_id)
-        self.node.lifecycle.disconnected(self, graceful=True)
+        self.node.lifecycle.disconnected(self, graceful=self._graceful)
+        self._graceful = True
         self.close("DISCONNECT", log_it=False)
-
-
-class _AckGate:
-    """Acknowledgements held back, in order, and why (`Connection.hold_acks`)."""
-
-    __slots__ = ("reasons", "waiting")
-
-    def __init__(self) -> None:
-        self.reasons: set[str] = set()
-        self.waiting: list[tuple[bytes, bool]] = []
 
 
 _TYPE_NUMBERS: dict[type, int] = {
@@ -561,18 +527,20 @@ _TYPE_NUMBERS: dict[type, int] = {
     Unsubscribe: 10,
     Pingreq: 12,
     Disconnect: 14,
+    Auth: 15,
 }
 
 _HANDLERS: dict[type, Callable[[Connection, Any], None]] = {
-    Publish: Connection._on_publish,
-    Puback: Connection._on_puback,
-    Pubrec: Connection._on_pubrec,
-    Pubrel: Connection._on_pubrel,
-    Pubcomp: Connection._on_pubcomp,
+    Publish: lambda conn, packet: conn.inbound.on_publish(packet),
+    Puback: outbound_acks.on_puback,
+    Pubrec: outbound_acks.on_pubrec,
+    Pubrel: lambda conn, packet: conn.inbound.on_pubrel(packet),
+    Pubcomp: outbound_acks.on_pubcomp,
     Subscribe: Connection._on_subscribe,
     Unsubscribe: Connection._on_unsubscribe,
     Pingreq: Connection._on_pingreq,
     Disconnect: Connection._on_disconnect,
+    Auth: Connection._on_auth,
 }
 """Packet type -> handler, once for the class (a table per connection cost ~0.9 KiB of each
 connection's memory: docs/performance.md, connection capacity)."""

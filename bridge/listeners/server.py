@@ -20,6 +20,7 @@ from typing import Any
 from bridge.access import AccessControl
 from bridge.config import Config, parse_listen
 from bridge.listeners.connection import Connection
+from bridge.mqtt.reasons import ReasonCode
 from bridge.node import Node
 from bridge.operations.prometheus import Exporter
 from bridge.state import KIND_ONLINE
@@ -233,9 +234,15 @@ class Server:
         # A node shutting down is not a client failing: no wills, and no "online" records left
         # behind for the next start to treat as crashed clients.
         online = list(node.connections)
+        reference = self.config.server_reference
         for conn in list(node.connections.values()):
             conn.will = None
-            conn.close("server shutting down", log_it=False)
+            conn.close(
+                "server shutting down",
+                log_it=False,
+                reason_code=ReasonCode.SERVER_SHUTTING_DOWN,
+                server_reference=reference,
+            )
         if online:
             await node.persist_quietly([MetaUpdate(KIND_ONLINE, cid, None) for cid in online])
         for listener in self.listeners:

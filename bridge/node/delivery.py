@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Pubrel
+from bridge.node.outbound import stored_copy
 from bridge.router.queues import CLIENT, FILTER, filter_of, queue_kind, share_filter_of
 from bridge.session import Outbound, Phase, Session, packet_id_for
-from bridge.state import RETAINED_DELIVERY
 from bridge.storage.base import StoreUnavailable
+from bridge.storage.metadata import SUBSCRIPTION_IDS, expired, retained_qos
 
 if TYPE_CHECKING:
     from bridge.node.roles import ClientLink
@@ -151,13 +153,19 @@ class Delivery:
         conn = self.conn
         for out in self.session.inflight.values():
             if out.phase is Phase.AWAITING_ACK:
-                conn.send(
-                    codec.encode_publish(
+                message = out.message
+                if message is None:
+                    data = codec.encode_publish(
                         out.topic, out.payload, out.qos, out.retain, True, out.packet_id
                     )
-                )
+                else:
+                    data = conn.encode_message(
+                        message, out.qos, out.retain, True, out.packet_id, out.sub_ids
+                    )
+                if data is not None:
+                    conn.send(data)
             else:
-                conn.send(codec.encode(Pubrel(out.packet_id)))
+                conn.send(codec.encode(Pubrel(out.packet_id), conn.level))
 
     async def _run(self, queue: str) -> None:
         try:
@@ -239,43 +247,63 @@ class Delivery:
 
     def _send(self, queue: str, logical: str, stored: Stored) -> bool | None:
         """Send one message read from part `queue` of queue `logical`; False if skipped
-        (delivered through another queue), None if the window or packet id is not free (stop
-        and wait for an acknowledgement)."""
+        (delivered through another queue, expired, held back by No Local or too large for the
+        client), None if the window or packet id is not free (stop and wait for an
+        acknowledgement)."""
         session = self.session
         message = stored.message
         retain = False
+        sub_ids: tuple[int, ...] = ()
+        if message.properties and expired(
+            message.properties, message.timestamp_ms, int(time.time() * 1000)
+        ):
+            self.metrics.inc("dropped_expired")
+            return False  # its Message Expiry Interval passed while it waited (MQTT-3.3.2-5)
+        if not self.conn.may_read(message.topic):
+            return False
         kind = queue_kind(logical)
         if kind == FILTER:
             # A message on several of this client's filter queues goes out once, from the queue
             # of the filter granting the highest QoS (MQTT-3.3.5-1).
             topic_filter = filter_of(logical)
-            best_qos = -1
-            best_filter = ""
-            if len(stored.queues) == 1:
-                best_qos = session.subscriptions.get(topic_filter, -1)
-                best_filter = topic_filter
+            if len(stored.queues) == 1 and not session.options:
+                best_filter: str | None = topic_filter
             else:
                 queue_of_part = self.store.queue_of_part
+                filters = []
                 for part in stored.queues:
                     name = queue_of_part(part) or part
                     if queue_kind(name) == FILTER:
-                        other = filter_of(name)
-                        granted = session.subscriptions.get(other)
-                        if granted is not None and (granted, other) > (best_qos, best_filter):
-                            best_qos, best_filter = granted, other
-            if best_qos < 0 or topic_filter != best_filter:
+                        filters.append(filter_of(name))
+                best_filter, retain, sub_ids = stored_copy(
+                    session, filters, message.publisher, message.retain
+                )
+            if topic_filter != best_filter:
+                return False
+            best_qos = session.subscriptions.get(topic_filter)
+            if best_qos is None:
                 return False
             qos = min(message.qos, best_qos)
         elif kind == CLIENT:
-            retained_qos = message.properties.get(RETAINED_DELIVERY)
-            retain = retained_qos is not None
-            qos = min(message.qos, int(retained_qos)) if retained_qos is not None else message.qos
+            retained = retained_qos(message.properties) if message.properties else None
+            retain = retained is not None
+            qos = message.qos if retained is None else min(message.qos, retained)
+            ids = message.properties.get(SUBSCRIPTION_IDS)
+            if ids:
+                sub_ids = tuple(int(i) for i in ids.split(","))
         else:
-            qos = min(message.qos, session.shared.get(share_filter_of(logical), 0))
+            share_filter = share_filter_of(logical)
+            qos = min(message.qos, session.shared.get(share_filter, 0))
+            option = session.options.get(share_filter) if session.options else None
+            if option is not None:
+                retain = message.retain and option.retain_as_published
+                sub_ids = (option.identifier,) if option.identifier else ()
         conn = self.conn
         if qos == 0:
-            payload = message.payload
-            conn.send_message(codec.encode_publish(message.topic, payload, 0, retain), len(payload))
+            data = conn.encode_message(message, 0, retain, False, None, sub_ids)
+            if data is None:
+                return False
+            conn.send_message(data, len(message.payload))
             self.metrics.counters["messages_out_qos0"] += 1
             return True
         if len(session.inflight) >= self.max_inflight:
@@ -283,19 +311,30 @@ class Delivery:
         packet_id = packet_id_for(stored.seq)
         if packet_id in session.inflight:
             return None  # id collision with an older message still in flight: wait for it
+        released = qos == 2 and stored.seq in session.released
+        dup = stored.offset < session.resend_below.get(queue, -1)
+        data = None
+        if not released:
+            data = conn.encode_message(message, qos, retain, dup, packet_id, sub_ids)
+            if data is None:
+                return False  # too large for the client: as if sent (MQTT-3.1.2-25)
         out = Outbound(
-            packet_id, queue, stored.offset, stored.seq, qos, message.topic, message.payload, retain
+            packet_id,
+            queue,
+            stored.offset,
+            stored.seq,
+            qos,
+            message.topic,
+            message.payload,
+            retain,
+            message=message,
+            sub_ids=sub_ids,
         )
         session.track(out)
-        if qos == 2 and stored.seq in session.released:
+        if data is None:
             out.phase = Phase.AWAITING_PUBCOMP
-            conn.send(codec.encode(Pubrel(packet_id)))
+            conn.send(codec.encode(Pubrel(packet_id), conn.level))
             return True
-        dup = stored.offset < session.resend_below.get(queue, -1)
-        conn.send_message(
-            codec.encode_publish(message.topic, message.payload, qos, retain, dup, packet_id),
-            len(message.payload),
-            metered=not dup,  # a resend after a reconnect is not metered twice
-        )
+        conn.send_message(data, len(message.payload), metered=not dup)
         self.metrics.counters["messages_out_qos1" if qos == 1 else "messages_out_qos2"] += 1
         return True

@@ -168,13 +168,27 @@ class Housekeeper:
         """The session is gone: nothing of it to flush."""
         self._dirty_offsets.discard(client_id)
 
+    def expire_later(self, session: Session) -> None:
+        """A session with its own expiry interval (MQTT 5.0) went offline: look at it again
+        when that interval has passed, not only on the periodic check."""
+        if session.expiry is None or not session.persistent:
+            return
+        loop = asyncio.get_running_loop()
+        loop.call_later(
+            min(session.expiry + 0.05, 86_400.0 * 30),
+            lambda: self.owner.spawn(self.expire_sessions(time.time())),
+        )
+
     async def expire_sessions(self, now: float) -> None:
-        """Discard persistent sessions offline longer than `session_expiry_seconds`."""
+        """Discard persistent sessions offline longer than their expiry interval (their own,
+        MQTT 5.0, or `session_expiry_seconds`)."""
         limit = self.config.session_expiry_seconds
         expired = [
             s
             for s in self.sessions.values()
-            if s.persistent and not s.connected and now - s.disconnected_at > limit
+            if s.persistent
+            and not s.connected
+            and now - s.disconnected_at >= (limit if s.expiry is None else s.expiry)
         ]
         if not expired:
             return

@@ -12,30 +12,24 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bridge.access.acl import PUBLISH
-from bridge.access.auth import AuthResult
 from bridge.mqtt import codec
-from bridge.mqtt.packets import Connack, ConnackCode, Connect, Will
+from bridge.mqtt.packets import Connack, Connect
+from bridge.mqtt.properties import PropertyId
+from bridge.mqtt.reasons import ReasonCode
+from bridge.node.admission import Admission
 from bridge.node.positions import start_new_parts, start_reading
 from bridge.node.presubscribe import Presubscription
 from bridge.node.publish import Publisher, Unsettled
 from bridge.node.roles import ClientLink, Spawner
 from bridge.node.subscriptions import Subscriptions
+from bridge.node.wills import Wills, delay_of
 from bridge.operations.metrics import Metrics
 from bridge.router.queues import client_queue, filter_queue
 from bridge.session import Session
-from bridge.state import (
-    KIND_OFFSETS,
-    KIND_ONLINE,
-    KIND_QOS2_IN,
-    KIND_SESSION,
-    encode_message,
-    will_of,
-)
+from bridge.state import KIND_OFFSETS, KIND_ONLINE, KIND_QOS2_IN, KIND_SESSION, will_of
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StaleOwner, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -43,6 +37,7 @@ if TYPE_CHECKING:
     from bridge.cluster.cluster import Cluster
     from bridge.cluster.registry import Claim
     from bridge.config import Config
+    from bridge.mqtt.packets import Will
     from bridge.node.delivery import Delivery
     from bridge.node.housekeeping import Housekeeper
     from bridge.operations.metering import Meter
@@ -71,7 +66,7 @@ class SessionLifecycle:
         connections: dict[str, ClientLink],
         deliveries: dict[str, Delivery],
         make_delivery: Callable[[Session, ClientLink], Delivery],
-        admitting: Callable[[], bool],
+        refusing: Callable[[], int | None],
         topic_fault: Callable[[str], str | None],
         spawn: Spawner,
     ) -> None:
@@ -86,8 +81,9 @@ class SessionLifecycle:
         self.events = events
         self.meter = meter
         self.make_delivery = make_delivery
-        self.admitting = admitting
-        """Whether the node takes new clients now (not draining, under max_connections)."""
+        self.refusing = refusing
+        """Why the node takes no new clients now (a reason code: draining, at
+        max_connections), or None when it does."""
         self.topic_fault = topic_fault
         """What is wrong with a topic or filter under the configured limits (None: nothing)."""
         self.spawn = spawn
@@ -96,6 +92,14 @@ class SessionLifecycle:
         self.connections = connections
         self.deliveries = deliveries
         self.cluster: Cluster | None = None
+        self.wills = Wills(publisher=publisher, metrics=metrics, spawn=spawn)
+        self.admission = Admission(
+            config=config,
+            access=access,
+            metrics=metrics,
+            refusing=refusing,
+            topic_fault=topic_fault,
+        )
 
     # -- restore and adopt -------------------------------------------------------------------
 
@@ -134,96 +138,33 @@ class SessionLifecycle:
 
     # -- CONNECT -------------------------------------------------------------------------------
 
-    def _check_connect(self, conn: ClientLink, packet: Connect) -> str | None:
-        """The ClientId this CONNECT may use (assigned if empty), or None once refused."""
-        cfg = self.config
-        if (packet.protocol_name, packet.protocol_level) not in (("MQIsdp", 3), ("MQTT", 4)):
-            self.refuse(
-                conn,
-                ConnackCode.UNACCEPTABLE_PROTOCOL_VERSION,
-                f"protocol level {packet.protocol_level} not supported (MQTT-3.1.2-2)",
-            )
-            return None
-        client_id = packet.client_id
-        if not client_id:
-            if not packet.clean_session:
-                self.refuse(
-                    conn,
-                    ConnackCode.IDENTIFIER_REJECTED,
-                    "empty ClientId with clean session 0 (MQTT-3.1.3-8)",
-                )
-                return None
-            if not cfg.allow_zero_length_clientid:
-                self.refuse(
-                    conn,
-                    ConnackCode.IDENTIFIER_REJECTED,
-                    "empty ClientId not allowed by configuration",
-                )
-                return None
-            client_id = f"auto-{uuid.uuid4().hex}"
-        elif packet.protocol_level == 3 and len(client_id) > 23:
-            self.refuse(
-                conn, ConnackCode.IDENTIFIER_REJECTED, "MQTT 3.1 ClientId longer than 23 characters"
-            )
-            return None
-        if "\x00" in client_id or len(client_id.encode()) > cfg.max_topic_length:
-            self.refuse(conn, ConnackCode.IDENTIFIER_REJECTED, "ClientId too long")
-            return None
-        if not self.admitting():
-            self.refuse(
-                conn, ConnackCode.SERVER_UNAVAILABLE, "node is draining or at max_connections"
-            )
-            return None
-        return client_id
-
-    async def _admit(
-        self, conn: ClientLink, packet: Connect, client_id: str
-    ) -> tuple[bool, str | None]:
-        """Authenticate and check the will against the ACL: whether the client is admitted, and
-        the user name it acts as (None: anonymous). Refused clients are answered here."""
-        result, username = await self.access.authenticate(
-            client_id, packet.username, packet.password, conn.cert_cn
-        )
-        if conn.closed:
-            return False, None
-        if result is not AuthResult.ACCEPTED:
-            self.metrics.inc("auth_failures")
-            self.refuse(
-                conn,
-                result.connack_code,
-                f"authentication failed ({result.name}) for user {packet.username!r}",
-            )
-            return False, None
-        if packet.will is not None and not self.access.acl.allows(
-            PUBLISH, client_id, username, packet.will.topic
-        ):
-            self.metrics.inc("acl_denied_will")
-            self.refuse(
-                conn,
-                ConnackCode.NOT_AUTHORIZED,
-                f"ACL denies publishing the will topic {packet.will.topic!r}",
-            )
-            return False, None
-        return True, username
-
     async def connect(self, conn: ClientLink, packet: Connect) -> Session | None:
         """Validate CONNECT, take over or create the session, answer CONNACK. None if refused."""
-        client_id = self._check_connect(conn, packet)
+        client_id = self.admission.check(conn, packet)
         if client_id is None:
             return None
+        level = packet.protocol_level
         if packet.will is not None:
             error = self.topic_fault(packet.will.topic)
             if error:
-                conn.close(f"will topic rejected: {error}")
+                self.admission.refuse(
+                    conn, ReasonCode.TOPIC_NAME_INVALID, f"will topic rejected: {error}", level
+                )
                 return None
-        admitted, username = await self._admit(conn, packet, client_id)
+        admitted, username = await self.admission.admit(conn, packet, client_id)
         if not admitted:
             return None
+        expiry, keepalive, said = self.admission.negotiate(packet)
+        # 3.1.1: clean session 1 = nothing kept; 5.0: the session lives `expiry` seconds.
+        persistent = not packet.clean_session if expiry is None else expiry > 0
         conn.username = username
         conn.client_id = client_id
+        conn.keepalive = keepalive
         handed_over = False
         if self.cluster is not None:
-            outcome = await self._take_over_in_cluster(conn, client_id, packet.clean_session)
+            outcome = await self._take_over_in_cluster(
+                conn, client_id, packet.clean_session, persistent
+            )
             if outcome is None:
                 return None
             handed_over = outcome
@@ -235,19 +176,34 @@ class SessionLifecycle:
                 client_id,
                 conn.peer,
             )
-            old.close("session taken over by a new connection", taken_over=True)
+            old.close(
+                "session taken over by a new connection",
+                taken_over=True,
+                reason_code=ReasonCode.SESSION_TAKEN_OVER,
+            )
             self.disconnected(old, graceful=False)
+        if packet.clean_session:
+            self.wills.publish_now(client_id)  # its session ends here, before the will's delay
+        else:
+            self.wills.cancel(client_id)
 
         session, session_present, updates = self._open_session(
-            client_id, packet.clean_session, handed_over
+            client_id, packet.clean_session, persistent, handed_over, level >= 5
         )
+        session.expiry = expiry
         self.sessions[client_id] = session
         session.connected = True
         conn.session = session
         conn.will = packet.will
         self.connections[client_id] = conn
         self.metrics.inc("connections_accepted")
-        updates.append(MetaUpdate(KIND_ONLINE, client_id, self._online_record(conn, packet.will)))
+        updates.append(
+            MetaUpdate(
+                KIND_ONLINE, client_id, self.wills.online_record(client_id, conn.peer, packet.will)
+            )
+        )
+        if persistent and expiry is not None:
+            updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
         own_queue = client_queue(client_id)
         try:
             await start_reading(self.store, session, own_queue)
@@ -256,12 +212,17 @@ class SessionLifecycle:
             await self.store.put_meta(updates, durable=True)
         except StoreUnavailable as exc:
             log.error("client %s: store unavailable during CONNECT: %s", client_id, exc)
-            self.refuse(conn, ConnackCode.SERVER_UNAVAILABLE, "store unavailable")
+            self.admission.refuse(conn, ReasonCode.SERVER_UNAVAILABLE, "store unavailable", level)
             self.disconnected(conn, graceful=True)
             return None
         if conn.closed or conn.session is not session:
             return None
-        conn.send(codec.encode(Connack(ConnackCode.ACCEPTED, session_present)))
+        if level >= 5:
+            if not packet.client_id:
+                said[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = client_id
+            conn.start_v5(packet.properties, said, session_present)
+        else:
+            conn.send(codec.encode(Connack(ReasonCode.SUCCESS, session_present)))
         conn.connected_at = time.time()
         self.events.connected(conn, packet.clean_session, packet.keepalive)
         log.debug(
@@ -280,26 +241,64 @@ class SessionLifecycle:
                 self.cluster.shared_member_changed(share_filter, client_id, qos)
         return session
 
+    def set_expiry(self, session: Session, expiry: int) -> None:
+        """A v5 client changed its Session Expiry Interval on DISCONNECT (MQTT-3.14.2.2.2)."""
+        limit = int(self.config.session_expiry_seconds)
+        session.expiry = float(min(expiry, limit))
+        if not expiry and session.persistent:
+            session.persistent = False  # ends with this connection: discarded on disconnect
+            self.spawn(
+                self.persist_quietly(
+                    [
+                        MetaUpdate(KIND_SESSION, session.client_id, None),
+                        MetaUpdate(KIND_OFFSETS, session.client_id, None),
+                    ]
+                )
+            )
+        elif session.persistent:
+            self.spawn(
+                self.persist_quietly(
+                    [MetaUpdate(KIND_SESSION, session.client_id, session.encode_subscriptions())]
+                )
+            )
+
     def _open_session(
-        self, client_id: str, clean: bool, handed_over: bool
+        self, client_id: str, clean: bool, persistent: bool, handed_over: bool, v5: bool
     ) -> tuple[Session, bool, list[MetaUpdate]]:
         """The session a CONNECT gets, whether it was present, and the records to write."""
         session = self.sessions.get(client_id)
         updates: list[MetaUpdate] = []
+        if session is not None and session.persistent and not session.connected:
+            limit = self.config.session_expiry_seconds if session.expiry is None else session.expiry
+            if time.time() - session.disconnected_at >= limit:
+                # Expired, though housekeeping has not discarded it yet: not present.
+                self.wills.publish_now(client_id)
+                self.discard(session, updates)
+                session = None
         if clean:
             if session is not None:
                 self.discard(session, updates)
-            return Session(client_id=client_id, persistent=False), False, updates
-        if session is not None and session.persistent:
-            if handed_over:
-                # Its state came from the node that held it: durable under our ownership now.
+            session = Session(client_id=client_id, persistent=persistent)
+            if persistent:
+                updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
+            return session, False, updates
+        if session is not None and (session.persistent or v5):
+            # 5.0 resumes a session that is still there, whatever its expiry (MQTT-3.1.2-4).
+            if persistent and (handed_over or not session.persistent):
+                # Durable under our ownership now (from another node, or newly persistent).
+                session.persistent = True
                 updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
                 updates.append(MetaUpdate(KIND_OFFSETS, client_id, session.encode_offsets()))
+            elif not persistent and session.persistent:
+                updates.append(MetaUpdate(KIND_SESSION, client_id, None))
+                updates.append(MetaUpdate(KIND_OFFSETS, client_id, None))
+                session.persistent = False
             return session, True, updates
         if session is not None:
             self.discard(session, updates)
-        session = Session(client_id=client_id, persistent=True)
-        updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
+        session = Session(client_id=client_id, persistent=persistent)
+        if persistent:
+            updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
         return session, False, updates
 
     async def _presubscribe(self, session: Session, username: str | None) -> bool:
@@ -321,27 +320,23 @@ class SessionLifecycle:
             changed = session.persistent
         return changed
 
-    def refuse(self, conn: ClientLink, code: int, reason: str) -> None:
-        """Answer CONNACK with a refusal code, log and count it, close."""
-        log.warning("client %r from %s refused: %s", conn.client_id or "", conn.peer, reason)
-        self.metrics.inc("connections_refused")
-        conn.send(codec.encode(Connack(code, False)))
-        conn.close(reason, log_it=False)
-
     # -- the ClientId across the cluster -----------------------------------------------------
 
     async def _take_over_in_cluster(
-        self, conn: ClientLink, client_id: str, clean: bool
+        self, conn: ClientLink, client_id: str, clean: bool, persistent: bool
     ) -> bool | None:
-        """Own the ClientId cluster-wide: claim it in the registry (the atomic step), have the
-        node that held it close the old connection and hand over the session, publish the old
-        connection's will. True if a session came from another node, None if refused."""
+        """Own the ClientId cluster-wide: claim it in the registry (the atomic step, recording
+        whether the session outlives the connection), have the node that held it close the old
+        connection and hand over the session, publish the old connection's will. `clean`: the
+        client starts afresh. True if a session came from another node, None if refused."""
         assert self.cluster is not None
         cluster = self.cluster
         try:
-            claim = await cluster.registry.claim(client_id, clean)
+            claim = await cluster.registry.claim(client_id, not persistent)
         except StoreUnavailable as exc:
-            self.refuse(conn, ConnackCode.SERVER_UNAVAILABLE, f"registry unavailable: {exc}")
+            self.admission.refuse(
+                conn, ReasonCode.SERVER_UNAVAILABLE, f"registry unavailable: {exc}", conn.level
+            )
             return None
         assert claim is not None
         previous = claim.previous_node
@@ -349,10 +344,11 @@ class SessionLifecycle:
             return False
         state = await cluster.request_release(previous, client_id, claim.epoch)
         will = will_of(claim.online)
-        if will is not None:
+        if will is not None and (clean or not delay_of(claim.online)):
             # The old connection ends without DISCONNECT: its will is due, and only the node
-            # that took the online record (atomically, in the claim) publishes it.
-            self.spawn(self.publish_will(client_id, will, clear_online=False))
+            # that took the online record (atomically, in the claim) publishes it. A delayed
+            # will whose session this connection resumes is not published (MQTT-3.1.3-9).
+            self.spawn(self.wills.publish(client_id, will, clear_online=False))
         records = dict(claim.records)
         if state:
             handed = json.loads(state)
@@ -385,10 +381,15 @@ class SessionLifecycle:
                 separators=(",", ":"),
             ).encode()
         conn = self.connections.get(client_id)
+        self.wills.cancel(client_id)  # the new owner publishes it, or not (see connect)
         if conn is not None:
             conn.will = None
             self._detach(conn)
-            conn.close("session taken over by a connection on another node", taken_over=True)
+            conn.close(
+                "session taken over by a connection on another node",
+                taken_over=True,
+                reason_code=ReasonCode.SESSION_TAKEN_OVER,
+            )
         if session is not None:
             self.discard(session, [])
         self.cluster.registry.disown(client_id)
@@ -429,7 +430,8 @@ class SessionLifecycle:
         client_id = session.client_id
         will = conn.will
         if not graceful and will is not None:
-            self.spawn(self.publish_will(client_id, self.will_message(client_id, will)))
+            expiry = 0.0 if not session.persistent else session.expiry
+            self.wills.due(client_id, will, expiry)
         else:
             self.spawn(self.persist_quietly([MetaUpdate(KIND_ONLINE, client_id, None)]))
         self.subscriptions.redispatch_shared(session)
@@ -439,6 +441,7 @@ class SessionLifecycle:
                 self.spawn(self.end_in_registry(client_id))
         else:
             self.housekeeper.mark_offsets_dirty(session)
+            self.housekeeper.expire_later(session)
             if self.cluster is not None:
                 for share_filter, qos in session.shared.items():
                     self.cluster.shared_member_changed(share_filter, client_id, qos)
@@ -475,9 +478,11 @@ class SessionLifecycle:
                 updates.append(MetaUpdate(KIND_QOS2_IN, f"{client_id}\x00{packet_id}", None))
 
     async def expire(self, sessions: list[Session]) -> None:
-        """Discard offline sessions whose expiry passed, durably and in the registry."""
+        """Discard offline sessions whose expiry passed, durably and in the registry (a will
+        still waiting for its delay is published now: its session ended first)."""
         updates: list[MetaUpdate] = []
         for session in sessions:
+            self.wills.publish_now(session.client_id)
             self.discard(session, updates)
         await self.store.put_meta(updates, durable=True)
         if self.cluster is not None:
@@ -495,28 +500,12 @@ class SessionLifecycle:
 
     # -- wills ---------------------------------------------------------------------------------
 
-    def _online_record(self, conn: ClientLink, will: Will | None) -> bytes:
-        record: dict[str, Any] = {"peer": conn.peer, "at": time.time(), "node": self.node_id}
-        if will is not None:
-            record["will"] = encode_message(self.will_message(conn.client_id, will)).decode()
-        return json.dumps(record, separators=(",", ":")).encode()
-
     def will_message(self, client_id: str, will: Will) -> Message:
         """The message a will becomes when it is published."""
-        return self.publisher.stamper.stamp(
-            will.topic, will.payload, will.qos, will.retain, client_id
-        )
+        return self.wills.message(client_id, will)
 
     async def publish_will(
         self, client_id: str, message: Message, *, clear_online: bool = True
     ) -> None:
         """Publish a will once: the online record is deleted in the same atomic append."""
-        self.metrics.inc("wills_published")
-        log.info("client %s: publishing will to %r", client_id, message.topic)
-        meta = [MetaUpdate(KIND_ONLINE, client_id, None)] if clear_online else []
-        if message.retain:
-            meta.extend(self.publisher.retained.updates(message))
-        try:
-            await self.publisher.route(message, meta=meta)
-        except StoreUnavailable as exc:
-            log.error("client %s: will not stored, store unavailable: %s", client_id, exc)
+        await self.wills.publish(client_id, message, clear_online=clear_online)

@@ -29,6 +29,7 @@ from redis import asyncio as aioredis
 
 from bridge.access import AccessControl
 from bridge.config import Config
+from bridge.mqtt.reasons import ReasonCode
 from bridge.node.congestion import Congestion
 from bridge.node.delivery import Delivery
 from bridge.node.housekeeping import Housekeeper
@@ -147,7 +148,7 @@ class Node:
             connections=self.connections,
             deliveries=self.deliveries,
             make_delivery=self._make_delivery,
-            admitting=self._admitting,
+            refusing=self._refusing,
             topic_fault=self.check_topic_limits,
             spawn=self.spawn,
         )
@@ -168,12 +169,17 @@ class Node:
             metrics=self.metrics,
             offsets=self.housekeeper,
             pace=self.congestion,
-            max_inflight=self.config.max_inflight,
+            max_inflight=min(self.config.max_inflight, conn.receive_window),
         )
 
-    def _admitting(self) -> bool:
+    def _refusing(self) -> int | None:
+        """Why new clients are refused now (a reason code), or None when they are taken."""
+        if not self.accepting:
+            return ReasonCode.SERVER_SHUTTING_DOWN
         max_connections = self.config.max_connections
-        return self.accepting and not (max_connections and self.connection_count > max_connections)
+        if max_connections and self.connection_count > max_connections:
+            return ReasonCode.QUOTA_EXCEEDED
+        return None
 
     # -- start-up and shutdown ------------------------------------------------------------------
 
@@ -310,7 +316,7 @@ class Node:
         conn = self.connections.get(client_id)
         if conn is None:
             return False
-        conn.close(reason)
+        conn.close(reason, reason_code=ReasonCode.ADMINISTRATIVE_ACTION)
         self.lifecycle.disconnected(conn, graceful=False)
         return True
 
@@ -364,13 +370,13 @@ class Node:
         """Delete a client's online record (a dead node's client that left no will)."""
         await self.store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)])
 
-    def deliver_forwarded(self, topic: str, payload: bytes) -> None:
+    def deliver_forwarded(self, message: Message) -> None:
         """A QoS 0 message a peer forwarded, for this node's own subscribers."""
-        self.publisher.deliver_forwarded(topic, payload)
+        self.publisher.deliver_forwarded(message)
 
-    def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
+    def deliver_to(self, client_id: str, message: Message) -> None:
         """A QoS 0 message a peer picked this node's shared member for."""
-        self.publisher.deliver_to(client_id, topic, payload)
+        self.publisher.deliver_to(client_id, message)
 
     def queues_woken(self, queues: Iterable[str]) -> None:
         """A peer stored messages on these queues (their ends unknown here)."""

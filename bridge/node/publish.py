@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
+from bridge.node.outbound import live_copy
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import DurableCallback, Spawner
 from bridge.node.stamp import Stamper
@@ -32,6 +33,7 @@ from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session
 from bridge.state import KIND_QOS2_IN
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
+from bridge.storage.metadata import from_publish
 
 if TYPE_CHECKING:
     from bridge.cluster.cluster import Cluster
@@ -113,7 +115,7 @@ class Publisher:
     def _send_now(self, message: Message, plan: RoutePlan) -> None:
         """The plan's QoS 0 part: direct sends, forwards to peers, shared members on peers."""
         if plan.direct:
-            self._send_direct(message.topic, message.payload, plan.direct)
+            self._send_direct(message, plan.direct)
         if plan.peers or plan.handed:
             cluster = self.cluster
             if cluster is not None:
@@ -124,15 +126,36 @@ class Publisher:
         if plan.unserved:
             self.metrics.inc("dropped_no_shared_member", plan.unserved)
 
-    def _send_direct(self, topic: str, payload: bytes, client_ids: list[str]) -> None:
-        """Send a QoS 0 PUBLISH, encoded once, to these connected clients (each may drop it if
-        it is too slow); count what was sent once per fan-out, not once per client."""
-        data = codec.encode_publish(topic, payload, 0)
+    def _send_direct(self, message: Message, client_ids: list[str]) -> None:
+        """Send a QoS 0 PUBLISH to these connected clients (each may drop it if it is too
+        slow): encoded once for every 3.1.1 client, per client for v5 ones (their properties,
+        Subscription Identifiers, aliases, options); count what was sent once per fan-out."""
+        data = None
+        payload = message.payload
         size = len(payload)
         connections = self.connections
         sent = 0
         for client_id in client_ids:
-            sent += connections[client_id].send_droppable(data, size)
+            conn = connections[client_id]
+            if not conn.may_read(message.topic):
+                continue
+            if conn.level < 5:
+                if data is None:
+                    data = codec.encode_publish(message.topic, payload, 0)
+                sent += conn.send_droppable(data, size)
+                continue
+            session = conn.session
+            retain = False
+            sub_ids: tuple[int, ...] = ()
+            if session is not None and session.options:
+                wanted, retain, sub_ids = live_copy(
+                    session, message.topic, message.publisher, message.retain
+                )
+                if not wanted:
+                    continue
+            own = conn.encode_message(message, 0, retain, sub_ids=sub_ids)
+            if own is not None:
+                sent += conn.send_droppable(own, size)
         if sent:
             metrics = self.metrics
             metrics.counters["messages_out_qos0"] += sent
@@ -149,6 +172,8 @@ class Publisher:
         message = self.stamper.stamp(
             packet.topic, packet.payload, 0, packet.retain, session.client_id
         )
+        if packet.properties:
+            message.properties = from_publish(packet.properties)
         self.metrics.counters["messages_in_qos0"] += 1
         if packet.retain:
             retained = self.retained
@@ -186,6 +211,8 @@ class Publisher:
         message = self.stamper.stamp(
             packet.topic, packet.payload, qos, packet.retain, session.client_id
         )
+        if packet.properties:
+            message.properties = from_publish(packet.properties)
         self.metrics.counters["messages_in_qos1" if qos == 1 else "messages_in_qos2"] += 1
         on_durable = _timed(on_durable, self.metrics.store_latency)
         meta: list[MetaUpdate] | tuple[()] = ()
@@ -335,17 +362,17 @@ class Publisher:
 
     # -- from peers and from notify -----------------------------------------------------------
 
-    def deliver_forwarded(self, topic: str, payload: bytes) -> None:
+    def deliver_forwarded(self, message: Message) -> None:
         """A QoS 0 message a peer forwarded: to this node's own (non-shared) subscribers (the
         direct part of its plan; never forwarded again)."""
-        direct = self.direct_routes.plan(topic, self.trie, self.connections).direct
+        direct = self.direct_routes.plan(message.topic, self.trie, self.connections).direct
         if direct:
-            self._send_direct(topic, payload, direct)
+            self._send_direct(message, direct)
 
-    def deliver_to(self, client_id: str, topic: str, payload: bytes) -> None:
+    def deliver_to(self, client_id: str, message: Message) -> None:
         """A QoS 0 message a peer picked this node's client for (shared subscription)."""
         if client_id in self.connections:
-            self._send_direct(topic, payload, [client_id])
+            self._send_direct(message, [client_id])
         else:
             self.metrics.inc("dropped_no_shared_member")
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from bridge.mqtt.packets import Will
 from bridge.session import Session
+from bridge.storage.base import Message
 
 DurableCallback = Callable[[int | None, BaseException | None], None]
 """Called once a message is durable (`seq`, None) or could not be stored (None, error)."""
@@ -43,10 +44,52 @@ class ClientLink(Protocol):
     payload_in: int
     msgs_out: int
     payload_out: int
+    keepalive: int
+    """The keepalive granted, in seconds (0: none)."""
+
+    @property
+    def receive_window(self) -> int:
+        """QoS 1/2 messages the client takes unacknowledged (its v5 Receive Maximum)."""
+        ...
+
+    @property
+    def auth_method(self) -> str | None:
+        """The MQTT 5.0 enhanced authentication method the client completed (None: none)."""
+        ...
+
+    @property
+    def level(self) -> int:
+        """The protocol level the client speaks (3, 4 or 5)."""
+        ...
+
+    def encode_message(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        dup: bool = False,
+        packet_id: int | None = None,
+        sub_ids: tuple[int, ...] = (),
+    ) -> bytes | None:
+        """The PUBLISH of `message` for this client, in its protocol version (5.0: with the
+        message's properties, these Subscription Identifiers, a topic alias); None if it is
+        larger than the client accepts (then it must not be sent)."""
+        ...
+
+    def start_v5(
+        self, connect_props: dict[int, Any], chosen: dict[int, Any], session_present: bool
+    ) -> None:
+        """Accept a v5 CONNECT: answer CONNACK with the server's limits and `chosen` values."""
+        ...
 
     @property
     def writable(self) -> bool:
         """False while the socket's buffer is over its high-water mark."""
+        ...
+
+    def may_read(self, topic: str) -> bool:
+        """Whether the ACL lets a message on `topic` reach this client (a deny rule narrower
+        than one of its subscriptions leaves such topics out)."""
         ...
 
     def send(self, data: bytes) -> None:
@@ -61,8 +104,16 @@ class ClientLink(Protocol):
         """Send a QoS 0 PUBLISH unless the client is too slow to take it; True if sent."""
         ...
 
-    def close(self, reason: str, *, taken_over: bool = False, log_it: bool = True) -> None:
-        """Close after flushing what is queued, logging why."""
+    def close(
+        self,
+        reason: str,
+        *,
+        taken_over: bool = False,
+        log_it: bool = True,
+        reason_code: int | None = None,
+    ) -> None:
+        """Close after flushing what is queued, logging why (a v5 client first gets
+        DISCONNECT with `reason_code`, if one is given)."""
         ...
 
     def hold_acks(self, reason: str) -> None:

@@ -8,14 +8,16 @@ and removes the peers' interest.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from bridge.access.acl import SUBSCRIBE
 from bridge.mqtt import codec
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.packets import SUBACK_FAILURE, Suback, Subscribe, Unsuback, Unsubscribe
-from bridge.mqtt.topics import parse_shared, validate_topic_filter
+from bridge.mqtt.properties import PropertyId
+from bridge.mqtt.reasons import ReasonCode
+from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_filter
 from bridge.node.positions import parts_read, start_reading, stop_reading
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import ClientLink, Spawner, Waker
@@ -24,15 +26,18 @@ from bridge.operations.metrics import Metrics
 from bridge.router.queues import client_queue, filter_queue, shared_queue
 from bridge.router.shared import SharedGroup, SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
-from bridge.session import Session
+from bridge.session import Session, SubOptions
 from bridge.state import KIND_OFFSETS, KIND_SESSION, RETAINED_DELIVERY
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
+from bridge.storage.metadata import SUBSCRIPTION_IDS, expired
 
 if TYPE_CHECKING:
     from bridge.access.acl import Acl
     from bridge.cluster.cluster import Cluster
 
 log = logging.getLogger("bridge.node")
+
+_NO_OPTIONS = SubOptions()
 
 
 class Subscriptions:
@@ -121,17 +126,20 @@ class Subscriptions:
         """Ask the store where each new queue ends (before the filter is routed, so no message
         routed to it is skipped), then register the filters, SUBACK and send retained messages.
         The client's later packets wait meanwhile, so a PUBLISH after SUBSCRIBE sees it."""
+        v5 = conn.level >= 5  # (No Local on a shared filter is refused by the codec: 0x82)
         try:
-            codes, retained_for = await self._register_filters(session, packet, conn.username)
+            codes, retained_for = await self._register_filters(session, packet, conn.username, v5)
         finally:
             conn.release()
         await self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for)
 
     async def _register_filters(
-        self, session: Session, packet: Subscribe, username: str | None
-    ) -> tuple[list[int], list[tuple[str, int]]]:
+        self, session: Session, packet: Subscribe, username: str | None, v5: bool
+    ) -> tuple[list[int], list[tuple[str, int, int]]]:
         codes: list[int] = []
-        retained_for: list[tuple[str, int]] = []
+        retained_for: list[tuple[str, int, int]] = []
+        ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER)
+        identifier = ids[0] if ids else 0
         for sub in packet.subscriptions:
             topic_filter = sub.topic_filter
             try:
@@ -140,15 +148,35 @@ class Subscriptions:
                 if error:
                     raise MQTTProtocolError("limit", error)
             except MQTTProtocolError as exc:
-                codes.append(self._refuse_filter(session, topic_filter, str(exc)))
+                codes.append(
+                    self._refuse_filter(
+                        session,
+                        topic_filter,
+                        str(exc),
+                        ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80,
+                    )
+                )
                 continue
             granted = min(sub.qos, 2)
             parsed = parse_shared(topic_filter)
             checked = parsed[1] if parsed is not None else topic_filter
-            if not self.acl.allows(SUBSCRIBE, session.client_id, username, checked):
+            if not self.acl.subscribe_allowed(session.client_id, username, checked):
                 self.metrics.inc("acl_denied_subscribe")
-                codes.append(self._refuse_filter(session, topic_filter, "denied by the ACL"))
+                codes.append(
+                    self._refuse_filter(
+                        session,
+                        topic_filter,
+                        "denied by the ACL",
+                        ReasonCode.NOT_AUTHORIZED if v5 else 0x80,
+                    )
+                )
                 continue
+            existed = topic_filter in session.subscriptions or topic_filter in session.shared
+            options = SubOptions(sub.no_local, sub.retain_as_published, identifier)
+            if options != _NO_OPTIONS:
+                session.options[topic_filter] = options
+            else:
+                session.options.pop(topic_filter, None)
             queue = (
                 shared_queue(topic_filter, session.client_id)
                 if parsed is not None
@@ -157,6 +185,7 @@ class Subscriptions:
             try:
                 await start_reading(self.store, session, queue)
             except StoreUnavailable as exc:
+                session.options.pop(topic_filter, None)
                 codes.append(
                     self._refuse_filter(session, topic_filter, f"store unavailable: {exc}")
                 )
@@ -167,17 +196,25 @@ class Subscriptions:
             else:
                 self.add_subscription(session.client_id, topic_filter, granted)
                 session.subscriptions[topic_filter] = granted
-                retained_for.append((topic_filter, granted))
+                # Retain Handling: 0 send retained messages, 1 only for a new subscription, 2 never.
+                if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
+                    retained_for.append((topic_filter, granted, identifier))
             codes.append(granted)
         return codes, retained_for
 
-    def _refuse_filter(self, session: Session, topic_filter: str, reason: str) -> int:
+    def _refuse_filter(
+        self, session: Session, topic_filter: str, reason: str, code: int = SUBACK_FAILURE
+    ) -> int:
         """Log and count a refused filter; its SUBACK return code."""
         log.warning(
-            "client %s: SUBSCRIBE %r refused (0x80): %s", session.client_id, topic_filter, reason
+            "client %s: SUBSCRIBE %r refused (0x%02X): %s",
+            session.client_id,
+            topic_filter,
+            code,
+            reason,
         )
         self.metrics.inc("subscriptions_refused")
-        return SUBACK_FAILURE
+        return code
 
     async def _finish_subscribe(
         self,
@@ -185,31 +222,44 @@ class Subscriptions:
         session: Session,
         packet_id: int,
         codes: list[int],
-        retained_for: list[tuple[str, int]],
+        retained_for: list[tuple[str, int, int]],
     ) -> None:
         if session.persistent:
             await self.persist(session)
         if conn.closed:
             return
-        conn.send(codec.encode(Suback(packet_id, codes)))
+        conn.send(codec.encode(Suback(packet_id, codes), conn.level))
         await self._send_retained(conn, session, retained_for)
 
     async def _send_retained(
-        self, conn: ClientLink, session: Session, filters: list[tuple[str, int]]
+        self, conn: ClientLink, session: Session, filters: list[tuple[str, int, int]]
     ) -> None:
-        """Retained messages for new subscriptions, with RETAIN=1 (MQTT-3.3.1-6, -8)."""
+        """Retained messages for new subscriptions, with RETAIN=1 (MQTT-3.3.1-6, -8), each with
+        the Subscription Identifier of the subscription that asked for it."""
         if not filters or not self.retained:
             return
         queued = False
-        for message, best in self.retained.matching(filters):
+        now_ms = int(time.time() * 1000)
+        identifiers = {f: i for f, _q, i in filters if i}
+        for message, best in self.retained.matching([(f, q) for f, q, _i in filters]):
+            if message.properties and expired(message.properties, message.timestamp_ms, now_ms):
+                continue
+            if not conn.may_read(message.topic):
+                continue
+            sub_ids = tuple(
+                sorted({i for f, i in identifiers.items() if topic_matches(f, message.topic)})
+            )
             qos = min(best, message.qos)
             if qos == 0:
-                conn.send_message(
-                    codec.encode_publish(message.topic, message.payload, 0, retain=True),
-                    len(message.payload),
-                )
-                self.metrics.counters["messages_out_qos0"] += 1
+                data = conn.encode_message(message, 0, True, sub_ids=sub_ids)
+                if data is not None:
+                    conn.send_message(data, len(message.payload))
+                    self.metrics.counters["messages_out_qos0"] += 1
                 continue
+            properties = dict(message.properties)
+            properties[RETAINED_DELIVERY] = str(qos)
+            if sub_ids:
+                properties[SUBSCRIPTION_IDS] = ",".join(map(str, sub_ids))
             copy = Message(
                 topic=message.topic,
                 payload=message.payload,
@@ -219,7 +269,7 @@ class Subscriptions:
                 key=self.stamper.next_key(),
                 timestamp_ms=message.timestamp_ms,
                 node=self.stamper.node_id,
-                properties={RETAINED_DELIVERY: str(qos)},
+                properties=properties,
             )
             await self.store.submit(copy, [client_queue(session.client_id)])
             queued = True
@@ -227,8 +277,13 @@ class Subscriptions:
             self.waker.wake_readers([session.client_id], [client_queue(session.client_id)])
 
     def unsubscribe(self, conn: ClientLink, session: Session, packet: Unsubscribe) -> None:
-        """Remove the filters at once; make it durable for a persistent session, then UNSUBACK."""
+        """Remove the filters at once; make it durable for a persistent session, then UNSUBACK
+        (5.0: with 0x11 for each filter that was not subscribed)."""
+        codes = []
         for topic_filter in packet.topic_filters:
+            existed = topic_filter in session.subscriptions or topic_filter in session.shared
+            codes.append(ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+            session.options.pop(topic_filter, None)
             if topic_filter in session.subscriptions:
                 del session.subscriptions[topic_filter]
                 self.remove_subscription(session.client_id, topic_filter)
@@ -237,13 +292,16 @@ class Subscriptions:
                 del session.shared[topic_filter]
                 self.remove_shared(session.client_id, topic_filter)
                 stop_reading(self.store, session, shared_queue(topic_filter, session.client_id))
-        self.spawn(self._finish_unsubscribe(conn, session, packet.packet_id))
+        self.spawn(self._finish_unsubscribe(conn, session, packet.packet_id, codes))
 
-    async def _finish_unsubscribe(self, conn: ClientLink, session: Session, packet_id: int) -> None:
+    async def _finish_unsubscribe(
+        self, conn: ClientLink, session: Session, packet_id: int, codes: list[int]
+    ) -> None:
         if session.persistent:
             await self.persist(session)
         if not conn.closed:
-            conn.send(codec.encode(Unsuback(packet_id)))
+            level = conn.level
+            conn.send(codec.encode(Unsuback(packet_id, codes if level >= 5 else []), level))
 
     async def persist(self, session: Session) -> None:
         """A persistent session's filters and their start offsets, durable before SUBACK or

@@ -51,6 +51,9 @@ DROP_REASONS = {
     "dropped_sys_publish": "sys_topic",
     "acl_denied_publish": "acl_denied",
     "qos0_not_stored": "qos0_not_stored",
+    "dropped_expired": "expired",
+    "dropped_too_large_for_client": "too_large_for_client",
+    "acl_filtered_deliveries": "acl_filtered",
 }
 """Counter -> `reason` label of mqtt_bridge_messages_dropped_total."""
 

@@ -91,8 +91,9 @@ def publish_all(port: int, messages: Sequence[Publication], client_id: str | Non
 def produce_backend_message(
     nameserver: str, topic: str, payload: bytes, properties: dict[str, str]
 ) -> None:
-    """Send a message straight into RocketMQ as a backend does, with the bridge's mapping
-    (MQTT 5 user properties travel as `mqtt.user.<name>`)."""
+    """Send a message straight into RocketMQ as a backend does, with the bridge's mapping:
+    `properties` is the stored MQTT 5 metadata (`bridge.storage.metadata`: user properties by
+    name, the rest under NUL keys), sent as `mqtt.user.<name>`, `mqtt.content_type`, ..."""
     from bridge.storage.base import Message
     from bridge.storage.rocketmq.client import RocketMQClient
     from bridge.storage.rocketmq.mapping import to_rocketmq

@@ -7,14 +7,16 @@ its own RocketMQ topic on the session's broker.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import Row, SparkSession
 
+from bridge.storage import FileLogStore, Message, metadata
 from tests.spark.conftest import (
     produce_backend_message,
     publish_all,
@@ -223,3 +225,61 @@ def test_the_embedded_store_log_is_read_by_the_same_source(
     assert stream_once() == 2
     offsets = [r.offset for r in spark.read.parquet(str(tmp_path / "out")).collect()]
     assert len(offsets) == len(set(offsets)) == 5
+
+
+V5_METADATA = metadata.from_publish(
+    {
+        0x01: 1,
+        0x02: 600,
+        0x03: "application/json",
+        0x08: "replies/dev-7",
+        0x09: b"\x00req-7",
+        0x26: [("unit", "kg"), ("line", "L1"), ("unit", "g")],
+    }
+)
+V5_COLUMNS = {
+    "payload_format": 1,
+    "message_expiry": 600,
+    "content_type": "application/json",
+    "response_topic": "replies/dev-7",
+    "correlation_data": b"\x00req-7",
+    "properties": {"unit": "kg", "line": "L1"},
+    "user_properties": [("unit", "kg"), ("line", "L1"), ("unit", "g")],
+}
+
+
+def v5_columns(row: Row) -> dict[str, object]:
+    return {
+        "payload_format": row.payload_format,
+        "message_expiry": row.message_expiry,
+        "content_type": row.content_type,
+        "response_topic": row.response_topic,
+        "correlation_data": None if row.correlation_data is None else bytes(row.correlation_data),
+        "properties": row.properties,
+        "user_properties": [(p.name, p.value) for p in row.user_properties],
+    }
+
+
+def test_mqtt5_metadata_is_read_into_columns_of_its_own_from_rocketmq_and_the_embedded_log(
+    spark: SparkSession, rocketmq, tmp_path: Path
+) -> None:
+    top = unique("v5")
+    ns = rocketmq.namesrv_addr
+    produce_backend_message(ns, f"{top}/cmd", b"{}", V5_METADATA)
+    produce_backend_message(ns, f"{top}/plain", b"x", {})
+    rows = {r.topic: r for r in source(spark, ns, topics=top).load().collect()}
+    assert v5_columns(rows[f"{top}/cmd"]) == V5_COLUMNS
+    plain = v5_columns(rows[f"{top}/plain"])
+    assert plain == dict.fromkeys(V5_COLUMNS) | {"properties": {}, "user_properties": []}
+
+    async def write_log() -> None:
+        store = FileLogStore(tmp_path / "data")
+        await store.open()
+        try:
+            await store.append(Message("plant/a", b"{}", properties=V5_METADATA), [])
+        finally:
+            await store.close()
+
+    asyncio.run(write_log())
+    [row] = spark.read.format("rocketmq").load(str(tmp_path / "data")).collect()
+    assert v5_columns(row) == V5_COLUMNS

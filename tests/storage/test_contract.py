@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bridge.storage import Message, MessageStore, MetaUpdate, Stored
+from bridge.storage import Message, MessageStore, MetaUpdate, Stored, metadata
 from tests.storage.conftest import Run, StoreFactory
 
 
@@ -268,6 +268,34 @@ def test_unicode_empty_and_large_payloads(
                 sum(len(m.payload) + len(m.topic.encode()) for m in messages),
             )
             current = await store_factory.reopen()
+
+    run(body())
+
+
+def test_mqtt5_metadata_comes_back_whole_and_in_order(store: MessageStore, run: Run[Any]) -> None:
+    """Every queue a message is read from gives its `properties` back as stored: the 5.0
+    metadata keys (NUL-prefixed), and User Properties in the publisher's order with repeats
+    (bridge/storage/metadata.py). RocketMQ's broker reorders properties: the mapping undoes it."""
+    users = [(f"u{n}", f"v{n}") for n in range(12, 0, -1)] + [("u5", "again"), ("", "e")]
+    meta = metadata.from_publish(
+        {
+            0x01: 1,
+            0x02: 86400,
+            0x03: "application/json; charset=utf-8",
+            0x08: "replies/dev-7/50%",
+            0x09: bytes(range(40)),
+            0x26: users,
+        }
+    )
+    message = msg(0, topic="v5/telemetry", publisher="dev-7", timestamp_ms=1_700_000_000_000)
+    message.properties = meta
+
+    async def body() -> None:
+        await store.append(message, ["f:v5/#", "c:dev-8"])
+        for queue in ("f:v5/#", "c:dev-8"):
+            [stored] = await read_all(store, queue)
+            assert stored.message == message
+            assert metadata.user_properties(stored.message.properties) == users
 
     run(body())
 

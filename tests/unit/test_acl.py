@@ -78,7 +78,7 @@ def test_wildcards_in_an_identity_never_widen_a_rule(acl):
 def test_first_applying_rule_wins_and_no_match_denies(acl):
     assert acl.allows(SUBSCRIBE, "c", "admin", "secret/x")  # admin's rule comes first
     assert not acl.allows(SUBSCRIBE, "c", "bob", "secret/x")
-    assert not acl.allows(SUBSCRIBE, "c", "bob", "#")  # overlaps the secret deny
+    assert not acl.allows(SUBSCRIBE, "c", "bob", "#")  # no allow rule covers it
     assert not acl.allows(PUBLISH, "c", "bob", "unlisted")
     assert not acl.allows(PUBLISH, "c", None, "shared/x")  # the rule is for subscribe only
 
@@ -91,12 +91,26 @@ def test_anonymous_and_client_rules(acl):
     assert not acl.allows(SUBSCRIBE, "bad", None, "shared/x")
 
 
-def test_deny_rule_for_subscribe_applies_to_any_overlap():
+def test_a_broader_subscription_past_a_narrower_deny_is_granted_and_filtered_at_delivery():
     acl = Acl(parse_rules(["deny all subscribe a/secret", "allow all subscribe #"], "r"))
-    assert not acl.allows(SUBSCRIBE, "c", None, "a/+")
-    assert not acl.allows(SUBSCRIBE, "c", None, "#")
-    assert acl.allows(SUBSCRIBE, "c", None, "a/public")
-    assert acl.allows(SUBSCRIBE, "c", None, "b/#")
+    assert acl.subscribe_allowed("c", None, "a/+")
+    assert acl.subscribe_allowed("c", None, "#")
+    assert not acl.subscribe_allowed("c", None, "a/secret")  # the deny covers it whole
+    assert acl.subscribe_allowed("c", None, "a/public")
+    assert acl.filters_reads("c", None)
+    assert not acl.may_read("c", None, "a/secret")
+    assert acl.may_read("c", None, "a/public")
+    assert acl.may_read("c", None, "b/x")
+
+
+def test_reads_are_checked_only_for_clients_a_deny_rule_on_subscribing_applies_to():
+    acl = Acl(
+        parse_rules(["deny user:bob subscribe a/#", "deny all publish b/#", "allow all all #"], "r")
+    )
+    assert acl.filters_reads("c", "bob")
+    assert not acl.filters_reads("c", "alice")
+    assert not acl.filters_reads("c", None)
+    assert not Acl(None).filters_reads("c", "bob")
 
 
 def test_wildcard_rules_do_not_reach_dollar_topics():

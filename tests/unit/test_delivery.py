@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from bridge.config import Config
+from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.packets import Publish, Pubrel
 from bridge.node.congestion import Congestion
@@ -42,6 +43,23 @@ class RecordingLink:
     def send(self, data: bytes) -> None:
         self._decoder.feed(data)
         self.packets.extend(self._decoder.packets())
+
+    level = 4
+    receive_window = 65535
+
+    def may_read(self, topic: str) -> bool:
+        return True
+
+    def encode_message(
+        self,
+        message: Any,
+        qos: int,
+        retain: bool,
+        dup: bool = False,
+        packet_id: int | None = None,
+        sub_ids: tuple[int, ...] = (),
+    ) -> bytes:
+        return codec.encode_publish(message.topic, message.payload, qos, retain, dup, packet_id)
 
     def send_message(self, data: bytes, payload_size: int, *, metered: bool = True) -> None:
         if metered:

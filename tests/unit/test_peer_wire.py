@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from bridge.cluster import wire
 from bridge.cluster.wire import (
     AddFilters,
+    Deliver,
+    DeliverMeta,
     Forward,
+    ForwardMeta,
     Grew,
     Hello,
     PeerDecoder,
@@ -19,6 +22,8 @@ from bridge.cluster.wire import (
     Ping,
     encode,
 )
+from bridge.storage.base import Message
+from tests.unit.metadata_strategies import stored_metadata
 
 
 def test_hello_has_the_documented_layout() -> None:
@@ -100,6 +105,7 @@ _by_kind = {
     "bytes": st.binary(max_size=40),
     "strs": st.lists(_text, max_size=5).map(tuple),
     "u64s": st.lists(_u64, max_size=5).map(tuple),
+    "pairs": st.lists(st.tuples(_text, _text), max_size=4).map(tuple),
 }
 _frames = st.sampled_from(sorted(wire.FRAME_TYPES.values(), key=lambda c: c.TYPE)).flatmap(
     lambda cls: st.tuples(*(_by_kind[k] for k in cls.SCHEMA)).map(lambda v: cls(*v))
@@ -136,3 +142,68 @@ def test_a_malformed_forward_is_still_a_protocol_error() -> None:
         wire.decode_frame(body + b"\x00")
     with pytest.raises(PeerProtocolError, match="ends inside"):
         wire.decode_frame(body[:8])
+
+
+# --- QoS 0 messages with MQTT 5 metadata ---------------------------------------------------------
+
+
+def test_the_metadata_frames_have_the_documented_layout() -> None:
+    frame = ForwardMeta("a", b"p", 1, "dev", 258, (("\x00ct", "t"), ("k", "v")))
+    assert (ForwardMeta.TYPE, DeliverMeta.TYPE) == (18, 19)
+    assert encode(frame) == (
+        b"\x00\x00\x00\x35"  # length: 53
+        b"\x12"  # ForwardMeta
+        b"\x00\x00\x00\x01a"  # topic
+        b"\x00\x00\x00\x01p"  # payload
+        b"\x01"  # retain
+        b"\x00\x00\x00\x03dev"  # publisher
+        b"\x00\x00\x00\x00\x00\x00\x01\x02"  # timestamp_ms
+        b"\x00\x00\x00\x02"  # 2 properties, each name then value
+        b"\x00\x00\x00\x03\x00ct\x00\x00\x00\x01t"
+        b"\x00\x00\x00\x01k\x00\x00\x00\x01v"
+    )
+
+
+_messages = st.builds(
+    Message,
+    topic=_text,
+    payload=st.binary(max_size=40),
+    retain=st.booleans(),
+    publisher=_text,
+    timestamp_ms=st.integers(min_value=0, max_value=2**63 - 1),
+    properties=stored_metadata(),
+)
+
+
+def _decoded(data: bytes) -> wire.Frame:
+    decoder = PeerDecoder()
+    decoder.receive_data(data)
+    [frame] = decoder.frames()
+    return frame
+
+
+@given(_messages)
+def test_a_qos0_message_crosses_to_a_peer_with_its_metadata_in_order(message: Message) -> None:
+    forwarded = _decoded(wire.forward_frame(message, metadata=True))
+    delivered = _decoded(wire.deliver_frame("dev-9", message, metadata=True))
+    assert isinstance(forwarded, Forward | ForwardMeta)
+    assert isinstance(delivered, Deliver | DeliverMeta) and delivered.client_id == "dev-9"
+    for frame in (forwarded, delivered):
+        back = wire.message_of(frame)
+        assert (back.topic, back.payload, back.qos) == (message.topic, message.payload, 0)
+        assert list(back.properties.items()) == list(message.properties.items())
+        if message.properties:
+            assert (back.publisher, back.timestamp_ms) == (message.publisher, message.timestamp_ms)
+    assert wire.message_of(forwarded).retain == message.retain
+
+
+@given(_messages)
+def test_a_peer_of_an_earlier_version_gets_only_the_frames_it_knows(message: Message) -> None:
+    """A message without metadata goes in the old frames whatever the peer; with metadata, a
+    peer that did not advertise `FEATURE_METADATA` gets the old frames too (without it)."""
+    for metadata in (False, not message.properties):
+        forward = wire.forward_frame(message, metadata=metadata)
+        assert forward == wire.encode_forward(message.topic, message.payload, int(message.retain))
+        deliver = wire.deliver_frame("c", message, metadata=metadata)
+        assert deliver == encode(Deliver("c", message.topic, message.payload))
+        assert wire.message_of(_decoded(forward)).properties == {}

@@ -8,6 +8,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bridge.storage import metadata
 from bridge.storage.base import Message
 from bridge.storage.rocketmq.mapping import (
     DEFAULT_QOS_FOR_BACKEND_MESSAGES,
@@ -15,6 +16,7 @@ from bridge.storage.rocketmq.mapping import (
     MULTI_DISPATCH,
     NOTIFY_FILTER,
     PROP_NOTIFY_SKIP,
+    PROP_USER_ORDER,
     escape_name,
     from_rocketmq,
     lmq_name,
@@ -22,6 +24,7 @@ from bridge.storage.rocketmq.mapping import (
     to_rocketmq,
     unescape_name,
 )
+from tests.unit.metadata_strategies import stored_metadata
 
 ROCKETMQ_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
@@ -76,21 +79,103 @@ def test_lmq_names_are_valid_and_distinct(q1, q2):
     retain=st.booleans(),
     publisher=text,
     node=text,
-    user=st.dictionaries(text, text, max_size=3),
+    meta=stored_metadata(),
+    data=st.data(),
 )
-def test_message_round_trips_through_rocketmq_fields(
-    topic, payload, qos, retain, publisher, node, user
+def test_message_round_trips_through_rocketmq_fields_in_any_property_order(
+    topic, payload, qos, retain, publisher, node, meta, data
 ):
     message = Message(
-        topic, payload, qos, retain, publisher, "node-1-42", 1700000000123, node, user
+        topic, payload, qos, retain, publisher, "node-1-42", 1700000000123, node, meta
     )
     rmq_topic, tag, keys, properties, body = to_rocketmq(message, ["f:a/#", "c:dev"])
     for value in (tag, *properties, *properties.values()):
-        assert "\x01" not in value and "\x02" not in value
+        assert value and "\x01" not in value and "\x02" not in value
+    assert not any("\x00" in name for name in properties)
     assert properties[MULTI_DISPATCH] == f"{lmq_name('f:a/#')},{lmq_name('c:dev')}"
-    back = from_rocketmq(tag, keys, properties, body)
+    # The broker hands the properties back in its hash map's order, not the producer's.
+    shuffled = dict(data.draw(st.permutations(list(properties.items()))))
+    back = from_rocketmq(tag, keys, shuffled, body)
     assert back == message
+    assert metadata.user_properties(back.properties) == metadata.user_properties(meta)
+    assert (PROP_USER_ORDER in properties) == (len(metadata.user_properties(meta)) > 1)
     assert rmq_topic == rocketmq_topic(topic)
+
+
+def test_mqtt5_metadata_travels_as_readable_rocketmq_properties():
+    meta = metadata.from_publish(
+        {
+            0x01: 1,  # Payload Format Indicator
+            0x02: 60,  # Message Expiry Interval
+            0x03: "application/json",
+            0x08: "replies/dev-1",
+            0x09: b"\x00\x01req-7",
+            0x26: [("unit", "kg"), ("tag", "a"), ("tag", "b"), ("rate", "50%")],
+        }
+    )
+    _topic, _tag, _keys, props, _body = to_rocketmq(Message("a/b", b"x", properties=meta), ())
+    assert {k: v for k, v in props.items() if k.startswith("mqtt.") and k != "mqtt.ts"} == {
+        "mqtt.qos": "0",
+        "mqtt.retain": "0",
+        "mqtt.payload_format": "1",
+        "mqtt.message_expiry": "60",
+        "mqtt.content_type": "application/json",
+        "mqtt.response_topic": "replies/dev-1",
+        "mqtt.correlation_data": "AAFyZXEtNw==",
+        "mqtt.user.unit": "kg",
+        "mqtt.user.tag": "a",
+        "mqtt.user.tag%001": "b",
+        "mqtt.user.rate": "50%25",
+        "mqtt.user_order": "unit,tag,tag%001,rate",
+    }
+
+
+def test_a_backend_writing_the_rocketmq_properties_reaches_devices_with_that_metadata():
+    """What a backend produces for devices, in whatever order, becomes the stored metadata a
+    PUBLISH is built from; one user property needs no order."""
+    props = {
+        "mqtt.user.b": "2",
+        "mqtt.response_topic": "svc/replies",
+        "mqtt.user_order": "a,b,a%001",
+        "mqtt.user.a%001": "3",
+        "mqtt.correlation_data": "cmVxLTE=",
+        "mqtt.user.a": "1",
+        "mqtt.content_type": "text/plain",
+        "mqtt.message_expiry": "30",
+        "mqtt.payload_format": "1",
+    }
+    message = from_rocketmq("dev/1/cmd", "k", props, b"on", store_timestamp_ms=5000)
+    assert message is not None
+    assert metadata.user_properties(message.properties) == [("a", "1"), ("b", "2"), ("a", "3")]
+    assert metadata.to_publish(message.properties, message.timestamp_ms, 15000) == {
+        0x01: 1,
+        0x02: 20,  # counted from the store time: the backend left mqtt.ts out
+        0x03: "text/plain",
+        0x08: "svc/replies",
+        0x09: b"req-1",
+        0x26: [("a", "1"), ("b", "2"), ("a", "3")],
+    }
+    single = from_rocketmq("dev/1/cmd", "k", {"mqtt.user.only": "v"}, b"on")
+    assert single is not None and single.properties == {"only": "v"}
+
+
+def test_user_properties_missing_from_the_order_come_after_the_listed_ones():
+    props = {"mqtt.user.z": "late", "mqtt.user.b": "2", "mqtt.user.a": "1"}
+    message = from_rocketmq("t", "k", {**props, PROP_USER_ORDER: "a,b,gone"}, b"x")
+    assert message is not None
+    assert list(message.properties.items()) == [("a", "1"), ("b", "2"), ("z", "late")]
+
+
+def test_the_bridges_own_keys_round_trip_and_the_legacy_retained_qos_is_still_read():
+    meta = {metadata.RETAINED_QOS: "1", metadata.SUBSCRIPTION_IDS: "3,4", "unit": "kg"}
+    _topic, tag, keys, props, body = to_rocketmq(Message("a/b", b"x", properties=meta), ())
+    assert props["mqtt.user.%00rq"] == "1"
+    assert PROP_USER_ORDER not in props  # one user property: nothing to order
+    back = from_rocketmq(tag, keys, props, body)
+    assert back is not None and back.properties == meta
+    assert metadata.user_properties(back.properties) == [("unit", "kg")]
+    legacy = from_rocketmq(tag, keys, {"mqtt.user.mqtt.retained-delivery": "2"}, body)
+    assert legacy is not None and metadata.retained_qos(legacy.properties) == 2
 
 
 def test_a_message_produced_by_a_backend_reaches_mqtt_at_qos_1():

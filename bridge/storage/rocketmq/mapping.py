@@ -9,6 +9,34 @@ this mapping; docs/design.md has it as a table. In short:
 * KEYS = the bridge's unique message key (the broker indexes it);
 * properties `mqtt.qos`, `mqtt.retain`, `mqtt.publisher`, `mqtt.node` carry the MQTT header fields;
   `mqtt_notify_skip` tells notify that the storing bridge announced it (`NOTIFY_FILTER`);
+* the MQTT 5 metadata (`bridge.storage.metadata`) becomes readable properties, the same whoever
+  writes them (a bridge, or a backend producing a message for devices):
+
+  ====================== =========================== ===========================================
+  metadata               RocketMQ property           value
+  ====================== =========================== ===========================================
+  Payload Format         `mqtt.payload_format`       "1": the payload is UTF-8 text
+  Message Expiry         `mqtt.message_expiry`       seconds, counted from `mqtt.ts` (or the
+                                                     store time when a backend left `mqtt.ts`
+                                                     out)
+  Content Type           `mqtt.content_type`         as published
+  Response Topic         `mqtt.response_topic`       as published
+  Correlation Data       `mqtt.correlation_data`     base64 of the bytes
+  User Property n = v    `mqtt.user.n` = v           a name that repeats: `mqtt.user.n%001`,
+                                                     `mqtt.user.n%002`, ... (the stored form
+                                                     `n NUL k`, its NUL escaped as `%00`)
+  order of the User      `mqtt.user_order`           only with 2 or more: their names as in the
+  Properties                                         property names, `,`-separated (a `,` in a
+                                                     name as `%2C`)
+  ====================== =========================== ===========================================
+
+  The broker keeps a message's properties in a hash map and writes them back in its order, not
+  the producer's (a test against a real broker shows it), so the order MQTT requires of User
+  Properties (MQTT-3.3.2-18) travels in `mqtt.user_order`. A reader puts the names it lists
+  first, in that order, and any other user properties after them. The bridge's own keys
+  (a retained message queued for one subscriber: its granted QoS and Subscription
+  Identifiers) travel as `mqtt.user.%00rq`, `mqtt.user.%00sid` (earlier versions wrote the QoS
+  as `mqtt.user.mqtt.retained-delivery`, still read);
 * body = the payload;
 * the queues a message is dispatched to (one per matching filter, ...) become light message queues
   (LMQ) named by `lmq_name`, listed in `INNER_MULTI_DISPATCH`.
@@ -17,6 +45,9 @@ Escaping: RocketMQ names may hold only `a-z A-Z 0-9 _ - | %` and at most 127 cha
 other UTF-8 byte, and `|` and `%` themselves, become `|XX` (two upper-case hex digits), so the
 escape is reversible and two different MQTT names never share a RocketMQ name. A name that would
 be longer than the limit keeps a readable prefix and ends in `|H` + 20 hex digits of its SHA-256.
+Property values (the tag, the metadata, user property names and values) are percent-escaped:
+`%`, and RocketMQ's separators `\\x01` and `\\x02`, become `%25`, `%01`, `%02` (and NUL in a
+property name `%00`); an empty value, which the broker would drop, is sent as `%00`.
 """
 
 from __future__ import annotations
@@ -25,6 +56,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from bridge.storage import metadata
 from bridge.storage.base import Message
 from bridge.storage.rocketmq.messages import (
     LMQ_DISPATCH_SEPARATOR,
@@ -61,6 +93,24 @@ NOTIFY_FILTER: Final = f"{PROP_NOTIFY_SKIP} IS NULL"
 dispatched copies, bridges of earlier versions)."""
 USER_PREFIX: Final = "mqtt.user."
 """Message.properties (MQTT 5 user properties) travel as `mqtt.user.<name>`."""
+PROP_USER_ORDER: Final = "mqtt.user_order"
+"""The order of a message's User Properties, when it has two or more (the broker does not keep
+the order of properties): their escaped names, `,`-separated, a `,` in a name as `%2C`."""
+PROP_PAYLOAD_FORMAT: Final = "mqtt.payload_format"
+PROP_MESSAGE_EXPIRY: Final = "mqtt.message_expiry"
+PROP_CONTENT_TYPE: Final = "mqtt.content_type"
+PROP_RESPONSE_TOPIC: Final = "mqtt.response_topic"
+PROP_CORRELATION_DATA: Final = "mqtt.correlation_data"
+METADATA_PROPERTIES: Final[Mapping[str, str]] = {
+    metadata.PAYLOAD_FORMAT: PROP_PAYLOAD_FORMAT,
+    metadata.EXPIRY: PROP_MESSAGE_EXPIRY,
+    metadata.CONTENT_TYPE: PROP_CONTENT_TYPE,
+    metadata.RESPONSE_TOPIC: PROP_RESPONSE_TOPIC,
+    metadata.CORRELATION_DATA: PROP_CORRELATION_DATA,
+}
+"""Stored MQTT 5 metadata key (`bridge.storage.metadata`) -> the RocketMQ property carrying it
+(the Spark source's columns are these names without `mqtt.`)."""
+_METADATA_KEYS: Final = {prop: key for key, prop in METADATA_PROPERTIES.items()}
 
 DEFAULT_QOS_FOR_BACKEND_MESSAGES: Final = 1
 """A message produced into RocketMQ without `mqtt.qos` (a backend, not a bridge) is delivered at
@@ -151,8 +201,9 @@ def lmq_name(queue: str) -> str:
 
 
 EMPTY_VALUE: Final = "%00"
-"""RocketMQ refuses empty property values: an empty MQTT 5 user property value travels as this
-(escaping never produces it otherwise)."""
+"""RocketMQ refuses empty property values: an empty MQTT 5 user property name or value (or an
+empty content type, ...) travels as this (escaping never produces it otherwise: a lone NUL, which
+a user property name would escape to it, is no stored key)."""
 
 
 def _escape_value(value: str) -> str:
@@ -164,6 +215,23 @@ def _unescape_value(value: str) -> str:
     if value == EMPTY_VALUE:
         return ""
     return value.replace("%01", "\x01").replace("%02", "\x02").replace("%25", "%")
+
+
+def _escape_user_name(name: str) -> str:
+    # A repeated User Property is stored as `name NUL n`: its NUL travels as `%00` (escaping
+    # `%` first leaves every `%` the start of an escape, so `%00` inside a name is never
+    # ambiguous; alone it is the empty name, as before).
+    return _escape_value(name).replace("\x00", "%00") or EMPTY_VALUE
+
+
+def _unescape_user_name(name: str) -> str:
+    if name == EMPTY_VALUE:
+        return ""
+    return _unescape_value(name.replace("%00", "\x00"))
+
+
+def _order_item(escaped_name: str) -> str:
+    return escaped_name.replace(",", "%2C")
 
 
 def tag_of(mqtt_topic: str) -> str:
@@ -185,9 +253,8 @@ def to_rocketmq(
         properties[PROP_PUBLISHER] = _escape_value(message.publisher)
     if message.node:
         properties[PROP_NODE] = _escape_value(message.node)
-    for name, value in message.properties.items():
-        key = USER_PREFIX + (_escape_value(name) or EMPTY_VALUE)
-        properties[key] = _escape_value(value) or EMPTY_VALUE
+    if message.properties:
+        _put_metadata(properties, message.properties)
     if queues:
         properties[MULTI_DISPATCH] = LMQ_DISPATCH_SEPARATOR.join(lmq_name(q) for q in queues)
     body = message.payload
@@ -195,6 +262,40 @@ def to_rocketmq(
         properties[PROP_EMPTY] = "1"
         body = EMPTY_BODY
     return rocketmq_topic(message.topic), tag_of(message.topic), message.key, properties, body
+
+
+def _put_metadata(properties: dict[str, str], meta: Mapping[str, str]) -> None:
+    """The RocketMQ properties of a message's stored metadata (see the module docstring)."""
+    order: list[str] = []
+    for key, value in meta.items():
+        name = METADATA_PROPERTIES.get(key)
+        if name is None:
+            escaped = _escape_user_name(key)
+            name = USER_PREFIX + escaped
+            if metadata.is_user_key(key):
+                order.append(_order_item(escaped))
+        properties[name] = _escape_value(value) or EMPTY_VALUE
+    if len(order) > 1:
+        properties[PROP_USER_ORDER] = ",".join(order)
+
+
+def _metadata_of(properties: Mapping[str, str]) -> dict[str, str]:
+    """Inverse of `_put_metadata`, whatever order the broker gave the properties in."""
+    meta: dict[str, str] = {}
+    users: list[tuple[str, str]] = []
+    for name, value in properties.items():
+        key = _METADATA_KEYS.get(name)
+        if key is not None:
+            meta[key] = _unescape_value(value)
+        elif name.startswith(USER_PREFIX):
+            users.append((name[len(USER_PREFIX) :], value))
+    order = properties.get(PROP_USER_ORDER)
+    if order and len(users) > 1:
+        rank = {item: i for i, item in enumerate(order.split(","))}
+        users.sort(key=lambda user: rank.get(_order_item(user[0]), len(rank)))
+    for escaped, value in users:
+        meta[_unescape_user_name(escaped)] = _unescape_value(value)
+    return meta
 
 
 def from_rocketmq(
@@ -214,11 +315,6 @@ def from_rocketmq(
     qos_text = properties.get(PROP_QOS)
     qos = int(qos_text) if qos_text in ("0", "1", "2") else DEFAULT_QOS_FOR_BACKEND_MESSAGES
     timestamp_text = properties.get(PROP_TIMESTAMP, "")
-    user = {
-        _unescape_value(name[len(USER_PREFIX) :]): _unescape_value(value)
-        for name, value in properties.items()
-        if name.startswith(USER_PREFIX)
-    }
     return Message(
         topic=topic,
         payload=b"" if properties.get(PROP_EMPTY) == "1" else body,
@@ -228,7 +324,7 @@ def from_rocketmq(
         key=(keys or msg_id).split(" ")[0],
         timestamp_ms=int(timestamp_text) if timestamp_text.isdigit() else store_timestamp_ms,
         node=_unescape_value(properties.get(PROP_NODE, "")),
-        properties=user,
+        properties=_metadata_of(properties),
     )
 
 

@@ -1,0 +1,274 @@
+"""A client's PUBLISHes into the node: checks, the answer (PUBACK/PUBREC/PUBCOMP), and the flow
+control that slows a publisher instead of losing its messages.
+
+`Inbound` belongs to one `Connection`. It checks a PUBLISH (limits, `$SYS`, the ACL, and for
+MQTT 5.0 the topic alias, the payload format and the Receive Maximum), hands it to the node's
+publisher and acknowledges it once it is durable, in packet order. It pauses the socket while
+too many of the client's messages wait for the store (`max_inbound_pending`) and holds
+acknowledgements while a subscriber of them is far behind (`hold_acks`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from bridge.access.acl import PUBLISH
+from bridge.listeners.v5 import ProtocolFault
+from bridge.mqtt import codec
+from bridge.mqtt.codec import encode_puback, encode_pubrec
+from bridge.mqtt.packets import PacketType, Publish, Pubrel
+from bridge.mqtt.properties import PropertyId
+from bridge.mqtt.reasons import ReasonCode
+from bridge.storage.base import StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.listeners.link import Link
+
+log = logging.getLogger("bridge.connection")
+
+
+class Inbound:
+    """The inbound message flow of one connection."""
+
+    __slots__ = ("_ack_gate", "_denied_topics", "_paused_reading", "conn", "pending", "unreleased")
+
+    def __init__(self, conn: Link) -> None:
+        self.conn = conn
+        self.pending = 0
+        """QoS 1/2 PUBLISHes handed to the node and not yet answered."""
+        self.unreleased = 0
+        """QoS 2 messages PUBRECed and not yet PUBCOMPed (they count against the v5 Receive
+        Maximum until PUBCOMP, MQTT-4.9.0-1)."""
+        self._paused_reading = False
+        self._ack_gate: _AckGate | None = None
+        self._denied_topics: set[str] | None = None
+
+    # -- PUBLISH ---------------------------------------------------------------------------------
+
+    def on_publish(self, packet: Publish) -> None:
+        conn = self.conn
+        session = conn.session
+        assert session is not None
+        node = conn.node
+        v5 = conn.v5
+        if v5 is not None:
+            try:
+                packet.topic = v5.resolve_topic(packet)
+            except ProtocolFault as fault:
+                conn.close(f"PUBLISH: {fault}", reason_code=fault.reason)
+                return
+            resend = packet.qos == 2 and packet.packet_id in session.inbound_qos2
+            if packet.qos and not resend and self.pending + self.unreleased >= conn.receive_maximum:
+                conn.close(
+                    f"more than Receive Maximum={conn.receive_maximum} QoS 1/2 messages "
+                    "unacknowledged (MQTT-3.3.4-9)",
+                    reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                )
+                return
+            if packet.properties.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1:
+                try:
+                    packet.payload.decode("utf-8")
+                except UnicodeDecodeError:
+                    self._refuse(
+                        packet,
+                        ReasonCode.PAYLOAD_FORMAT_INVALID,
+                        "payload_format_invalid",
+                        "payload is not UTF-8 but its Payload Format Indicator says so",
+                    )
+                    return
+        error = node.check_topic_limits(packet.topic)
+        if error:
+            conn.close(
+                f"PUBLISH to {packet.topic[:64]!r}: {error}",
+                reason_code=ReasonCode.TOPIC_NAME_INVALID,
+            )
+            return
+        if packet.topic.startswith("$SYS"):
+            self._refuse(
+                packet,
+                ReasonCode.NOT_AUTHORIZED,
+                "dropped_sys_publish",
+                "$SYS topics are the broker's",
+            )
+            return
+        acl = node.access.acl
+        if acl.rules is not None and not acl.allows(
+            PUBLISH, conn.client_id, conn.username, packet.topic
+        ):
+            self._refuse(
+                packet, ReasonCode.NOT_AUTHORIZED, "acl_denied_publish", "denied by the ACL"
+            )
+            return
+        if packet.qos == 0:
+            conn.msgs_in += 1
+            conn.payload_in += len(packet.payload)
+            node.publisher.publish_qos0(session, packet)
+            return
+        packet_id = packet.packet_id
+        assert packet_id is not None
+        if packet.qos == 2 and packet_id in session.inbound_qos2:
+            # A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
+            # that store is durable, never store it twice. (A failed store removes the id.)
+            node.publisher.publish_qos2_again(
+                session, packet, lambda error: self._acknowledge(error, 2, packet_id)
+            )
+            return
+        qos = packet.qos
+        conn.msgs_in += 1
+        conn.payload_in += len(packet.payload)
+        self.pending += 1  # before publish: a failing store may call back at once
+        node.publisher.publish(
+            session, packet, lambda _s, error: self._acknowledge(error, qos, packet_id, True)
+        )
+        if self.pending >= node.config.max_inbound_pending and not self._paused_reading:
+            self._paused_reading = True
+            if conn.transport is not None:
+                conn.transport.pause_reading()
+
+    def _refuse(self, packet: Publish, reason: int, counter: str, why: str) -> None:
+        """Drop a PUBLISH the client may not send. A v5 client gets PUBACK/PUBREC with the
+        reason (QoS 0: nothing, or DISCONNECT for a malformed payload); MQTT 3.1.1 has no way to
+        say so: a QoS 1/2 message is acknowledged (else the client would resend it forever).
+        Counted and logged: the first drop per topic of a connection at WARNING, repeats at
+        DEBUG."""
+        conn = self.conn
+        conn.node.metrics.inc(counter)
+        denied = self._denied_topics
+        if denied is None:
+            denied = self._denied_topics = set()
+        first = packet.topic not in denied
+        if first and len(denied) < 100:
+            denied.add(packet.topic)
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "client %s (user %r): PUBLISH to %r dropped: %s (0x%02X)",
+            conn.client_id,
+            conn.username,
+            packet.topic,
+            why,
+            reason,
+        )
+        packet_id = packet.packet_id or 0
+        if conn.v5 is None:
+            if packet.qos == 1:
+                self.send_ack(encode_puback(packet_id))
+            elif packet.qos == 2:
+                self.send_ack(encode_pubrec(packet_id))
+            return
+        if packet.qos == 0:
+            if reason == ReasonCode.PAYLOAD_FORMAT_INVALID:
+                conn.close(f"PUBLISH to {packet.topic[:64]!r}: {why}", reason_code=reason)
+            return
+        kind = PacketType.PUBACK if packet.qos == 1 else PacketType.PUBREC
+        self.send_ack(codec.encode_ack5(kind, packet_id, reason, conn.reason_string(why)))
+
+    def _acknowledge(
+        self, error: BaseException | None, qos: int, packet_id: int, counted: bool = False
+    ) -> None:
+        """The PUBLISH is durable (or failed): PUBACK/PUBREC it (or close so the client resends).
+        While acknowledgements are held (`hold_acks`) it waits behind the others, in order."""
+        conn = self.conn
+        if error is not None:
+            if counted:
+                self._answered()
+            conn.close(
+                f"message not stored, so not acknowledged ({error}); the client will resend",
+                reason_code=ReasonCode.UNSPECIFIED_ERROR,
+            )
+            return
+        if qos == 2 and counted:
+            self.unreleased += 1
+        # The success PUBACK/PUBREC of 5.0 is the 3.1.1 one (reason 0 may be left out).
+        self.send_ack(encode_puback(packet_id) if qos == 1 else encode_pubrec(packet_id), counted)
+
+    def send_ack(self, data: bytes, counted: bool = False) -> None:
+        """Send a PUBACK/PUBREC now, or after the ones held before it (`hold_acks`)."""
+        gate = self._ack_gate
+        if gate is not None:
+            gate.waiting.append((data, counted))
+            return
+        if counted:
+            self._answered()
+        self.conn.send(data)
+
+    def _answered(self) -> None:
+        """One counted publish is answered: resume reading once half the pending ones are."""
+        self.pending -= 1
+        conn = self.conn
+        if self._paused_reading and self.pending <= conn.node.config.max_inbound_pending // 2:
+            self._paused_reading = False
+            if conn.transport is not None and not conn.closed:
+                conn.transport.resume_reading()
+
+    def hold_acks(self, reason: str) -> None:
+        """Hold this client's PUBACKs/PUBRECs, in order, until every reason is released (a
+        subscriber of its messages is too far behind: `bridge.node.congestion`)."""
+        gate = self._ack_gate
+        if gate is None:
+            gate = self._ack_gate = _AckGate()
+        gate.reasons.add(reason)
+
+    def release_acks(self, reason: str) -> None:
+        """One reason to hold acknowledgements is gone; with none left, send what waited."""
+        gate = self._ack_gate
+        if gate is None:
+            return
+        gate.reasons.discard(reason)
+        if gate.reasons:
+            return
+        self._ack_gate = None
+        for data, counted in gate.waiting:
+            if counted:
+                self._answered()
+            self.conn.send(data)
+
+    # -- PUBREL ----------------------------------------------------------------------------------
+
+    def on_pubrel(self, packet: Pubrel) -> None:
+        conn = self.conn
+        session = conn.session
+        assert session is not None
+        packet_id = packet.packet_id
+        if conn.v5 is not None and packet_id not in session.inbound_qos2:
+            conn.send(
+                codec.encode_ack5(
+                    PacketType.PUBCOMP, packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+                )
+            )
+            return
+        if not session.persistent:
+            session.inbound_qos2.pop(packet_id, None)
+            self._completed()
+            conn.send(codec.encode_pubcomp(packet_id))
+            return
+        conn.node.spawn(self._release(packet_id))
+
+    async def _release(self, packet_id: int) -> None:
+        conn = self.conn
+        session = conn.session
+        assert session is not None
+        try:
+            await conn.node.publisher.release_qos2(session, packet_id)
+        except StoreUnavailable as exc:
+            conn.close(
+                f"store unavailable, PUBREL not completed: {exc}",
+                reason_code=ReasonCode.UNSPECIFIED_ERROR,
+            )
+            return
+        self._completed()
+        conn.send(codec.encode_pubcomp(packet_id))
+
+    def _completed(self) -> None:
+        if self.unreleased > 0:
+            self.unreleased -= 1
+
+
+class _AckGate:
+    """Acknowledgements held back, in order, and why (`Inbound.hold_acks`)."""
+
+    __slots__ = ("reasons", "waiting")
+
+    def __init__(self) -> None:
+        self.reasons: set[str] = set()
+        self.waiting: list[tuple[bytes, bool]] = []

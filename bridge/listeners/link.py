@@ -1,0 +1,52 @@
+"""What the helpers of a connection (`inbound`, `outbound_acks`, `enhanced_auth`) use of it.
+
+`Connection` fulfils this; the helpers never import it, so the listeners' modules form no
+circle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from bridge.listeners.v5 import Version5
+    from bridge.node import Node
+    from bridge.session import Session
+
+
+class Link(Protocol):
+    """One client connection, as its helpers see it."""
+
+    node: Node
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport | None
+    session: Session | None
+    v5: Version5 | None
+    client_id: str
+    peer: str
+    username: str | None
+    closed: bool
+    receive_maximum: int
+    msgs_in: int
+    payload_in: int
+
+    def send(self, data: bytes) -> None:
+        """Queue an encoded packet."""
+        ...
+
+    def close(
+        self,
+        reason: str,
+        *,
+        taken_over: bool = False,
+        log_it: bool = True,
+        reason_code: int | None = None,
+        server_reference: str = "",
+    ) -> None:
+        """Close (a v5 client first gets DISCONNECT with `reason_code`), logging why."""
+        ...
+
+    def reason_string(self, text: str) -> dict[int, Any] | None:
+        """A Reason String property for an acknowledgement, if the v5 client wants them."""
+        ...

@@ -1,0 +1,211 @@
+"""Whether a CONNECT is admitted, and on what terms.
+
+`Admission` checks the protocol version, the ClientId, the node's capacity, the credentials and
+the will's topic against the ACL; it answers a refused client with CONNACK (a 5.0 reason code, or
+for 3.1.1 the return code closest to it) and closes. For an admitted v5 client it settles the
+session expiry and keepalive the server grants and what CONNACK must say about them.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bridge.access.acl import PUBLISH
+from bridge.access.auth import AuthResult
+from bridge.mqtt import codec
+from bridge.mqtt.packets import Connack, Connect
+from bridge.mqtt.properties import PropertyId
+from bridge.mqtt.reasons import ReasonCode, connack_311
+from bridge.node.roles import ClientLink
+from bridge.operations.metrics import Metrics
+
+if TYPE_CHECKING:
+    from bridge.access import AccessControl
+    from bridge.config import Config
+
+log = logging.getLogger("bridge.node")
+
+_SUPPORTED = frozenset({("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)})
+"""(protocol name, level) pairs a client may connect with."""
+
+_AUTH_REASONS = {
+    AuthResult.BAD_CREDENTIALS: ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+    AuthResult.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
+    AuthResult.UNAVAILABLE: ReasonCode.SERVER_UNAVAILABLE,
+}
+
+
+class Refusable(Protocol):
+    """What refusing a CONNECT needs of its connection."""
+
+    client_id: str
+    peer: str
+
+    def send(self, data: bytes) -> None:
+        """Queue an encoded packet."""
+        ...
+
+    def close(self, reason: str, *, log_it: bool = True) -> None:
+        """Close after flushing what is queued."""
+        ...
+
+
+class Admission:
+    """The checks a CONNECT passes before it gets a session."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        access: AccessControl,
+        metrics: Metrics,
+        refusing: Callable[[], int | None],
+        topic_fault: Callable[[str], str | None],
+    ) -> None:
+        self.config = config
+        self.access = access
+        self.metrics = metrics
+        self.refusing = refusing
+        """Why the node takes no new clients now (a reason code: draining, at
+        max_connections), or None when it does."""
+        self.topic_fault = topic_fault
+        """What is wrong with a topic under the configured limits (None: nothing)."""
+
+    def check(self, conn: ClientLink, packet: Connect) -> str | None:
+        """The ClientId this CONNECT may use (assigned if empty), or None once refused."""
+        cfg = self.config
+        if (packet.protocol_name, packet.protocol_level) not in _SUPPORTED:
+            self.refuse(
+                conn,
+                ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+                f"protocol level {packet.protocol_level} not supported (MQTT-3.1.2-2)",
+                4,  # a client of an unknown level is answered as 3.1.1 does: return code 1
+            )
+            return None
+        client_id = packet.client_id
+        v5 = packet.protocol_level >= 5
+        if not client_id:
+            if not packet.clean_session and not v5:
+                self.refuse(
+                    conn,
+                    ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                    "empty ClientId with clean session 0 (MQTT-3.1.3-8)",
+                    packet.protocol_level,
+                )
+                return None
+            if not cfg.allow_zero_length_clientid:
+                self.refuse(
+                    conn,
+                    ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                    "empty ClientId not allowed by configuration",
+                    packet.protocol_level,
+                )
+                return None
+            client_id = f"auto-{uuid.uuid4().hex}"
+        elif packet.protocol_level == 3 and len(client_id) > 23:
+            self.refuse(
+                conn,
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                "MQTT 3.1 ClientId longer than 23 characters",
+                packet.protocol_level,
+            )
+            return None
+        if "\x00" in client_id or len(client_id.encode()) > cfg.max_topic_length:
+            self.refuse(
+                conn,
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                "ClientId too long",
+                packet.protocol_level,
+            )
+            return None
+        refused = self.refusing()
+        if refused is not None:
+            self.refuse(
+                conn,
+                refused,
+                "node is shutting down"
+                if refused == ReasonCode.SERVER_SHUTTING_DOWN
+                else f"node is at max_connections={self.config.max_connections}",
+                packet.protocol_level,
+            )
+            return None
+        method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD) if v5 else None
+        if method is not None and conn.auth_method is None:
+            self.refuse(
+                conn,
+                ReasonCode.BAD_AUTHENTICATION_METHOD,
+                f"authentication method {method!r} not supported",
+                packet.protocol_level,
+            )
+            return None
+        return client_id
+
+    async def admit(
+        self, conn: ClientLink, packet: Connect, client_id: str
+    ) -> tuple[bool, str | None]:
+        """Authenticate and check the will against the ACL: whether the client is admitted, and
+        the user name it acts as (None: anonymous). Refused clients are answered here."""
+        level = packet.protocol_level
+        if conn.auth_method is not None:
+            # Enhanced authentication (MQTT 5.0 AUTH) already proved who the client is.
+            result, username = AuthResult.ACCEPTED, conn.username
+        else:
+            result, username = await self.access.authenticate(
+                client_id, packet.username, packet.password, conn.cert_cn
+            )
+        if conn.closed:
+            return False, None
+        if result is not AuthResult.ACCEPTED:
+            self.metrics.inc("auth_failures")
+            self.refuse(
+                conn,
+                _AUTH_REASONS[result],
+                f"authentication failed ({result.name}) for user {packet.username!r}",
+                level,
+            )
+            return False, None
+        if packet.will is not None and not self.access.acl.allows(
+            PUBLISH, client_id, username, packet.will.topic
+        ):
+            self.metrics.inc("acl_denied_will")
+            self.refuse(
+                conn,
+                ReasonCode.NOT_AUTHORIZED,
+                f"ACL denies publishing the will topic {packet.will.topic!r}",
+                level,
+            )
+            return False, None
+        return True, username
+
+    def negotiate(self, packet: Connect) -> tuple[float | None, int, dict[int, Any]]:
+        """What a CONNECT is granted: session expiry (None: a 3.1.1 session), keepalive, and
+        for v5 the CONNACK properties that say where the server chose otherwise."""
+        cfg = self.config
+        keepalive = packet.keepalive
+        said: dict[int, Any] = {}
+        if cfg.max_keepalive and (keepalive == 0 or keepalive > cfg.max_keepalive):
+            keepalive = cfg.max_keepalive
+            said[PropertyId.SERVER_KEEP_ALIVE] = keepalive
+        if packet.protocol_level < 5:
+            return None, keepalive, said
+        expiry = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0)
+        limit = int(cfg.session_expiry_seconds)
+        if expiry > limit:
+            expiry = limit
+            said[PropertyId.SESSION_EXPIRY_INTERVAL] = expiry
+        return float(expiry), keepalive, said
+
+    def refuse(self, conn: Refusable, code: int, reason: str, level: int = 4) -> None:
+        """Answer CONNACK with a refusal (`code`, a 5.0 reason code; a 3.1.1 client gets the
+        return code closest to it), log and count it, close."""
+        log.warning("client %r from %s refused: %s", conn.client_id or "", conn.peer, reason)
+        self.metrics.inc("connections_refused")
+        if level >= 5:
+            props: dict[int, Any] = {PropertyId.REASON_STRING: reason[:200]}
+            conn.send(codec.encode(Connack(code, False, props), 5))
+        else:
+            conn.send(codec.encode(Connack(connack_311(code), False)))
+        conn.close(reason, log_it=False)
