@@ -77,6 +77,8 @@ class Connection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
         self._paused_writing = False
+        self.level = 4
+        """The protocol level the client speaks (3, 4 or 5; 4 until its CONNECT is read)."""
         self.inbound = Inbound(self)
         self.v5: Version5 | None = None
         """The MQTT 5.0 state once a v5 CONNECT is accepted (None: 3.1.1 / 3.1)."""
@@ -261,11 +263,6 @@ class Connection(asyncio.Protocol):
         """QoS 1/2 messages the client takes unacknowledged (its v5 Receive Maximum)."""
         return self.v5.receive_maximum if self.v5 is not None else 65535
 
-    @property
-    def level(self) -> int:
-        """The protocol level the client speaks (3, 4 or 5; 4 until its CONNECT is read)."""
-        return self.decoder.protocol_level
-
     def start_v5(
         self, connect_props: dict[int, Any], chosen: dict[int, Any], session_present: bool
     ) -> None:
@@ -396,6 +393,7 @@ class Connection(asyncio.Protocol):
             self.close("internal error", reason_code=ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _start_connect(self, packet: Connect) -> None:
+        self.level = packet.protocol_level
         self._connecting = True
         if self._timer is not None:
             self._timer.cancel()

@@ -124,9 +124,11 @@ _ZERO_OR_ONE: Final = frozenset(
 """Byte properties whose only values are 0 and 1; anything else is a Protocol Error."""
 
 _NOT_ZERO: Final = frozenset(
-    {_P.RECEIVE_MAXIMUM, _P.MAXIMUM_PACKET_SIZE, _P.TOPIC_ALIAS, _P.SUBSCRIPTION_IDENTIFIER}
+    {_P.RECEIVE_MAXIMUM, _P.MAXIMUM_PACKET_SIZE, _P.SUBSCRIPTION_IDENTIFIER}
 )
-"""Properties for which 0 is a Protocol Error (a Subscription Identifier is 1..268,435,455)."""
+"""Properties for which 0 is a Protocol Error (a Subscription Identifier is 1..268,435,455).
+A Topic Alias of 0 is left to the receiver, which knows its Topic Alias Maximum and answers both
+0 and too large with 0x94 (Topic Alias invalid), as Mosquitto does."""
 
 
 def scope_name(scope: int) -> str:

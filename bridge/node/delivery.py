@@ -22,6 +22,7 @@ from bridge.storage.base import StoreUnavailable
 from bridge.storage.metadata import SUBSCRIPTION_IDS, expired, retained_qos
 
 if TYPE_CHECKING:
+    from bridge.access.acl import Acl
     from bridge.node.roles import ClientLink
     from bridge.operations.metrics import Metrics
     from bridge.storage.base import MessageStore, Stored
@@ -62,6 +63,7 @@ class Delivery:
         "_scan",
         "_stopped",
         "_window_blocked",
+        "acl",
         "conn",
         "max_inflight",
         "metrics",
@@ -81,6 +83,7 @@ class Delivery:
         offsets: Offsets,
         pace: Pace,
         max_inflight: int,
+        acl: Acl | None = None,
     ) -> None:
         self.session = session
         self.conn = conn
@@ -89,6 +92,8 @@ class Delivery:
         self.offsets = offsets
         self.pace = pace
         self.max_inflight = max_inflight
+        self.acl = acl
+        """The ACL whose deny rules may keep a message from a broader subscription."""
         self._retrying = False
         self._stopped = False
         self._drains: dict[str, asyncio.Task[None]] = {}
@@ -259,7 +264,8 @@ class Delivery:
         ):
             self.metrics.inc("dropped_expired")
             return False  # its Message Expiry Interval passed while it waited (MQTT-3.3.2-5)
-        if not self.conn.may_read(message.topic):
+        acl = self.acl
+        if acl is not None and acl.rules is not None and not self.conn.may_read(message.topic):
             return False
         kind = queue_kind(logical)
         if kind == FILTER:

@@ -113,6 +113,7 @@ class Node:
             spawn=self.spawn,
             offline_reader=self.housekeeper.check_backlog,
             congestion=self.congestion,
+            acl=self.access.acl,
         )
         self.subscriptions = Subscriptions(
             trie=self.trie,
@@ -170,6 +171,7 @@ class Node:
             offsets=self.housekeeper,
             pace=self.congestion,
             max_inflight=min(self.config.max_inflight, conn.receive_window),
+            acl=self.access.acl,
         )
 
     def _refusing(self) -> int | None:

@@ -36,6 +36,7 @@ from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavaila
 from bridge.storage.metadata import from_publish
 
 if TYPE_CHECKING:
+    from bridge.access.acl import Acl
     from bridge.cluster.cluster import Cluster
     from bridge.config import Config
     from bridge.node.delivery import Delivery
@@ -63,6 +64,7 @@ class Publisher:
         spawn: Spawner,
         offline_reader: Callable[[str], None],
         congestion: Congestion,
+        acl: Acl | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -78,6 +80,8 @@ class Publisher:
         self.offline_reader = offline_reader
         """Called for a woken reader with no delivery here (an offline session)."""
         self.congestion = congestion
+        self.acl = acl
+        """The ACL whose deny rules may keep a message from a broader subscription."""
         self.cluster: Cluster | None = None
         self.reachable: Callable[[str], bool] = connections.__contains__
         """Whether a shared-subscription member can take a message now."""
@@ -135,9 +139,11 @@ class Publisher:
         size = len(payload)
         connections = self.connections
         sent = 0
+        acl = self.acl
+        check_reads = acl is not None and acl.rules is not None
         for client_id in client_ids:
             conn = connections[client_id]
-            if not conn.may_read(message.topic):
+            if check_reads and not conn.may_read(message.topic):
                 continue
             if conn.level < 5:
                 if data is None:

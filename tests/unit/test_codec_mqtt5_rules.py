@@ -262,7 +262,6 @@ BAD_VALUES = [
     ("CONNACK", 0x27, 0),
     ("SUBSCRIBE", 0x0B, [0]),  # Subscription Identifier
     ("PUBLISH", 0x0B, [1, 0]),
-    ("PUBLISH", 0x23, 0),  # Topic Alias
     ("CONNACK", 0x24, 2),  # Maximum QoS
     ("CONNACK", 0x25, 2),  # Retain Available
     ("CONNACK", 0x28, 2),  # Wildcard Subscription Available
@@ -293,6 +292,7 @@ def test_forbidden_property_value_is_refused_when_encoded(
     [
         ("PUBLISH", 0x01, 0),
         ("PUBLISH", 0x01, 1),
+        ("PUBLISH", 0x23, 0),  # Topic Alias 0: the receiver answers 0x94 (it knows its maximum)
         ("CONNECT", 0x17, 0),
         ("CONNECT", 0x19, 1),
         ("CONNECT", 0x21, 1),
