@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("bridge.connection")
 
 PINGRESP = codec.encode(Pingresp())
+LINGER_SECONDS = 1.0
+"""How long a closed connection still reads after telling the client why (see `close`)."""
 SOCKET_HIGH_WATER = 256 * 1024
 
 
@@ -317,13 +319,6 @@ class Connection(asyncio.Protocol):
         self.node.metrics.inc("acl_filtered_deliveries")
         return False
 
-    def reason_string(self, text: str) -> dict[int, Any] | None:
-        """A Reason String property for an acknowledgement, if the v5 client wants them."""
-        v5 = self.v5
-        if v5 is None or not v5.problem_information:
-            return None
-        return {PropertyId.REASON_STRING: text[:200]}
-
     def close(
         self,
         reason: str,
@@ -351,11 +346,21 @@ class Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self.transport is not None:
+        transport = self.transport
+        if transport is not None:
             if self._flush_handle is not None:
                 self._flush_handle.cancel()
+            told = bool(self._out)
             self._flush()  # what is queued (a CONNACK with a refusal code) still goes out
-            self.transport.close()
+            if told and _can_write_eof(transport):
+                # Half-close and read (and drop) what the client still sends for a moment: a
+                # client that writes after our last packet would otherwise get a reset, which
+                # can discard the DISCONNECT or CONNACK that says why before it reads it.
+                transport.write_eof()
+                transport.resume_reading()
+                self.loop.call_later(LINGER_SECONDS, transport.close)
+            else:
+                transport.close()
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -512,6 +517,13 @@ class Connection(asyncio.Protocol):
         self.node.lifecycle.disconnected(self, graceful=self._graceful)
         self._graceful = True
         self.close("DISCONNECT", log_it=False)
+
+
+def _can_write_eof(transport: asyncio.Transport) -> bool:
+    try:
+        return transport.can_write_eof()
+    except NotImplementedError:  # a transport of our own (WebSocket) that cannot
+        return False
 
 
 _TYPE_NUMBERS: dict[type, int] = {

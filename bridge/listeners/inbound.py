@@ -161,7 +161,9 @@ class Inbound:
                 conn.close(f"PUBLISH to {packet.topic[:64]!r}: {why}", reason_code=reason)
             return
         kind = PacketType.PUBACK if packet.qos == 1 else PacketType.PUBREC
-        self.send_ack(codec.encode_ack5(kind, packet_id, reason, conn.reason_string(why)))
+        # The reason code alone: some clients cannot read properties in PUBACK/PUBREC, and the
+        # log line says why.
+        self.send_ack(codec.encode_ack5(kind, packet_id, reason))
 
     def _acknowledge(
         self, error: BaseException | None, qos: int, packet_id: int, counted: bool = False

@@ -7,7 +7,7 @@ circle.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from bridge.listeners.v5 import Version5
@@ -45,8 +45,4 @@ class Link(Protocol):
         server_reference: str = "",
     ) -> None:
         """Close (a v5 client first gets DISCONNECT with `reason_code`), logging why."""
-        ...
-
-    def reason_string(self, text: str) -> dict[int, Any] | None:
-        """A Reason String property for an acknowledgement, if the v5 client wants them."""
         ...

@@ -9,11 +9,23 @@ backlogs) works on parts as on any queue.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable
 
 from bridge.session import Session
-from bridge.storage.base import MessageStore
+from bridge.storage.base import MessageStore, StoreUnavailable
 
-__all__ = ["parts_read", "queues_read", "start_new_parts", "start_reading", "stop_reading"]
+__all__ = [
+    "learn_ends",
+    "parts_read",
+    "queues_read",
+    "start_new_parts",
+    "start_reading",
+    "start_reading_at",
+    "stop_reading",
+]
+
+Ends = Callable[[str], int]
+"""A part's end now; raises StoreUnavailable when it cannot be known."""
 
 
 async def start_reading(store: MessageStore, session: Session, queue: str) -> None:
@@ -28,6 +40,42 @@ async def start_reading(store: MessageStore, session: Session, queue: str) -> No
         ends = await asyncio.gather(*(store.queue_end(part) for part in missing))
     for part, end in zip(missing, ends, strict=True):
         session.start_queue(part, end)
+
+
+def start_reading_at(store: MessageStore, session: Session, queue: str, ends: Ends) -> None:
+    """`start_reading` with the parts' ends from `ends` (no await: the caller registers the
+    queue's filter in the same step, so no message routed to it in between is skipped)."""
+    missing = [part for part in store.parts(queue) if part not in session.cursors]
+    found = [(part, ends(part)) for part in missing]  # all or none
+    for part, end in found:
+        session.start_queue(part, end)
+
+
+async def learn_ends(store: MessageStore, session: Session, queues: Iterable[str]) -> Ends:
+    """The ends of the parts of `queues` the session does not read yet, asked of the store at
+    once; a part whose end could not be learned raises StoreUnavailable when looked up. With
+    `store.local_ends` nothing is asked: the store's own ends are the truth."""
+    if store.local_ends:
+        return store.end_offset
+    parts = list(
+        dict.fromkeys(p for q in queues for p in store.parts(q) if p not in session.cursors)
+    )
+    answers = await asyncio.gather(
+        *(store.queue_end(part) for part in parts), return_exceptions=True
+    )
+    known = dict(zip(parts, answers, strict=True))
+
+    def end_of(part: str) -> int:
+        answer = known.get(part)
+        if isinstance(answer, int):
+            return answer
+        if isinstance(answer, StoreUnavailable):
+            raise answer
+        if isinstance(answer, BaseException):
+            raise StoreUnavailable(str(answer)) from answer
+        return store.end_offset(part)  # not asked (already read): never called then
+
+    return end_of
 
 
 def parts_read(store: MessageStore, session: Session, queue: str) -> list[str]:

@@ -18,7 +18,7 @@ from bridge.mqtt.packets import SUBACK_FAILURE, Suback, Subscribe, Unsuback, Uns
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_filter
-from bridge.node.positions import parts_read, start_reading, stop_reading
+from bridge.node.positions import Ends, learn_ends, parts_read, start_reading_at, stop_reading
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import ClientLink, Spawner, Waker
 from bridge.node.stamp import Stamper
@@ -116,25 +116,38 @@ class Subscriptions:
     # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------
 
     def subscribe(self, conn: ClientLink, session: Session, packet: Subscribe) -> None:
-        """Apply the filters at once (so a PUBLISH that follows is routed by them), then, in the
-        background, make them durable for a persistent session, answer SUBACK and send the
-        matching retained messages."""
+        """Register the filters at once where the store knows its queue ends itself (so a
+        PUBLISH that arrives after this SUBSCRIBE, from any client, is routed by them), else as
+        soon as the ends are learned; then, in the background, make them durable for a
+        persistent session, answer SUBACK and send the matching retained messages."""
+        v5 = conn.level >= 5  # (No Local on a shared filter is refused by the codec: 0x82)
+        if self.store.local_ends:
+            codes, retained_for = self._register_filters(
+                session, packet, conn.username, v5, self.store.end_offset
+            )
+            self.spawn(self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for))
+            return
         conn.hold()
-        self.spawn(self._subscribe(conn, session, packet))
+        self.spawn(self._subscribe(conn, session, packet, v5))
 
-    async def _subscribe(self, conn: ClientLink, session: Session, packet: Subscribe) -> None:
+    async def _subscribe(
+        self, conn: ClientLink, session: Session, packet: Subscribe, v5: bool
+    ) -> None:
         """Ask the store where each new queue ends (before the filter is routed, so no message
         routed to it is skipped), then register the filters, SUBACK and send retained messages.
         The client's later packets wait meanwhile, so a PUBLISH after SUBSCRIBE sees it."""
-        v5 = conn.level >= 5  # (No Local on a shared filter is refused by the codec: 0x82)
         try:
-            codes, retained_for = await self._register_filters(session, packet, conn.username, v5)
+            queues = [
+                _queue_of(sub.topic_filter, session.client_id) for sub in packet.subscriptions
+            ]
+            ends = await learn_ends(self.store, session, [q for q in queues if q])
+            codes, retained_for = self._register_filters(session, packet, conn.username, v5, ends)
         finally:
             conn.release()
         await self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for)
 
-    async def _register_filters(
-        self, session: Session, packet: Subscribe, username: str | None, v5: bool
+    def _register_filters(
+        self, session: Session, packet: Subscribe, username: str | None, v5: bool, ends: Ends
     ) -> tuple[list[int], list[tuple[str, int, int]]]:
         codes: list[int] = []
         retained_for: list[tuple[str, int, int]] = []
@@ -183,7 +196,7 @@ class Subscriptions:
                 else filter_queue(topic_filter)
             )
             try:
-                await start_reading(self.store, session, queue)
+                start_reading_at(self.store, session, queue, ends)
             except StoreUnavailable as exc:
                 session.options.pop(topic_filter, None)
                 codes.append(
@@ -376,3 +389,15 @@ class Subscriptions:
             moved,
         )
         return True
+
+
+def _queue_of(topic_filter: str, client_id: str) -> str:
+    """The queue a subscription to `topic_filter` reads ("" for a filter that is not valid)."""
+    try:
+        validate_topic_filter(topic_filter)
+        parsed = parse_shared(topic_filter)
+    except MQTTProtocolError:
+        return ""
+    return (
+        shared_queue(topic_filter, client_id) if parsed is not None else filter_queue(topic_filter)
+    )

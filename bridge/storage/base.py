@@ -99,6 +99,9 @@ class MessageStore(Protocol):
     """True if meta passed with a message becomes durable in the same write as the message. If
     False, it becomes durable before the message is sent (so a crash in between leaves meta that
     names a message which may not exist: see `find_key`)."""
+    local_ends: bool
+    """True if `end_offset` is always the truth (this store assigns every offset itself), so a
+    reader can start at a queue's end without asking anyone (`queue_end` need not be awaited)."""
 
     async def open(self) -> None:
         """Recover and load the store; after this, `meta` and queue ends reflect durable data."""

@@ -99,6 +99,7 @@ class FileLogStore:
     """Seconds between the cheap checks (after commits) whether retention has work to do."""
 
     atomic_meta = True
+    local_ends = True
     exact_backlog_bytes = True
 
     def __init__(

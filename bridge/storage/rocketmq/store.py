@@ -112,6 +112,7 @@ class RocketMQStore:
     """
 
     atomic_meta = False
+    local_ends = False
     exact_backlog_bytes = False
 
     def __init__(
