@@ -17,6 +17,10 @@ broker that this script starts in a temp dir first and always stops after) and
 ``mosquitto``. The QoS 1 "rocketmq" scenarios run on all three; the others on
 ``ours`` and ``mosquitto`` only.
 
+Then, on ``ours`` and ``mosquitto``, the protocol comparison (``pv_*``, issue 16): the same
+loads with MQTT 3.1.1 and MQTT 5.0 clients back to back (``--protocols``), with the ratio
+5.0 / 3.1.1 of every figure per broker.
+
 See tests/bench/README.md for what each figure means.
 """
 
@@ -31,6 +35,7 @@ import signal
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +55,14 @@ from tests.bench.harness.common import (
 from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen, loadgen_args
 from tests.bench.harness.processes import Broker, ours_broker, stock_mosquitto, stopped_at_exit
 from tests.bench.harness.procfs import loadavg, run_meta
+from tests.bench.harness.protocols import (
+    PV_BROKERS,
+    add_protocol_options,
+    bench_protocols,
+    build_protocol_loads,
+    parse_protocols,
+    protocol_section,
+)
 from tests.bench.harness.rocketmq import (
     ROCKETMQ_VARIANT,
     RocketMQBridge,
@@ -306,7 +319,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="seconds per broker before remaining scenarios are skipped (default 170, quick 60)",
     )
+    add_protocol_options(ap)
     args = ap.parse_args(argv)
+    parse_protocols(ap, args)
     names = [args.only] if args.only else [n.strip() for n in args.brokers.split(",") if n.strip()]
     bad = [n for n in names if n not in BROKER_NAMES]
     if bad or not names:
@@ -363,18 +378,46 @@ def main(argv: list[str] | None = None) -> int:
         s.key: {"title": s.title, "loadgen_args": s.args, "brokers": list(s.brokers)}
         for s in scenarios
     }
+    # The protocol comparison (pv_*): after a broker's scenarios, on ours and mosquitto.
+    pv_loads = build_protocol_loads(args.quick) if args.protocol_list else []
+    pv_loads = matching(pv_loads, args.scenarios)
+    meta["protocol_comparison"] = {
+        "protocols": args.protocol_list,
+        "rounds": args.protocol_rounds,
+        "budget_s": args.protocol_budget,
+        "loads": {ld.key: {"title": ld.title, "loadgen_args": ld.args} for ld in pv_loads},
+    }
 
     results: dict[str, Any] = {}
     failed = False
     args.results_dir.mkdir(parents=True, exist_ok=True)
     for name in args.broker_list:
+        more = {}
+        if pv_loads and name in PV_BROKERS:
+            more["protocols"] = partial(
+                bench_protocols,
+                loads=pv_loads,
+                protocols=args.protocol_list,
+                loadgen=loadgen,
+                rounds=args.protocol_rounds,
+                budget_s=args.protocol_budget,
+            )
+        if not more and not any(name in s.brokers for s in scenarios):
+            log(f"\n=== {name}: no selected scenario runs on it")
+            continue
         tmp = Path(tempfile.mkdtemp(prefix=f"mqtt-bench-{name}-"))
         b = make_broker(name, tmp, free_port(), args)
         # The broker logs are kept next to the results for post-mortems.
         with stopped_at_exit(b, tmp, args.results_dir, "latest-"):
             try:
                 results[name] = bench_broker(
-                    b, scenarios, loadgen, args.client, warmup_args(args.quick, name), args.budget
+                    b,
+                    scenarios,
+                    loadgen,
+                    args.client,
+                    warmup_args(args.quick, name),
+                    args.budget,
+                    more,
                 )
             except (RuntimeError, OSError) as e:
                 failed = True
@@ -387,8 +430,10 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(b, RocketMQBridge):
                     results[name]["rocketmq"] = b.info()
                 log(f"    ERROR: {e}")
-        if results[name]["errors"] or any(
-            r.get("errors") for r in results[name]["scenarios"].values()
+        if (
+            results[name]["errors"]
+            or any(r.get("errors") for r in results[name]["scenarios"].values())
+            or results[name].get("protocols", {}).get("errors")
         ):
             failed = True
 
@@ -398,7 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     if ROCKETMQ_VARIANT in results and "rocketmq" in results[ROCKETMQ_VARIANT]:
         meta["rocketmq"] = results[ROCKETMQ_VARIANT]["rocketmq"]
     targets = TARGETS if ROCKETMQ_VARIANT in args.broker_list else None
-    report(meta, scenarios, results, targets, args.results_dir)
+    sections = []
+    if pv_loads:
+        sections.append(
+            protocol_section(pv_loads, results, args.protocol_list, args.protocol_rounds)
+        )
+    report(meta, scenarios, results, targets, args.results_dir, sections)
     return 1 if failed else 0
 
 

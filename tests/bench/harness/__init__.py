@@ -18,7 +18,9 @@ The machinery of one script, named after what it drives:
 - spark, spark_report: spark_bench.py's Spark jobs, stream job and sink, and its report;
 - producer: broker_ceiling.py's RocketMQ benchmark Producer;
 - pathruns, javaclient, path_report: rocketmq_path.py's users' load (mosquitto_pub/-sub),
-  loadgen runs and warm-ups, RocketMQ's Java client (PathClient), and its report.
+  loadgen runs and warm-ups, RocketMQ's Java client (PathClient), and its report;
+- protocols: run_bench.py's MQTT 5.0 vs 3.1.1 comparison (it reuses versus' CPU figures and
+  pathruns' users' load).
 
 A module imports only modules above it in these lists, and never a script.
 """

@@ -155,9 +155,13 @@ def users_run(
     workdir: Path,
     settle_s: float = 0.0,
     jit_pid: int | None = None,
+    version: tuple[str, ...] = (),
+    pub_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The users' load: `count` QoS 1 messages of `size` bytes from `mosquitto_pub -q 1 -l`
-    (libmosquitto's default of 20 in flight) to `mosquitto_sub -q 1 -C count`.
+    (libmosquitto's default of 20 in flight) to `mosquitto_sub -q 1 -C count`. `version`
+    (e.g. ("-V", "5")) goes to both clients, `pub_args` (e.g. MQTT 5.0 properties, -D ...)
+    to mosquitto_pub; by default neither is given (the clients' default, MQTT 3.1.1).
 
     The subscriber's session is persistent (-c, a fixed id): a first mosquitto_sub subscribes
     and exits on the SUBACK (-E), then, `settle_s` later, the measured one resumes the session,
@@ -167,12 +171,12 @@ def users_run(
     distinct messages received / (publisher start -> arrival of the last one)."""
     tag = uuid.uuid4().hex[:10]
     topic, sub_id = f"bench/path/{tag}", f"path-sub-{tag}"
-    base = ["-h", HOST, "-q", "1", "-t", topic]
+    base = ["-h", HOST, *version, "-q", "1", "-t", topic]
     subscribe = [MOSQUITTO_SUB, *base, "-p", str(sub_port), "-c", "-i", sub_id]
     subprocess.run([*subscribe, "-E"], check=True, capture_output=True, timeout=SUBSCRIBE_TIMEOUT_S)
     time.sleep(settle_s)  # a cluster copies the subscription to the other nodes meanwhile
     sub_cmd = [*subscribe, "-C", str(count), "-W", str(int(timeout_s) + 5)]
-    pub_cmd = [MOSQUITTO_PUB, *base, "-p", str(pub_port), "-i", f"path-pub-{tag}", "-l"]
+    pub_cmd = [MOSQUITTO_PUB, *base, "-p", str(pub_port), "-i", f"path-pub-{tag}", *pub_args, "-l"]
     err_path = workdir / f"users-{tag}.err"
     res: dict[str, Any] = {
         "size": size,

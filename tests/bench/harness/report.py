@@ -4,11 +4,23 @@ values are written in them. Also how a figure is read out of a loadgen result.""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tests.bench.harness.common import log
 
 MISSING = "—"
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """A part a script adds to a report: its `doc` under `key` in the JSON, its Markdown
+    (appended to the .md) and the text printed with the other tables."""
+
+    key: str
+    doc: Any
+    markdown: str
+    text: str
 
 
 def plain_table(head: list[str], body: list[list[str]], right: set[int]) -> str:

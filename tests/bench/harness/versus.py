@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.bench.harness.procfs import (
 )
 from tests.bench.harness.report import (
     MISSING,
+    ReportSection,
     completed,
     fmt_pct,
     fmt_ratio,
@@ -66,10 +68,12 @@ def bench_broker(
     client: str,
     warmups: list[dict[str, str]],
     budget_s: float,
+    more: Mapping[str, Callable[[Broker], dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """Start `b`, run the unreported warm-ups, then every scenario for it within the budget
-    (counted once it accepts connections); the results, per scenario. Raises if it does not
-    start; the caller stops it."""
+    (counted once it accepts connections); the results, per scenario. Then each of `more`
+    (further runs with a budget of their own, e.g. the protocol comparison), its result under
+    its key. Raises if it does not start; the caller stops it."""
     out: dict[str, Any] = {
         "status": "ok",
         "command": shlex.join(b.cmd),
@@ -129,6 +133,8 @@ def bench_broker(
             )
             out["errors"].append(msg)
             log("    " + msg)
+    for key, runs in (more or {}).items():
+        out[key] = runs(b)
     out["wall_s"] = round(time.monotonic() - t_start, 1)
     return out
 
@@ -424,9 +430,11 @@ def report(
     results: dict[str, Any],
     targets: list[Target] | None,
     results_dir: Path,
+    sections: Sequence[ReportSection] = (),
 ) -> None:
     """Write latest.json and latest.md and print the tables; `targets` (None: the RocketMQ set
-    was not run) also adds the CPU/RSS table of that set."""
+    was not run) also adds the CPU/RSS table of that set; each of `sections` (e.g. the
+    protocol comparison) adds its part to the JSON, the Markdown and the printed tables."""
     rows = comparison_rows(scenarios, results)
     resources = resource_rows(scenarios, results) if targets is not None else []
     checked = target_rows(results, targets) if targets is not None else []
@@ -435,8 +443,10 @@ def report(
         "brokers": results,
         "comparison": rows,
         "targets": checked,
+        **{sec.key: sec.doc for sec in sections},
     }
-    wrote = write_results(results_dir, "latest", doc, markdown(meta, rows, resources, checked))
+    md = "\n".join([markdown(meta, rows, resources, checked), *(s.markdown for s in sections)])
+    wrote = write_results(results_dir, "latest", doc, md)
 
     main_rows = [r for r in rows if r["group"] == "main"]
     rmq_rows = [r for r in rows if r["group"] == "rocketmq"]
@@ -458,6 +468,9 @@ def report(
     if checked:
         lines = [f"  {t['target']:<78} {t['shown']:>14}  {t['status']}" for t in checked]
         log_section("targets (ours-rocketmq):", "\n".join(lines))
+    for sec in sections:
+        log("")
+        log(sec.text)
     log("")
     log(
         "ratio = ours (or ours-rocketmq) / mosquitto: for msgs/s higher is better, for latency "

@@ -29,6 +29,10 @@
 // subscriptions to the other nodes asynchronously, and a publish that reaches a
 // node before the subscription does is not routed to it.
 //
+// -protocol 5 makes every connection of the raw client MQTT 5.0 instead of 3.1.1 (see
+// raw.go); -props adds a Content Type and a User Property to every 5.0 PUBLISH. A server's
+// Receive Maximum below -window becomes the window (window_effective in the result).
+//
 // Every loop is bounded by a message count and by the -timeout deadline.
 package main
 
@@ -62,12 +66,17 @@ type LatencyStats struct {
 type Result struct {
 	Mode          string        `json:"mode"`
 	Client        string        `json:"client"`
+	Protocol      int           `json:"protocol"`
+	Props         bool          `json:"props,omitempty"`
+	ReceiveMax    int           `json:"receive_maximum,omitempty"`
 	QoS           int           `json:"qos"`
 	Pubs          int           `json:"pubs"`
 	Subs          int           `json:"subs"`
 	Pairs         bool          `json:"pairs,omitempty"`
 	Size          int           `json:"size"`
 	Window        int           `json:"window,omitempty"`
+	WindowEff     int           `json:"window_effective,omitempty"`
+	ServerRecvMax int           `json:"server_receive_maximum,omitempty"`
 	TargetRate    float64       `json:"target_rate,omitempty"`
 	Sent          int64         `json:"sent"`
 	Expected      int64         `json:"expected"`
@@ -75,6 +84,7 @@ type Result struct {
 	Lost          int64         `json:"lost"`
 	Extra         int64         `json:"extra"`
 	Acked         int64         `json:"acked"`
+	Refused       int64         `json:"refused,omitempty"`
 	ElapsedS      float64       `json:"elapsed_s"`
 	MsgsPerS      float64       `json:"msgs_per_s"`
 	MBPerS        float64       `json:"mb_per_s"`
@@ -161,17 +171,20 @@ func latencyStats(ns []int64) *LatencyStats {
 
 func main() {
 	mode := flag.String("mode", "throughput", "throughput | latency | idle")
-	kind := flag.String("client", "raw", "raw (hand-written MQTT 3.1.1) | paho (eclipse paho.mqtt.golang)")
+	kind := flag.String("client", "raw", "raw (hand-written MQTT 3.1.1 / 5.0) | paho (eclipse paho.mqtt.golang, 3.1.1 only)")
+	protocol := flag.Int("protocol", 4, "MQTT protocol level: 4 (3.1.1) or 5 (5.0, -client raw only)")
+	props := flag.Bool("props", false, "-protocol 5: a Content Type and a User Property on every PUBLISH")
+	recvMax := flag.Int("receive-maximum", 0, "-protocol 5: Receive Maximum in every CONNECT (libmosquitto's 5.0 clients send 20); 0: none (65535)")
 	addr := flag.String("addr", "127.0.0.1:1883", "broker host:port")
 	pubs := flag.Int("pubs", 1, "number of publisher connections")
 	subs := flag.Int("subs", 1, "number of subscriber connections (all on the same topic unless -pairs)")
-	qos := flag.Int("qos", 0, "QoS for publish and subscribe (0 or 1)")
+	qos := flag.Int("qos", 0, "QoS for publish and subscribe (0, 1 or 2)")
 	size := flag.Int("size", 100, "payload size in bytes")
 	count := flag.Int64("count", 100000, "throughput: total messages to publish (all publishers); latency: cap")
 	duration := flag.Duration("duration", 20*time.Second, "cap on the publish phase (latency: its length)")
 	timeout := flag.Duration("timeout", 30*time.Second, "hard cap on the whole run incl. connect and drain")
 	rate := flag.Float64("rate", 2000, "latency: total publish rate in msgs/s")
-	window := flag.Int("window", 100, "QoS 1: max unacknowledged publishes per publisher")
+	window := flag.Int("window", 100, "QoS 1/2: max unacknowledged publishes per publisher (5.0: at most the server's Receive Maximum)")
 	idle := flag.Duration("idle", 2*time.Second, "stop when nothing arrived for this long after publishing ended")
 	idPrefix := flag.String("id", "", "client id prefix (default: random per run)")
 	topicFlag := flag.String("topic", "", "topic (default: bench/<id>/t)")
@@ -196,8 +209,20 @@ func main() {
 	deadline := start.Add(*timeout)
 	errs := &errList{}
 
-	if *qos < 0 || *qos > 1 {
-		fatal("qos must be 0 or 1")
+	if *qos < 0 || *qos > 2 {
+		fatal("qos must be 0, 1 or 2")
+	}
+	if *protocol != 4 && *protocol != 5 {
+		fatal("protocol must be 4 (MQTT 3.1.1) or 5 (MQTT 5.0)")
+	}
+	if *protocol == 5 && *kind != "raw" {
+		fatal("-protocol 5 needs -client raw (paho.mqtt.golang speaks MQTT 3.1.1 only)")
+	}
+	if (*props || *recvMax != 0) && *protocol != 5 {
+		fatal("-props and -receive-maximum need -protocol 5")
+	}
+	if *recvMax < 0 || *recvMax > 65535 {
+		fatal("-receive-maximum must be in 1..65535 (0: not sent)")
 	}
 	if *pubs < 1 || *subs < 1 || *pubs > 1000 || *subs > 1000 {
 		fatal("pubs and subs must be in 1..1000")
@@ -240,8 +265,9 @@ func main() {
 		}
 	}
 
-	res := Result{Mode: *mode, Client: *kind, QoS: *qos, Pubs: *pubs, Subs: *subs,
-		Size: *size, Pairs: *pairs, ClientIDStart: id, Errors: []string{}}
+	res := Result{Mode: *mode, Client: *kind, Protocol: *protocol, Props: *props,
+		ReceiveMax: *recvMax, QoS: *qos,
+		Pubs: *pubs, Subs: *subs, Size: *size, Pairs: *pairs, ClientIDStart: id, Errors: []string{}}
 	if *qos > 0 {
 		res.Window = *window
 	}
@@ -252,8 +278,9 @@ func main() {
 	pubAddrs := addrList(*pubAddr, *addr)
 	subAddrs := addrList(*subAddr, *addr)
 	cfg := func(addr, cid string) ClientConfig {
-		return ClientConfig{Kind: *kind, Addr: addr, ClientID: cid, Window: *window,
-			Deadline: deadline, Timeout: 5 * time.Second}
+		return ClientConfig{Kind: *kind, Addr: addr, ClientID: cid, Protocol: byte(*protocol),
+			PubProps: *props, ReceiveMax: *recvMax, Window: *window, Deadline: deadline,
+			Timeout: 5 * time.Second}
 	}
 
 	// Every SUBACK is in before anybody publishes: publishing starts once all clients are
@@ -496,6 +523,23 @@ func main() {
 	}
 	for _, c := range pubClients {
 		res.Acked += c.Acked()
+	}
+	// 5.0: refused acknowledgements (both sides) and the window the server's Receive Maximum
+	// left the publishers (the smallest, when it is below -window).
+	for _, c := range append(append([]Client{}, pubClients...), subClients...) {
+		if rc, ok := c.(*rawClient); ok {
+			res.Refused += rc.Refused()
+		}
+	}
+	for _, c := range pubClients {
+		if rc, ok := c.(*rawClient); ok && *protocol == 5 {
+			if rm := rc.ServerReceiveMaximum(); res.ServerRecvMax == 0 || rm < res.ServerRecvMax {
+				res.ServerRecvMax = rm
+			}
+			if *qos > 0 && rc.Window() < *window && (res.WindowEff == 0 || rc.Window() < res.WindowEff) {
+				res.WindowEff = rc.Window()
+			}
+		}
 	}
 	fs := firstSend.Load()
 	if lr := lastRecv(); res.Delivered > 0 && fs != math.MaxInt64 && lr > fs {
