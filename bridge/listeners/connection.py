@@ -18,7 +18,7 @@ from bridge.listeners import outbound_acks
 from bridge.listeners.enhanced_auth import METHODS, Authentication
 from bridge.listeners.inbound import Inbound
 from bridge.listeners.tls import peer_cert_cn
-from bridge.listeners.v5 import Version5, connack_properties
+from bridge.listeners.v5 import NO_LIMIT, Version5, connack_properties
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
@@ -81,6 +81,10 @@ class Connection(asyncio.Protocol):
         self._paused_writing = False
         self.level = 4
         """The protocol level the client speaks (3, 4 or 5; 4 until its CONNECT is read)."""
+        self.shared_encoding = 4
+        """Which QoS 0 PUBLISH encoded once per fan-out the client takes (see `ClientLink`)."""
+        self.max_packet_out = NO_LIMIT
+        """The largest packet the client accepts (its v5 Maximum Packet Size)."""
         self.inbound = Inbound(self)
         self.v5: Version5 | None = None
         """The MQTT 5.0 state once a v5 CONNECT is accepted (None: 3.1.1 / 3.1)."""
@@ -271,7 +275,9 @@ class Connection(asyncio.Protocol):
         """Accept a v5 CONNECT: take the client's limits, answer CONNACK with the server's
         (and what it `chosen` differently from what the client asked)."""
         config = self.node.config
-        self.v5 = Version5(connect_props, config.topic_alias_maximum)
+        v5 = self.v5 = Version5(connect_props, config.topic_alias_maximum)
+        self.shared_encoding = 0 if v5.alias_out_max else 5
+        self.max_packet_out = v5.maximum_packet_size
         props = connack_properties(
             receive_maximum=self.receive_maximum,
             maximum_packet_size=config.max_packet_size,

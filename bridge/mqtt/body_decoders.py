@@ -79,6 +79,8 @@ def _check_end(pos: int, end: int, what: str) -> None:
 
 def _read_properties(buf: bytes, pos: int, end: int, scope: int) -> tuple[dict[int, Any], int]:
     """A 5.0 property block for `scope` (a packet type or WILL), with the rules applied."""
+    if pos < end and buf[pos] == 0:
+        return {}, pos + 1  # the common case: an empty block (length 0)
     props, pos = decode_properties(buf, pos, end, ALLOWED_PROPERTIES[scope], scope_name(scope))
     if props:
         check_property_values(props, scope)

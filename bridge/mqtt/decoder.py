@@ -199,8 +199,8 @@ class Decoder:
                 if end > n:
                     self._need = end - pos
                     break
-                if first >> 4 == 3 and level < 5:
-                    # PUBLISH, 3.1.1: the hot path, decoded inline.
+                if first >> 4 == 3 and (level < 5 or _plain_v5_publish(buf, start, end, first)):
+                    # PUBLISH, 3.1.1 or 5.0 without properties: the hot path, decoded inline.
                     if remaining < 2:
                         raise malformed("PUBLISH too short for its topic length")
                     topic_end = start + 2 + ((buf[start] << 8) | buf[start + 1])
@@ -231,7 +231,7 @@ class Decoder:
                         append(
                             Publish(
                                 topic,
-                                buf[topic_end + 2 : end],
+                                buf[topic_end + 2 + (level >= 5) : end],
                                 (first >> 1) & 3,
                                 first & 1 == 1,
                                 first & 8 == 8,
@@ -241,7 +241,15 @@ class Decoder:
                         )
                     else:
                         append(
-                            Publish(topic, buf[topic_end:end], 0, first & 1 == 1, False, None, {})
+                            Publish(
+                                topic,
+                                buf[topic_end + (level >= 5) : end],
+                                0,
+                                first & 1 == 1,
+                                False,
+                                None,
+                                {},
+                            )
                         )
                 else:
                     packet = BODY_DECODERS[first >> 4](buf, start, end, first & 0x0F, level)
@@ -272,6 +280,17 @@ class Decoder:
 
 
 _SUBSCRIPTION_IDENTIFIER: Final = PropertyId.SUBSCRIPTION_IDENTIFIER
+
+
+def _plain_v5_publish(buf: bytes, start: int, end: int, first: int) -> bool:
+    """Whether the 5.0 PUBLISH in buf[start:end] has a non-empty topic and an empty property
+    block (the common case, decoded inline like 3.1.1); anything else takes the full decoder,
+    which also finds every fault."""
+    if end - start < 3:
+        return False
+    topic_len = (buf[start] << 8) | buf[start + 1]
+    props_at = start + 2 + topic_len + (2 if first & 0x06 else 0)
+    return topic_len > 0 and props_at < end and buf[props_at] == 0
 
 
 def _long_remaining_length(buf: bytes, pos: int, n: int) -> tuple[int, int]:

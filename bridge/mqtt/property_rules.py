@@ -133,7 +133,7 @@ A Topic Alias of 0 is left to the receiver, which knows its Topic Alias Maximum 
 
 def scope_name(scope: int) -> str:
     """The packet name (or "the will properties") for error messages."""
-    return _SCOPE_NAMES.get(scope, f"scope {scope}")
+    return _SCOPE_NAMES.get(scope) or f"scope {scope}"
 
 
 def _name(identifier: int) -> str:

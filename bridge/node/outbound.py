@@ -8,12 +8,29 @@ messages, nothing held back).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
+from bridge.mqtt import codec
+from bridge.mqtt.properties import encode_property_block_content
 from bridge.mqtt.topics import parse_shared, topic_matches
 from bridge.session import Session, SubOptions
+from bridge.storage.base import Message
+from bridge.storage.metadata import to_publish
 
 _NONE = SubOptions()
+
+
+def shared_v5_publish(message: Message) -> bytes:
+    """The QoS 0 v5 PUBLISH of `message` every v5 receiver without options or aliases takes
+    as it is (encoded once per fan-out, as the 3.1.1 one is)."""
+    props = b""
+    if message.properties:
+        now_ms = int(time.time() * 1000)
+        props = encode_property_block_content(
+            to_publish(message.properties, message.timestamp_ms, now_ms)
+        )
+    return codec.encode_publish5(message.topic, message.payload, 0, False, False, None, props)
 
 
 def _matches(topic_filter: str, topic: str) -> bool:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
-from bridge.node.outbound import live_copy
+from bridge.node.outbound import live_copy, shared_v5_publish
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import DurableCallback, Spawner
 from bridge.node.stamp import Stamper
@@ -134,7 +134,7 @@ class Publisher:
         """Send a QoS 0 PUBLISH to these connected clients (each may drop it if it is too
         slow): encoded once for every 3.1.1 client, per client for v5 ones (their properties,
         Subscription Identifiers, aliases, options); count what was sent once per fan-out."""
-        data = None
+        data = data5 = None
         payload = message.payload
         size = len(payload)
         connections = self.connections
@@ -145,15 +145,26 @@ class Publisher:
             conn = connections[client_id]
             if check_reads and not conn.may_read(message.topic):
                 continue
-            if conn.level < 5:
+            shared = conn.shared_encoding
+            if shared == 4:
                 if data is None:
                     data = codec.encode_publish(message.topic, payload, 0)
                 sent += conn.send_droppable(data, size)
                 continue
             session = conn.session
+            options = session is not None and session.options
+            if shared == 5 and not options:
+                if data5 is None:
+                    data5 = shared_v5_publish(message)
+                if len(data5) <= conn.max_packet_out:
+                    sent += conn.send_droppable(data5, size)
+                else:
+                    self.metrics.counters["dropped_too_large_for_client"] += 1
+                continue
             retain = False
             sub_ids: tuple[int, ...] = ()
-            if session is not None and session.options:
+            if options:
+                assert session is not None
                 wanted, retain, sub_ids = live_copy(
                     session, message.topic, message.publisher, message.retain
                 )

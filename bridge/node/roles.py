@@ -46,6 +46,12 @@ class ClientLink(Protocol):
     payload_out: int
     keepalive: int
     """The keepalive granted, in seconds (0: none)."""
+    shared_encoding: int
+    """Which QoS 0 PUBLISH encoded once per fan-out the client takes as it is: 4 (the 3.1.1
+    one), 5 (the v5 one, unless its session has subscription options), 0 (none: it uses topic
+    aliases, so each message is encoded for it)."""
+    max_packet_out: int
+    """The largest packet the client accepts (its v5 Maximum Packet Size)."""
 
     @property
     def receive_window(self) -> int:

@@ -45,6 +45,8 @@ class RecordingLink:
         self.packets.extend(self._decoder.packets())
 
     level = 4
+    shared_encoding = 4
+    max_packet_out = 268_435_460
     receive_window = 65535
 
     def may_read(self, topic: str) -> bool:
