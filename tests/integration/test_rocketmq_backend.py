@@ -22,6 +22,7 @@ import pytest
 
 from bridge.mqtt.packets import Puback, Publish
 from tests.support.clients import PahoClient, RawClient, paho_client
+from tests.support.mqtt5 import paho5, sub_options
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
 
@@ -521,3 +522,40 @@ def test_kill_9_restart_still_delivers_every_acknowledged_queued_message_to_offl
     assert set(received) <= set(range(publisher.sent))
     first_seen = list(dict.fromkeys(received))
     assert first_seen == sorted(first_seen), f"out of order: {first_seen}"
+
+
+def test_mqtt5_metadata_and_message_expiry_hold_on_the_rocketmq_path(start_bridge):
+    """A v5 session offline on store=rocketmq: what it gets on reconnect carries the
+    publisher's metadata (through the broker's message properties) with the expiry reduced,
+    a message whose expiry passed while queued is not delivered, and No Local holds for the
+    publisher's own stored message."""
+    bridge = start_bridge()
+    t = unique("v5")
+    with paho5(bridge.port, "v5-offline", session_expiry=300) as sub:
+        sub.subscribe((f"{t}/#", sub_options(1, no_local=True)), SubscriptionIdentifier=9)
+    with paho5(bridge.port, "v5-pub") as pub:
+        pub.publish(f"{t}/short", b"gone", 1, MessageExpiryInterval=2)
+        pub.publish(
+            f"{t}/long",
+            b"kept",
+            1,
+            MessageExpiryInterval=300,
+            ResponseTopic=f"{t}/reply",
+            CorrelationData=b"\x01\x02",
+            ContentType="text/plain",
+            UserProperty=[("k", "1"), ("k", "2"), ("a", "3")],
+        )
+    time.sleep(3.5)  # the first message's expiry passes while it is queued
+    with paho5(bridge.port, "v5-offline", clean_start=False, session_expiry=300) as sub:
+        assert sub.session_present
+        got = sub.drain(2, timeout=DELIVERY_TIMEOUT)
+        sub.publish(f"{t}/own", b"mine", 1)  # No Local: its own message is not sent back
+        sub.assert_nothing(QUIET)
+    assert [(m.topic, m.payload) for m in got] == [(f"{t}/long", b"kept")]
+    props = got[0].properties
+    assert props.ResponseTopic == f"{t}/reply"
+    assert props.CorrelationData == b"\x01\x02"
+    assert props.ContentType == "text/plain"
+    assert props.UserProperty == [("k", "1"), ("k", "2"), ("a", "3")]
+    assert props.SubscriptionIdentifier == [9]
+    assert 0 < props.MessageExpiryInterval < 300
