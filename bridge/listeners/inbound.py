@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from bridge.access.acl import PUBLISH
-from bridge.listeners.v5 import ProtocolFault
+from bridge.listeners.v5 import ProtocolFault, Version5
 from bridge.mqtt import codec
 from bridge.mqtt.codec import encode_puback, encode_pubrec
 from bridge.mqtt.packets import PacketType, Publish, Pubrel
@@ -53,30 +53,19 @@ class Inbound:
         node = conn.node
         v5 = conn.v5
         if v5 is not None:
-            try:
-                packet.topic = v5.resolve_topic(packet)
-            except ProtocolFault as fault:
-                conn.close(f"PUBLISH: {fault}", reason_code=fault.reason)
+            if packet.properties and not self._check_v5_properties(v5, packet):
                 return
-            resend = packet.qos == 2 and packet.packet_id in session.inbound_qos2
-            if packet.qos and not resend and self.pending + self.unreleased >= conn.receive_maximum:
+            if (
+                packet.qos
+                and self.pending + self.unreleased >= conn.receive_maximum
+                and not (packet.qos == 2 and packet.packet_id in session.inbound_qos2)
+            ):
                 conn.close(
                     f"more than Receive Maximum={conn.receive_maximum} QoS 1/2 messages "
                     "unacknowledged (MQTT-3.3.4-9)",
                     reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 )
                 return
-            if packet.properties.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1:
-                try:
-                    packet.payload.decode("utf-8")
-                except UnicodeDecodeError:
-                    self._refuse(
-                        packet,
-                        ReasonCode.PAYLOAD_FORMAT_INVALID,
-                        "payload_format_invalid",
-                        "payload is not UTF-8 but its Payload Format Indicator says so",
-                    )
-                    return
         error = node.check_topic_limits(packet.topic)
         if error:
             conn.close(
@@ -125,6 +114,27 @@ class Inbound:
             self._paused_reading = True
             if conn.transport is not None:
                 conn.transport.pause_reading()
+
+    def _check_v5_properties(self, v5: Version5, packet: Publish) -> bool:
+        """Resolve the PUBLISH's Topic Alias and check its payload against its Payload Format
+        Indicator; False once the client was answered (DISCONNECT 0x94/0x82, PUBACK 0x99)."""
+        try:
+            packet.topic = v5.resolve_topic(packet)
+        except ProtocolFault as fault:
+            self.conn.close(f"PUBLISH: {fault}", reason_code=fault.reason)
+            return False
+        if packet.properties.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1:
+            try:
+                packet.payload.decode("utf-8")
+            except UnicodeDecodeError:
+                self._refuse(
+                    packet,
+                    ReasonCode.PAYLOAD_FORMAT_INVALID,
+                    "payload_format_invalid",
+                    "payload is not UTF-8 but its Payload Format Indicator says so",
+                )
+                return False
+        return True
 
     def _refuse(self, packet: Publish, reason: int, counter: str, why: str) -> None:
         """Drop a PUBLISH the client may not send. A v5 client gets PUBACK/PUBREC with the

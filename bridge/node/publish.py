@@ -155,7 +155,11 @@ class Publisher:
             options = session is not None and session.options
             if shared == 5 and not options:
                 if data5 is None:
-                    data5 = shared_v5_publish(message)
+                    data5 = (
+                        shared_v5_publish(message)
+                        if message.properties
+                        else codec.encode_publish5(message.topic, payload, 0, False, False, None)
+                    )
                 if len(data5) <= conn.max_packet_out:
                     sent += conn.send_droppable(data5, size)
                 else:

@@ -97,8 +97,9 @@ def is_user_key(key: str) -> bool:
 
 
 def retained_qos(meta: Mapping[str, str]) -> int | None:
-    """The QoS a retained message queued for one subscriber was granted (None: not such a
-    copy)."""
+    """The QoS a retained message queued for one subscriber (read from its private queue) was
+    granted; None if the message carries none. Copies of earlier versions carry it under
+    `LEGACY_RETAINED_QOS`, read only when the current key is absent."""
     text = meta.get(RETAINED_QOS)
     if text is None:
         text = meta.get(LEGACY_RETAINED_QOS)
