@@ -92,62 +92,56 @@ def encode_publish(
     With ``protocol_level >= 5`` an empty property block is written; `encode_publish5` takes
     properties.
     """
-    encoded_topic = topic.encode()
+    if protocol_level >= 5:
+        return encode_publish5(topic, payload, qos, retain, dup, packet_id)
+    encoded_topic, first = _publish_head(topic, qos, retain, dup, packet_id)
     topic_len = len(encoded_topic)
-    if topic_len > 0xFFFF:
-        raise MQTTProtocolError(
-            "MQTT-4.7.3-3", f"topic name of {topic_len} bytes exceeds 65535 bytes"
-        )
     if qos == 0:
-        if dup:
-            raise MQTTProtocolError("MQTT-3.3.1-2", "DUP must be 0 in a QoS 0 PUBLISH")
-        if packet_id is not None:
-            raise MQTTProtocolError("MQTT-2.3.1-5", "a QoS 0 PUBLISH has no packet identifier")
-        first = 0x31 if retain else 0x30
-        if protocol_level < 5:
-            remaining = topic_len + 2 + len(payload)
-            if remaining < 0x80:
-                return b"".join((_BBH.pack(first, remaining, topic_len), encoded_topic, payload))
-            return b"".join(
-                (fixed_header(first, remaining), _H.pack(topic_len), encoded_topic, payload)
-            )
-        remaining = topic_len + 3 + len(payload)
-        return b"".join(
-            (fixed_header(first, remaining), _H.pack(topic_len), encoded_topic, b"\x00", payload)
-        )
-    if qos != 1 and qos != 2:
-        raise MQTTProtocolError("MQTT-3.3.1-4", f"PUBLISH QoS must be 0, 1 or 2, got {qos}")
-    if packet_id is None or not 0 < packet_id <= 0xFFFF:
-        raise MQTTProtocolError(
-            "MQTT-2.3.1-1", f"PUBLISH needs a packet identifier in 1..65535, got {packet_id!r}"
-        )
-    first = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
-    if protocol_level < 5:
-        remaining = topic_len + 4 + len(payload)
+        remaining = topic_len + 2 + len(payload)
         if remaining < 0x80:
-            return b"".join(
-                (_BBH.pack(first, remaining, topic_len), encoded_topic, _H.pack(packet_id), payload)
-            )
+            return b"".join((_BBH.pack(first, remaining, topic_len), encoded_topic, payload))
         return b"".join(
-            (
-                fixed_header(first, remaining),
-                _H.pack(topic_len),
-                encoded_topic,
-                _H.pack(packet_id),
-                payload,
-            )
+            (fixed_header(first, remaining), _H.pack(topic_len), encoded_topic, payload)
         )
-    remaining = topic_len + 5 + len(payload)
+    assert packet_id is not None  # checked by _publish_head
+    remaining = topic_len + 4 + len(payload)
+    if remaining < 0x80:
+        return b"".join(
+            (_BBH.pack(first, remaining, topic_len), encoded_topic, _H.pack(packet_id), payload)
+        )
     return b"".join(
         (
             fixed_header(first, remaining),
             _H.pack(topic_len),
             encoded_topic,
             _H.pack(packet_id),
-            b"\x00",
             payload,
         )
     )
+
+
+def _publish_head(
+    topic: str, qos: int, retain: bool, dup: bool, packet_id: int | None
+) -> tuple[bytes, int]:
+    """The encoded topic and the first byte of a PUBLISH, once its fields are checked."""
+    encoded_topic = topic.encode()
+    if len(encoded_topic) > 0xFFFF:
+        raise MQTTProtocolError(
+            "MQTT-4.7.3-3", f"topic name of {len(encoded_topic)} bytes exceeds 65535 bytes"
+        )
+    if qos == 0:
+        if dup:
+            raise MQTTProtocolError("MQTT-3.3.1-2", "DUP must be 0 in a QoS 0 PUBLISH")
+        if packet_id is not None:
+            raise MQTTProtocolError("MQTT-2.3.1-5", "a QoS 0 PUBLISH has no packet identifier")
+        return encoded_topic, 0x31 if retain else 0x30
+    if qos != 1 and qos != 2:
+        raise MQTTProtocolError("MQTT-3.3.1-4", f"PUBLISH QoS must be 0, 1 or 2, got {qos}")
+    if packet_id is None or not 0 < packet_id <= 0xFFFF:
+        raise MQTTProtocolError(
+            "MQTT-2.3.1-1", f"PUBLISH needs a packet identifier in 1..65535, got {packet_id!r}"
+        )
+    return encoded_topic, 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
 
 
 def _ack_encoder(first: int, what: str) -> Callable[[int], bytes]:
@@ -191,33 +185,18 @@ def encode_publish5(
     checked here. The topic is not validated and may be empty when the properties carry a Topic
     Alias.
     """
-    encoded_topic = topic.encode()
+    encoded_topic, first = _publish_head(topic, qos, retain, dup, packet_id)
     topic_len = len(encoded_topic)
-    if topic_len > 0xFFFF:
-        raise MQTTProtocolError(
-            "MQTT-4.7.3-3", f"topic name of {topic_len} bytes exceeds 65535 bytes"
-        )
     props_len = len(properties)
     props_header = _ONE_BYTE[props_len] if props_len < 0x80 else encode_varint(props_len)
     if qos == 0:
-        if dup:
-            raise MQTTProtocolError("MQTT-3.3.1-2", "DUP must be 0 in a QoS 0 PUBLISH")
-        if packet_id is not None:
-            raise MQTTProtocolError("MQTT-2.3.1-5", "a QoS 0 PUBLISH has no packet identifier")
-        first = 0x31 if retain else 0x30
         remaining = topic_len + 2 + len(props_header) + props_len + len(payload)
         if remaining < 0x80:
             start = _BBH.pack(first, remaining, topic_len)
         else:
             start = fixed_header(first, remaining) + _H.pack(topic_len)
         return b"".join((start, encoded_topic, props_header, properties, payload))
-    if qos != 1 and qos != 2:
-        raise MQTTProtocolError("MQTT-3.3.1-4", f"PUBLISH QoS must be 0, 1 or 2, got {qos}")
-    if packet_id is None or not 0 < packet_id <= 0xFFFF:
-        raise MQTTProtocolError(
-            "MQTT-2.3.1-1", f"PUBLISH needs a packet identifier in 1..65535, got {packet_id!r}"
-        )
-    first = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
+    assert packet_id is not None  # checked by _publish_head
     remaining = topic_len + 4 + len(props_header) + props_len + len(payload)
     if remaining < 0x80:
         start = _BBH.pack(first, remaining, topic_len)
