@@ -155,7 +155,7 @@ SETTINGS: dict[str, str] = {
     "bridge (told in CONNACK; more gets DISCONNECT 0x93)",
     "topic_alias_maximum": "MQTT 5.0: topic aliases a client may use towards the bridge (0: none)",
     "server_reference": "MQTT 5.0: the address v5 clients are told to use instead when this "
-    "node shuts down (DISCONNECT 0x8B), e.g. the load balancer's; empty: none",
+    "node shuts down (DISCONNECT 0x8B), e.g. the load balancer's; empty: another live node's",
     "max_queued_messages": "messages queued for an offline session before the oldest drop "
     "(a connected subscriber past it slows its publishers instead)",
     "max_queued_bytes": "bytes queued for an offline session before the oldest drop "

@@ -160,6 +160,9 @@ class Cluster:
             "boot": self.boot_id,
             "role": "bridge" if self.holds_sessions else "notify",
             "admin": admin,
+            "mqtt": _advertise_address(*parse_listen(self.config.listen[0]))
+            if self.config.listen
+            else "",
             "connections": self.node.connected_count(),
             "started": self.started_at,
             "features": list(wire.FEATURES),
@@ -238,6 +241,14 @@ class Cluster:
 
     def peer_address(self, node_id: str) -> str:
         return str(self.members.get(node_id, {}).get("peer", ""))
+
+    def another_node(self) -> str:
+        """The MQTT address of another live bridge node ("" if none is known): what a v5
+        client is told to use instead when this node shuts down."""
+        for node_id, info in sorted(self.members.items()):
+            if node_id != self.node_id and info.get("role") == "bridge" and info.get("mqtt"):
+                return str(info["mqtt"])
+        return ""
 
     async def _try_take_over(self, dead: str) -> None:
         try:

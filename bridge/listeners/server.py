@@ -235,6 +235,8 @@ class Server:
         # behind for the next start to treat as crashed clients.
         online = list(node.connections)
         reference = self.config.server_reference
+        if not reference and self.cluster is not None:
+            reference = self.cluster.another_node()
         for conn in list(node.connections.values()):
             conn.will = None
             conn.close(

@@ -259,3 +259,16 @@ def test_delayed_will_waits_and_is_cancelled_by_resuming_on_another_node(
         back.close()
         with v5_client(b.port, "dev-back", clean_start=False, expiry=60):
             assert watcher.none_within(4.5), "the will was published though the session resumed"
+
+
+def test_a_node_shutting_down_sends_its_v5_clients_to_another_node(
+    two_nodes: tuple[BridgeProcess, BridgeProcess],
+) -> None:
+    a, b = two_nodes  # linked: each knows the other from its heartbeat, MQTT address included
+    captured: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with v5_client(a.port, "moving5") as client:
+        client.client.on_disconnect = lambda _c, _u, _f, rc, props: captured.put((rc, props))
+        a.stop()  # SIGTERM: an orderly shutdown
+        reason, props = captured.get(timeout=10)
+    assert reason.value == 0x8B
+    assert props.ServerReference.endswith(f":{b.port}")
