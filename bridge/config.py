@@ -68,6 +68,7 @@ class Config:
     max_inbound_pending: int = 1000
     receive_maximum: int = 1000
     topic_alias_maximum: int = 64
+    max_message_properties: int = 8192
     server_reference: str = ""
     max_queued_messages: int = 10000
     max_queued_bytes: int = 64 * MiB
@@ -154,6 +155,9 @@ SETTINGS: dict[str, str] = {
     "receive_maximum": "MQTT 5.0: QoS 1/2 messages a client may have unacknowledged towards the "
     "bridge (told in CONNACK; more gets DISCONNECT 0x93)",
     "topic_alias_maximum": "MQTT 5.0: topic aliases a client may use towards the bridge (0: none)",
+    "max_message_properties": "MQTT 5.0: bytes of user properties, content type, response "
+    "topic and correlation data one message may carry (more: PUBACK/PUBREC 0x97, CONNACK 0x97 "
+    "for a will)",
     "server_reference": "MQTT 5.0: the address v5 clients are told to use instead when this "
     "node shuts down (DISCONNECT 0x8B), e.g. the load balancer's; empty: another live node's",
     "max_queued_messages": "messages queued for an offline session before the oldest drop "
@@ -353,6 +357,7 @@ def validate(config: Config) -> None:
         "max_inflight",
         "max_inbound_pending",
         "receive_maximum",
+        "max_message_properties",
         "max_queued_messages",
         "max_queued_bytes",
         "write_buffer_high",

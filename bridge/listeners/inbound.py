@@ -21,6 +21,7 @@ from bridge.mqtt.packets import PacketType, Publish, Pubrel
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.storage.base import StoreUnavailable
+from bridge.storage.metadata import metadata_size
 
 if TYPE_CHECKING:
     from bridge.listeners.link import Link
@@ -122,6 +123,15 @@ class Inbound:
             packet.topic = v5.resolve_topic(packet)
         except ProtocolFault as fault:
             self.conn.close(f"PUBLISH: {fault}", reason_code=fault.reason)
+            return False
+        limit = self.conn.node.config.max_message_properties
+        if metadata_size(packet.properties) > limit:
+            self._refuse(
+                packet,
+                ReasonCode.QUOTA_EXCEEDED,
+                "properties_too_large",
+                f"its properties exceed max_message_properties={limit} bytes",
+            )
             return False
         if packet.properties.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1:
             try:

@@ -21,6 +21,7 @@ from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode, connack_311
 from bridge.node.roles import ClientLink
 from bridge.operations.metrics import Metrics
+from bridge.storage.metadata import metadata_size
 
 if TYPE_CHECKING:
     from bridge.access import AccessControl
@@ -164,6 +165,16 @@ class Admission:
                 conn,
                 _AUTH_REASONS[result],
                 f"authentication failed ({result.name}) for user {packet.username!r}",
+                level,
+            )
+            return False, None
+        will = packet.will
+        if will is not None and metadata_size(will.properties) > self.config.max_message_properties:
+            self.refuse(
+                conn,
+                ReasonCode.QUOTA_EXCEEDED,
+                "will properties exceed max_message_properties="
+                f"{self.config.max_message_properties} bytes",
                 level,
             )
             return False, None

@@ -152,3 +152,19 @@ def to_publish(meta: Mapping[str, str], timestamp_ms: int, now_ms: int) -> dict[
     if users:
         props[_P.USER_PROPERTY] = users
     return props
+
+
+def metadata_size(props: Mapping[int, Any]) -> int:
+    """Bytes of application metadata a PUBLISH (or will) carries: what `max_message_properties`
+    limits (User Properties, Content Type, Response Topic, Correlation Data)."""
+    size = 0
+    for identifier in (_P.CONTENT_TYPE, _P.RESPONSE_TOPIC):
+        value = props.get(identifier)
+        if value is not None:
+            size += len(value.encode())
+    correlation = props.get(_P.CORRELATION_DATA)
+    if correlation is not None:
+        size += len(correlation)
+    for name, value in props.get(_P.USER_PROPERTY, ()):
+        size += len(name.encode()) + len(value.encode())
+    return size

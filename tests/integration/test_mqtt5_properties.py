@@ -144,3 +144,17 @@ def test_payload_not_utf8_though_its_format_indicator_says_so_gets_pubrec_0x99_a
         R.PAYLOAD_FORMAT_INVALID,
     )
     assert client.subscribe_many(Subscription("still/connected", 0)) == [0]
+
+
+def test_properties_over_the_limit_get_puback_0x97_and_go_nowhere(
+    bridge_factory: Any,
+) -> None:
+    node = bridge_factory("max_message_properties=64")
+    with paho5(node.port) as subscriber, paho5(node.port) as publisher:
+        assert subscriber.subscribe(("big/#", sub_options(1))) == [1]
+        reason = publisher.publish("big/x", b"1", qos=1, UserProperty=[("k", "v" * 100)])
+        assert reason == R.QUOTA_EXCEEDED
+        assert publisher.publish("big/x", b"2", qos=1, UserProperty=[("k", "v" * 10)]) == 0
+        assert subscriber.get().payload == b"2"
+        subscriber.assert_nothing(0.5)
+    node.wait_for_log("exceed max_message_properties=64")
