@@ -120,6 +120,12 @@ class Version5:
         expiry reduced by the time it waited), the Subscription Identifiers it matched, a topic
         alias where that saves bytes. None if the packet would exceed the client's Maximum
         Packet Size (it must not be sent, MQTT-3.1.2-25)."""
+        if not message.properties and not sub_ids and not self.alias_out_max:
+            # The common case: nothing of this client's or the message's own to add.
+            data = codec.encode_publish5(
+                message.topic, message.payload, qos, retain, dup, packet_id
+            )
+            return data if len(data) <= self.maximum_packet_size else None
         props = (
             metadata.to_publish(message.properties, message.timestamp_ms, int(time.time() * 1000))
             if message.properties
