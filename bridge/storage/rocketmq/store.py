@@ -103,6 +103,11 @@ PROP_ORIGIN = "mqtt.origin"
 """On a dispatched copy of a backend message: the original's message id."""
 
 
+FIND_KEY_ATTEMPTS = 6
+"""Look-ups of a key before it counts as not stored (0.25 s apart): only a QoS 2 resend whose
+first store is unsettled waits for them, and storing it twice is what they prevent."""
+
+
 class RocketMQStore:
     """A `MessageStore` over RocketMQ (see the module docstring).
 
@@ -514,9 +519,10 @@ class RocketMQStore:
 
     async def find_key(self, topic: str, key: str) -> bool:
         """Whether the broker holds a message with this key in the topic's RocketMQ topic. The
-        broker indexes keys a few milliseconds after storing, so a miss is checked again."""
+        broker indexes keys a few milliseconds after storing (a slave that just lost its
+        master may take longer), so a miss is checked again for about a second and a half."""
         target = rocketmq_topic(topic)
-        for attempt in range(3):
+        for attempt in range(FIND_KEY_ATTEMPTS):
             try:
                 found = await self._reader.query_messages_by_key(target, key)
             except RemotingError as exc:
@@ -527,6 +533,6 @@ class RocketMQStore:
                 raise StoreUnavailable(f"cannot look up message {key!r}: {exc}") from exc
             if any(key in m.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) for m in found):
                 return True
-            if attempt < 2:
-                await asyncio.sleep(0.2)
+            if attempt < FIND_KEY_ATTEMPTS - 1:
+                await asyncio.sleep(0.25)
         return False
