@@ -157,10 +157,6 @@ class Version5:
             self.alias_out.pop(message.topic, None)
         return None
 
-    def fits(self, size: int) -> bool:
-        """Whether a packet of `size` bytes may be sent to this client."""
-        return size <= self.maximum_packet_size
-
 
 def connack_properties(
     *, receive_maximum: int, maximum_packet_size: int, topic_alias_maximum: int

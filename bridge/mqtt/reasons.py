@@ -84,8 +84,3 @@ def connack_311(code: int) -> int:
     """The MQTT 3.1.1 CONNACK return code closest to a 5.0 CONNACK reason code (0x03, server
     unavailable, for the refusals 3.1.1 has no word for)."""
     return _CONNACK_311.get(code, 0x03)
-
-
-def is_error(code: int) -> bool:
-    """Whether a reason code reports a failure (0x80 and above)."""
-    return code >= 0x80
