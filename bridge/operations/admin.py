@@ -19,13 +19,11 @@ node's admin API (the address every node publishes in its heartbeat). A forwarde
 from __future__ import annotations
 
 import asyncio
-import bisect
 import hmac
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import quote
@@ -37,27 +35,19 @@ from yarl import URL
 
 from bridge import __version__
 from bridge.config import parse_listen
-from bridge.mqtt.topics import (
-    parse_shared,
-    topic_matches,
-)
 from bridge.operations.admin_openapi import openapi_document
 from bridge.operations.admin_requests import (
     ApiError,
+    Route,
     advertised,
-    decode_cursor,
-    encode_cursor,
     error_response,
     keyset_page,
     page_limit,
-    parse_publish,
-    payload_fields,
     query_params,
-    valid_filter,
     write_token_file,
 )
+from bridge.operations.admin_topics import TopicsAPI
 from bridge.operations.metering import CLIENT, USER
-from bridge.storage.base import Message, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.listeners.connection import Connection
@@ -81,17 +71,6 @@ _CHALLENGE = 'Bearer realm="mqtt-bridge"'
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One endpoint: method, path under `API_PREFIX`, `AdminAPI` handler, whether it needs the
-    token (`public` ones do not; /metrics depends on `metrics_public`)."""
-
-    method: str
-    path: str
-    handler: str
-    public: bool = False
-
-
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/health", "health", public=True),
     Route("GET", "/ready", "readiness", public=True),
@@ -102,12 +81,12 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/clients", "list_clients"),
     Route("GET", "/clients/{clientid:.+}", "get_client"),
     Route("DELETE", "/clients/{clientid:.+}", "kick_client"),
-    Route("GET", "/subscriptions", "list_subscriptions"),
-    Route("GET", "/retained", "list_retained"),
-    Route("GET", "/retained/{topic:.*}", "get_retained"),
+    Route("GET", "/subscriptions", "list_subscriptions", part="topics"),
+    Route("GET", "/retained", "list_retained", part="topics"),
+    Route("GET", "/retained/{topic:.*}", "get_retained", part="topics"),
     Route("GET", "/metering/clients/{clientid:.+}", "client_metering"),
     Route("GET", "/metering/users/{username:.+}", "user_metering"),
-    Route("POST", "/publish", "publish"),
+    Route("POST", "/publish", "publish", part="topics"),
 )
 
 
@@ -133,9 +112,11 @@ class AdminAPI:
             middlewares=[self._errors_and_auth],
             client_max_size=4 * -(-max_payload // 3) + BODY_ALLOWANCE,
         )
+        self.topics = TopicsAPI(self)
         for route in ROUTES:
+            owner = getattr(self, route.part) if route.part else self
             self.app.router.add_route(
-                route.method, API_PREFIX + route.path, getattr(self, route.handler)
+                route.method, API_PREFIX + route.path, getattr(owner, route.handler)
             )
 
     @property
@@ -238,7 +219,7 @@ class AdminAPI:
             if cluster.leaving:
                 return "the node is leaving the cluster"
             try:
-                await self._registry(cluster.registry.redis.ping())
+                await self.registry_call(cluster.registry.redis.ping())
             except ApiError as exc:
                 return exc.message
         return None
@@ -280,7 +261,7 @@ class AdminAPI:
         cluster = self.server.cluster
         if cluster is None:
             return web.json_response({"clustered": False, "nodes": [self._this_node()]})
-        alive, dead = await self._registry(cluster.registry.members())
+        alive, dead = await self.registry_call(cluster.registry.members())
         entries = [self._member(node_id, info, True) for node_id, info in sorted(alive.items())]
         entries += [self._member(node_id, {}, False) for node_id in sorted(dead)]
         return web.json_response({"clustered": True, "nodes": entries})
@@ -316,7 +297,7 @@ class AdminAPI:
         cluster = self.server.cluster
         if cluster is None:
             return web.json_response({"node": local, "cluster": None})
-        alive, _dead = await self._registry(cluster.registry.members())
+        alive, _dead = await self.registry_call(cluster.registry.members())
         total = local + sum(
             int(info.get("connections") or 0)
             for node_id, info in alive.items()
@@ -431,7 +412,7 @@ class AdminAPI:
             or FORWARDED_HEADER in request.headers
         ):
             return None
-        owner = await self._registry(cluster.registry.owner(client_id))
+        owner = await self.registry_call(cluster.registry.owner(client_id))
         if not owner or owner == self.node.node_id:
             return None
         return await self._forward(request, owner, client_id)
@@ -440,7 +421,7 @@ class AdminAPI:
         """Answer with what the owning node's admin API answers to the same request."""
         cluster = self.server.cluster
         assert cluster is not None and self._http is not None
-        alive, _dead = await self._registry(cluster.registry.members())
+        alive, _dead = await self.registry_call(cluster.registry.members())
         if owner not in alive:
             raise ApiError(
                 503,
@@ -464,120 +445,12 @@ class AdminAPI:
             )
         return web.Response(body=body, status=status, content_type="application/json")
 
-    async def _registry(self, call: Coroutine[Any, Any, T]) -> T:
+    async def registry_call(self, call: Coroutine[Any, Any, T]) -> T:
         """A registry (Redis) call, bounded; 503 if Redis does not answer."""
         try:
             return await asyncio.wait_for(call, self.config.redis_timeout)
         except (RedisError, OSError, TimeoutError) as exc:
             raise ApiError(503, f"the cluster registry (Redis) is unavailable: {exc!r}") from None
-
-    # -- subscriptions and retained messages -----------------------------------------------------
-
-    async def list_subscriptions(self, request: web.Request) -> web.Response:
-        """The subscriptions of the sessions held here by (client, filter), a page at a time."""
-        params = query_params(request, ("limit", "after", "client"))
-        limit = page_limit(params)
-        after = decode_cursor(params["after"]) if "after" in params else None
-        sessions = self.node.sessions
-        if "client" in params:
-            if params["client"] not in sessions:
-                raise ApiError(404, f"unknown client {params['client']!r}")
-            client_ids = [params["client"]]
-        else:
-            client_ids = sorted(sessions)
-        start = 0 if after is None else bisect.bisect_left(client_ids, after[0])
-        items: list[dict[str, Any]] = []
-        more = False
-        for client_id in client_ids[start:]:
-            session = sessions[client_id]
-            for topic_filter, qos in sorted({**session.subscriptions, **session.shared}.items()):
-                if after is not None and (client_id, topic_filter) <= after:
-                    continue
-                if len(items) == limit:
-                    more = True
-                    break
-                shared = parse_shared(topic_filter)
-                items.append(
-                    {
-                        "client_id": client_id,
-                        "filter": topic_filter,
-                        "qos": qos,
-                        "share_group": shared[0] if shared else None,
-                    }
-                )
-            if more:
-                break
-        last = items[-1] if more else None
-        next_after = encode_cursor(last["client_id"], last["filter"]) if last else None
-        return web.json_response({"node": self.node.node_id, "items": items, "next": next_after})
-
-    async def list_retained(self, request: web.Request) -> web.Response:
-        """Retained topics (optionally those matching `filter`), a page at a time."""
-        params = query_params(request, ("limit", "after", "filter"))
-        limit = page_limit(params)
-        retained = self.node.retained
-        topics = sorted(retained)
-        if "filter" in params:
-            topic_filter = valid_filter(params["filter"], self.node.check_topic_limits)
-            topics = [t for t in topics if topic_matches(topic_filter, t)]
-        page, next_after = keyset_page(topics, params.get("after"), limit)
-        items = [_retained_summary(retained[topic]) for topic in page]
-        return web.json_response({"items": items, "next": next_after})
-
-    async def get_retained(self, request: web.Request) -> web.Response:
-        """One retained message with its payload."""
-        query_params(request, ())
-        topic = request.match_info["topic"]
-        if not topic:
-            raise ApiError(400, "topic missing: GET /retained/{topic}")
-        message = self.node.retained.get(topic)
-        if message is None:
-            raise ApiError(404, f"no retained message on topic {topic!r}")
-        return web.json_response({**_retained_summary(message), **payload_fields(message.payload)})
-
-    # -- publishing ------------------------------------------------------------------------------
-
-    async def publish(self, request: web.Request) -> web.Response:
-        """Publish as if a client had: routed, stored (answered once durable), maybe retained."""
-        query_params(request, ())
-        node = self.node
-        wanted = parse_publish(
-            await request.read(), node.check_topic_limits, self.config.max_packet_size
-        )
-        if not node.accepting:
-            raise ApiError(503, "the node is shutting down")
-        try:
-            message = await node.publish_internal(
-                wanted.topic, wanted.payload, wanted.qos, wanted.retain, publisher="admin-api"
-            )
-        except StoreUnavailable as exc:
-            raise ApiError(503, f"message not stored: {exc}") from None
-        log.info(
-            "admin API: published %d bytes to %r (qos %d, retain %s)",
-            len(wanted.payload),
-            wanted.topic,
-            wanted.qos,
-            wanted.retain,
-        )
-        return web.json_response(
-            {
-                "id": message.key,
-                "topic": message.topic,
-                "qos": message.qos,
-                "retain": message.retain,
-                "stored": True,
-            }
-        )
-
-
-def _retained_summary(message: Message) -> dict[str, Any]:
-    return {
-        "topic": message.topic,
-        "qos": message.qos,
-        "size": len(message.payload),
-        "published_at": message.timestamp_ms / 1000 if message.timestamp_ms else None,
-        "publisher": message.publisher or None,
-    }
 
 
 def _http_error_message(request: web.Request, exc: web.HTTPException) -> str:

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -24,9 +24,46 @@ from bridge.config import parse_listen
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.topics import SHARE_PREFIX, validate_topic_filter, validate_topic_name
 
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from bridge.config import Config
+    from bridge.node import Node
+    from bridge.operations.served import Served
+
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 PUBLISH_FIELDS = ("topic", "payload", "payload_encoding", "qos", "retain")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One endpoint: method, path under `API_PREFIX`, handler name, whether it needs the token
+    (`public` ones do not; /metrics depends on `metrics_public`). The handler is a method of
+    `AdminAPI` itself, or of the part of it named by `part` (an attribute of `AdminAPI`, e.g.
+    "topics" for `bridge.operations.admin_topics.TopicsAPI`)."""
+
+    method: str
+    path: str
+    handler: str
+    public: bool = False
+    part: str = ""
+
+
+class AdminHost(Protocol):
+    """What a part of the admin API (a group of endpoints in its own module) reads of the
+    `AdminAPI` that serves it."""
+
+    server: Served
+    config: Config
+    token: str
+
+    @property
+    def node(self) -> Node: ...
+
+    async def registry_call(self, call: Coroutine[Any, Any, Any]) -> Any:
+        """A registry (Redis) call, bounded; `ApiError` 503 if Redis does not answer."""
+        ...
 
 
 class ApiError(Exception):
