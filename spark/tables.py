@@ -6,9 +6,12 @@
     availability(states)  per device and shift: seconds in each state, availability
     alarm_summary(alarms) per day and alarm code: count, total and longest duration, devices
 
-Table layouts are in docs/spark.md. Payloads are checked by `spark.telemetry.validate`, the
-same rules the simulator's tests and docs/telemetry.md use; a payload it refuses becomes a
-quarantine row carrying the reason.
+Table layouts are in docs/spark.md. Units are in the column names (`_s`: seconds); durations are
+rounded to the millisecond the devices stamp (`SECONDS_DIGITS`) and ratios to `RATIO_DIGITS`
+places, so a table never shows float noise such as 1199.9999999999998.
+
+Payloads are checked by `spark.telemetry.validate`, the same rules the simulator's tests and
+docs/telemetry.md use; a payload it refuses becomes a quarantine row carrying the reason.
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ INTERVAL_DDL = (
     "kind STRING, device STRING, line STRING, station STRING, what STRING, "
     "start TIMESTAMP, `end` TIMESTAMP, duration_s DOUBLE"
 )
+
+SECONDS_DIGITS = 3
+"""Durations in seconds keep millisecond precision: the device clock's (`ts` is in ms)."""
+RATIO_DIGITS = 4
+"""Ratios (scrap rate, availability) keep 4 places: 0.01 percentage point."""
 
 _PASSED = ("topic", "payload", "key", "publish_time", "store_time", "broker", "queue", "offset")
 _FROM_PAYLOAD = {
@@ -123,7 +131,7 @@ def line_minute(valid_rows: DataFrame) -> DataFrame:
         "good",
         "bad",
         total.alias("total"),
-        F.when(total > 0, F.col("bad") / total).alias("scrap_rate"),
+        F.when(total > 0, F.round(F.col("bad") / total, RATIO_DIGITS)).alias("scrap_rate"),
         "messages",
     )
 
@@ -159,7 +167,9 @@ def interval_frame(closed: list[Interval]) -> pd.DataFrame:
             "what": text([i.what for i in closed]),
             "start": pd.to_datetime(pd.Series([i.start for i in closed], dtype="int64"), unit="ms"),
             "end": pd.to_datetime(pd.Series([i.end for i in closed], dtype="int64"), unit="ms"),
-            "duration_s": pd.Series([(i.end - i.start) / 1000 for i in closed], dtype="float64"),
+            "duration_s": pd.Series(
+                [round((i.end - i.start) / 1000, SECONDS_DIGITS) for i in closed], dtype="float64"
+            ),
         }
     )
 
@@ -231,13 +241,26 @@ def availability(states: DataFrame, shifts: Shifts) -> DataFrame:
         return F.sum(F.when(F.col("state") == state, F.col("seconds")).otherwise(0.0))
 
     table = pieces.groupBy("device", "line", "shift_date", "shift", "shift_start").agg(
-        seconds_in("RUNNING").alias("running_s"),
-        seconds_in("IDLE").alias("idle_s"),
-        seconds_in("DOWN").alias("down_s"),
-        seconds_in("SETUP").alias("setup_s"),
-        F.sum("seconds").alias("observed_s"),
+        seconds_in("RUNNING").alias("running"),
+        seconds_in("IDLE").alias("idle"),
+        seconds_in("DOWN").alias("down"),
+        seconds_in("SETUP").alias("setup"),
+        F.sum("seconds").alias("observed"),
     )
-    return table.withColumn("availability", F.col("running_s") / F.col("observed_s"))
+    return table.select(
+        "device",
+        "line",
+        "shift_date",
+        "shift",
+        "shift_start",
+        *(_seconds(name) for name in ("running", "idle", "down", "setup", "observed")),
+        F.round(F.col("running") / F.col("observed"), RATIO_DIGITS).alias("availability"),
+    )
+
+
+def _seconds(name: str) -> F.Column:
+    """Column `name` (a sum of seconds) rounded to the millisecond, as `<name>_s`."""
+    return F.round(F.col(name), SECONDS_DIGITS).alias(f"{name}_s")
 
 
 def alarm_summary(alarms: DataFrame) -> DataFrame:
@@ -245,7 +268,7 @@ def alarm_summary(alarms: DataFrame) -> DataFrame:
     how many devices raised it."""
     return alarms.groupBy(F.to_date("start").cast("string").alias("date"), "code").agg(
         F.count(F.lit(1)).alias("count"),
-        F.sum("duration_s").alias("total_s"),
-        F.max("duration_s").alias("max_s"),
+        F.round(F.sum("duration_s"), SECONDS_DIGITS).alias("total_s"),
+        F.round(F.max("duration_s"), SECONDS_DIGITS).alias("max_s"),
         F.countDistinct("device").alias("devices"),
     )
