@@ -318,6 +318,8 @@ def validate(config: Config) -> None:
         raise ConfigError("listen: at least one listener is required")
     for address in config.listen:
         parse_listen(address)
+    if config.node_id == "*" or "\x00" in config.node_id:
+        raise ConfigError(f"node_id: {config.node_id!r} is reserved (pick a name)")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
     if not config.allow_anonymous and not (

@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from bridge.cluster import wire
+from bridge.router.queues import ANY_PEER
 
 __all__ = ["PARTITION_REFRESH_INTERVAL", "PEER_GONE_REFRESH_DELAY", "Announcer"]
 
@@ -86,14 +87,19 @@ class Announcer:
         self._scheduled = None
         wakes, self._pending = self._pending, {}
         for peer, ends in wakes.items():
-            link = self._links.get(peer)
-            if link is None:
-                continue  # its link's comeback re-reads every queue end
+            if peer == ANY_PEER:  # a session on its way to a node not known yet: tell them all
+                links = list(self._links.values())
+            else:
+                link = self._links.get(peer)
+                if link is None:
+                    continue  # its link's comeback re-reads every queue end
+                links = [link]
             counted = {queue: end for queue, end in ends.items() if end > 0}
-            if counted:
-                link.send(wire.Grew(tuple(counted), tuple(counted.values())))
-            if ends:
-                link.send(wire.Wake(tuple(ends)))
+            for link in links:
+                if counted:
+                    link.send(wire.Grew(tuple(counted), tuple(counted.values())))
+                if ends:
+                    link.send(wire.Wake(tuple(ends)))
 
     def refresh_soon(self) -> None:
         """Re-read the readers' queue ends and wake them, a moment from now (once, however

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 import uuid
 from collections import Counter
@@ -32,13 +31,18 @@ from redis.exceptions import RedisError
 
 from bridge.cluster import wire
 from bridge.cluster.announce import Announcer
-from bridge.cluster.peers import PeerLink, dial
+from bridge.cluster.peers import PeerLink, advertise_address, dial
 from bridge.cluster.registry import RedisRegistry
+from bridge.cluster.takeover import (
+    HandedInterest,
+    handed_filters,
+    take_over_node,
+    try_take_over,
+)
 from bridge.config import Config, parse_listen
 from bridge.mqtt.topics import parse_shared
-from bridge.router.queues import peer_subscriber
-from bridge.state import will_of
-from bridge.storage.base import Message, StoreUnavailable
+from bridge.router.queues import ANY_PEER, peer_subscriber
+from bridge.storage.base import Message
 
 if TYPE_CHECKING:
     from bridge.cluster.host import ClusterHost
@@ -81,6 +85,9 @@ class Cluster:
         """Filter -> local sessions subscribed to it (what this node advertises)."""
         self._removals: set[str] = set()
         self._removal_timer: asyncio.TimerHandle | None = None
+        self.handed = HandedInterest(self._add_filters, self._remove_filters, config)
+        self._synced: set[str] = set()
+        """Peers whose interest replay ended on their current link."""
         self._requests: dict[int, tuple[str, asyncio.Future[bytes | None]]] = {}
         """Release request id -> (peer asked, its answer)."""
         self.announcer = Announcer(self.links, node.refresh_queue_ends, node.spawn)
@@ -108,15 +115,37 @@ class Cluster:
             lambda: PeerLink(self), host, port, reuse_address=True
         )
         bound = self._server.sockets[0].getsockname()
-        self.advertise = self.config.peer_advertise or _advertise_address(host, bound[1])
+        self.advertise = self.config.peer_advertise or advertise_address(host, bound[1])
         log.info("peer links on %s:%s, advertised as %s", bound[0], bound[1], self.advertise)
         await self._heartbeat()
         self._judge_after = time.monotonic() + self.config.node_timeout
         if self.holds_sessions:
             await self.take_over_node(self.node_id)
+        with contextlib.suppress(RedisError, OSError):
+            self._update_members((await self.registry.members())[0])  # dial without waiting
         self._started = True
         self._membership = loop.create_task(self._membership_loop())
         self._keeper = loop.create_task(self._keep_links())
+
+    async def wait_synced(self, timeout: float) -> bool:
+        """Until every alive member has replayed its interest to this node over a link (True)
+        or `timeout` passed (False, logged). A node takes clients only after this: a publish
+        it routed before knowing its peers' subscribers would be stored on no queue."""
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = sorted(
+                node_id
+                for node_id, info in self.members.items()
+                if node_id != self.node_id and info.get("peer") and node_id not in self._synced
+            )
+            if not missing:
+                return True
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "no interest from %s after %.0f s: taking clients anyway", missing, timeout
+                )
+                return False
+            await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
         """Leave: the survivors take over this node's remaining sessions at once."""
@@ -154,13 +183,13 @@ class Cluster:
             # Where the admin API forwards requests for this node's clients
             # (bridge.operations.admin).
             admin_host, admin_port = parse_listen(self.config.admin_listen)
-            admin = _advertise_address(admin_host, admin_port)
+            admin = advertise_address(admin_host, admin_port)
         info = {
             "peer": self.advertise,
             "boot": self.boot_id,
             "role": "bridge" if self.holds_sessions else "notify",
             "admin": admin,
-            "mqtt": _advertise_address(*parse_listen(self.config.listen[0]))
+            "mqtt": advertise_address(*parse_listen(self.config.listen[0]))
             if self.config.listen
             else "",
             "connections": self.node.connected_count(),
@@ -200,10 +229,12 @@ class Cluster:
                     # heartbeats may have been lost in a Redis failover).
                     talking = node_id in self.links and node_id not in self._leaving
                     if node_id != self.node_id and not talking:
-                        await self._try_take_over(node_id)
+                        await try_take_over(self, node_id)
             for node_id in list(self.peer_filters) + list(self.peer_members):
+                if node_id == ANY_PEER:
+                    continue  # not a node: what a session handed over left (`HandedInterest`)
                 if node_id not in alive and node_id not in dead and node_id not in self.links:
-                    self._peer_gone(node_id)  # cleaned up elsewhere; its NodeGone was lost
+                    self.peer_gone(node_id)  # cleaned up elsewhere; its NodeGone was lost
 
     async def _keep_links(self) -> None:
         """Ping and check the links every half second, apart from the membership loop (whose
@@ -250,53 +281,9 @@ class Cluster:
                 return str(info["mqtt"])
         return ""
 
-    async def _try_take_over(self, dead: str) -> None:
-        try:
-            await self.take_over_node(dead)
-        except (StoreUnavailable, RedisError, OSError) as exc:
-            log.error("taking over the sessions of dead node %s failed: %s", dead, exc)
-        except Exception:
-            log.exception("taking over the sessions of dead node %s failed", dead)
-
     async def take_over_node(self, dead: str) -> None:
-        """Adopt the sessions a dead node (or this node's previous run) left: publish the wills
-        of its connected clients once, keep persistent sessions, delete clean ones."""
-        if not await self.registry.lock_cleanup(dead, ttl=max(30.0, self.config.node_timeout * 3)):
-            return
-        clients = await self.registry.owned_by(dead)
-        if dead != self.node_id:
-            log.warning("node %s is dead: taking over its %d sessions", dead, len(clients))
-        adopted = wills = 0
-        for client_id in clients:
-            if self.node.is_connected(client_id):
-                continue  # reconnected here already
-            claim = await self.registry.claim(client_id, None, only_from=dead)
-            if claim is None:
-                continue  # taken over by a client's new connection meanwhile
-            if not claim.was_clean and "subs" in claim.records:
-                self.node.adopt_session(client_id, claim)
-                adopted += 1
-            will = will_of(claim.online)
-            if will is not None:
-                wills += 1
-                await self.node.publish_orphan_will(client_id, will)
-            elif claim.online is not None:
-                await self.node.clear_online(client_id)
-            if claim.was_clean or "subs" not in claim.records:
-                await self.registry.end_session(client_id)
-        if dead == self.node_id:
-            await self.registry.unlock_cleanup(dead)
-            return
-        await self.registry.forget_node(dead)
-        self._peer_gone(dead)
-        self.broadcast(wire.NodeGone(dead))
-        log.warning(
-            "node %s: %d sessions taken over, %d adopted, %d wills published",
-            dead,
-            len(clients),
-            adopted,
-            wills,
-        )
+        """Adopt the sessions a dead node (or this node's previous run) left (`takeover`)."""
+        await take_over_node(self, dead)
 
     # -- links -----------------------------------------------------------------------------------
 
@@ -332,6 +319,7 @@ class Cluster:
     def link_down(self, link: PeerLink) -> None:
         if self.links.get(link.peer_id) is link:
             del self.links[link.peer_id]
+            self._synced.discard(link.peer_id)
             self.stats["links_down"] += 1
             if not self.leaving:
                 self.announcer.refresh_soon()  # it may have stored messages it did not announce
@@ -365,10 +353,12 @@ class Cluster:
             self._replay_members[peer] = set()
         elif isinstance(frame, wire.SyncEnd):
             self._end_replay(peer)
+            self._synced.add(peer)
         elif isinstance(frame, wire.Retained):
             node.retained_from_peer(frame.topic, frame.record)
         elif isinstance(frame, wire.Release):
             state = node.release_session(frame.client_id, frame.epoch)
+            self.handed_to(peer, state)
             link.send(wire.Released(frame.request, frame.client_id, state))
         elif isinstance(frame, wire.Released):
             pending = self._requests.pop(frame.request, None)
@@ -378,7 +368,7 @@ class Cluster:
             if frame.node_id == peer:
                 self._leaving.add(peer)  # it drains: take over its sessions without waiting
             elif frame.node_id != self.node_id and frame.node_id not in self.links:
-                self._peer_gone(frame.node_id)
+                self.peer_gone(frame.node_id)
         else:
             link.close(f"unexpected {type(frame).__name__} frame")
 
@@ -391,10 +381,13 @@ class Cluster:
     def _add_filters(self, peer: str, filters: tuple[str, ...]) -> None:
         known = self.peer_filters.setdefault(peer, set())
         replay = self._replay_filters.get(peer)
+        handed = self.handed.pending.get(peer)
         subscriber = peer_subscriber(peer)
         for topic_filter in filters:
             if replay is not None:
                 replay.add(topic_filter)
+            if handed:
+                handed.pop(topic_filter, None)  # announced by the peer itself now
             if topic_filter not in known:
                 known.add(topic_filter)
                 self.node.trie.subscribe(topic_filter, subscriber, 0)
@@ -408,6 +401,12 @@ class Cluster:
             if topic_filter in known:
                 known.discard(topic_filter)
                 self.node.trie.unsubscribe(topic_filter, subscriber)
+
+    def handed_to(self, peer: str, state: bytes) -> None:
+        """The session in `state` (`release_session`'s answer) went to `peer` (`ANY_PEER`: to a
+        node not known here yet): keep its filters as that peer's interest until it announces
+        them (`HandedInterest`)."""
+        self.handed.expect(peer, handed_filters(state), self.peer_filters.get(peer, set()))
 
     def _shared_member(self, peer: str, frame: wire.SharedMember) -> None:
         key = (frame.share_filter, frame.client_id)
@@ -461,9 +460,11 @@ class Cluster:
         self.peer_members.pop(peer, None)
         self._replay_filters.pop(peer, None)
         self._replay_members.pop(peer, None)
+        self.handed.pending.pop(peer, None)
+        self._synced.discard(peer)
         self._leaving.discard(peer)
 
-    def _peer_gone(self, peer: str) -> None:
+    def peer_gone(self, peer: str) -> None:
         """A peer is dead: forget its interest, and re-read what it may not have announced."""
         self.forget_peer(peer)
         if not self.leaving:
@@ -514,6 +515,9 @@ class Cluster:
         for peer in peers:
             link = self.links.get(peer)
             if link is None:
+                if peer == ANY_PEER:
+                    continue  # a session on its way to another node: it reads its queues
+
                 self.node.metrics.inc("dropped_peer_link")
                 continue
             metadata = bool(message.properties) and self.speaks_metadata(link)
@@ -547,9 +551,10 @@ class Cluster:
         self.announcer.wake(peer, ends)
 
     def grew(self, peer: str, ends: dict[str, int]) -> None:
-        link = self.links.get(peer)
-        if link is not None:
-            link.send(wire.Grew(tuple(ends), tuple(ends.values())))
+        links = self.links.values() if peer == ANY_PEER else [self.links.get(peer)]
+        for link in links:
+            if link is not None:
+                link.send(wire.Grew(tuple(ends), tuple(ends.values())))
 
     def retained_changed(self, topic: str, record: bytes) -> None:
         self.broadcast(wire.Retained(topic, record))
@@ -589,10 +594,3 @@ class Cluster:
             return None
         finally:
             self._requests.pop(request, None)
-
-
-def _advertise_address(host: str, port: int) -> str:
-    """Where peers reach this node: the listen host, or this machine's name for a wildcard."""
-    if host in ("", "0.0.0.0", "::"):
-        host = socket.gethostname()
-    return f"{host}:{port}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections import Counter
 from typing import Protocol
@@ -213,3 +214,10 @@ async def dial(cluster: LinkOwner, peer_id: str, address: str) -> None:
         await asyncio.sleep(backoff)
         backoff = min(backoff * 2, BACKOFF_MAX)
         address = cluster.peer_address(peer_id) or address
+
+
+def advertise_address(host: str, port: int) -> str:
+    """Where peers reach this node: the listen host, or this machine's name for a wildcard."""
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"{host}:{port}"

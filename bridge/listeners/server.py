@@ -102,6 +102,8 @@ class Server:
         await self.node.start()
         if self.cluster is not None:
             await self.cluster.start()
+            if self.serve_mqtt:
+                await self.cluster.wait_synced(self.config.node_timeout)
         await self._start_notify()
         # Everything loaded so far lives as long as the process: keep it out of the garbage
         # collector's full passes, whose length is what pauses the event loop.

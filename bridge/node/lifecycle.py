@@ -27,7 +27,7 @@ from bridge.node.roles import ClientLink, Spawner
 from bridge.node.subscriptions import Subscriptions
 from bridge.node.wills import Wills, delay_of
 from bridge.operations.metrics import Metrics
-from bridge.router.queues import client_queue, filter_queue
+from bridge.router.queues import ANY_PEER, client_queue, filter_queue
 from bridge.session import Session
 from bridge.state import KIND_OFFSETS, KIND_ONLINE, KIND_QOS2_IN, KIND_SESSION, will_of
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StaleOwner, StoreUnavailable
@@ -402,7 +402,7 @@ class SessionLifecycle:
         for client_id in client_ids:
             if client_id not in self.cluster.registry.epochs:
                 log.warning("client %s: owned by another node now; dropped here", client_id)
-                self.release(client_id)
+                self.cluster.handed_to(ANY_PEER, self.release(client_id))
 
     async def end_in_registry(self, client_id: str) -> None:
         """The session is gone here: remove the ClientId's entry from the registry."""

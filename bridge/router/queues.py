@@ -25,6 +25,12 @@ SHARED = "s"
 PEER_PREFIX = "\x00"
 """Subscriber ids in a node's trie that stand for a peer node (no ClientId contains NUL)."""
 
+ANY_PEER = "*"
+"""The peer a session was handed to when a node does not know which (it learned that another
+node owns the ClientId from a refused registry write): the session's filters count as this
+pseudo-peer's interest for `interest_grace`, and its wakes go to every peer. No node id is "*"
+(`bridge.config` refuses it)."""
+
 _FILTER_PREFIX = FILTER + ":"
 _CLIENT_PREFIX = CLIENT + ":"
 _SHARED_PREFIX = SHARED + ":"

@@ -274,3 +274,79 @@ def test_standalone_notify_routes_backend_messages_and_tells_only_nodes_with_rea
         assert proxy.count("Grew") == 0 and proxy.count("Wake") == 0
     finally:
         proxy.stop()
+
+
+def test_a_node_that_joins_routes_its_first_publish_to_the_subscribers_of_other_nodes(
+    two_nodes: tuple[BridgeProcess, BridgeProcess], cluster: ClusterLauncher
+) -> None:
+    """A new node takes clients only once every alive member has replayed its interest to it:
+    a QoS 1 message published the moment its port opens reaches a subscriber on another node
+    (before, it was stored on no queue and PUBACKed: lost)."""
+    a, _b = two_nodes
+    with paho_client(a.port, client_id="early-watch", clean_session=False) as sub:
+        sub.client.subscribe("early/#", 1)
+    c = cluster.start("c")  # returns once c's MQTT port accepts
+    publish(c.port, "early/first", "first", qos=1)
+    assert "no interest from" not in c.log_text()
+    with paho_client(a.port, client_id="early-watch", clean_session=False) as sub:
+        got = sub.drain(1, timeout=15)
+    assert [m.payload.decode() for m in got] == ["first"]
+
+
+def test_a_session_moving_between_nodes_misses_nothing_published_on_the_node_it_left(
+    cluster: ClusterLauncher,
+) -> None:
+    """The node that hands a session over keeps routing to its filters until the new owner has
+    announced them; a publisher on that node loses nothing while the session moves back and
+    forth. The peer link is slow (0.2 s each way), as between two racks under load."""
+    a = cluster.start("a")
+    proxy = TcpProxy(cluster.peer_ports.setdefault("b", free_port()), delay=0.2).start()
+    try:
+        b = cluster.start("b", f"peer_advertise=127.0.0.1:{proxy.port}")
+        cluster.wait_linked()
+        _move_a_session_to_and_fro(a, b)
+    finally:
+        proxy.stop()
+
+
+def _move_a_session_to_and_fro(a: BridgeProcess, b: BridgeProcess) -> None:
+    with paho_client(a.port, client_id="mover", clean_session=False) as sub:
+        sub.client.subscribe("move/#", 1)
+        with paho_client(b.port) as pub:
+            wait_for_route(lambda p: pub.client.publish("move/probe", p), sub)
+    stop = threading.Event()
+    sent: list[str] = []
+
+    def publish_on_a() -> None:
+        with paho_client(a.port, client_id="move-pub") as pub:
+            deadline = time.monotonic() + 60
+            while not stop.is_set() and len(sent) < 50_000 and time.monotonic() < deadline:
+                batch = [f"m{len(sent) + i}" for i in range(20)]  # 20 in flight, as users do
+                infos = [pub.client.publish("move/x", p, qos=1) for p in batch]
+                for info in infos:
+                    info.wait_for_publish(10)
+                sent.extend(batch)
+
+    publisher = threading.Thread(target=publish_on_a, daemon=True)
+    publisher.start()
+    received: set[str] = set()
+    try:
+        for node in (b, a, b, a, b):  # each connect takes the session over from the other node
+            with paho_client(node.port, client_id="mover", clean_session=False) as sub:
+                received.update(m.payload.decode() for m in sub.drain(30, timeout=10))
+            # paho acknowledged everything it queued, drained or not: count it all.
+            while not sub.messages.empty():
+                received.add(sub.messages.get_nowait().payload.decode())
+    finally:
+        stop.set()
+        publisher.join(30)
+    with paho_client(a.port, client_id="mover", clean_session=False) as sub:
+        deadline = time.monotonic() + 30
+        while not set(sent) <= received and time.monotonic() < deadline:
+            for message in sub.drain(1, timeout=1):
+                received.add(message.payload.decode())
+    probes = {p for p in received if p.startswith("probe")}
+    assert len(sent) > 100
+    missing = set(sent) - received
+    assert not missing, f"{len(missing)} of {len(sent)} PUBACKed lost: {sorted(missing)[:5]}"
+    assert received - probes <= set(sent)

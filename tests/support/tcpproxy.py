@@ -3,6 +3,7 @@
     proxy = TcpProxy(target_port).start()   # listens on proxy.port, forwards to target_port
     proxy.frames["Forward"]                   # peer-link frames seen, by type (both directions)
     proxy.cut(); ...; proxy.heal()            # drop all connections, refuse new ones; then allow
+    TcpProxy(target_port, delay=0.2)          # every byte arrives 0.2 s late (a slow network)
 
 It runs its own event loop in a thread, so a test can use it between real node processes.
 """
@@ -21,8 +22,9 @@ from tests.support.processes import free_port
 class TcpProxy:
     """Forwards 127.0.0.1:`port` to 127.0.0.1:`target_port`; counts peer-link frames."""
 
-    def __init__(self, target_port: int, port: int | None = None) -> None:
+    def __init__(self, target_port: int, port: int | None = None, delay: float = 0.0) -> None:
         self.target_port = target_port
+        self.delay = delay
         self.port = port or free_port()
         self.frames: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -103,5 +105,14 @@ class TcpProxy:
                 with self._lock:
                     for frame in frames:
                         self.frames[type(frame).__name__] += 1
+            if self.delay:
+                self._loop.call_later(self.delay, _write_quietly, writer, data)  # keeps order
+            else:
+                writer.write(data)
+                await writer.drain()
+
+
+def _write_quietly(writer: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(Exception):
+        if not writer.transport.is_closing():
             writer.write(data)
-            await writer.drain()

@@ -115,14 +115,14 @@ def test_a_peer_link_going_down_or_a_peer_dying_makes_this_node_reread_its_reade
         link = Link()
         cluster.links["b"] = link  # type: ignore[assignment]
         cluster.link_down(link)  # type: ignore[arg-type]
-        cluster._peer_gone("b")  # the same event seen twice: one re-read
+        cluster.peer_gone("b")  # the same event seen twice: one re-read
         await asyncio.sleep(0.1)
         assert len(refreshes) == 1
-        cluster._peer_gone("c")
+        cluster.peer_gone("c")
         await asyncio.sleep(0.1)
         assert len(refreshes) == 2
         cluster.leaving = True  # a node that leaves re-reads nothing
-        cluster._peer_gone("d")
+        cluster.peer_gone("d")
         await asyncio.sleep(0.1)
         assert len(refreshes) == 2
 

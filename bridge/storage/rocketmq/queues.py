@@ -82,9 +82,14 @@ class QueueEnds:
         if end > self._ends.get(queue, 0):
             self._ends[queue] = end
 
-    def correct(self, queue: str, end: int) -> None:
-        """Set the end of `queue` to `end`, the broker's, after this store counted ahead."""
-        self._ends[queue] = max(end, 0)
+    def correct(self, queue: str, end: int, seen: int) -> None:
+        """Set the end of `queue` back to `end`, the broker's, after this store counted ahead:
+        only if it is still `seen`, what the read that proved it was looking for. A message
+        confirmed while that read waited was counted on top; its dispatch to the queue may come
+        later than the broker's answer, so setting the end back then would hide it (and every
+        message after it until the next one is stored)."""
+        if self._ends.get(queue, 0) == seen:
+            self._ends[queue] = max(end, 0)
 
     def count_stored(self, queues: Iterable[str], size: int) -> None:
         """One more message of `size` bytes, confirmed in each of `queues`."""

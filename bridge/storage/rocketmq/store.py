@@ -488,7 +488,7 @@ class RocketMQStore:
         if wait_ms and result.status is PullStatus.NO_NEW_MSG and result.max_offset <= offset:
             # Waited for a message this store counted and none came: the count was one ahead
             # (a SEND_OK that arrived after a fetch had already counted its message).
-            self._ends.correct(queue, result.max_offset)
+            self._ends.correct(queue, result.max_offset, known_end)
         if result.min_offset > offset:
             # Retention removed [offset, min_offset).
             return ReadResult([], result.min_offset, lost=result.min_offset - offset)
