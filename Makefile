@@ -34,7 +34,8 @@ run: install
 test-deps: install install-spark
 	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
 		default-jre-headless:java maven:mvn \
-		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps shellcheck
+		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps shellcheck \
+		chromium chromium-driver:chromedriver
 	deploy/rocketmq/fetch.sh
 
 lint: install
@@ -42,6 +43,8 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/access/auth.py \
 		bridge/access/passwd.py bridge/access/acl.py bridge/access/ttlcache.py bridge/access/scram.py \
+		bridge/access/explain.py \
+		bridge/access/bans.py bridge/access/banlist.py \
 		bridge/node/presubscribe.py bridge/node/positions.py bridge/node/retained.py bridge/node/stamp.py bridge/node/roles.py \
 		bridge/cluster/host.py bridge/operations/metrics.py bridge/config.py bridge/state.py \
 		bridge/cluster/wire.py bridge/cluster/announce.py \
@@ -51,8 +54,10 @@ lint: install
 		bridge/storage/rocketmq/sendframe.py bridge/storage/rocketmq/groups.py \
 		bridge/storage/filelog/segments.py \
 	bridge/storage/metadata.py bridge/node/outbound.py bridge/node/admission.py bridge/node/wills.py \
+	bridge/node/delayed.py bridge/storage/base.py \
 	bridge/listeners/v5.py bridge/listeners/link.py bridge/listeners/enhanced_auth.py \
 	bridge/listeners/inbound.py bridge/listeners/outbound_acks.py \
+	bridge/access/ratelimit.py bridge/listeners/origins.py bridge/listeners/pacing.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 
 test: test-deps lint

@@ -27,11 +27,13 @@ class Config:
     ws_listen: list[str] = field(default_factory=list)
     wss_listen: list[str] = field(default_factory=list)
     ws_path: str = "/mqtt"
+    ws_allowed_origins: list[str] = field(default_factory=list)
     tls_certfile: str = ""
     tls_keyfile: str = ""
     tls_cafile: str = ""
     tls_client_cert: str = "none"
     tls_cn_as_username: bool = False
+    tls_failure_log_interval: float = 10.0
     data_dir: str = "./data"
     log_level: str = "info"
     node_id: str = ""
@@ -69,6 +71,8 @@ class Config:
     receive_maximum: int = 1000
     topic_alias_maximum: int = 64
     max_message_properties: int = 8192
+    delayed_max_seconds: int = 3 * 24 * 3600
+    delayed_max_pending: int = 100_000
     server_reference: str = ""
     max_queued_messages: int = 10000
     max_queued_bytes: int = 64 * MiB
@@ -77,6 +81,13 @@ class Config:
     connect_timeout: float = 10.0
     allow_zero_length_clientid: bool = True
     max_connections: int = 0
+    connection_rate: float = 0.0
+    connection_rate_wait: float = 5.0
+    client_publish_rate: float = 0.0
+    client_publish_bytes_rate: int = 0
+    flapping_max_connects: int = 0
+    flapping_window: float = 60.0
+    flapping_ban_seconds: float = 300.0
     write_buffer_high: int = 16 * MiB
     slow_consumer_timeout: float = 30.0
     offset_flush_interval: float = 0.2
@@ -113,11 +124,15 @@ SETTINGS: dict[str, str] = {
     "ws_listen": "MQTT over WebSocket listeners `HOST:PORT` (usually 8083)",
     "wss_listen": "MQTT over secure WebSocket listeners `HOST:PORT` (usually 8084)",
     "ws_path": "HTTP path of the WebSocket listeners (other paths get 404)",
+    "ws_allowed_origins": "browser origins `https://HOST[:PORT]` (or `*`) a WebSocket upgrade may "
+    "come from besides the listener's own host; others get HTTP 403 (no Origin: allowed)",
     "tls_certfile": "PEM server certificate (chain) of the TLS and WSS listeners",
     "tls_keyfile": "PEM private key of tls_certfile",
     "tls_cafile": "PEM CA bundle that client certificates must chain to",
     "tls_client_cert": "`none`, `optional` or `required`: ask TLS clients for a certificate",
     "tls_cn_as_username": "a verified client certificate's CN is the user name (no password)",
+    "tls_failure_log_interval": "at most one log line per this many seconds about failed TLS "
+    "handshakes (each one is counted)",
     "data_dir": "directory of the embedded store (log segments, snapshot)",
     "log_level": "`debug`, `info`, `warning` or `error`",
     "node_id": "this node's id in message properties and logs (default `<hostname>-<port>`)",
@@ -158,6 +173,11 @@ SETTINGS: dict[str, str] = {
     "max_message_properties": "MQTT 5.0: bytes of user properties, content type, response "
     "topic and correlation data one message may carry (more: PUBACK/PUBREC 0x97, CONNACK 0x97 "
     "for a will)",
+    "delayed_max_seconds": "longest delay of a `$delayed/<seconds>/<topic>` publish (longer: "
+    "PUBACK/PUBREC 0x83, 3.1.1: disconnect); 0 turns delayed publish off. With store=rocketmq "
+    "keep it within the broker's timerMaxDelaySec (3 days by default)",
+    "delayed_max_pending": "delayed publishes the embedded store holds (their payloads stay in "
+    "memory); more get 0x97 (3.1.1: disconnect). RocketMQ's broker holds its own",
     "server_reference": "MQTT 5.0: the address v5 clients are told to use instead when this "
     "node shuts down (DISCONNECT 0x8B), e.g. the load balancer's; empty: another live node's",
     "max_queued_messages": "messages queued for an offline session before the oldest drop "
@@ -168,7 +188,20 @@ SETTINGS: dict[str, str] = {
     "max_keepalive": "largest keepalive granted, in seconds (0: whatever the client asks)",
     "connect_timeout": "seconds a new connection has to send CONNECT",
     "allow_zero_length_clientid": "accept an empty ClientId with clean session (an id is assigned)",
-    "max_connections": "connections accepted by this node (0: unlimited); beyond it CONNACK 3",
+    "max_connections": "client sockets this node holds (0: unlimited); a CONNECT beyond gets "
+    "CONNACK 0x97 (3.1.1: 3); changeable at run time (`PUT /api/v1/limits`)",
+    "connection_rate": "new connections a second this node takes (0: unlimited); more CONNECTs "
+    "wait for their turn; changeable at run time",
+    "connection_rate_wait": "seconds a CONNECT may wait for connection_rate; later ones get "
+    "CONNACK 0x9F (3.1.1: 3); changeable at run time",
+    "client_publish_rate": "PUBLISH packets a second one client may send (0: unlimited); a faster "
+    "one has its socket read later, nothing is dropped; changeable at run time",
+    "client_publish_bytes_rate": "bytes a second one client may send (0: unlimited); a faster one "
+    "has its socket read later, nothing is dropped; changeable at run time",
+    "flapping_max_connects": "a ClientId connecting more often than this within flapping_window "
+    "is banned for flapping_ban_seconds (0: no flapping detection)",
+    "flapping_window": "seconds over which a ClientId's connects are counted (cluster-wide)",
+    "flapping_ban_seconds": "how long a flapping ClientId is banned (CONNACK 0x8A / 5)",
     "write_buffer_high": "bytes buffered for a client's socket before QoS 0 messages to it drop",
     "slow_consumer_timeout": "seconds a client may keep its buffer over the limit before it is cut",
     "offset_flush_interval": "seconds between writes of acknowledged delivery offsets",
@@ -310,6 +343,39 @@ def _validate_operations(config: Config) -> None:
     for name in ("auth_cache_ttl", "acl_cache_ttl", "sys_interval", "metering_interval"):
         if getattr(config, name) < 0:
             raise ConfigError(f"{name}: must not be negative")
+    _validate_flapping(config)
+
+
+def _validate_flapping(config: Config) -> None:
+    from bridge.access.bans import MAX_SECONDS
+
+    if config.flapping_max_connects < 0:
+        raise ConfigError("flapping_max_connects: must not be negative (0: off)")
+    for name in ("flapping_window", "flapping_ban_seconds"):
+        value = getattr(config, name)
+        if not 0 < value <= MAX_SECONDS:  # also refuses nan
+            raise ConfigError(f"{name}: must be a positive number of seconds, got {value}")
+
+
+def _validate_limits(config: Config) -> None:
+    """The limits the admin API can change follow the same rules here (`check_limit`); the
+    WebSocket allow-list holds origins; TLS failures are logged at a sane pace."""
+    from bridge.access.ratelimit import LIMIT_NAMES, LimitError, check_limit
+    from bridge.listeners.origins import OriginError, OriginPolicy
+
+    for name in LIMIT_NAMES:
+        try:
+            check_limit(name, getattr(config, name))
+        except LimitError as exc:
+            raise ConfigError(str(exc)) from None
+    try:
+        OriginPolicy(config.ws_allowed_origins)
+    except OriginError as exc:
+        raise ConfigError(f"ws_allowed_origins: {exc}") from None
+    if not 0 <= config.tls_failure_log_interval <= 86400:  # also refuses nan
+        raise ConfigError(
+            f"tls_failure_log_interval: 0 to 86400 seconds, got {config.tls_failure_log_interval}"
+        )
 
 
 def validate(config: Config) -> None:
@@ -332,6 +398,7 @@ def validate(config: Config) -> None:
         raise ConfigError("auth_redis/acl_redis: need the cluster's Redis (redis_url)")
     _validate_listeners(config)
     _validate_operations(config)
+    _validate_limits(config)
     if config.store not in ("filelog", "rocketmq"):
         raise ConfigError(f"store: unknown backend {config.store!r} (known: filelog, rocketmq)")
     if config.store == "rocketmq" and not config.rocketmq_namesrv.strip():
@@ -360,6 +427,7 @@ def validate(config: Config) -> None:
         "max_inbound_pending",
         "receive_maximum",
         "max_message_properties",
+        "delayed_max_pending",
         "max_queued_messages",
         "max_queued_bytes",
         "write_buffer_high",
@@ -373,6 +441,8 @@ def validate(config: Config) -> None:
         raise ConfigError("receive_maximum: at most 65535 (the packet id space)")
     if not 0 <= config.topic_alias_maximum <= 65535:
         raise ConfigError("topic_alias_maximum: 0..65535")
+    if not 0 <= config.delayed_max_seconds <= 9_999_999_999:
+        raise ConfigError("delayed_max_seconds: 0 (off) to 9999999999 seconds")
     if config.max_packet_size > 268_435_460:
         raise ConfigError("max_packet_size: at most 268435460 (the MQTT maximum)")
     for name in ("connect_timeout", "offset_flush_interval", "session_expiry_seconds"):

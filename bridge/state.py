@@ -22,6 +22,9 @@ KIND_ONLINE = "online"
 """ClientId -> connection record with its will, deleted on a clean end or with the will."""
 KIND_QOS2_IN = "q2in"
 """`ClientId NUL packet id` of inbound QoS 2 messages stored and not yet released."""
+KIND_DELAYED = "delayed"
+"""Message key -> a delayed publish waiting for its due time (embedded store only; the message
+as `encode_message` writes it, its timestamp the due time: `bridge.node.delayed`)."""
 
 RETAINED_DELIVERY = RETAINED_QOS
 """Property of a retained message queued for one subscriber: the QoS it was granted."""

@@ -14,7 +14,9 @@ the whole cluster. For each message it reads:
   never map to). Its offset is committed only after the copy is stored, so a backend message is
   delivered at least once;
 * bridge messages without queues (QoS 0 kept for analytics, messages nobody subscribed to) are
-  skipped.
+  skipped. A bridge's delayed publish (`mqtt.delayed`, a RocketMQ timer message) carries no
+  `mqtt.node`: when the broker puts it into its topic at its due time it is routed as a backend
+  message is, once per cluster.
 
 With `skip_filter` (`NOTIFY_FILTER`, as a bridge runs it), pulls carry that SQL92 filter and the
 broker keeps back what notify has no work for: every message a bridge stored, whose readers that
@@ -38,6 +40,7 @@ from typing import Protocol
 from bridge.storage.base import Message
 from bridge.storage.rocketmq import (
     DISPATCH_TOPIC,
+    PROP_DELAYED,
     PROP_NODE,
     PROPERTY_INNER_MULTI_DISPATCH,
     PullStatus,
@@ -79,6 +82,8 @@ class NotifyStats:
     events: int = 0
     event_batches: int = 0
     dispatched: int = 0
+    delayed: int = 0
+    """Delayed publishes read when the broker's timer put them into their topic."""
     topics: int = 0
     queues: int = 0
     unfiltered: bool = False
@@ -303,6 +308,8 @@ class Notifier:
         message = message_of(raw)
         if message is None:
             return  # no tag: no MQTT topic, nobody can subscribe to it
+        if PROP_DELAYED in raw.properties:
+            self.stats.delayed += 1  # a bridge's delayed publish, due now: routed like a backend's
         lmqs = self.sink.route(message)
         if not lmqs:
             return

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from bridge.listeners import outbound_acks
 from bridge.listeners.enhanced_auth import METHODS, Authentication
 from bridge.listeners.inbound import Inbound
+from bridge.listeners.link import PAUSED_BY_RATE
+from bridge.listeners.pacing import ReadPacer
 from bridge.listeners.tls import peer_cert_cn
 from bridge.listeners.v5 import NO_LIMIT, Version5, connack_properties
 from bridge.mqtt import codec
@@ -86,6 +88,10 @@ class Connection(asyncio.Protocol):
         self.max_packet_out = NO_LIMIT
         """The largest packet the client accepts (its v5 Maximum Packet Size)."""
         self.inbound = Inbound(self)
+        self.pacer: ReadPacer | None = None
+        """The client's publish rate limits (None: unlimited, the one check the hot path makes)."""
+        self._read_pauses = 0
+        """Why reading the socket is paused: a set of `PAUSED_BY_*` bits (0: it is not)."""
         self.v5: Version5 | None = None
         """The MQTT 5.0 state once a v5 CONNECT is accepted (None: 3.1.1 / 3.1)."""
         self.receive_maximum = node.config.receive_maximum
@@ -136,6 +142,8 @@ class Connection(asyncio.Protocol):
             # Packets that arrived whole before the fault are still handled, then we close.
             error = exc
             packets = exc.packets
+        if self.pacer is not None:
+            self.pacer.charge(packets, len(data))
         packets_in = self.node.metrics.packets_in
         for packet in packets:
             if self.closed:
@@ -192,6 +200,27 @@ class Connection(asyncio.Protocol):
         delivery = self.node.deliveries.get(self.client_id)
         if delivery is not None and delivery.conn is self:
             delivery.wake()
+
+    # -- reading slower --------------------------------------------------------------------------
+
+    def hold_reading(self, reason: int) -> None:
+        """Stop reading the socket until `release_reading(reason)` (`PAUSED_BY_*`)."""
+        if not self._read_pauses and self.transport is not None:
+            self.transport.pause_reading()
+        self._read_pauses |= reason
+
+    def release_reading(self, reason: int) -> None:
+        """End one reason to stop reading; with none left, read on."""
+        if not self._read_pauses & reason:
+            return
+        self._read_pauses &= ~reason
+        if not self._read_pauses and self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def limit_publishes(self, messages_per_second: float, bytes_per_second: float) -> None:
+        """Pace what the client sends to these rates (0: unlimited) by reading it later."""
+        self.pacer = ReadPacer.of(self, messages_per_second, bytes_per_second)
+        self.release_reading(PAUSED_BY_RATE)  # a new pacer starts with full buckets
 
     # -- output ----------------------------------------------------------------------------------
 
@@ -427,6 +456,9 @@ class Connection(asyncio.Protocol):
             self._connecting = False
         if session is None or self.closed:
             return
+        limits = self.node.limits.current
+        if limits.paces_publishes:
+            self.limit_publishes(limits.client_publish_rate, limits.client_publish_bytes_rate)
         keepalive = self.keepalive  # granted by the lifecycle (capped by max_keepalive)
         if keepalive:
             self._keepalive_limit = keepalive * 1.5

@@ -14,9 +14,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from bridge.access.acl import PUBLISH
+from bridge.listeners.link import PAUSED_BY_STORE
 from bridge.listeners.v5 import ProtocolFault, Version5
 from bridge.mqtt import codec
 from bridge.mqtt.codec import encode_puback, encode_pubrec
+from bridge.mqtt.delayed import DelayedTopic, DelayedTopicError, is_delayed, parse_delayed
 from bridge.mqtt.packets import PacketType, Publish, Pubrel
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
@@ -74,18 +76,24 @@ class Inbound:
                 reason_code=ReasonCode.TOPIC_NAME_INVALID,
             )
             return
-        if packet.topic.startswith("$SYS"):
-            self._refuse(
-                packet,
-                ReasonCode.NOT_AUTHORIZED,
-                "dropped_sys_publish",
-                "$SYS topics are the broker's",
-            )
-            return
+        topic = packet.topic  # for a delayed publish: its target, which the checks apply to
+        delayed = None
+        if topic.startswith("$"):
+            if is_delayed(topic):
+                delayed = self._delayed_target(packet)
+                if delayed is None:
+                    return
+                topic = delayed.topic
+            if topic.startswith("$SYS"):
+                self._refuse(
+                    packet,
+                    ReasonCode.NOT_AUTHORIZED,
+                    "dropped_sys_publish",
+                    "$SYS topics are the broker's",
+                )
+                return
         acl = node.access.acl
-        if acl.rules is not None and not acl.allows(
-            PUBLISH, conn.client_id, conn.username, packet.topic
-        ):
+        if acl.rules is not None and not acl.allows(PUBLISH, conn.client_id, conn.username, topic):
             self._refuse(
                 packet, ReasonCode.NOT_AUTHORIZED, "acl_denied_publish", "denied by the ACL"
             )
@@ -93,7 +101,7 @@ class Inbound:
         if packet.qos == 0:
             conn.msgs_in += 1
             conn.payload_in += len(packet.payload)
-            node.publisher.publish_qos0(session, packet)
+            node.publisher.publish_qos0(session, packet, delayed)
             return
         packet_id = packet.packet_id
         assert packet_id is not None
@@ -109,12 +117,14 @@ class Inbound:
         conn.payload_in += len(packet.payload)
         self.pending += 1  # before publish: a failing store may call back at once
         node.publisher.publish(
-            session, packet, lambda _s, error: self._acknowledge(error, qos, packet_id, True)
+            session,
+            packet,
+            lambda _s, error: self._acknowledge(error, qos, packet_id, True),
+            delayed,
         )
         if self.pending >= node.config.max_inbound_pending and not self._paused_reading:
             self._paused_reading = True
-            if conn.transport is not None:
-                conn.transport.pause_reading()
+            conn.hold_reading(PAUSED_BY_STORE)
 
     def _check_v5_properties(self, v5: Version5, packet: Publish) -> bool:
         """Resolve the PUBLISH's Topic Alias and check its payload against its Payload Format
@@ -145,6 +155,36 @@ class Inbound:
                 )
                 return False
         return True
+
+    def _delayed_target(self, packet: Publish) -> DelayedTopic | None:
+        """The delay and target of a `$delayed/<seconds>/<topic>` PUBLISH, or None once the client
+        was answered: a bad form (0x90), a delay over `delayed_max_seconds` (0x83) or a full
+        index (0x97) gets PUBACK/PUBREC with that reason (v5 QoS 1/2) or DISCONNECT with it
+        (v5 QoS 0); a 3.1.1 client, which has no negative PUBACK, is disconnected, as for a
+        topic over the limits. Counted (`delayed_refused`) and logged."""
+        conn = self.conn
+        node = conn.node
+        try:
+            delayed = parse_delayed(packet.topic, node.config.delayed_max_seconds)
+        except DelayedTopicError as exc:
+            reason, why = exc.reason, exc.why
+        else:
+            assert delayed is not None
+            pending = node.publisher.delayed
+            session = conn.session
+            resend = (
+                packet.qos == 2 and session is not None and packet.packet_id in session.inbound_qos2
+            )
+            if not pending.full() or resend:
+                return delayed
+            reason = ReasonCode.QUOTA_EXCEEDED
+            why = f"delayed_max_pending={pending.max_pending} delayed publishes wait already"
+        if conn.v5 is not None and packet.qos:
+            self._refuse(packet, reason, "delayed_refused", why)
+        else:
+            node.metrics.inc("delayed_refused")
+            conn.close(f"PUBLISH to {packet.topic[:64]!r}: {why}", reason_code=reason)
+        return None
 
     def _refuse(self, packet: Publish, reason: int, counter: str, why: str) -> None:
         """Drop a PUBLISH the client may not send. A v5 client gets PUBACK/PUBREC with the
@@ -220,8 +260,7 @@ class Inbound:
         conn = self.conn
         if self._paused_reading and self.pending <= conn.node.config.max_inbound_pending // 2:
             self._paused_reading = False
-            if conn.transport is not None and not conn.closed:
-                conn.transport.resume_reading()
+            conn.release_reading(PAUSED_BY_STORE)
 
     def hold_acks(self, reason: str) -> None:
         """Hold this client's PUBACKs/PUBRECs, in order, until every reason is released (a

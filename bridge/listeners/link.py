@@ -9,6 +9,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
+PAUSED_BY_STORE = 1
+"""Reading paused: too many of the client's QoS 1/2 messages wait for the store."""
+PAUSED_BY_RATE = 2
+"""Reading paused: the client sends faster than its publish rate limits."""
+
 if TYPE_CHECKING:
     from bridge.listeners.v5 import Version5
     from bridge.node import Node
@@ -31,8 +36,21 @@ class Link(Protocol):
     msgs_in: int
     payload_in: int
 
+    @property
+    def pacer(self) -> object:
+        """The connection's `bridge.listeners.pacing.ReadPacer` (None: no publish limits)."""
+        ...
+
     def send(self, data: bytes) -> None:
         """Queue an encoded packet."""
+        ...
+
+    def hold_reading(self, reason: int) -> None:
+        """Stop reading the socket until `release_reading(reason)` (`PAUSED_BY_*`)."""
+        ...
+
+    def release_reading(self, reason: int) -> None:
+        """End one reason to stop reading; with none left, read on."""
         ...
 
     def close(

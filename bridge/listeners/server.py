@@ -113,11 +113,21 @@ class Server:
         # the default thresholds ran a full pass several times a second under load.
         gc.set_threshold(10_000, 50, 50)
         if self.serve_mqtt:
-            from bridge.listeners.tls import server_context
+            from bridge.listeners.tls import TLSAcceptor, server_context
             from bridge.listeners.websocket import websocket_factory
 
             config = self.config
-            tls = server_context(config)
+            context = server_context(config)
+            tls = (
+                None
+                if context is None
+                else TLSAcceptor(
+                    context,
+                    handshake_timeout=config.connect_timeout,
+                    log_interval=config.tls_failure_log_interval,
+                    metrics=self.node.metrics,
+                )
+            )
 
             def connections(kind: str) -> Callable[[], asyncio.Protocol]:
                 def factory() -> asyncio.Protocol:
@@ -127,31 +137,32 @@ class Server:
 
                 return factory
 
+            def secured(factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+                return factory if tls is None else tls.factory(factory)
+
+            metrics = self.node.metrics
             kinds = [
-                ("MQTT", config.listen, connections("tcp"), None),
-                ("MQTT over TLS", config.tls_listen, connections("tls"), tls),
+                ("MQTT", config.listen, connections("tcp")),
+                ("MQTT over TLS", config.tls_listen, secured(connections("tls"))),
                 (
                     "MQTT over WebSocket",
                     config.ws_listen,
-                    websocket_factory(connections("ws"), config),
-                    None,
+                    websocket_factory(connections("ws"), config, metrics),
                 ),
                 (
                     "MQTT over secure WebSocket",
                     config.wss_listen,
-                    websocket_factory(connections("wss"), config),
-                    tls,
+                    secured(websocket_factory(connections("wss"), config, metrics)),
                 ),
             ]
             loop = asyncio.get_running_loop()
-            for what, addresses, factory, context in kinds:
+            for what, addresses, factory in kinds:
                 for address in addresses:
                     host, port = parse_listen(address)
                     listener = await loop.create_server(
                         factory,
                         host,
                         port,
-                        ssl=context,
                         backlog=4096,
                         reuse_address=True,
                         reuse_port=config.reuse_port or None,

@@ -31,8 +31,11 @@ from wsproto.events import (
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import RemoteProtocolError
 
+from bridge.listeners.origins import OriginPolicy
+
 if TYPE_CHECKING:
     from bridge.config import Config
+    from bridge.operations.metrics import Metrics
 
 log = logging.getLogger("bridge.websocket")
 
@@ -43,12 +46,17 @@ MAX_REQUEST_BYTES = 16 * 1024
 """The upgrade request with its headers; more is refused with 431 (h11's own limit is the same)."""
 MESSAGE_SLACK = 64 * 1024
 """A message may hold a largest packet plus the small ones a client batches around it."""
+SAME_HOST = OriginPolicy()
+"""Browsers' upgrades allowed only from pages of the host they connect to (and non-browser
+clients, which send no Origin): the default of `ws_allowed_origins`."""
 
 
 def websocket_factory(
-    inner_factory: Callable[[], asyncio.Protocol], config: Config
+    inner_factory: Callable[[], asyncio.Protocol], config: Config, metrics: Metrics | None = None
 ) -> Callable[[], WebSocketProtocol]:
-    """The protocol factory of a WebSocket listener whose connections run `inner_factory()`."""
+    """The protocol factory of a WebSocket listener whose connections run `inner_factory()`
+    (refused upgrades counted in `metrics`)."""
+    origins = OriginPolicy(config.ws_allowed_origins)
 
     def factory() -> WebSocketProtocol:
         return WebSocketProtocol(
@@ -56,6 +64,8 @@ def websocket_factory(
             path=config.ws_path,
             handshake_timeout=config.connect_timeout,
             max_message_size=config.max_packet_size + MESSAGE_SLACK,
+            origins=origins,
+            metrics=metrics,
         )
 
     return factory
@@ -81,9 +91,13 @@ class WebSocketProtocol(asyncio.Protocol):
         path: str,
         handshake_timeout: float,
         max_message_size: int,
+        origins: OriginPolicy = SAME_HOST,
+        metrics: Metrics | None = None,
     ) -> None:
         self.inner_factory = inner_factory
         self.path = path
+        self.origins = origins
+        self.metrics = metrics
         self.handshake_timeout = handshake_timeout
         self.max_message_size = max_message_size
         self.ws = WSConnection(ConnectionType.SERVER)
@@ -155,6 +169,16 @@ class WebSocketProtocol(asyncio.Protocol):
         path = request.target.partition("?")[0]
         if path != self.path:
             self._reject(404, f"no WebSocket endpoint at {path[:100]!r} (ws_path={self.path})")
+            return
+        origin = _origin_of(request)
+        if not self.origins.allows(origin, request.host):
+            if self.metrics is not None:
+                self.metrics.inc("websocket_origin_refused")
+            self._reject(
+                403,
+                f"Origin {origin!r} not allowed for host {request.host[:100]!r} "
+                "(ws_allowed_origins)",
+            )
             return
         offered = request.subprotocols
         subprotocol = next((name for name in offered if name.lower() in SUBPROTOCOLS), None)
@@ -248,6 +272,14 @@ class WebSocketProtocol(asyncio.Protocol):
         if self.ws.state in (ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING):
             self.transport.write(self.ws.send(CloseConnection(code=code)))
         self.transport.close()
+
+
+def _origin_of(request: Request) -> str | None:
+    """The request's Origin header (None: none; several: the first)."""
+    for name, value in request.extra_headers:
+        if name.lower() == b"origin":
+            return value.decode("latin-1")[:300]
+    return None
 
 
 class WebSocketTransport(asyncio.Transport):

@@ -77,6 +77,7 @@ _CONNACK_311: Final[dict[int, int]] = {
     _R.BAD_AUTHENTICATION_METHOD: 0x04,
     _R.NOT_AUTHORIZED: 0x05,
     _R.BANNED: 0x05,
+    _R.TOPIC_NAME_INVALID: 0x05,  # a reserved will topic: the client may not publish there
 }
 
 

@@ -1,13 +1,15 @@
 """Whether a CONNECT is admitted, and on what terms.
 
-`Admission` checks the protocol version, the ClientId, the node's capacity, the credentials and
-the will's topic against the ACL; it answers a refused client with CONNACK (a 5.0 reason code, or
+`Admission` checks the protocol version, the ClientId, the bans (and counts connects for flapping
+detection, `bridge.access.banlist`), the node's capacity, the credentials and the will's topic
+against the ACL; it answers a refused client with CONNACK (a 5.0 reason code, or
 for 3.1.1 the return code closest to it) and closes. For an admitted v5 client it settles the
 session expiry and keepalive the server grants and what CONNACK must say about them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bridge.access.acl import PUBLISH
 from bridge.access.auth import AuthResult
 from bridge.mqtt import codec
+from bridge.mqtt.delayed import is_delayed
 from bridge.mqtt.packets import Connack, Connect
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode, connack_311
@@ -25,6 +28,9 @@ from bridge.storage.metadata import metadata_size
 
 if TYPE_CHECKING:
     from bridge.access import AccessControl
+    from bridge.access.banlist import BanList
+    from bridge.access.bans import Ban
+    from bridge.access.limits import LimitControl
     from bridge.config import Config
 
 log = logging.getLogger("bridge.node")
@@ -62,18 +68,44 @@ class Admission:
         *,
         config: Config,
         access: AccessControl,
+        bans: BanList,
+        limits: LimitControl,
         metrics: Metrics,
         refusing: Callable[[], int | None],
         topic_fault: Callable[[str], str | None],
     ) -> None:
         self.config = config
         self.access = access
+        self.bans = bans
+        self.limits = limits
         self.metrics = metrics
         self.refusing = refusing
         """Why the node takes no new clients now (a reason code: draining, at
         max_connections), or None when it does."""
         self.topic_fault = topic_fault
         """What is wrong with a topic under the configured limits (None: nothing)."""
+
+    async def paced(self, conn: ClientLink, packet: Connect) -> bool:
+        """Wait for the CONNECT's turn under the node's `connection_rate`; False once refused
+        (CONNACK 0x9F, 3.1.1: 3) because its turn would come after `connection_rate_wait`, or
+        once the client left while it waited."""
+        wait = self.limits.connection_slot()
+        if wait == 0.0:
+            return True
+        if wait is None:
+            self.metrics.inc("connections_rate_refused")
+            limits = self.limits.current
+            self.refuse(
+                conn,
+                ReasonCode.CONNECTION_RATE_EXCEEDED,
+                f"over connection_rate={limits.connection_rate:g}/s for more than "
+                f"connection_rate_wait={limits.connection_rate_wait:g} s",
+                packet.protocol_level,
+            )
+            return False
+        self.metrics.inc("connections_rate_delayed")
+        await asyncio.sleep(wait)
+        return not conn.closed
 
     def check(self, conn: ClientLink, packet: Connect) -> str | None:
         """The ClientId this CONNECT may use (assigned if empty), or None once refused."""
@@ -122,14 +154,20 @@ class Admission:
                 packet.protocol_level,
             )
             return None
+        ban = self.bans.ban_of(client_id, packet.username, conn.peer)
+        if ban is not None:
+            self.refuse_banned(conn, client_id, ban, packet.protocol_level)
+            return None
         refused = self.refusing()
         if refused is not None:
+            if refused == ReasonCode.QUOTA_EXCEEDED:
+                self.metrics.inc("connections_over_max")
             self.refuse(
                 conn,
                 refused,
                 "node is shutting down"
                 if refused == ReasonCode.SERVER_SHUTTING_DOWN
-                else f"node is at max_connections={self.config.max_connections}",
+                else f"node is at max_connections={self.limits.current.max_connections}",
                 packet.protocol_level,
             )
             return None
@@ -168,6 +206,15 @@ class Admission:
                 level,
             )
             return False, None
+        ban = None
+        if username != packet.username:  # a certificate's or enhanced authentication's user
+            ban = self.bans.ban_of(client_id, username, conn.peer)
+        if ban is None and packet.client_id:  # an assigned ClientId is new every time
+            ban = await self.bans.connected(client_id)  # flapping?
+        if ban is not None:
+            if not conn.closed:
+                self.refuse_banned(conn, client_id, ban, level)
+            return False, None
         will = packet.will
         if will is not None and metadata_size(will.properties) > self.config.max_message_properties:
             self.refuse(
@@ -175,6 +222,16 @@ class Admission:
                 ReasonCode.QUOTA_EXCEEDED,
                 "will properties exceed max_message_properties="
                 f"{self.config.max_message_properties} bytes",
+                level,
+            )
+            return False, None
+        if will is not None and (is_delayed(will.topic) or will.topic.startswith("$SYS")):
+            # What a client may not publish, its will may not either; a will is delayed by its
+            # Will Delay Interval (v5), never by a `$delayed/` topic.
+            self.refuse(
+                conn,
+                ReasonCode.TOPIC_NAME_INVALID,
+                f"will topic {will.topic[:64]!r} is reserved (a `$delayed/` or `$SYS` topic)",
                 level,
             )
             return False, None
@@ -208,6 +265,13 @@ class Admission:
             expiry = limit
             said[PropertyId.SESSION_EXPIRY_INTERVAL] = expiry
         return float(expiry), keepalive, said
+
+    def refuse_banned(self, conn: Refusable, client_id: str, ban: Ban, level: int) -> None:
+        """Refuse a client that `ban` names: CONNACK 0x8A (3.1.1: 5, not authorized)."""
+        self.metrics.inc("banned_connects")
+        why = f"; {ban.reason}" if ban.reason else ""
+        reason = f"ClientId {client_id!r} banned by {ban.kind} {ban.value!r}{why}"
+        self.refuse(conn, ReasonCode.BANNED, reason, level)
 
     def refuse(self, conn: Refusable, code: int, reason: str, level: int = 4) -> None:
         """Answer CONNACK with a refusal (`code`, a 5.0 reason code; a 3.1.1 client gets the

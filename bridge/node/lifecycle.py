@@ -34,6 +34,8 @@ from bridge.storage.base import Message, MessageStore, MetaUpdate, StaleOwner, S
 
 if TYPE_CHECKING:
     from bridge.access import AccessControl
+    from bridge.access.banlist import BanList
+    from bridge.access.limits import LimitControl
     from bridge.cluster.cluster import Cluster
     from bridge.cluster.registry import Claim
     from bridge.config import Config
@@ -56,6 +58,8 @@ class SessionLifecycle:
         store: MessageStore,
         metrics: Metrics,
         access: AccessControl,
+        bans: BanList,
+        limits: LimitControl,
         presubscriptions: list[Presubscription],
         subscriptions: Subscriptions,
         publisher: Publisher,
@@ -96,6 +100,8 @@ class SessionLifecycle:
         self.admission = Admission(
             config=config,
             access=access,
+            bans=bans,
+            limits=limits,
             metrics=metrics,
             refusing=refusing,
             topic_fault=topic_fault,
@@ -140,6 +146,8 @@ class SessionLifecycle:
 
     async def connect(self, conn: ClientLink, packet: Connect) -> Session | None:
         """Validate CONNECT, take over or create the session, answer CONNACK. None if refused."""
+        if not await self.admission.paced(conn, packet):
+            return None
         client_id = self.admission.check(conn, packet)
         if client_id is None:
             return None

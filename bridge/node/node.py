@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 from redis import asyncio as aioredis
 
 from bridge.access import AccessControl
+from bridge.access.banlist import BanList
+from bridge.access.limits import LimitControl
 from bridge.config import Config
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.congestion import Congestion
@@ -58,6 +60,7 @@ from bridge.state import (
 from bridge.storage.base import Message, MessageStore, MetaUpdate
 
 if TYPE_CHECKING:
+    from bridge.access.ratelimit import Limits
     from bridge.cluster.cluster import Cluster
     from bridge.cluster.registry import Claim
     from bridge.node.roles import ClientLink
@@ -83,6 +86,12 @@ class Node:
         self.retained = RetainedMessages()
         self.stamper = Stamper(self.node_id)
         self.access = AccessControl(config)
+        self.bans = BanList(
+            config, connections=self.connections, kick=self.kick, count=self.metrics.inc
+        )
+        self.limits = LimitControl(config)
+        """The connection and rate limits in force (the configured ones, or the admin API's)."""
+        self.limits.changed = self._limits_changed
         self.connection_count = 0
         self.accepting = True
         self.cluster: Cluster | None = None
@@ -139,6 +148,8 @@ class Node:
             store=store,
             metrics=self.metrics,
             access=self.access,
+            bans=self.bans,
+            limits=self.limits,
             presubscriptions=parse_presubscriptions(config.presubscribe),
             subscriptions=self.subscriptions,
             publisher=self.publisher,
@@ -178,10 +189,16 @@ class Node:
         """Why new clients are refused now (a reason code), or None when they are taken."""
         if not self.accepting:
             return ReasonCode.SERVER_SHUTTING_DOWN
-        max_connections = self.config.max_connections
+        max_connections = self.limits.current.max_connections
         if max_connections and self.connection_count > max_connections:
             return ReasonCode.QUOTA_EXCEEDED
         return None
+
+    def _limits_changed(self, limits: Limits) -> None:
+        """New publish limits apply to the connected clients at once (new ones take them at
+        CONNECT)."""
+        for conn in self.connections.values():
+            conn.limit_publishes(limits.client_publish_rate, limits.client_publish_bytes_rate)
 
     # -- start-up and shutdown ------------------------------------------------------------------
 
@@ -221,9 +238,12 @@ class Node:
             len(self.sessions),
             len(self.retained),
         )
+        self.publisher.delayed.start()  # after the sessions: overdue ones reach them
         self._housekeeping = asyncio.get_running_loop().create_task(self.housekeeper.run())
         access = self.access
         await access.start(self.cluster.registry.redis if self.cluster is not None else None)
+        await self.bans.start(self.cluster.registry.redis if self.cluster is not None else None)
+        await self.limits.start(self.cluster.registry.redis if self.cluster is not None else None)
         log.log(logging.INFO if access.authenticating else logging.WARNING, "%s", access.describe())
         if self.config.metering_redis_url:
             self.meter.redis = aioredis.from_url(
@@ -246,9 +266,12 @@ class Node:
             task.cancel()
         for delivery in list(self.deliveries.values()):
             delivery.stop()
+        self.publisher.delayed.stop()
         await self.housekeeper.flush_offsets(durable=True)
         await self.store.close()
         await self.access.stop()
+        await self.bans.stop()
+        await self.limits.stop()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a background coroutine whose exceptions are logged, never lost."""

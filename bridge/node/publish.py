@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bridge.mqtt import codec
+from bridge.mqtt.delayed import DelayedTopic, parse_delayed
 from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
+from bridge.node.delayed import DelayedPublishes, RouteSubmit
 from bridge.node.outbound import live_copy, shared_v5_publish
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import DurableCallback, Spawner
@@ -86,6 +88,14 @@ class Publisher:
         self.reachable: Callable[[str], bool] = connections.__contains__
         """Whether a shared-subscription member can take a message now."""
         self.direct_routes = DirectRoutes()
+        self.delayed = DelayedPublishes(
+            store=store,
+            metrics=metrics,
+            retained=retained,
+            route_submit=self.route_submit,
+            max_pending=config.delayed_max_pending,
+        )
+        """Delayed publishes (`$delayed/<seconds>/<topic>`): stored now, routed when due."""
 
     def join(self, cluster: Cluster) -> None:
         """Route across `cluster`'s peers from now on."""
@@ -188,8 +198,15 @@ class Publisher:
 
     # -- from clients ------------------------------------------------------------------------------
 
-    def publish_qos0(self, session: Session, packet: Publish) -> None:
-        """A QoS 0 PUBLISH from a client: deliver to online subscribers at once, store unawaited."""
+    def publish_qos0(
+        self, session: Session, packet: Publish, delayed: DelayedTopic | None = None
+    ) -> None:
+        """A QoS 0 PUBLISH from a client: deliver to online subscribers at once, store unawaited.
+        A `delayed` one (its topic read by the listener) is stored, not awaited, and delivered
+        when due."""
+        if delayed is not None:
+            self.publish(session, packet, _log_failure, delayed)
+            return
         message = self.stamper.stamp(
             packet.topic, packet.payload, 0, packet.retain, session.client_id
         )
@@ -219,8 +236,16 @@ class Publisher:
                 message, self.direct_routes.plan(message.topic, self.trie, self.connections)
             )
 
-    def publish(self, session: Session, packet: Publish, on_durable: DurableCallback) -> None:
-        """A QoS 1/2 PUBLISH from a client. `on_durable(seq, None)` is called once the message is
+    def publish(
+        self,
+        session: Session,
+        packet: Publish,
+        on_durable: DurableCallback,
+        delayed: DelayedTopic | None = None,
+    ) -> None:
+        """A QoS 1/2 PUBLISH from a client (or, with `delayed`, the form of its `$delayed/...`
+        topic, one of any QoS: stored to be routed when due, `bridge.node.delayed`).
+        `on_durable(seq, None)` is called once the message is
         durable (then the caller acknowledges) or `on_durable(None, error)` if it could not be
         stored (then it must not). For QoS 2, `session.inbound_qos2[packet id]` holds a future
         that completes (with the error or None) at the same time, so a resent PUBLISH with that
@@ -230,17 +255,25 @@ class Publisher:
         """
         qos = packet.qos
         message = self.stamper.stamp(
-            packet.topic, packet.payload, qos, packet.retain, session.client_id
+            packet.topic if delayed is None else delayed.topic,
+            packet.payload,
+            qos,
+            packet.retain,
+            session.client_id,
         )
         if packet.properties:
             message.properties = from_publish(packet.properties)
-        self.metrics.counters["messages_in_qos1" if qos == 1 else "messages_in_qos2"] += 1
+        self.metrics.counters[_MESSAGES_IN[qos]] += 1
         on_durable = _timed(on_durable, self.metrics.store_latency)
         meta: list[MetaUpdate] | tuple[()] = ()
-        if packet.retain:
+        submit: RouteSubmit = self.route_submit
+        if delayed is not None:
+            # The RETAIN flag takes effect when the message is routed, at its due time.
+            submit = self.delayed.submitter(packet.topic, delayed.seconds)
+        elif packet.retain:
             meta = self.retained.updates(message)
-        if qos == 1 or packet.packet_id is None:
-            self.route_submit(message, meta, on_durable)
+        if qos < 2 or packet.packet_id is None:
+            submit(message, meta, on_durable)
             return
         unsettled = Unsettled(message.topic, message.key)
         if session.persistent:
@@ -267,7 +300,7 @@ class Publisher:
                     del session.inbound_qos2[packet_id]
             on_durable(seq, error)
 
-        self.route_submit(message, meta, done)
+        submit(message, meta, done)
 
     def publish_qos2_again(
         self, session: Session, packet: Publish, ack: Callable[[BaseException | None], None]
@@ -304,7 +337,9 @@ class Publisher:
             if packet_id in session.inbound_qos2:
                 self.publish_qos2_again(session, packet, ack)
             else:
-                self.publish(session, packet, lambda _s, error: ack(error))
+                self.publish(
+                    session, packet, lambda _s, error: ack(error), parse_delayed(packet.topic)
+                )
             return
         if found:
             log.info(
@@ -316,7 +351,7 @@ class Publisher:
             ack(None)
         else:
             del session.inbound_qos2[packet_id]
-            self.publish(session, packet, lambda _s, error: ack(error))
+            self.publish(session, packet, lambda _s, error: ack(error), parse_delayed(packet.topic))
 
     async def release_qos2(self, session: Session, packet_id: int) -> None:
         """PUBREL from the publisher of a persistent session: forget the packet id durably before
@@ -516,6 +551,15 @@ class Unsettled:
             return cls(str(raw["t"]), str(raw["k"]))
         except (ValueError, KeyError, TypeError):
             return None
+
+
+_MESSAGES_IN = ("messages_in_qos0", "messages_in_qos1", "messages_in_qos2")
+
+
+def _log_failure(_seq: int | None, error: BaseException | None) -> None:
+    """The outcome of a QoS 0 store nobody waits for: only a failure is worth a line."""
+    if error is not None:
+        log.warning("QoS 0 message not stored: %s", error)
 
 
 def _timed(on_durable: DurableCallback, histogram: LatencyHistogram) -> DurableCallback:

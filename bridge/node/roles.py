@@ -130,6 +130,10 @@ class ClientLink(Protocol):
         """End one reason to hold acknowledgements; with none left, send what waited."""
         ...
 
+    def limit_publishes(self, messages_per_second: float, bytes_per_second: float) -> None:
+        """Pace what the client sends to these rates (0: unlimited) by reading it later."""
+        ...
+
     def hold(self) -> None:
         """Keep the client's further packets unhandled until `release`."""
         ...

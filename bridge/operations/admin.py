@@ -3,9 +3,9 @@ retained messages, publishing and the metrics hook.
 
 An aiohttp application on its own listener (`admin_listen`), JSON in and out; `ROUTES` is the table
 of endpoints and `bridge.operations.admin_openapi` describes each of them. Every request except the
-probes and the OpenAPI document needs `Authorization: Bearer <admin_token>` (/metrics too unless
-`metrics_public`). Every failure is answered `{"error": "<message>"}` with its status, never an
-HTML page or a traceback.
+probes, the OpenAPI document and the console's static files (/console/, `admin_console`) needs
+`Authorization: Bearer <admin_token>` (/metrics too unless `metrics_public`). Every failure is
+answered `{"error": "<message>"}` with its status, never an HTML page or a traceback.
 
 Handlers read the node's tables directly: they run on the node's event loop, so what they read is
 consistent up to their next `await`, as for everything else the node does.
@@ -35,8 +35,14 @@ from yarl import URL
 
 from bridge import __version__
 from bridge.config import parse_listen
+from bridge.operations.admin_access import AccessAPI
+from bridge.operations.admin_bans import BansAPI
+from bridge.operations.admin_console import ConsoleAPI
+from bridge.operations.admin_limits import LimitsAPI
 from bridge.operations.admin_openapi import openapi_document
 from bridge.operations.admin_requests import (
+    API_PREFIX,
+    FORWARDED_HEADER,
     ApiError,
     Route,
     advertised,
@@ -57,9 +63,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bridge.admin")
 
-API_PREFIX = "/api/v1"
-FORWARDED_HEADER = "X-Bridge-Forwarded-By"
-"""Set on a request one node forwards to another (the value is the forwarding node's id)."""
 FORWARD_TIMEOUT = 5.0
 TOKEN_FILE = "admin-token"
 BODY_ALLOWANCE = 64 * 1024
@@ -87,6 +90,23 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/metering/clients/{clientid:.+}", "client_metering"),
     Route("GET", "/metering/users/{username:.+}", "user_metering"),
     Route("POST", "/publish", "publish", part="topics"),
+    Route("GET", "/limits", "get_limits", part="limits"),
+    Route("PUT", "/limits", "put_limits", part="limits"),
+    Route("DELETE", "/limits", "reset_limits", part="limits"),
+    Route("GET", "/banned", "list_bans", part="bans"),
+    Route("POST", "/banned", "add_ban", part="bans"),
+    Route("GET", "/banned/{kind}/{value:.+}", "get_ban", part="bans"),
+    Route("DELETE", "/banned/{kind}/{value:.+}", "lift_ban", part="bans"),
+    Route("GET", "/stats", "stats", part="console"),
+    Route("GET", "/search/clients", "search_clients", part="console"),
+    Route("GET", "/search/subscriptions", "search_subscriptions", part="console"),
+    Route("GET", "/search/retained", "search_retained", part="console"),
+    Route("GET", "/access/users", "users", part="access"),
+    Route("GET", "/access/rules", "rules", part="access"),
+    Route("GET", "/access/explain", "explain", part="access"),
+    Route("GET", "/console", "to_console", public=True, part="console", prefix=""),
+    Route("GET", "/console/", "index", public=True, part="console", prefix=""),
+    Route("GET", "/console/{file}", "static_file", public=True, part="console", prefix=""),
 )
 
 
@@ -104,7 +124,7 @@ class AdminAPI:
         self.advertise = ""
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
-        self._public = {API_PREFIX + r.path for r in ROUTES if r.public}
+        self._public = {r.prefix + r.path for r in ROUTES if r.public}
         if self.config.metrics_public:
             self._public.add(API_PREFIX + "/metrics")
         max_payload = self.config.max_packet_size
@@ -113,10 +133,14 @@ class AdminAPI:
             client_max_size=4 * -(-max_payload // 3) + BODY_ALLOWANCE,
         )
         self.topics = TopicsAPI(self)
+        self.limits = LimitsAPI(self)
+        self.bans = BansAPI(self)
+        self.console = ConsoleAPI(self)
+        self.access = AccessAPI(self)
         for route in ROUTES:
             owner = getattr(self, route.part) if route.part else self
             self.app.router.add_route(
-                route.method, API_PREFIX + route.path, getattr(owner, route.handler)
+                route.method, route.prefix + route.path, getattr(owner, route.handler)
             )
 
     @property

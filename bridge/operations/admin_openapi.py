@@ -9,105 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-PREFIX = "/api/v1"
-
-Schema = dict[str, Any]
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _nullable(schema_type: str) -> Schema:
-    return {"type": [schema_type, "null"]}
-
-
-def _object(properties: dict[str, Schema], required: list[str] | None = None) -> Schema:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties) if required is None else required,
-    }
-
-
-def _json(schema: Schema, description: str) -> Schema:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _error(description: str) -> Schema:
-    return _json(_ref("Error"), description)
-
-
-UNAUTHORIZED = {"$ref": "#/components/responses/Unauthorized"}
-BAD_REQUEST = _error("Bad input: an unknown or malformed parameter (the message says which).")
-REGISTRY_DOWN = _error("The cluster registry (Redis) or the owning node cannot be reached.")
-
-
-def _param(name: str, where: str, description: str, schema: Schema, required: bool) -> Schema:
-    return {
-        "name": name,
-        "in": where,
-        "description": description,
-        "required": required,
-        "schema": schema,
-    }
-
-
-LIMIT = _param(
-    "limit",
-    "query",
-    "Items per page (default 100).",
-    {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
-    False,
+from bridge.operations.admin_openapi_bans import BANS_PATHS, BANS_SCHEMAS
+from bridge.operations.admin_openapi_console import CONSOLE_PATHS, CONSOLE_SCHEMAS
+from bridge.operations.admin_openapi_limits import LIMITS_PATHS, LIMITS_SCHEMAS
+from bridge.operations.openapi_schema import (
+    BAD_REQUEST,
+    CLIENT_ID,
+    LIMIT,
+    PREFIX,
+    REGISTRY_DOWN,
+    Schema,
 )
-CLIENT_ID = _param(
-    "clientid",
-    "path",
-    "The ClientId, percent-encoded (it may contain '/').",
-    {"type": "string", "minLength": 1},
-    True,
-)
-
-
-def _after(description: str) -> Schema:
-    return _param("after", "query", description, {"type": "string"}, False)
-
-
-def _operation(
-    operation_id: str,
-    summary: str,
-    responses: dict[str, Any],
-    *,
-    parameters: list[Schema] | None = None,
-    public: bool = False,
-    request_body: Schema | None = None,
-    description: str = "",
-) -> Schema:
-    operation: Schema = {"operationId": operation_id, "summary": summary}
-    if description:
-        operation["description"] = description
-    if parameters:
-        operation["parameters"] = parameters
-    if request_body is not None:
-        operation["requestBody"] = request_body
-    responses = {**responses}
-    responses.setdefault("400", BAD_REQUEST)  # unknown query parameters, everywhere
-    if public:
-        operation["security"] = []
-    else:
-        responses = {**responses, "401": UNAUTHORIZED}
-    operation["responses"] = responses
-    return operation
-
-
-def _page(item: str, next_description: str, with_node: bool = True) -> Schema:
-    properties: dict[str, Schema] = {}
-    if with_node:
-        properties["node"] = {"type": "string"}
-    properties["items"] = {"type": "array", "items": _ref(item)}
-    properties["next"] = {**_nullable("string"), "description": next_description}
-    return _object(properties)
-
+from bridge.operations.openapi_schema import after as _after
+from bridge.operations.openapi_schema import error as _error
+from bridge.operations.openapi_schema import json_body as _json
+from bridge.operations.openapi_schema import nullable as _nullable
+from bridge.operations.openapi_schema import obj as _object
+from bridge.operations.openapi_schema import operation as _operation
+from bridge.operations.openapi_schema import page as _page
+from bridge.operations.openapi_schema import param as _param
+from bridge.operations.openapi_schema import ref as _ref
 
 SCHEMAS: dict[str, Schema] = {
     "Error": _object({"error": {"type": "string", "description": "What went wrong."}}),
@@ -258,6 +179,8 @@ SCHEMAS: dict[str, Schema] = {
             "stored": {"const": True},
         }
     ),
+    **BANS_SCHEMAS,
+    **LIMITS_SCHEMAS,
 }
 
 PATHS: dict[str, dict[str, Schema]] = {
@@ -442,6 +365,8 @@ PATHS: dict[str, dict[str, Schema]] = {
             },
         )
     },
+    **BANS_PATHS,
+    **LIMITS_PATHS,
 }
 
 
@@ -455,7 +380,9 @@ def openapi_document(version: str) -> dict[str, Any]:
             "description": "Inspect and operate one bridge node (and, through it, its cluster). "
             "Every error is a JSON object with an `error` message.",
         },
-        "paths": {PREFIX + path: operations for path, operations in PATHS.items()},
+        "paths": {
+            PREFIX + path: operations for path, operations in {**PATHS, **CONSOLE_PATHS}.items()
+        },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "responses": {
@@ -467,7 +394,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                     "content": {"application/json": {"schema": _ref("Error")}},
                 }
             },
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **CONSOLE_SCHEMAS},
         },
         "security": [{"bearer": []}],
     }

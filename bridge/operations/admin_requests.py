@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from bridge.node import Node
     from bridge.operations.served import Served
 
+API_PREFIX = "/api/v1"
+FORWARDED_HEADER = "X-Bridge-Forwarded-By"
+"""Set on a request one node forwards to another (the value is the forwarding node's id)."""
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 PUBLISH_FIELDS = ("topic", "payload", "payload_encoding", "qos", "retain")
@@ -38,16 +41,18 @@ PUBLISH_FIELDS = ("topic", "payload", "payload_encoding", "qos", "retain")
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """One endpoint: method, path under `API_PREFIX`, handler name, whether it needs the token
+    """One endpoint: method, path under `prefix`, handler name, whether it needs the token
     (`public` ones do not; /metrics depends on `metrics_public`). The handler is a method of
     `AdminAPI` itself, or of the part of it named by `part` (an attribute of `AdminAPI`, e.g.
-    "topics" for `bridge.operations.admin_topics.TopicsAPI`)."""
+    "topics" for `bridge.operations.admin_topics.TopicsAPI`). Every route is under `API_PREFIX`
+    and described in the OpenAPI document, except the console's static files (prefix "")."""
 
     method: str
     path: str
     handler: str
     public: bool = False
     part: str = ""
+    prefix: str = API_PREFIX
 
 
 class AdminHost(Protocol):

@@ -7,8 +7,9 @@ metric is named `mqtt_bridge_*`; docs/operations.md lists them with the alerts b
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -21,9 +22,28 @@ from prometheus_client.core import (
 from bridge.operations.metrics import PACKET_TYPES
 
 if TYPE_CHECKING:
+    from bridge.node import Node
     from bridge.operations.served import Served
 
 PREFIX = "mqtt_bridge_"
+
+BAN_COUNTERS = {
+    "banned_connects": "CONNECTs refused because a ban names the client (0x8A / 5)",
+    "banned_kicks": "connected clients kicked because a new ban names them",
+    "flapping_bans": "ClientIds banned by flapping detection",
+}
+"""Counters of `bridge.access.banlist`, always exported (0 until something is banned)."""
+
+LIMIT_COUNTERS = {
+    "publish_rate_pauses": "times a client's socket was read later for its publish rate limits",
+    "connections_rate_delayed": "CONNECTs that waited for their turn under connection_rate",
+    "connections_rate_refused": "CONNECTs refused under connection_rate (CONNACK 0x9F / 3)",
+    "connections_over_max": "CONNECTs refused at max_connections (CONNACK 0x97 / 3)",
+    "tls_handshake_failures": "failed TLS handshakes (not TLS, untrusted certificate, timeout)",
+    "tls_handshakes_abandoned": "TLS connections closed by the client before their handshake",
+    "websocket_origin_refused": "WebSocket upgrades refused for their Origin (HTTP 403)",
+}
+"""Counters of the limits and listeners' guards, always exported (0 until one applies)."""
 
 # Counters shown under a name of their own (or folded into a labelled family); every other
 # counter of the node is exported as mqtt_bridge_<name>_total.
@@ -39,6 +59,11 @@ _SPECIAL = {
     "acl_denied_subscribe",
     "acl_denied_will",
     "auth_failures",
+    *BAN_COUNTERS,
+    *LIMIT_COUNTERS,
+    "delayed_scheduled",
+    "delayed_delivered",
+    "delayed_refused",
 }
 
 DROP_REASONS = {
@@ -139,6 +164,18 @@ class NodeCollector:
         yield denied
         yield _counter("auth_failures", "CONNECTs refused by authentication",
                        counters["auth_failures"])  # fmt: skip
+        for name, doc in BAN_COUNTERS.items():
+            yield _counter(name, doc, counters[name])
+        for name, doc in LIMIT_COUNTERS.items():
+            yield _counter(name, doc, counters[name])
+        limits = GaugeMetricFamily(
+            PREFIX + "limit", "connection and rate limits in force (0: unlimited)", labels=["name"]
+        )
+        for name, value in node.limits.current.as_dict().items():
+            limits.add_metric([name], value)
+        yield limits
+
+        yield from _delayed(node, counters, self.server.notifier)
 
         latency = metrics.store_latency
         yield HistogramMetricFamily(
@@ -172,6 +209,20 @@ class NodeCollector:
             if name in _SPECIAL or name in DROP_REASONS:
                 continue
             yield _counter(name, f"count of {name.replace('_', ' ')}", value)
+
+
+def _delayed(node: Node, counters: Counter[str], notifier: Any) -> Iterator[Metric]:
+    """Delayed publishes: stored, delivered when due (on RocketMQ the notifier that read them
+    routed them), refused, and waiting in the embedded index."""
+    yield _counter("delayed_scheduled", "delayed publishes stored until their due time",
+                   counters["delayed_scheduled"])  # fmt: skip
+    due = counters["delayed_delivered"] + (notifier.stats.delayed if notifier is not None else 0)
+    yield _counter("delayed_delivered", "delayed publishes routed at their due time", due)
+    yield _counter("delayed_refused", "delayed publishes refused (bad form, too long, full)",
+                   counters["delayed_refused"])  # fmt: skip
+    pending = node.publisher.delayed.pending()
+    if pending is not None:
+        yield _gauge("delayed_pending", "delayed publishes waiting in the embedded index", pending)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

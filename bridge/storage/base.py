@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(slots=True)
@@ -189,3 +189,23 @@ class MessageStore(Protocol):
 
     def meta(self, kind: str) -> dict[str, bytes]:
         """All records of `kind` as they stand (a live view the caller must not modify)."""
+
+
+@runtime_checkable
+class TimerStore(Protocol):
+    """A store whose backend holds a delayed message until it is due (RocketMQ's timer
+    messages). A store without this keeps no timers: the node keeps a due-time index in its
+    keyed records instead (`bridge.node.delayed`)."""
+
+    def submit_delayed(
+        self,
+        message: Message,
+        delay_seconds: int,
+        *,
+        meta: Sequence[MetaUpdate] = (),
+        callback: Callable[[int | None, BaseException | None], None],
+    ) -> None:
+        """Store `message` now, durably (callback as for `MessageStore.submit`, in submission
+        order with it), to be routed to its topic's subscribers at `message.timestamp_ms` (its
+        due time), once per cluster, by whoever reads what the backend delivers then (notify).
+        `meta` as for `submit`."""

@@ -23,9 +23,11 @@ from wsproto.events import (
     TextMessage,
 )
 
+from bridge.listeners.origins import OriginPolicy
 from bridge.listeners.websocket import MAX_REQUEST_BYTES, WebSocketProtocol, WebSocketTransport
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connect, Pingreq, Publish
+from bridge.operations.metrics import Metrics
 
 PEER = ("192.0.2.7", 50123)
 
@@ -415,3 +417,67 @@ async def test_connection_lost_before_the_upgrade_is_quiet() -> None:
     harness.protocol.connection_lost(None)
     harness.protocol.pause_writing()
     assert not harness.inners
+
+
+# -- Origin ----------------------------------------------------------------------------------------
+
+
+def origin_harness(allowed: list[str]) -> tuple[Harness, Metrics]:
+    """A Harness whose protocol checks Origin against `allowed` and counts refusals."""
+    harness = Harness()
+    metrics = Metrics()
+    harness.protocol.origins = OriginPolicy(allowed)
+    harness.protocol.metrics = metrics
+    return harness, metrics
+
+
+def upgrade_from(harness: Harness, origin: str | None, host: str = "broker.example:8083") -> Event:
+    headers = [] if origin is None else [(b"Origin", origin.encode())]
+    harness.send(Request(host=host, target="/mqtt", subprotocols=["mqtt"], extra_headers=headers))
+    return harness.replies()[0]
+
+
+@pytest.mark.parametrize(
+    ("allowed", "origin"),
+    [
+        ([], None),
+        ([], "https://broker.example"),
+        ([], "http://broker.example:18083"),
+        (["https://console.example"], "https://console.example"),
+        (["*"], "https://anything.example"),
+    ],
+)
+def test_upgrades_without_origin_from_the_same_host_or_listed_are_accepted(
+    allowed: list[str], origin: str | None
+) -> None:
+    async def scenario() -> None:
+        harness, metrics = origin_harness(allowed)
+        assert isinstance(upgrade_from(harness, origin), AcceptConnection)
+        assert metrics.get("websocket_origin_refused") == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("allowed", "origin"),
+    [
+        ([], "https://evil.example"),
+        ([], "null"),
+        (["https://console.example"], "http://console.example"),
+        (["https://console.example"], "https://broker.example.evil.example"),
+    ],
+)
+def test_an_upgrade_from_another_origin_gets_403_a_log_line_and_is_counted(
+    allowed: list[str], origin: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        harness, metrics = origin_harness(allowed)
+        with caplog.at_level(logging.INFO, logger="bridge.websocket"):
+            reply = upgrade_from(harness, origin)
+        assert isinstance(reply, RejectConnection) and reply.status_code == 403
+        assert harness.socket.closed and harness.inners == []
+        assert metrics.get("websocket_origin_refused") == 1
+        (line,) = [r.getMessage() for r in caplog.records if "403" in r.getMessage()]
+        assert "192.0.2.7:50123" in line and repr(origin) in line and "ws_allowed_origins" in line
+
+    asyncio.run(scenario())

@@ -11,6 +11,7 @@ from bridge.storage.rocketmq.connection import RemotingError, RocketMQError
 from bridge.storage.rocketmq.groups import part_name
 from bridge.storage.rocketmq.mapping import (
     NOTIFY_FILTER,
+    PROP_DELAYED,
     PROP_NODE,
     escape_name,
     message_of,
@@ -27,6 +28,7 @@ __all__ = [
     "DISPATCH_TOPIC",
     "NOTIFY_FILTER",
     "PROPERTY_INNER_MULTI_DISPATCH",
+    "PROP_DELAYED",
     "PROP_NODE",
     "PullStatus",
     "RemotingError",

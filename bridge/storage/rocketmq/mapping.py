@@ -91,6 +91,27 @@ underscores: RocketMQ's SQL92 filter cannot name a property with a dot."""
 NOTIFY_FILTER: Final = f"{PROP_NOTIFY_SKIP} IS NULL"
 """The SQL92 filter of notify's pulls: only messages no bridge announced (backends', notify's own
 dispatched copies, bridges of earlier versions)."""
+PROP_DELAYED: Final = "mqtt.delayed"
+"""On a delayed publish (`$delayed/<seconds>/<topic>`): the delay in seconds. Such a message is
+sent as a RocketMQ timer message (`TIMER_DELIVER_MS`) without `mqtt.node` and without
+`mqtt_notify_skip`: when the broker puts it into its topic at the due time, notify reads it and
+routes it like a backend's message, once per cluster, whatever version the notifier is."""
+TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
+"""The broker's timer property (RocketMQ 5.x, `timerWheelEnable`): deliver at this epoch ms."""
+TIMER_TOPIC: Final = "rmq_sys_wheel_timer"
+"""Where the broker keeps a timer message (and indexes its key) until it is due."""
+TIMER_PRECISION_MS: Final = 1000
+"""The broker's default `timerPrecisionMs`; a due time it is given is rounded down to it."""
+
+
+def timer_deliver_ms(due_ms: int) -> int:
+    """The `TIMER_DELIVER_MS` that makes the broker deliver at `due_ms` or just after, never
+    before: it rounds a time down to its precision (a whole multiple: one step down), so ask
+    for 1 ms past the next whole step (with a finer precision that divides 1000 ms this rounds
+    down to the same step)."""
+    return -(-due_ms // TIMER_PRECISION_MS) * TIMER_PRECISION_MS + 1
+
+
 USER_PREFIX: Final = "mqtt.user."
 """Message.properties (MQTT 5 user properties) travel as `mqtt.user.<name>`."""
 PROP_USER_ORDER: Final = "mqtt.user_order"

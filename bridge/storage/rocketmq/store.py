@@ -59,9 +59,14 @@ from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingError,
 from bridge.storage.rocketmq.groups import BrokerGroups, group_seq, part_name, split_part
 from bridge.storage.rocketmq.mapping import (
     MULTI_DISPATCH,
+    PROP_DELAYED,
+    PROP_NODE,
+    TIMER_DELIVER_MS,
+    TIMER_TOPIC,
     escape_name,
     message_of,
     rocketmq_topic,
+    timer_deliver_ms,
 )
 from bridge.storage.rocketmq.messages import (
     KEY_SEPARATOR,
@@ -296,6 +301,35 @@ class RocketMQStore:
         self._pipeline.enqueue(send)
         return future
 
+    def submit_delayed(
+        self,
+        message: Message,
+        delay_seconds: int,
+        *,
+        meta: Sequence[MetaUpdate] = (),
+        callback: DurableCallback,
+    ) -> None:
+        """Store a delayed publish as a RocketMQ timer message (`TimerStore`): the broker holds
+        it until its due time, `message.timestamp_ms` (rounded up to the broker's precision),
+        then puts it into its topic, where
+        notify routes it like a backend's message (no `mqtt.node`, no `mqtt_notify_skip`;
+        `mqtt.delayed` says what it is). `callback` as for `submit`, at SEND_OK."""
+        if not self._open or self._closing:
+            callback(None, StoreUnavailable("the RocketMQ store is not open"))
+            return
+        if self._pipeline.pending >= self.max_pending:
+            callback(
+                None, StoreUnavailable(f"{self.max_pending} messages already wait for the broker")
+            )
+            return
+        send = new_send(message, (), "", callback)
+        send.properties.pop(PROP_NODE, None)
+        send.properties[PROP_DELAYED] = str(delay_seconds)
+        send.properties[TIMER_DELIVER_MS] = str(timer_deliver_ms(message.timestamp_ms))
+        if meta:
+            send.meta_durable = self._meta.submit_meta(list(meta))
+        self._pipeline.enqueue(send)
+
     def append_unqueued(self, message: Message) -> None:
         if not self._open or self._closing:
             raise StoreUnavailable("the RocketMQ store is not open")
@@ -518,21 +552,28 @@ class RocketMQStore:
         )
 
     async def find_key(self, topic: str, key: str) -> bool:
-        """Whether the broker holds a message with this key in the topic's RocketMQ topic. The
-        broker indexes keys a few milliseconds after storing (a slave that just lost its
-        master may take longer), so a miss is checked again for about a second and a half."""
-        target = rocketmq_topic(topic)
+        """Whether the broker holds a message with this key in the topic's RocketMQ topic, or
+        in its timer topic (a delayed publish not yet due is indexed there). The broker indexes
+        keys a few milliseconds after storing (a slave that just lost its master may take
+        longer), so a miss is checked again for about a second and a half."""
+        targets = (rocketmq_topic(topic), TIMER_TOPIC)
         for attempt in range(FIND_KEY_ATTEMPTS):
-            try:
-                found = await self._reader.query_messages_by_key(target, key)
-            except RemotingError as exc:
-                if exc.code == ResponseCode.TOPIC_NOT_EXIST:
-                    return False  # nothing was ever stored in that topic
-                raise StoreUnavailable(f"cannot look up message {key!r}: {exc}") from exc
-            except RocketMQError as exc:
-                raise StoreUnavailable(f"cannot look up message {key!r}: {exc}") from exc
-            if any(key in m.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) for m in found):
-                return True
+            exists = False
+            for target in targets:
+                try:
+                    found = await self._reader.query_messages_by_key(target, key)
+                except RemotingError as exc:
+                    if exc.code == ResponseCode.TOPIC_NOT_EXIST:
+                        continue  # nothing was ever stored in that topic
+                    raise StoreUnavailable(f"cannot look up message {key!r}: {exc}") from exc
+                except RocketMQError as exc:
+                    raise StoreUnavailable(f"cannot look up message {key!r}: {exc}") from exc
+                exists = True
+                keys = (m.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) for m in found)
+                if any(key in k for k in keys):
+                    return True
+            if not exists:
+                return False
             if attempt < FIND_KEY_ATTEMPTS - 1:
                 await asyncio.sleep(0.25)
         return False
