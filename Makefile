@@ -57,7 +57,7 @@ lint: install
 	bridge/node/delayed.py bridge/storage/base.py \
 	bridge/listeners/v5.py bridge/listeners/link.py bridge/listeners/enhanced_auth.py \
 	bridge/listeners/inbound.py bridge/listeners/outbound_acks.py \
-	bridge/access/ratelimit.py bridge/listeners/origins.py bridge/listeners/pacing.py \
+	bridge/access/ratelimit.py bridge/access/watch.py bridge/listeners/origins.py bridge/listeners/pacing.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 
 test: test-deps lint

@@ -26,10 +26,8 @@ the node counts on its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -51,10 +49,11 @@ from bridge.access.bans import (
 if TYPE_CHECKING:
     from bridge.config import Config
 
+from bridge.access.watch import follow_changes, replace_file, stop_following
+
 log = logging.getLogger("bridge.access")
 
 BANS_FILE = "banned.json"
-RESUBSCRIBE_DELAY = 1.0
 SWEEP_INTERVAL = 60.0
 """Seconds between forgetting idle flapping counters and lapsed bans."""
 
@@ -161,10 +160,7 @@ class BanList:
         self._listener = asyncio.get_running_loop().create_task(self._listen())
 
     async def stop(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+        await stop_following(self._listener)
 
     # -- questions ------------------------------------------------------------------------------
 
@@ -343,28 +339,14 @@ class BanList:
             self._kick_matching(added)
 
     async def _listen(self) -> None:
-        subscribed_before = False
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(self._channel)
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise asyncio.CancelledError  # see AccessControl._listen
-                if self._stale or self._unsaved or not subscribed_before:
-                    # Changes may have been missed: while cut off, or before subscribing.
-                    await self._reload()
-                subscribed_before = True
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        await self._reload()
-            except (RedisError, OSError) as exc:
-                self._stale = True
-                log.warning("not listening for ban changes in Redis (%s); retrying", exc)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
-            await asyncio.sleep(RESUBSCRIBE_DELAY)
+        async def subscribed(first: bool) -> None:
+            if self._stale or self._unsaved or first:
+                await self._reload()  # changes may have been missed: cut off, or not yet heard
+
+        def failed() -> None:
+            self._stale = True
+
+        await follow_changes(self.redis, self._channel, "ban", subscribed, self._reload, failed)
 
     # -- the file (single node) -----------------------------------------------------------------
 
@@ -389,7 +371,7 @@ class BanList:
         """Replace the file with `bans`, atomically; BanListUnavailable if not."""
         text = json.dumps([json.loads(b.record()) for b in bans], indent=1)
         try:
-            await asyncio.to_thread(_replace_file, self.path, text)
+            await asyncio.to_thread(replace_file, self.path, text)
         except OSError as exc:
             raise BanListUnavailable(f"bans file {self.path} not written: {exc}") from None
 
@@ -400,20 +382,3 @@ def _parse(record: str | bytes) -> Ban | None:
     except BanError as exc:
         log.error("a stored ban is unusable and ignored: %s", exc)
         return None
-
-
-def _replace_file(path: Path, text: str) -> None:
-    """Write `text` to a temporary file, fsync it, rename it over `path`, fsync the directory:
-    after a crash the file holds the old list or the new one, whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(temporary, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

@@ -25,7 +25,6 @@ restarted or failed over) a node re-reads everything, since a change may have be
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -49,9 +48,9 @@ from bridge.access.scram import DEFAULT_ITERATIONS, ScramCredential, ScramServer
 if TYPE_CHECKING:
     from bridge.config import Config
 
-log = logging.getLogger("bridge.access")
+from bridge.access.watch import follow_changes, stop_following
 
-RESUBSCRIBE_DELAY = 1.0
+log = logging.getLogger("bridge.access")
 
 
 def users_key(cluster: str) -> str:
@@ -178,10 +177,7 @@ class AccessControl:
             self._scram_decoy_key = bytes(shared)
 
     async def stop(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+        await stop_following(self._listener)
         self._pool.shutdown(wait=False)
 
     def reload(self) -> list[str]:
@@ -226,30 +222,16 @@ class AccessControl:
             log.warning("ACL rules in Redis not re-read: %s", exc)
 
     async def _listen(self) -> None:
+        async def subscribed(first: bool) -> None:
+            if not first:
+                await self.changed()  # changes may have been missed while cut off
+
+        async def changed() -> None:
+            log.info("access rules changed in Redis: reloading")
+            await self.changed()
+
         channel = changed_channel(self.config.cluster_name)
-        first = True
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(channel)
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    # redis-py (8.1) swallows a cancel that lands while it connects: `stop`
-                    # right after `start` would wait for ever on `listen()`.
-                    raise asyncio.CancelledError
-                if not first:
-                    await self.changed()  # changes may have been missed while cut off
-                first = False
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        log.info("access rules changed in Redis: reloading")
-                        await self.changed()
-            except (RedisError, OSError) as exc:
-                log.warning("not listening for access changes in Redis (%s); retrying", exc)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
-            await asyncio.sleep(RESUBSCRIBE_DELAY)
+        await follow_changes(self.redis, channel, "access", subscribed, changed)
 
     # -- decisions ------------------------------------------------------------------------------
 

@@ -18,10 +18,8 @@ them (written by hand) is logged and skipped, never applied.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,10 +31,11 @@ from bridge.access.ratelimit import Limits, TokenBucket, bucket_for, parse_overr
 if TYPE_CHECKING:
     from bridge.config import Config
 
+from bridge.access.watch import follow_changes, replace_file, stop_following
+
 log = logging.getLogger("bridge.access")
 
 LIMITS_FILE = "limits.json"
-RESUBSCRIBE_DELAY = 1.0
 
 
 def limits_key(cluster: str) -> str:
@@ -104,11 +103,8 @@ class LimitControl:
         self._listener = asyncio.get_running_loop().create_task(self._listen())
 
     async def stop(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
-            self._listener = None
+        await stop_following(self._listener)
+        self._listener = None
 
     # -- the connection rate -------------------------------------------------------------------
 
@@ -207,23 +203,10 @@ class LimitControl:
         self._apply(_decode_hash(raw), "in Redis")
 
     async def _listen(self) -> None:
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(self.channel)
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise asyncio.CancelledError  # see AccessControl._listen (redis-py 8.1)
-                await self._reload()  # changes may have been missed while not listening
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        await self._reload()
-            except (RedisError, OSError) as exc:
-                log.warning("not listening for limit changes in Redis (%s); retrying", exc)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
-            await asyncio.sleep(RESUBSCRIBE_DELAY)
+        async def subscribed(_first: bool) -> None:
+            await self._reload()  # changes may have been missed while not listening
+
+        await follow_changes(self.redis, self.channel, "limit", subscribed, self._reload)
 
 
 def _now() -> float:
@@ -245,12 +228,5 @@ def _decode_hash(raw: Mapping[Any, Any]) -> dict[str, Any]:
 
 
 def _write_file(path: Path, overrides: Mapping[str, int | float]) -> None:
-    """Write the overrides whole: a temporary file, fsynced, renamed over the old one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    with open(temporary, "w", encoding="utf-8") as fh:
-        json.dump(dict(overrides), fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(temporary, path)
+    """Write the overrides whole (`replace_file`)."""
+    replace_file(path, json.dumps(dict(overrides), indent=2, sort_keys=True) + "\n")

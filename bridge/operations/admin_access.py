@@ -20,7 +20,7 @@ from bridge.access.explain import explain
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.topics import parse_shared, validate_topic_filter, validate_topic_name
 from bridge.operations.admin_requests import (
-    AdminHost,
+    AdminPart,
     ApiError,
     keyset_page,
     page_limit,
@@ -31,12 +31,8 @@ if TYPE_CHECKING:
     from bridge.access.control import AccessControl
 
 
-class AccessAPI:
+class AccessAPI(AdminPart):
     """Endpoints on the node's users and ACL rules."""
-
-    def __init__(self, api: AdminHost) -> None:
-        self.api = api
-        self.config = api.config
 
     @property
     def access(self) -> AccessControl:

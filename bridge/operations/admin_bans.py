@@ -17,7 +17,7 @@ from aiohttp import web
 from bridge.access.banlist import BanListUnavailable
 from bridge.access.bans import KINDS, BanError, canonical_value, parse_ban_request
 from bridge.operations.admin_requests import (
-    AdminHost,
+    AdminPart,
     ApiError,
     keyset_page,
     page_limit,
@@ -30,11 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("bridge.admin")
 
 
-class BansAPI:
+class BansAPI(AdminPart):
     """Endpoints on the bans the cluster (or the single node) enforces."""
-
-    def __init__(self, api: AdminHost) -> None:
-        self.api = api
 
     @property
     def bans(self) -> BanList:

@@ -26,7 +26,7 @@ from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_name
 from bridge.operations.admin_fanout import NodeAnswer, answer_for_every_node
 from bridge.operations.admin_requests import (
-    AdminHost,
+    AdminPart,
     ApiError,
     keyset_page,
     page_limit,
@@ -35,7 +35,6 @@ from bridge.operations.admin_requests import (
 )
 
 if TYPE_CHECKING:
-    from bridge.node import Node
     from bridge.session import Session
 
 CONSOLE_DIR = Path(__file__).with_name("console")
@@ -72,16 +71,8 @@ SUMMED = (
 total is the largest count any node reports)."""
 
 
-class ConsoleAPI:
+class ConsoleAPI(AdminPart):
     """The console's static files and its cluster-wide overview and searches."""
-
-    def __init__(self, api: AdminHost) -> None:
-        self.api = api
-        self.config = api.config
-
-    @property
-    def node(self) -> Node:
-        return self.api.node
 
     # -- static files ----------------------------------------------------------------------------
 

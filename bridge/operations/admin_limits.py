@@ -18,7 +18,7 @@ from aiohttp import web
 
 from bridge.access.limits import LimitsUnavailable
 from bridge.access.ratelimit import LimitError, parse_changes
-from bridge.operations.admin_requests import AdminHost, ApiError, query_params
+from bridge.operations.admin_requests import AdminPart, ApiError, query_params
 
 if TYPE_CHECKING:
     from bridge.access.limits import LimitControl
@@ -28,11 +28,8 @@ log = logging.getLogger("bridge.admin")
 MAX_BODY = 64 * 1024
 
 
-class LimitsAPI:
+class LimitsAPI(AdminPart):
     """Endpoints on the node's (and cluster's) limits."""
-
-    def __init__(self, api: AdminHost) -> None:
-        self.api = api
 
     @property
     def limits(self) -> LimitControl:

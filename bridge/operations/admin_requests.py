@@ -71,6 +71,19 @@ class AdminHost(Protocol):
         ...
 
 
+class AdminPart:
+    """A group of endpoints in its own module (a part of `AdminAPI`), handed the API serving
+    it: handlers read the node and the configuration through it."""
+
+    def __init__(self, api: AdminHost) -> None:
+        self.api = api
+        self.config = api.config
+
+    @property
+    def node(self) -> Node:
+        return self.api.node
+
+
 class ApiError(Exception):
     """A request answered with `{"error": message}` and `status` (raised by handlers)."""
 

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from bridge.mqtt.topics import parse_shared, topic_matches
 from bridge.operations.admin_requests import (
-    AdminHost,
+    AdminPart,
     ApiError,
     decode_cursor,
     encode_cursor,
@@ -25,21 +25,13 @@ from bridge.operations.admin_requests import (
 from bridge.storage.base import Message, StoreUnavailable
 
 if TYPE_CHECKING:
-    from bridge.node import Node
+    pass
 
 log = logging.getLogger("bridge.admin")
 
 
-class TopicsAPI:
+class TopicsAPI(AdminPart):
     """Endpoints on the node's subscriptions, retained messages and publishing."""
-
-    def __init__(self, api: AdminHost) -> None:
-        self.api = api
-        self.config = api.config
-
-    @property
-    def node(self) -> Node:
-        return self.api.node
 
     async def list_subscriptions(self, request: web.Request) -> web.Response:
         """The subscriptions of the sessions held here by (client, filter), a page at a time."""

@@ -10,19 +10,11 @@ from typing import Any
 import pytest
 
 from bridge.mqtt.packets import Will
-from tests.integration.admin_http import TOKEN, AdminHttp
+from tests.integration.admin_http import start_cluster_admin_node
 from tests.support.clients import RawClient, paho_client
 from tests.support.cluster import ClusterLauncher, wait_for_route
-from tests.support.processes import BridgeProcess, free_port, wait_for_port
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
-
-
-def start_with_admin(cluster: ClusterLauncher, node_id: str) -> tuple[BridgeProcess, AdminHttp]:
-    port = free_port()
-    node = cluster.start(node_id, f"admin_listen=127.0.0.1:{port}", f"admin_token={TOKEN}")
-    wait_for_port(port, proc=node.proc)
-    return node, AdminHttp(port)
 
 
 def connections_of(nodes: dict[str, Any], node_id: str) -> int | None:
@@ -32,8 +24,8 @@ def connections_of(nodes: dict[str, Any], node_id: str) -> int | None:
 def test_nodes_lists_both_members_and_counts_connections_cluster_wide(
     cluster: ClusterLauncher,
 ) -> None:
-    a, api_a = start_with_admin(cluster, "a")
-    b, api_b = start_with_admin(cluster, "b")
+    a, api_a = start_cluster_admin_node(cluster, "a")
+    b, api_b = start_cluster_admin_node(cluster, "b")
     cluster.wait_linked()
     data = api_a.wait_for("/nodes", lambda d: len([n for n in d["nodes"] if n["alive"]]) == 2)
     assert data["clustered"] is True
@@ -55,8 +47,8 @@ def test_nodes_lists_both_members_and_counts_connections_cluster_wide(
 def test_a_client_on_node_b_is_inspected_and_kicked_through_node_a(
     cluster: ClusterLauncher,
 ) -> None:
-    a, api_a = start_with_admin(cluster, "a")
-    b, _api_b = start_with_admin(cluster, "b")
+    a, api_a = start_cluster_admin_node(cluster, "a")
+    b, _api_b = start_cluster_admin_node(cluster, "b")
     cluster.wait_linked()
     client_id = "remote/dev 1"
     with paho_client(a.port) as watcher, paho_client(b.port) as prober:

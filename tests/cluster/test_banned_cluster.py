@@ -8,36 +8,18 @@ from __future__ import annotations
 import pytest
 
 from bridge.mqtt.reasons import ReasonCode
-from tests.integration.admin_http import TOKEN, AdminHttp
+from tests.integration.admin_http import start_cluster_admin_node
 from tests.support.cluster import ClusterLauncher
-from tests.support.mqtt5 import RawClient5, paho5
-from tests.support.processes import BridgeProcess, free_port, wait_for_port
+from tests.support.mqtt5 import connect_5, paho5
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
-
-
-def start_with_admin(
-    cluster: ClusterLauncher, node_id: str, *extra: str
-) -> tuple[BridgeProcess, AdminHttp]:
-    port = free_port()
-    node = cluster.start(node_id, f"admin_listen=127.0.0.1:{port}", f"admin_token={TOKEN}", *extra)
-    wait_for_port(port, proc=node.proc)
-    return node, AdminHttp(port)
-
-
-def connect_5(port: int, client_id: str) -> int:
-    """CONNECT at 5.0; the CONNACK reason code (the connection is closed after)."""
-    client = RawClient5(port)
-    code = int(client.connect(client_id).return_code)
-    client.close()
-    return code
 
 
 def test_a_ban_made_on_one_node_kicks_and_refuses_the_client_on_the_other(
     cluster: ClusterLauncher,
 ) -> None:
-    a, api_a = start_with_admin(cluster, "a")
-    b, api_b = start_with_admin(cluster, "b")
+    a, api_a = start_cluster_admin_node(cluster, "a")
+    b, api_b = start_cluster_admin_node(cluster, "b")
     cluster.wait_linked()
     with paho5(b.port, "roamer") as victim:
         status, ban = api_a.post("/banned", {"clientid": "roamer", "seconds": 600})
@@ -59,8 +41,8 @@ def test_a_flapping_clientid_is_counted_across_nodes_and_banned_on_both(
     cluster: ClusterLauncher,
 ) -> None:
     flapping = ("flapping_max_connects=3", "flapping_window=600", "flapping_ban_seconds=600")
-    a, api_a = start_with_admin(cluster, "a", *flapping)
-    b, api_b = start_with_admin(cluster, "b", *flapping)
+    a, api_a = start_cluster_admin_node(cluster, "a", *flapping)
+    b, api_b = start_cluster_admin_node(cluster, "b", *flapping)
     cluster.wait_linked()
     # Three connects, spread as a load balancer would: none of the nodes saw more than two.
     for node in (a, b, a):

@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.admin_http import TOKEN, AdminHttp
+from tests.integration.admin_http import start_cluster_admin_node
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
-from tests.support.processes import BridgeProcess, free_port, wait_for_port
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
-
-
-def start_with_admin(cluster: ClusterLauncher, node_id: str) -> tuple[BridgeProcess, AdminHttp]:
-    port = free_port()
-    node = cluster.start(node_id, f"admin_listen=127.0.0.1:{port}", f"admin_token={TOKEN}")
-    wait_for_port(port, proc=node.proc)
-    return node, AdminHttp(port)
 
 
 def test_stats_and_searches_asked_on_one_node_cover_every_member(
     cluster: ClusterLauncher,
 ) -> None:
-    a, api_a = start_with_admin(cluster, "a")
-    b, api_b = start_with_admin(cluster, "b")
+    a, api_a = start_cluster_admin_node(cluster, "a")
+    b, api_b = start_cluster_admin_node(cluster, "b")
     cluster.wait_linked()
     on_a = RawClient(a.port)
     on_a.connect("dev-a")

@@ -11,29 +11,14 @@ from pathlib import Path
 import pytest
 
 from bridge.mqtt.reasons import ReasonCode
-from tests.integration.admin_http import TOKEN, AdminHttp
+from tests.integration.admin_http import AdminHttp, start_cluster_admin_node
 from tests.support.cluster import ClusterLauncher
-from tests.support.mqtt5 import RawClient5, paho5
-from tests.support.processes import BridgeProcess, free_port, wait_for_port
+from tests.support.mqtt5 import connect_5, paho5
+from tests.support.processes import BridgeProcess
 from tests.support.redis import LocalRedis
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 
 pytestmark = [pytest.mark.fault, pytest.mark.rocketmq, pytest.mark.timeout(240)]
-
-
-def start_with_admin(cluster: ClusterLauncher, node_id: str) -> tuple[BridgeProcess, AdminHttp]:
-    port = free_port()
-    node = cluster.start(node_id, f"admin_listen=127.0.0.1:{port}", f"admin_token={TOKEN}")
-    wait_for_port(port, proc=node.proc)
-    return node, AdminHttp(port)
-
-
-def connect_5(port: int, client_id: str) -> int:
-    """CONNECT at 5.0; the CONNACK reason code (the connection is closed after)."""
-    client = RawClient5(port)
-    code = int(client.connect(client_id).return_code)
-    client.close()
-    return code
 
 
 def listed(api: AdminHttp) -> list[tuple[str, str]]:
@@ -50,7 +35,7 @@ def test_bans_outlive_a_redis_crash_and_hold_on_a_node_that_joins_later(
         cluster = ClusterLauncher(
             bridge_factory, rocketmq.namesrv_addr, (f"redis_url={redis.url}",)
         )
-        a, api_a = start_with_admin(cluster, "a")
+        a, api_a = start_cluster_admin_node(cluster, "a")
         assert api_a.post("/banned", {"clientid": "outlaw", "seconds": 3600})[0] == 201
         assert api_a.post("/banned", {"address": "192.0.2.0/24", "seconds": 3600})[0] == 201
         bans = [("address", "192.0.2.0/24"), ("clientid", "outlaw")]
@@ -62,7 +47,7 @@ def test_bans_outlive_a_redis_crash_and_hold_on_a_node_that_joins_later(
         assert status == 503 and "ban not stored" in error["error"]
 
         redis.restart()
-        b, api_b = start_with_admin(cluster, "b")
+        b, api_b = start_cluster_admin_node(cluster, "b")
         assert listed(api_b) == bans
         assert connect_5(b.port, "outlaw") == ReasonCode.BANNED
 

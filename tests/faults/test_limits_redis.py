@@ -16,22 +16,15 @@ import pytest
 
 from bridge.mqtt.packets import Connack, Connect
 from bridge.mqtt.reasons import ReasonCode as R
-from tests.integration.admin_http import TOKEN, AdminHttp
+from tests.integration.admin_http import AdminHttp, start_cluster_admin_node
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
 from tests.support.mqtt5 import paho5
-from tests.support.processes import BridgeProcess, free_port, wait_for_port
+from tests.support.processes import BridgeProcess
 from tests.support.redis import LocalRedis
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 
 pytestmark = [pytest.mark.fault, pytest.mark.rocketmq, pytest.mark.timeout(300)]
-
-
-def start_with_admin(cluster: ClusterLauncher, node_id: str) -> tuple[BridgeProcess, AdminHttp]:
-    port = free_port()
-    node = cluster.start(node_id, f"admin_listen=127.0.0.1:{port}", f"admin_token={TOKEN}")
-    wait_for_port(port, proc=node.proc)
-    return node, AdminHttp(port)
 
 
 def put_limits(api: AdminHttp, changes: dict[str, Any]) -> dict[str, Any]:
@@ -52,7 +45,7 @@ def test_limits_survive_a_redis_restart_and_apply_on_a_node_that_joins_later(
         cluster = ClusterLauncher(
             bridge_factory, rocketmq.namesrv_addr, (f"redis_url={redis.url}",)
         )
-        a, api_a = start_with_admin(cluster, "a")
+        a, api_a = start_cluster_admin_node(cluster, "a")
         state = put_limits(api_a, {"client_publish_rate": 10, "max_connections": 2})
         assert state["scope"] == "cluster" and state["limits"]["max_connections"] == 2
         time.sleep(1.5)  # Redis writes its AOF to disk every second (appendfsync everysec)
@@ -61,7 +54,7 @@ def test_limits_survive_a_redis_restart_and_apply_on_a_node_that_joins_later(
         redis.restart()
 
         # A node that starts now reads the limits from the restarted Redis.
-        b, api_b = start_with_admin(cluster, "b")
+        b, api_b = start_cluster_admin_node(cluster, "b")
         state = api_b.wait_for("/limits", lambda s: s["overrides"] != {})
         assert state["overrides"] == {"client_publish_rate": 10, "max_connections": 2}
         assert state["defaults"]["max_connections"] == 0

@@ -8,11 +8,14 @@ import http.client
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from bridge.operations.admin import API_PREFIX
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
+
+if TYPE_CHECKING:
+    from tests.support.cluster import ClusterLauncher
 
 TOKEN = "admin-test-token-7f3a9c"
 MAX_PACKET = 4096
@@ -89,5 +92,15 @@ def start_admin_node(
 ) -> tuple[BridgeProcess, AdminHttp]:
     port = free_port()
     node = bridge_factory(f"admin_listen=127.0.0.1:{port}", *settings)
+    wait_for_port(port, proc=node.proc)
+    return node, AdminHttp(port)
+
+
+def start_cluster_admin_node(
+    cluster: ClusterLauncher, node_id: str, *extra: str
+) -> tuple[BridgeProcess, AdminHttp]:
+    """Node `node_id` of `cluster` with its admin API (token `TOKEN`) answering."""
+    port = free_port()
+    node = cluster.start(node_id, f"admin_listen=127.0.0.1:{port}", f"admin_token={TOKEN}", *extra)
     wait_for_port(port, proc=node.proc)
     return node, AdminHttp(port)

@@ -15,7 +15,7 @@ from bridge.mqtt.packets import Connect
 from bridge.mqtt.reasons import ReasonCode
 from tests.integration.admin_http import TOKEN, AdminHttp, start_admin_node
 from tests.support.clients import RawClient, paho_client
-from tests.support.mqtt5 import RawClient5, paho5
+from tests.support.mqtt5 import connect_5, paho5
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
@@ -28,14 +28,6 @@ def connect_311(port: int, client_id: str, username: str | None = None) -> int:
     client = RawClient(port)
     client.send(Connect(client_id, username=username, password=b"pw" if username else None))
     code = int(client.recv().return_code)
-    client.close()
-    return code
-
-
-def connect_5(port: int, client_id: str) -> int:
-    """CONNECT at 5.0; the CONNACK reason code (the connection is closed after)."""
-    client = RawClient5(port)
-    code = int(client.connect(client_id).return_code)
     client.close()
     return code
 

@@ -168,6 +168,15 @@ class RawClient5(RawClient):
         raise AssertionError(f"unexpected packet {packet}")
 
 
+def connect_5(port: int, client_id: str) -> int:
+    """CONNECT at 5.0; the CONNACK reason code (the connection is closed after)."""
+    client = RawClient5(port)
+    try:
+        return int(client.connect(client_id).return_code)
+    finally:
+        client.close()
+
+
 def publish_bytes(
     topic: str,
     payload: bytes = b"",
