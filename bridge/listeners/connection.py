@@ -442,6 +442,9 @@ class Connection(asyncio.Protocol):
 
     async def _connect(self, packet: Connect) -> None:
         try:
+            # The connection rate first: a flood of logins must not cost SCRAM work either.
+            if not await self.node.lifecycle.admission.paced(self, packet):
+                return
             method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
             if (
                 method in METHODS

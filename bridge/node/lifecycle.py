@@ -146,8 +146,6 @@ class SessionLifecycle:
 
     async def connect(self, conn: ClientLink, packet: Connect) -> Session | None:
         """Validate CONNECT, take over or create the session, answer CONNACK. None if refused."""
-        if not await self.admission.paced(conn, packet):
-            return None
         client_id = self.admission.check(conn, packet)
         if client_id is None:
             return None

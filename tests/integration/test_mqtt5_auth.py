@@ -101,3 +101,39 @@ def test_the_same_user_still_logs_in_with_user_name_and_password(
     client = RawClient5(scram_node.port)
     connack = client.connect("plain-dev", username="alice", password=b"alice-pw")
     assert connack.return_code == 0
+
+
+def test_a_scram_login_over_the_connection_rate_is_refused_before_any_scram_work(
+    tmp_path: Path, bridge_factory: Callable[..., BridgeProcess]
+) -> None:
+    """The node's connection rate is checked before the AUTH exchange starts: a flood of SCRAM
+    logins costs no key derivation. The second login within 2 s gets CONNACK 0x9F, not an AUTH
+    challenge."""
+    passwd = tmp_path / "passwd"
+    subprocess.run(
+        [sys.executable, "-m", "bridge.passwd", str(passwd), "add", "alice", "--password-stdin"],
+        input=b"alice-pw\n",
+        check=True,
+        capture_output=True,
+    )
+    node = bridge_factory(
+        f"password_file={passwd}", "connection_rate=0.5", "connection_rate_wait=0"
+    )
+    first, _scram, connack = _connect(node.port, "alice-pw")
+    assert isinstance(connack, Connack) and connack.return_code == 0, connack
+    second = RawClient5(node.port)
+    scram = scramp.ScramClient([METHOD], "alice", "alice-pw")
+    second.send(
+        Connect(
+            "scram-dev-2",
+            protocol_level=5,
+            properties={
+                P.AUTHENTICATION_METHOD: METHOD,
+                P.AUTHENTICATION_DATA: scram.get_client_first().encode(),
+            },
+        )
+    )
+    answer = second.recv()
+    assert isinstance(answer, Connack) and answer.return_code == 0x9F, answer
+    second.close()
+    first.close()
