@@ -21,6 +21,8 @@ log = logging.getLogger("bridge.access")
 
 RESUBSCRIBE_DELAY = 1.0
 """Seconds before subscribing again after Redis failed."""
+STOP_WAIT = 5.0
+"""Seconds `stop_following` keeps cancelling a follower before leaving it behind."""
 
 
 async def follow_changes(
@@ -60,11 +62,20 @@ async def follow_changes(
 
 
 async def stop_following(task: asyncio.Task[None] | None) -> None:
-    """Cancel a `follow_changes` task and wait for it to end."""
-    if task is not None:
+    """Cancel a `follow_changes` task and wait for it to end. redis-py (8.1) can swallow a
+    cancel that lands while it (re)connects, so the cancel is repeated until the task ends
+    (for at most `STOP_WAIT` s: a shutdown never hangs on it)."""
+    if task is None:
+        return
+    deadline = asyncio.get_running_loop().time() + STOP_WAIT
+    while not task.done():
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.wait({task}, timeout=0.1)
+        if asyncio.get_running_loop().time() >= deadline:
+            log.warning("a Redis change follower did not stop in %.0f s: left behind", STOP_WAIT)
+            return
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        task.result()
 
 
 def replace_file(path: Path, text: str) -> None:
