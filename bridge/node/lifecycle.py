@@ -9,6 +9,7 @@ tables; everything else it uses is handed to it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -140,7 +141,18 @@ class SessionLifecycle:
         for name, value in records.items():
             if name.startswith("q2:"):
                 self.restore_qos2_marker(session, int(name[3:]), value)
+        if claim.previous_node and claim.previous_node != self.node_id:
+            self.spawn(self._learn_ends_after_move(client_id))
         return session
+
+    async def _learn_ends_after_move(self, client_id: str) -> None:
+        """Read the ends of an adopted session's queues now and once more `interest_grace`
+        later: until the other nodes have heard that its filters are read here, they announce
+        what they store on them to the node that held it, and this node's readers would wait
+        for the next message."""
+        await self.publisher.refresh_queue_ends(client_id)
+        await asyncio.sleep(self.config.interest_grace)
+        await self.publisher.refresh_queue_ends(client_id)
 
     # -- CONNECT -------------------------------------------------------------------------------
 

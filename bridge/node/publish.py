@@ -85,6 +85,8 @@ class Publisher:
         self.acl = acl
         """The ACL whose deny rules may keep a message from a broader subscription."""
         self.cluster: Cluster | None = None
+        self._refresh_limit = asyncio.Semaphore(32)
+        """Queue-end reads under way at once when ends are re-read (`refresh_queue_ends`)."""
         self.reachable: Callable[[str], bool] = connections.__contains__
         """Whether a shared-subscription member can take a message now."""
         self.direct_routes = DirectRoutes()
@@ -516,11 +518,17 @@ class Publisher:
             else:
                 self.offline_reader(reader)
 
-    async def refresh_queue_ends(self) -> None:
-        """Re-read the ends of the queues connected clients read, then wake them (after a peer
-        link was down, announcements of new messages may have been lost)."""
-        queues = {q for s in self.sessions.values() if s.connected for q in s.cursors}
-        limit = asyncio.Semaphore(32)
+    async def refresh_queue_ends(self, client_id: str | None = None) -> None:
+        """Re-read the ends of the queues connected clients (or `client_id`) read, then wake
+        them (after a peer link was down, announcements of new messages may have been lost)."""
+        if client_id is None:
+            queues = {q for s in self.sessions.values() if s.connected for q in s.cursors}
+            deliveries = list(self.deliveries.values())
+        else:
+            session = self.sessions.get(client_id)
+            queues = set(session.cursors) if session is not None else set()
+            deliveries = [d for d in (self.deliveries.get(client_id),) if d is not None]
+        limit = self._refresh_limit
 
         async def refresh(queue: str) -> None:
             async with limit:
@@ -528,7 +536,7 @@ class Publisher:
                     await self.store.queue_end(queue)
 
         await asyncio.gather(*(refresh(q) for q in queues))
-        for delivery in list(self.deliveries.values()):
+        for delivery in deliveries:
             delivery.wake()
 
 

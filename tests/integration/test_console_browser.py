@@ -71,10 +71,19 @@ def test_the_token_is_asked_for_kept_for_the_tab_only_and_never_put_in_a_url(
     console.find("client-results")  # the page the URL named, shown once the token is accepted
     assert console.session_storage() == {"mqtt-bridge.admin-token": TOKEN}
     assert console.local_storage() == {}
-    requested = console.driver.execute_script(
-        "return performance.getEntriesByType('resource').map(e => e.name)"
+    # The page may be drawn before its first search has finished: wait for the request.
+    requested = console.until(
+        lambda d: (
+            (
+                urls := d.execute_script(
+                    "return performance.getEntriesByType('resource').map(e => e.name)"
+                )
+            )
+            and any("/api/v1/search/clients" in url for url in urls)
+            and urls
+        ),
+        "the clients page never searched",
     )
-    assert any("/api/v1/search/clients" in url for url in requested)
     assert not [url for url in [*requested, console.driver.current_url] if TOKEN in url]
     # A reload keeps the tab's token; forgetting it asks again.
     console.open("#/overview")
