@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from base64 import b64decode, b64encode
+from dataclasses import dataclass
 
 from bridge.storage.base import Message
 from bridge.storage.metadata import RETAINED_QOS
@@ -76,3 +77,24 @@ def decode_message(data: bytes) -> Message:
         node=raw.get("n", ""),
         properties={str(name): str(value) for name, value in properties.items()},
     )
+
+
+@dataclass(slots=True, frozen=True)
+class Unsettled:
+    """An inbound QoS 2 message whose store is not confirmed either way (non-atomic stores)."""
+
+    topic: str
+    key: str
+
+    def encode(self) -> bytes:
+        """The marker's stored form (JSON of topic and key)."""
+        return json.dumps({"t": self.topic, "k": self.key}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Unsettled | None:
+        """The marker's message; None for an old marker with no message (taken as stored)."""
+        try:
+            raw = json.loads(data)
+            return cls(str(raw["t"]), str(raw["k"]))
+        except (ValueError, KeyError, TypeError):
+            return None

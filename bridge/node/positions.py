@@ -9,6 +9,7 @@ backlogs) works on parts as on any queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable
 
 from bridge.session import Session
@@ -120,3 +121,15 @@ def start_new_parts(store: MessageStore, session: Session) -> bool:
                 session.start_queue(part, 0)
                 changed = True
     return changed
+
+
+async def reread_ends(store: MessageStore, parts: Iterable[str], limit: asyncio.Semaphore) -> None:
+    """Ask the store for the end of each of `parts` (at most `limit` at once); one it cannot
+    tell is left as it is known."""
+
+    async def reread(part: str) -> None:
+        async with limit:
+            with contextlib.suppress(StoreUnavailable):
+                await store.queue_end(part)
+
+    await asyncio.gather(*(reread(part) for part in parts))

@@ -10,12 +10,9 @@ arriving from peers and from notify come in here too. How a PUBLISH travels: doc
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bridge.mqtt import codec
@@ -24,6 +21,7 @@ from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
 from bridge.node.delayed import DelayedPublishes, RouteSubmit
 from bridge.node.outbound import live_copy, shared_v5_publish
+from bridge.node.positions import reread_ends
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import DurableCallback, Spawner
 from bridge.node.stamp import Stamper
@@ -33,7 +31,7 @@ from bridge.router.queues import is_peer, peer_of, peer_subscriber
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session
-from bridge.state import KIND_QOS2_IN
+from bridge.state import KIND_QOS2_IN, Unsettled
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
 from bridge.storage.metadata import from_publish
 
@@ -86,6 +84,7 @@ class Publisher:
         """The ACL whose deny rules may keep a message from a broader subscription."""
         self.cluster: Cluster | None = None
         self._refresh_limit = asyncio.Semaphore(32)
+        self._rechecks: dict[str, bool] = {}  # part -> woken again meanwhile (_recheck_end_later)
         """Queue-end reads under way at once when ends are re-read (`refresh_queue_ends`)."""
         self.reachable: Callable[[str], bool] = connections.__contains__
         """Whether a shared-subscription member can take a message now."""
@@ -493,9 +492,51 @@ class Publisher:
                 cursor = session.cursors.get(part)
                 if cursor is not None and cursor >= store.end_offset(part):
                     store.note_end(part, cursor + 1)  # a read waits (long-polls) for it
+                    self._recheck_end_later(part)
                 woken.append(reader)
         if woken:
             self.wake_readers(list(dict.fromkeys(woken)), [])
+
+    def _recheck_end_later(self, part: str) -> None:
+        """Read `part`'s end again `RECHECK_AFTER` s after the last of a run of peer wakes,
+        then wake its readers that are behind it. A wake names the queue, not how many
+        messages came: the read it starts may find only the first of several, the others not
+        yet in the queue, and no later wake comes for them once their publishers stopped."""
+        rechecks = self._rechecks
+        if part in rechecks:
+            rechecks[part] = True  # once more after the one under way
+            return
+        rechecks[part] = False
+
+        async def recheck() -> None:
+            again = True
+            while again:
+                await asyncio.sleep(RECHECK_AFTER)
+                rechecks[part] = False
+                try:
+                    async with self._refresh_limit:
+                        end = await self.store.queue_end(part)
+                except StoreUnavailable:
+                    break
+                self._wake_behind(part, end)
+                again = rechecks[part]
+            rechecks.pop(part, None)
+
+        self.spawn(recheck())
+
+    def _wake_behind(self, part: str, end: int) -> None:
+        """Wake the local readers of `part` whose cursor is before `end`."""
+        queue = self.store.queue_of_part(part)
+        if queue is None:
+            return
+        behind = []
+        for reader in readers_of(queue, self.trie, self.reader_of):
+            session = self.sessions.get(reader)
+            cursor = session.cursors.get(part) if session is not None else None
+            if cursor is not None and cursor < end:
+                behind.append(reader)
+        if behind:
+            self.wake_readers(behind, [])
 
     def wake_readers(self, reader_ids: list[str], queues: list[str]) -> None:
         """Wake the local readers, tell each peer among them once that `queues` grew, and let
@@ -528,38 +569,14 @@ class Publisher:
             session = self.sessions.get(client_id)
             queues = set(session.cursors) if session is not None else set()
             deliveries = [d for d in (self.deliveries.get(client_id),) if d is not None]
-        limit = self._refresh_limit
-
-        async def refresh(queue: str) -> None:
-            async with limit:
-                with contextlib.suppress(StoreUnavailable):
-                    await self.store.queue_end(queue)
-
-        await asyncio.gather(*(refresh(q) for q in queues))
+        await reread_ends(self.store, queues, self._refresh_limit)
         for delivery in deliveries:
             delivery.wake()
 
 
-@dataclass(slots=True, frozen=True)
-class Unsettled:
-    """An inbound QoS 2 message whose store is not confirmed either way (non-atomic stores)."""
-
-    topic: str
-    key: str
-
-    def encode(self) -> bytes:
-        """The marker's stored form (JSON of topic and key)."""
-        return json.dumps({"t": self.topic, "k": self.key}, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> Unsettled | None:
-        """The marker's message; None for an old marker with no message (taken as stored)."""
-        try:
-            raw = json.loads(data)
-            return cls(str(raw["t"]), str(raw["k"]))
-        except (ValueError, KeyError, TypeError):
-            return None
-
+RECHECK_AFTER = 1.0
+"""Seconds after a peer's wake when the end of a caught-up reader's queue is read again: longer
+than the broker takes to put a confirmed message into its light queues."""
 
 _MESSAGES_IN = ("messages_in_qos0", "messages_in_qos1", "messages_in_qos2")
 
