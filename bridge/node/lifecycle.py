@@ -23,14 +23,21 @@ from bridge.mqtt.reasons import ReasonCode
 from bridge.node.admission import Admission
 from bridge.node.positions import start_new_parts, start_reading
 from bridge.node.presubscribe import Presubscription
-from bridge.node.publish import Publisher, Unsettled
+from bridge.node.publish import Publisher
 from bridge.node.roles import ClientLink, Spawner
 from bridge.node.subscriptions import Subscriptions
 from bridge.node.wills import Wills, delay_of
 from bridge.operations.metrics import Metrics
 from bridge.router.queues import ANY_PEER, client_queue, filter_queue
 from bridge.session import Session
-from bridge.state import KIND_OFFSETS, KIND_ONLINE, KIND_QOS2_IN, KIND_SESSION, will_of
+from bridge.state import (
+    KIND_OFFSETS,
+    KIND_ONLINE,
+    KIND_QOS2_IN,
+    KIND_SESSION,
+    Unsettled,
+    will_of,
+)
 from bridge.storage.base import Message, MessageStore, MetaUpdate, StaleOwner, StoreUnavailable
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ from bridge.node.housekeeping import Housekeeper
 from bridge.node.lifecycle import SessionLifecycle
 from bridge.node.positions import start_new_parts
 from bridge.node.presubscribe import parse_presubscriptions
-from bridge.node.publish import Publisher, Unsettled
+from bridge.node.publish import Publisher
 from bridge.node.retained import RetainedMessages
 from bridge.node.stamp import Stamper
 from bridge.node.subscriptions import Subscriptions
@@ -55,6 +55,7 @@ from bridge.state import (
     KIND_QOS2_IN,
     KIND_RETAINED,
     KIND_SESSION,
+    Unsettled,
     will_of,
 )
 from bridge.storage.base import Message, MessageStore, MetaUpdate
