@@ -65,6 +65,7 @@ test: test-deps lint
 
 bench: test-deps
 	$(BIN)/python tests/bench/run_bench.py $(BENCH_ARGS)
+	$(BIN)/python tests/bench/single_node.py
 	$(BIN)/python tests/bench/durability_contrast.py
 	$(BIN)/python tests/bench/conn_capacity.py
 	$(BIN)/python tests/bench/cluster_bench.py

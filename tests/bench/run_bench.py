@@ -53,8 +53,14 @@ from tests.bench.harness.common import (
     utc_now,
 )
 from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen, loadgen_args
-from tests.bench.harness.processes import Broker, ours_broker, stock_mosquitto, stopped_at_exit
-from tests.bench.harness.procfs import loadavg, run_meta
+from tests.bench.harness.processes import (
+    Broker,
+    add_ours_cmd_option,
+    ours_broker,
+    stock_mosquitto,
+    stopped_at_exit,
+)
+from tests.bench.harness.procfs import loadavg, log_meta, run_meta
 from tests.bench.harness.protocols import (
     PV_BROKERS,
     add_protocol_options,
@@ -70,9 +76,6 @@ from tests.bench.harness.rocketmq import (
 )
 from tests.bench.harness.versus import BrokerScenario, Target, bench_broker, report
 
-DEFAULT_OURS_CMD = (
-    "{python} -m bridge --listen {host}:{port} --data-dir {data_dir} --log-level warning"
-)
 BROKER_NAMES = ("ours", ROCKETMQ_VARIANT, "mosquitto")
 DEFAULT_BROKERS = "ours,ours-rocketmq,mosquitto"
 
@@ -288,12 +291,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument("--only", choices=BROKER_NAMES, help="run a single broker")
     ap.add_argument("--quick", action="store_true", help="small counts, smoke run (< 60 s)")
-    ap.add_argument(
-        "--ours-cmd",
-        default=DEFAULT_OURS_CMD,
-        help="command to start our broker; placeholders {python} {host} {port} "
-        "{data_dir} {repo} (default: %(default)s)",
-    )
+    add_ours_cmd_option(ap)
     ap.add_argument(
         "--client",
         choices=("raw", "paho"),
@@ -354,11 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         mosquitto_set_tcp_nodelay=args.mosquitto_nodelay,
         brokers=args.broker_list,
     )
-    log(f"command:   {command}")
-    log(f"mosquitto: {versions['mosquitto']}")
-    log(f"go:        {versions['go']}")
-    log(f"python:    {versions['python']}")
-    log(f"cpus:      {meta['cpu_count']}  ({meta['platform']}), load average {loadavg()}")
+    log_meta(meta)
     if ROCKETMQ_VARIANT in args.broker_list:
         versions["java"] = first_line(run_text(["java", "-version"]))
         log(f"java:      {versions['java']} (RocketMQ)")

@@ -20,7 +20,7 @@ The machinery of one script, named after what it drives:
 - pathruns, javaclient, path_report: rocketmq_path.py's users' load (mosquitto_pub/-sub),
   loadgen runs and warm-ups, RocketMQ's Java client (PathClient), and its report;
 - protocols: run_bench.py's MQTT 5.0 vs 3.1.1 comparison (it reuses versus' CPU figures and
-  pathruns' users' load).
+  pathruns' users' load); single_node.py runs its loads with protocols' runs too.
 
 A module imports only modules above it in these lists, and never a script.
 """

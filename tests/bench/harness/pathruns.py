@@ -157,9 +157,11 @@ def users_run(
     jit_pid: int | None = None,
     version: tuple[str, ...] = (),
     pub_args: tuple[str, ...] = (),
+    qos: int = 1,
 ) -> dict[str, Any]:
-    """The users' load: `count` QoS 1 messages of `size` bytes from `mosquitto_pub -q 1 -l`
-    (libmosquitto's default of 20 in flight) to `mosquitto_sub -q 1 -C count`. `version`
+    """The users' load: `count` messages of `size` bytes at `qos` (default 1) from
+    `mosquitto_pub -q QOS -l` (libmosquitto's default of 20 in flight at QoS 1) to
+    `mosquitto_sub -q QOS -C count`. `version`
     (e.g. ("-V", "5")) goes to both clients, `pub_args` (e.g. MQTT 5.0 properties, -D ...)
     to mosquitto_pub; by default neither is given (the clients' default, MQTT 3.1.1).
 
@@ -167,17 +169,19 @@ def users_run(
     and exits on the SUBACK (-E), then, `settle_s` later, the measured one resumes the session,
     so no message can be published before the subscription exists. The run ends when the
     subscriber has all messages, when nothing arrived for IDLE_S after the publisher had every
-    message acknowledged ("idle": some were dropped), or at `timeout_s`. Delivered msg/s =
-    distinct messages received / (publisher start -> arrival of the last one)."""
+    message acknowledged ("idle": some were dropped, as QoS 0 may be), or at `timeout_s`.
+    Delivered msg/s = distinct messages received / (publisher start -> arrival of the last
+    one); `missing` = count - distinct messages received."""
     tag = uuid.uuid4().hex[:10]
     topic, sub_id = f"bench/path/{tag}", f"path-sub-{tag}"
-    base = ["-h", HOST, *version, "-q", "1", "-t", topic]
+    base = ["-h", HOST, *version, "-q", str(qos), "-t", topic]
     subscribe = [MOSQUITTO_SUB, *base, "-p", str(sub_port), "-c", "-i", sub_id]
     subprocess.run([*subscribe, "-E"], check=True, capture_output=True, timeout=SUBSCRIBE_TIMEOUT_S)
     time.sleep(settle_s)  # a cluster copies the subscription to the other nodes meanwhile
     sub_cmd = [*subscribe, "-C", str(count), "-W", str(int(timeout_s) + 5)]
     pub_cmd = [MOSQUITTO_PUB, *base, "-p", str(pub_port), "-i", f"path-pub-{tag}", *pub_args, "-l"]
     err_path = workdir / f"users-{tag}.err"
+    payload = payload_file(workdir, size, count)  # written before the clock starts
     res: dict[str, Any] = {
         "size": size,
         "count": count,
@@ -194,7 +198,7 @@ def users_run(
             wait_connected(sub, sub_port, err_path)
             window = CpuWindow({**pid_readers(roles), "jit": partial(jvm_jit_cpu, jit_pid)})
             started = time.monotonic()
-            with payload_file(workdir, size, count).open("rb") as lines:
+            with payload.open("rb") as lines:
                 pub = Reaped(subprocess.Popen(pub_cmd, stdin=lines, stdout=err, stderr=err))
             res["stop_reason"] = wait_delivered(sub, pub, sink, started + timeout_s)
             pub.done.wait(PUB_GRACE_S)  # its last PUBACKs and DISCONNECT, after the last delivery

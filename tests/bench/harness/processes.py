@@ -4,6 +4,7 @@ process group, never by name. Also how Mosquitto and our bridge are configured a
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shlex
@@ -176,6 +177,19 @@ def stock_mosquitto(tmp: Path, port: int, nodelay: bool = False) -> Broker:
     if nodelay:
         settings.append("set_tcp_nodelay true")
     return mosquitto_broker(tmp, port, settings)
+
+
+OURS_CMD = "{python} -m bridge --listen {host}:{port} --data-dir {data_dir} --log-level warning"
+
+
+def add_ours_cmd_option(ap: argparse.ArgumentParser) -> None:
+    """--ours-cmd: the command template our broker is started with (see ours_command)."""
+    ap.add_argument(
+        "--ours-cmd",
+        default=OURS_CMD,
+        help="command to start our broker; placeholders {python} {host} {port} "
+        "{data_dir} {repo} (default: %(default)s)",
+    )
 
 
 def ours_command(template: str, tmp: Path, port: int) -> list[str]:

@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tests.bench.harness.common import platform_name, utc_now
+from tests.bench.harness.common import log, platform_name, utc_now
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -134,6 +134,15 @@ def run_meta(command: str, **extra: Any) -> dict[str, Any]:
         "platform": platform_name(),
         **extra,
     }
+
+
+def log_meta(meta: Mapping[str, Any]) -> None:
+    """The first lines of a run's output, from its run_meta: the command line, the versions of
+    the tools (its `versions`, if any), the CPUs, the platform and the load average now."""
+    log(f"command:   {meta['command']}")
+    for tool, version in meta.get("versions", {}).items():
+        log(f"{tool + ':':<10} {version}")
+    log(f"cpus:      {meta['cpu_count']}  ({meta['platform']}), load average {loadavg()}")
 
 
 def proc_status_kib(pid: int, key: str) -> int | None:

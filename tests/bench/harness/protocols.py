@@ -246,6 +246,7 @@ def users_load_run(b: Broker, load: ProtocolLoad, proto: Protocol) -> dict[str, 
             workdir=b.workdir,
             version=proto.version,
             pub_args=proto.pub_args,
+            qos=load.qos,
         )
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
         return {"errors": [f"users' load: {e}"]}
@@ -265,12 +266,13 @@ def users_load_run(b: Broker, load: ProtocolLoad, proto: Protocol) -> dict[str, 
 
 def problems(broker: str, load: ProtocolLoad, res: dict[str, Any]) -> list[str]:
     """What makes a run count as failed: errors, a bridge that lost QoS 1 messages (Mosquitto
-    drops them above max_queued_messages by design) or logged an error."""
+    drops them above max_queued_messages by design, and logs only that) or logged an error."""
     out = list(res.get("errors") or [])
-    if broker != "mosquitto" and load.qos and res.get("lost"):
+    if broker == "mosquitto":
+        return out
+    if load.qos and res.get("lost"):
         out.append(f"lost {res['lost']:,} QoS {load.qos} messages")
-    out += [f"broker log: {line}" for line in res.get("broker_log", []) if "WARNING" not in line]
-    return out
+    return out + [f"broker log: {ln}" for ln in res.get("broker_log", []) if "WARNING" not in ln]
 
 
 def describe_run(name: str, res: dict[str, Any]) -> str:
