@@ -4,34 +4,50 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SPARK_STAMP := $(VENV)/.spark-stamp
+COMPILE_STAMP := $(VENV)/.compiled-stamp
+# The modules setup.py compiles with mypyc (its COMPILED list): a change to one rebuilds them.
+COMPILED_SRC := $(shell sed -n 's/^    "\(bridge\/.*\.py\)",$$/\1/p' setup.py)
 LISTEN ?= 0.0.0.0:1883
 DATA   ?= ./data
 PYTEST_ARGS ?=
 N      ?= 3
 DEMO_ARGS ?=
 
-.PHONY: install install-spark run test test-deps lint bench clean cluster cluster-stop spark-demo
+.PHONY: install install-spark compile pure run test test-deps lint bench clean cluster cluster-stop spark-demo
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The editable install is pure Python (MQTT_BRIDGE_COMPILE=0); `compile` builds the hot-path
+# modules in place with mypyc, once and again whenever one of them changes.
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	MQTT_BRIDGE_COMPILE=0 $(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
+
+compile: $(COMPILE_STAMP)
+
+$(COMPILE_STAMP): $(STAMP) setup.py $(COMPILED_SRC)
+	$(BIN)/python setup.py -q build_ext --inplace
+	touch $(COMPILE_STAMP)
+
+# Back to pure Python (slower, same behaviour): remove the compiled modules.
+pure:
+	find bridge -name '*.so' -delete
+	rm -f bridge_native__mypyc*.so $(COMPILE_STAMP)
 
 # PySpark and its Python dependencies (pyarrow, pandas, matplotlib): for the Spark source, jobs,
 # tests and demo; not needed to run a gateway.
 install-spark: $(SPARK_STAMP)
 
 $(SPARK_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,spark]'
+	MQTT_BRIDGE_COMPILE=0 $(BIN)/python -m pip install -q -e '.[test,spark]'
 	touch $(SPARK_STAMP)
 
-run: install
+run: compile
 	$(BIN)/mqtt-bridge --listen $(LISTEN) --data-dir $(DATA)
 
-test-deps: install install-spark
+test-deps: install install-spark compile
 	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
 		default-jre-headless:java maven:mvn \
 		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps shellcheck \

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from bridge.listeners import outbound_acks
 from bridge.listeners.enhanced_auth import METHODS, Authentication
@@ -87,7 +87,7 @@ class Connection(asyncio.Protocol):
         """Which QoS 0 PUBLISH encoded once per fan-out the client takes (see `ClientLink`)."""
         self.max_packet_out = NO_LIMIT
         """The largest packet the client accepts (its v5 Maximum Packet Size)."""
-        self.inbound = Inbound(self)
+        self.inbound: Inbound = Inbound(self)
         self.pacer: ReadPacer | None = None
         """The client's publish rate limits (None: unlimited, the one check the hot path makes)."""
         self._read_pauses = 0
@@ -118,12 +118,13 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        peer = transport.get_extra_info("peername")
+        tcp = cast("asyncio.Transport", transport)  # uvloop's transports are not subclasses
+        self.transport = tcp
+        peer = tcp.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
-        self.cert_cn = peer_cert_cn(transport)
-        transport.set_write_buffer_limits(high=SOCKET_HIGH_WATER)
+        self.cert_cn = peer_cert_cn(tcp)
+        tcp.set_write_buffer_limits(high=SOCKET_HIGH_WATER)
         self.node.connection_count += 1
         self._last_rx = self.loop.time()
         self._timer = self.loop.call_later(self.node.config.connect_timeout, self._connect_timeout)

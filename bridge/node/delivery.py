@@ -159,6 +159,7 @@ class Delivery:
         for out in self.session.inflight.values():
             if out.phase is Phase.AWAITING_ACK:
                 message = out.message
+                data: bytes | None
                 if message is None:
                     data = codec.encode_publish(
                         out.topic, out.payload, out.qos, out.retain, True, out.packet_id

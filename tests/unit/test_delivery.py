@@ -296,16 +296,25 @@ def test_housekeeping_flushes_moved_offsets_of_persistent_sessions_only(tmp_path
     run(scenario())
 
 
+class RefusingStore:
+    """A store whose keyed writes are refused: the sessions moved to another node. (A wrapper:
+    the compiled store's methods cannot be replaced on an instance.)"""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def put_meta(self, updates: Any, *, durable: bool = True) -> None:
+        raise StaleOwner(["moved"])
+
+
 def test_housekeeping_lets_go_of_sessions_another_node_owns(tmp_path):
     async def scenario() -> None:
         store = await open_store(tmp_path)
-
-        async def refuse(updates: Any, *, durable: bool = True) -> None:
-            raise StaleOwner(["moved"])
-
-        store.put_meta = refuse  # type: ignore[method-assign]
         moved = Session("moved", persistent=True)
-        keeper, owner = make_keeper(store, {"moved": moved})
+        keeper, owner = make_keeper(RefusingStore(store), {"moved": moved})
         keeper.mark_offsets_dirty(moved)
         await keeper.flush_offsets(durable=False)
         assert owner.lost == ["moved"]

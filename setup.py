@@ -1,0 +1,56 @@
+"""Build of mqtt-bridge: the modules every message passes through are compiled with mypyc.
+
+Everything else is in pyproject.toml. The compiled modules are the same sources as the pure
+Python ones: `MQTT_BRIDGE_COMPILE=0` (or no mypy at build time) builds a pure-Python package,
+which behaves the same and is slower. In a source checkout `make compile` builds them in place
+(next to their .py files) and `make pure` removes them; see docs/decisions.md "mypyc".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import setup
+
+# The publish -> store -> deliver path and what it calls per message (issue 18's profile).
+COMPILED = [
+    "bridge/mqtt/decoder.py",
+    "bridge/mqtt/body_decoders.py",
+    "bridge/mqtt/fast_encoders.py",
+    "bridge/mqtt/encoder.py",
+    "bridge/mqtt/properties.py",
+    "bridge/mqtt/topics.py",
+    "bridge/router/trie.py",
+    "bridge/router/plan.py",
+    "bridge/router/queues.py",
+    "bridge/router/shared.py",
+    "bridge/session.py",
+    "bridge/state.py",
+    "bridge/node/stamp.py",
+    "bridge/node/publish.py",
+    "bridge/node/delivery.py",
+    "bridge/node/congestion.py",
+    "bridge/storage/records.py",
+    "bridge/storage/filelog/index.py",
+    "bridge/storage/filelog/store.py",
+    "bridge/storage/filelog/segments.py",
+    "bridge/storage/filelog/reading.py",
+    "bridge/listeners/inbound.py",
+    "bridge/listeners/outbound_acks.py",
+    "bridge/listeners/connection.py",
+]
+
+
+def compiled_modules() -> list:
+    if os.environ.get("MQTT_BRIDGE_COMPILE", "1") == "0":
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        print("mypyc not found: building mqtt-bridge as pure Python", file=sys.stderr)
+        return []
+    return mypycify(COMPILED, opt_level="3", group_name="bridge_native")
+
+
+setup(ext_modules=compiled_modules())
