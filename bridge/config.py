@@ -59,6 +59,7 @@ class Config:
     metering_interval: float = 10.0
     metering_redis_url: str = ""
     fsync: bool = True
+    inline_commit_ms: float = 1.0
     store_qos0: bool = True
     segment_bytes: int = 64 * MiB
     retention_bytes: int = 1024 * MiB
@@ -158,6 +159,10 @@ SETTINGS: dict[str, str] = {
     "metering_interval": "seconds between flushes of per-client/user counters to Redis (0: off)",
     "metering_redis_url": "Redis for metering `redis://HOST:PORT/DB` (default: the cluster's)",
     "fsync": "fsync each group commit before PUBACK/PUBREC; `false` is NOT durable (benchmarks)",
+    "inline_commit_ms": (
+        "group commits (write + fsync) run on the event loop while they take at most this many "
+        "ms on average, else on a writer thread (0: always the thread)"
+    ),
     "store_qos0": "also write QoS 0 messages to the store (not awaited), for analytics",
     "segment_bytes": "size at which a log segment file is closed and a new one started",
     "retention_bytes": "total log size kept; oldest segments are deleted beyond it",
@@ -340,7 +345,13 @@ def _validate_operations(config: Config) -> None:
         parse_listen(config.admin_listen)
     if config.client_events_qos not in (0, 1, 2):
         raise ConfigError("client_events_qos: must be 0, 1 or 2")
-    for name in ("auth_cache_ttl", "acl_cache_ttl", "sys_interval", "metering_interval"):
+    for name in (
+        "auth_cache_ttl",
+        "acl_cache_ttl",
+        "sys_interval",
+        "metering_interval",
+        "inline_commit_ms",
+    ):
         if getattr(config, name) < 0:
             raise ConfigError(f"{name}: must not be negative")
     _validate_flapping(config)

@@ -25,6 +25,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
 from bridge.mqtt.packets import (
+    TYPE_NUMBERS,
     Auth,
     Connack,
     Connect,
@@ -58,6 +59,18 @@ SOCKET_HIGH_WATER = 256 * 1024
 
 class Connection(asyncio.Protocol):
     """The protocol instance of one TCP connection."""
+
+    # Slots, not a __dict__: a node holds tens of thousands of idle connections.
+    # fmt: off
+    __slots__ = (
+        "_connecting", "_flush_handle", "_graceful", "_held", "_holds", "_keepalive_limit",
+        "_last_rx", "_out", "_paused_writing", "_read_pauses", "_slow_since", "_timer", "auth",
+        "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder", "detached",
+        "inbound", "keepalive", "level", "listener", "loop", "max_packet_out", "msgs_in",
+        "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer", "receive_maximum",
+        "session", "shared_encoding", "transport", "username", "v5", "will",
+    )
+    # fmt: on
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -149,7 +162,7 @@ class Connection(asyncio.Protocol):
         for packet in packets:
             if self.closed:
                 return
-            packets_in[_TYPE_NUMBERS.get(type(packet), 0)] += 1
+            packets_in[TYPE_NUMBERS.get(type(packet), 0)] += 1
             if type(packet) is Auth and self.auth is not None and self.auth.waiting:
                 self.auth.on_auth(packet)  # the answer an exchange waits for, never held
                 continue
@@ -567,20 +580,6 @@ def _can_write_eof(transport: asyncio.Transport) -> bool:
     except NotImplementedError:  # a transport of our own (WebSocket) that cannot
         return False
 
-
-_TYPE_NUMBERS: dict[type, int] = {
-    Connect: 1,
-    Publish: 3,
-    Puback: 4,
-    Pubrec: 5,
-    Pubrel: 6,
-    Pubcomp: 7,
-    Subscribe: 8,
-    Unsubscribe: 10,
-    Pingreq: 12,
-    Disconnect: 14,
-    Auth: 15,
-}
 
 _HANDLERS: dict[type, Callable[[Connection, Any], None]] = {
     Publish: lambda conn, packet: conn.inbound.on_publish(packet),

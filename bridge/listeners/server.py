@@ -40,6 +40,7 @@ def make_store(config: Config, session_meta: Any = None) -> MessageStore:
             retention_bytes=config.retention_bytes,
             retention_seconds=config.retention_seconds,
             fsync=config.fsync,
+            inline_commit_seconds=config.inline_commit_ms / 1000,
         )
     if config.store == "rocketmq":
         from bridge.storage.rocketmq.store import RocketMQStore
@@ -114,7 +115,6 @@ class Server:
         gc.set_threshold(10_000, 50, 50)
         if self.serve_mqtt:
             from bridge.listeners.tls import TLSAcceptor, server_context
-            from bridge.listeners.websocket import websocket_factory
 
             config = self.config
             context = server_context(config)
@@ -144,17 +144,23 @@ class Server:
             kinds = [
                 ("MQTT", config.listen, connections("tcp")),
                 ("MQTT over TLS", config.tls_listen, secured(connections("tls"))),
-                (
-                    "MQTT over WebSocket",
-                    config.ws_listen,
-                    websocket_factory(connections("ws"), config, metrics),
-                ),
-                (
-                    "MQTT over secure WebSocket",
-                    config.wss_listen,
-                    secured(websocket_factory(connections("wss"), config, metrics)),
-                ),
             ]
+            if config.ws_listen or config.wss_listen:
+                # wsproto (2 MiB resident) only for a node with WebSocket listeners.
+                from bridge.listeners.websocket import websocket_factory
+
+                kinds += [
+                    (
+                        "MQTT over WebSocket",
+                        config.ws_listen,
+                        websocket_factory(connections("ws"), config, metrics),
+                    ),
+                    (
+                        "MQTT over secure WebSocket",
+                        config.wss_listen,
+                        secured(websocket_factory(connections("wss"), config, metrics)),
+                    ),
+                ]
             loop = asyncio.get_running_loop()
             for what, addresses, factory in kinds:
                 for address in addresses:
@@ -178,6 +184,8 @@ class Server:
 
     async def _start_notify(self) -> None:
         """With the RocketMQ store, run notify in this node unless it runs on its own."""
+        if self.config.store != "rocketmq":
+            return  # and the RocketMQ client (6 MiB resident) is never imported
         from bridge.storage.rocketmq.store import RocketMQStore
 
         store = self.node.store

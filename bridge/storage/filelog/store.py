@@ -46,6 +46,9 @@ from bridge.storage.records import encode_message, encode_meta, encode_plain_mes
 
 log = logging.getLogger("bridge.storage")
 
+COMMIT_AVERAGE_WEIGHT = 0.2
+"""Weight of the latest group commit in the running average of their durations."""
+
 DurableCallback = Callable[[int | None, BaseException | None], None]
 Waiter = asyncio.Future[Any] | DurableCallback
 
@@ -112,6 +115,7 @@ class FileLogStore:
         fsync: bool = True,
         cache_bytes: int = 64 * MiB,
         snapshot_every_bytes: int = 16 * MiB,
+        inline_commit_seconds: float = 0.001,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         if segment_bytes <= 0 or retention_bytes < 0 or retention_seconds < 0 or cache_bytes < 0:
@@ -123,6 +127,10 @@ class FileLogStore:
         self.retention_seconds = retention_seconds
         self.fsync = fsync
         self.snapshot_every_bytes = snapshot_every_bytes
+        self.inline_commit_seconds = inline_commit_seconds
+        """A group commit runs on the event loop's thread while commits take at most this long
+        on average (0: always on the writer thread); see `_flusher`."""
+        self._commit_average = 0.0
         self._loop_arg = loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wexec: ThreadPoolExecutor | None = None
@@ -415,19 +423,22 @@ class FileLogStore:
                 self._inflight = waiters
                 need_sync = bool(waiters) or any(u[1] for u in self._undo[:records])
                 try:
-                    seconds, fsyncs = await loop.run_in_executor(
-                        self._wexec,
-                        write_batch,
-                        chunks,
-                        self.log_dir,
-                        self.fsync,
-                        _write_all,
-                        need_sync,
-                        self._last_written,
-                    )
+                    # A fast disk's write + fsync takes less than handing it to the writer
+                    # thread and back (two thread wake-ups and the GIL). A slow disk's would stall
+                    # every client of the loop: it goes to the writer thread, and comes back once
+                    # the average (kept from both places) is low again.
+                    batch = (chunks, self.log_dir, self.fsync, _write_all, need_sync)
+                    last, inline = self._last_written, self.inline_commit_seconds
+                    if inline > 0 and self._commit_average <= inline:
+                        seconds, fsyncs = write_batch(*batch, last)
+                    else:
+                        seconds, fsyncs = await loop.run_in_executor(
+                            self._wexec, write_batch, *batch, last
+                        )
                 except Exception as exc:
                     await self._write_failed(start, exc)
                     continue
+                self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
                 self._inflight = None
                 self._last_written = chunks[-1][0]
                 self._log.durable = end

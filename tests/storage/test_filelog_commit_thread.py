@@ -1,0 +1,75 @@
+"""Where the embedded store's group commits run: on the event loop while the disk is fast, on
+the writer thread while it is slow (a slow fsync on the loop would stall every client)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.storage.filelog import store as filelog
+from bridge.storage.filelog.files import write_all
+from tests.storage.conftest import Run
+from tests.storage.test_contract import msg, read_all
+from tests.storage.test_filelog import fill, opened
+
+
+class Disk:
+    """`_write_all` with a chosen delay, noting the thread each write ran on."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.threads: list[int] = []
+
+    def write(self, fd: int, data: bytes | bytearray) -> None:
+        self.threads.append(threading.get_ident())
+        if self.delay:
+            time.sleep(self.delay)
+        write_all(fd, data)
+
+
+def test_commits_move_to_the_writer_thread_while_the_disk_is_slow_and_come_back(
+    tmp_path: Path, run: Run[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = Disk()
+    monkeypatch.setattr(filelog, "_write_all", disk.write)
+
+    async def body() -> None:
+        store = await opened(tmp_path, inline_commit_seconds=0.002)
+        loop_thread = threading.get_ident()
+        await fill(store, 5, ["q"])
+        assert set(disk.threads) == {loop_thread}  # a fast disk: on the loop
+        disk.threads.clear()
+        disk.delay = 0.02
+        await fill(store, 10, ["q"], start=5)
+        # The first slow commit ran on the loop (the average said "fast"); the rest moved.
+        assert disk.threads[0] == loop_thread
+        assert loop_thread not in disk.threads[-5:]
+        disk.threads.clear()
+        disk.delay = 0.0
+        await fill(store, 40, ["q"], start=15)
+        assert disk.threads[-1] == loop_thread  # the average fell: back on the loop
+        assert [s.message.payload for s in await read_all(store, "q")] == [
+            msg(i).payload for i in range(55)
+        ]
+        await store.close()
+
+    run(body())
+
+
+def test_zero_keeps_every_commit_on_the_writer_thread(
+    tmp_path: Path, run: Run[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = Disk()
+    monkeypatch.setattr(filelog, "_write_all", disk.write)
+
+    async def body() -> None:
+        store = await opened(tmp_path, inline_commit_seconds=0.0)
+        await fill(store, 5, ["q"])
+        assert disk.threads and threading.get_ident() not in disk.threads
+        await store.close()
+
+    run(body())
