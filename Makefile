@@ -36,7 +36,7 @@ $(COMPILE_STAMP): $(STAMP) setup.py $(COMPILED_SRC)
 # Back to pure Python (slower, same behaviour): remove the compiled modules.
 pure:
 	find bridge -name '*.so' -delete
-	rm -f bridge_native__mypyc*.so $(COMPILE_STAMP)
+	rm -f $(COMPILE_STAMP)
 
 # PySpark and its Python dependencies (pyarrow, pandas, matplotlib): for the Spark source, jobs,
 # tests and demo; not needed to run a gateway.

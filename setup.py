@@ -21,6 +21,7 @@ COMPILED = [
     "bridge/mqtt/encoder.py",
     "bridge/mqtt/properties.py",
     "bridge/mqtt/topics.py",
+    "bridge/mqtt/packets.py",
     "bridge/router/trie.py",
     "bridge/router/plan.py",
     "bridge/router/queues.py",
@@ -39,6 +40,7 @@ COMPILED = [
     "bridge/listeners/inbound.py",
     "bridge/listeners/outbound_acks.py",
     "bridge/listeners/connection.py",
+    "bridge/operations/metrics.py",
 ]
 
 
@@ -50,7 +52,7 @@ def compiled_modules() -> list:
     except ImportError:
         print("mypyc not found: building mqtt-bridge as pure Python", file=sys.stderr)
         return []
-    return mypycify(COMPILED, opt_level="3", group_name="bridge_native")
+    return mypycify(COMPILED, opt_level="3", group_name="bridge._native")
 
 
 setup(ext_modules=compiled_modules())
