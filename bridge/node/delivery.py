@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from bridge.mqtt import codec
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from bridge.access.acl import Acl
     from bridge.node.roles import ClientLink
     from bridge.operations.metrics import Metrics
-    from bridge.storage.base import MessageStore, Stored
+    from bridge.storage.base import MessageStore, ReadResult, Stored
 
 log = logging.getLogger("bridge.delivery")
 
@@ -59,6 +60,7 @@ class Delivery:
 
     __slots__ = (
         "_drains",
+        "_read_now",
         "_retrying",
         "_scan",
         "_stopped",
@@ -101,6 +103,10 @@ class Delivery:
         that waits on one (a light queue the broker has not filled yet) holds up no other."""
         self._window_blocked: set[str] = set()
         self._scan: asyncio.Handle | None = None
+        self._read_now: Callable[[str, int, int], ReadResult | None] | None = getattr(
+            store, "read_cached", None
+        )
+        """The store's read from memory (the embedded store's record cache), if it has one."""
 
     def wake(self) -> None:
         """Something may be deliverable: soon (once per event-loop turn, however many wakes
@@ -121,10 +127,12 @@ class Delivery:
         window_full = session.window_free(self.max_inflight) <= 0
         if not window_full and not self.conn.writable:
             return
-        for queue, cursor in session.cursors.items():
+        for queue, cursor in list(session.cursors.items()):
             if cursor < end_offset(queue) and queue not in drains:
                 if window_full:
                     self._window_blocked.add(queue)
+                elif self._drain_now(queue):
+                    self.pace.read(session)
                 else:
                     drains[queue] = asyncio.get_running_loop().create_task(self._run(queue))
 
@@ -206,50 +214,91 @@ class Delivery:
     async def _drain(self, queue: str) -> None:
         """Send what `queue` holds from the session's cursor until it is caught up, the window
         is full (`blocked_on_window`) or the socket is not writable."""
-        session = self.session
-        store = self.store
-        max_inflight = self.max_inflight
         self._window_blocked.discard(queue)
-        logical = store.queue_of_part(queue) or queue  # `queue` is a part (see positions.py)
+        logical = self.store.queue_of_part(queue) or queue  # `queue` is a part (positions.py)
         while not self._stopped:
-            cursor = session.cursors.get(queue)
-            if cursor is None or cursor >= store.end_offset(queue):
+            wanted = self._wanted(queue)
+            if wanted is None:
                 return
-            free = session.window_free(max_inflight)
-            if free <= 0:
+            cursor, limit = wanted
+            result = await self.store.read(queue, cursor, limit)
+            if self._stopped or self.session.cursors.get(queue) != cursor:
+                return
+            if not self._take(queue, logical, cursor, result):
+                return
+
+    def _drain_now(self, queue: str) -> bool:
+        """`_drain` without a task, while what it reads is in the store's memory (a reader that
+        keeps up: the hot path). False when a read needs the disk (or the store failed): a task
+        goes on from the cursor then."""
+        read_now = self._read_now
+        if read_now is None:
+            return False
+        self._window_blocked.discard(queue)
+        logical = self.store.queue_of_part(queue) or queue
+        try:
+            while not self._stopped:
+                wanted = self._wanted(queue)
+                if wanted is None:
+                    return True
+                cursor, limit = wanted
+                result = read_now(queue, cursor, limit)
+                if result is None:
+                    return False
+                if not self._take(queue, logical, cursor, result):
+                    return True
+        except StoreUnavailable:
+            return False  # the task meets it again, counts it and retries
+        except Exception:
+            log.exception("client %s: delivery failed", self.session.client_id)
+            self.conn.close("internal error in delivery")
+        return True
+
+    def _wanted(self, queue: str) -> tuple[int, int] | None:
+        """The cursor of `queue` and how many messages to read there, or None: caught up, the
+        window full (noted in `_window_blocked`) or the socket not writable (resume_writing
+        wakes us)."""
+        session = self.session
+        cursor = session.cursors.get(queue)
+        if cursor is None or cursor >= self.store.end_offset(queue):
+            return None
+        free = session.window_free(self.max_inflight)
+        if free <= 0:
+            self._window_blocked.add(queue)
+            return None
+        if not self.conn.writable:
+            return None
+        # Read about what the window can take: messages read and not sent are read again.
+        return cursor, min(READ_BATCH, max(free, 8))
+
+    def _take(self, queue: str, logical: str, cursor: int, result: ReadResult) -> bool:
+        """Send what a read of part `queue` at `cursor` returned and move the cursor past it;
+        False when the window filled up on the way (the drain stops)."""
+        session = self.session
+        next_offset = cursor
+        if result.lost:
+            next_offset = cursor + result.lost
+            session.dropped_retention += result.lost
+            self.metrics.inc("dropped_retention", result.lost)
+            log.warning(
+                "client %s: %d queued messages of %s were removed by retention before delivery",
+                session.client_id,
+                result.lost,
+                queue,
+            )
+        blocked = False
+        for stored in result.messages:
+            sent = self._send(queue, logical, stored)
+            if sent is None:
+                blocked = True
                 self._window_blocked.add(queue)
-                return
-            if not self.conn.writable:
-                return  # resume_writing wakes us
-            # Read about what the window can take: messages read and not sent are read again.
-            result = await store.read(queue, cursor, min(READ_BATCH, max(free, 8)))
-            if self._stopped or session.cursors.get(queue) != cursor:
-                return
-            next_offset = cursor
-            if result.lost:
-                next_offset = cursor + result.lost
-                session.dropped_retention += result.lost
-                self.metrics.inc("dropped_retention", result.lost)
-                log.warning(
-                    "client %s: %d queued messages of %s were removed by retention before delivery",
-                    session.client_id,
-                    result.lost,
-                    queue,
-                )
-            blocked = False
-            for stored in result.messages:
-                sent = self._send(queue, logical, stored)
-                if sent is None:
-                    blocked = True
-                    self._window_blocked.add(queue)
-                    break
-                next_offset = stored.offset + 1
-            if not result.messages and not result.lost:
-                next_offset = max(next_offset, result.next_offset)
-            session.cursors[queue] = next_offset
-            self.offsets.mark_offsets_dirty(session)
-            if blocked:
-                return
+                break
+            next_offset = stored.offset + 1
+        if not result.messages and not result.lost:
+            next_offset = max(next_offset, result.next_offset)
+        session.cursors[queue] = next_offset
+        self.offsets.mark_offsets_dirty(session)
+        return not blocked
 
     def _send(self, queue: str, logical: str, stored: Stored) -> bool | None:
         """Send one message read from part `queue` of queue `logical`; False if skipped

@@ -486,3 +486,30 @@ def test_unqueued_messages_reach_the_log_without_a_queue_entry(tmp_path: Path) -
     assert [r.message.topic for r in records] == [f"telemetry/{i}" for i in range(50)]
     assert records[7].message.payload == b"p7"
     assert all(not r.queues for r in records)
+
+
+def test_a_read_from_memory_returns_what_read_does_and_none_when_the_disk_is_needed(
+    tmp_path: Path, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path)
+        await fill(store, 10, ["q"])
+        cached = store.read_cached("q", 3, 4)
+        assert cached is not None
+        read = await store.read("q", 3, 4)
+        assert [(s.offset, s.seq, s.message.key) for s in cached.messages] == [
+            (s.offset, s.seq, s.message.key) for s in read.messages
+        ]
+        assert cached.next_offset == read.next_offset == 7
+        assert store.read_cached("q", 10, 4).messages == []  # caught up: nothing, no disk
+        store._cache.drop_from(0)  # as if later records had pushed these out of the cache
+        assert store.read_cached("q", 0, 4) is None
+        assert [s.message.key for s in (await store.read("q", 0, 4)).messages] == [
+            "k0",
+            "k1",
+            "k2",
+            "k3",
+        ]
+        await store.close()
+
+    run(body())

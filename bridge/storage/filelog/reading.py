@@ -41,23 +41,13 @@ class LogReader:
         self._stats = stats
         self._run_io = run_io
 
-    async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
-        """Up to `limit` durable messages of `queue` from `offset` on (see `MessageStore.read`)."""
-        if offset < 0 or limit < 0:
-            raise ValueError("offset and limit must not be negative")
-        q = self._queues.get(queue)
-        if q is None or limit == 0:
-            return ReadResult([], offset)
-        lost = 0
-        if offset < q.first:
-            lost = q.first - offset
-            offset = q.first
-        end = q.visible
-        while offset < end and q.seqs[offset - q.base] == HOLE:
-            lost += 1
-            offset += 1
-        stop = min(end, offset + limit)
-        # Fast path: a reader that keeps up finds everything in the cache.
+    def read_cached(self, queue: str, offset: int, limit: int) -> ReadResult | None:
+        """`read` when what it returns first is in the record cache (a reader that keeps up),
+        without awaiting; None when the first record must come from the disk."""
+        start = self._start(queue, offset, limit)
+        if isinstance(start, ReadResult):
+            return start
+        q, offset, lost, stop = start
         messages: list[Stored] = []
         entries = self._cache.entries
         seqs = q.seqs
@@ -72,10 +62,39 @@ class LogReader:
                 break
             messages.append(Stored(o, seq, entry[0], entry[1], entry[2]))
             o += 1
-        else:
-            return ReadResult(messages, o, lost)
-        if messages:
+        if messages or o >= stop:
             return ReadResult(messages, o, lost)  # the rest comes with the next read
+        return None
+
+    def _start(
+        self, queue: str, offset: int, limit: int
+    ) -> ReadResult | tuple[QueueIndex, int, int, int]:
+        """Where a read begins: the queue's index, the first offset still held, how many before
+        it retention removed, and where the read stops; or the whole (empty) result."""
+        if offset < 0 or limit < 0:
+            raise ValueError("offset and limit must not be negative")
+        q = self._queues.get(queue)
+        if q is None or limit == 0:
+            return ReadResult([], offset)
+        lost = 0
+        if offset < q.first:
+            lost = q.first - offset
+            offset = q.first
+        end = q.visible
+        while offset < end and q.seqs[offset - q.base] == HOLE:
+            lost += 1
+            offset += 1
+        return q, offset, lost, min(end, offset + limit)
+
+    async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
+        """Up to `limit` durable messages of `queue` from `offset` on (see `MessageStore.read`)."""
+        cached = self.read_cached(queue, offset, limit)
+        if cached is not None:
+            return cached
+        start = self._start(queue, offset, limit)
+        assert not isinstance(start, ReadResult)
+        q, o, lost, stop = start
+        messages: list[Stored] = []
         wanted: list[tuple[int, int, int, int]] = []
         while o < stop:
             seq, length, size = q.entry(o)

@@ -533,6 +533,12 @@ class FileLogStore:
         self._check_usable()
         return await self._reader.read(queue, offset, limit)
 
+    def read_cached(self, queue: str, offset: int, limit: int) -> ReadResult | None:
+        """`read` without awaiting while its first record is in the record cache (a reader that
+        keeps up); None when it needs the disk."""
+        self._check_usable()
+        return self._reader.read_cached(queue, offset, limit)
+
     # --- snapshots and retention (LogMaintenance) ---------------------------------------------
 
     async def enforce_retention(self) -> int:
