@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -81,12 +80,11 @@ from tests.bench.harness.cluster_report import RESULT_PREFIX, describe, report
 from tests.bench.harness.common import (
     HOST,
     Budget,
+    begin,
     copy_logs,
     free_port,
-    invocation,
     log,
     matching,
-    on_sigterm,
     tail,
     tool_versions,
     utc_now,
@@ -357,10 +355,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv, command = invocation(str(Path(__file__)), argv)
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    t0 = time.monotonic()
+    args, command, t0 = begin(str(Path(__file__)), argv, parse_args)
     meta: dict[str, Any] = run_meta(
         command,
         versions=tool_versions(python_path=False),

@@ -26,7 +26,6 @@ import argparse
 import math
 import secrets
 import shlex
-import signal
 import sys
 import tempfile
 import threading
@@ -39,10 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bridge.mqtt.packets import Puback, Publish, Suback, Subscribe, Subscription
 from tests.bench.harness.common import (
     RESULTS_DIR,
+    begin,
     free_port,
-    invocation,
     log,
-    on_sigterm,
     utc_now,
     write_results,
 )
@@ -248,10 +246,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv, command = invocation(str(Path(__file__)), argv)
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    t0 = time.monotonic()
+    args, command, t0 = begin(str(Path(__file__)), argv, parse_args)
     meta: dict[str, Any] = run_meta(
         command,
         round_timeout_s=args.round_timeout,

@@ -43,7 +43,6 @@ import contextlib
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -59,12 +58,11 @@ from tests.bench.harness.cluster import SHUTDOWN_INCIDENT, BenchCluster, LogWatc
 from tests.bench.harness.common import (
     HOST,
     Budget,
+    begin,
     copy_logs,
     first_line,
     free_port,
-    invocation,
     log,
-    on_sigterm,
     run_text,
     tool_versions,
     utc_now,
@@ -499,10 +497,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv, command = invocation(str(Path(__file__)), argv)
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    t0 = time.monotonic()
+    args, command, t0 = begin(str(Path(__file__)), argv, parse_args)
     sizing = QUICK if args.quick else DEFAULT
     loads = build_loads(sizing)
     meta: dict[str, Any] = run_meta(

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import sys
 import tempfile
 import time
@@ -42,12 +41,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.bench.harness.common import (
+    begin,
     first_line,
     free_port,
-    invocation,
     log,
     matching,
-    on_sigterm,
     run_text,
     tool_versions,
     utc_now,
@@ -339,10 +337,7 @@ def make_broker(name: str, tmp: Path, port: int, args: argparse.Namespace) -> Br
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv, command = invocation(str(Path(__file__)), argv)
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    t0 = time.monotonic()
+    args, command, t0 = begin(str(Path(__file__)), argv, parse_args)
     versions = tool_versions()
     meta: dict[str, Any] = run_meta(
         command,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import sys
 import tempfile
 import time
@@ -40,11 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.bench.harness.common import (
     HOST,
+    begin,
     free_port,
-    invocation,
     log,
     matching,
-    on_sigterm,
     tail,
     tool_versions,
     utc_now,
@@ -519,10 +517,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv, command = invocation(str(Path(__file__)), argv)
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    t0 = time.monotonic()
+    args, command, t0 = begin(str(Path(__file__)), argv, parse_args)
     versions = tool_versions()
     loads: list[ProtocolLoad] = args.loads
     meta: dict[str, Any] = run_meta(

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,17 @@ def invocation(script: str, argv: list[str] | None) -> tuple[list[str], str]:
     if argv is None:
         return sys.argv[1:], shlex.join([sys.executable, *sys.argv])
     return argv, shlex.join([sys.executable, script, *argv])
+
+
+def begin(
+    script: str, argv: list[str] | None, parse: Callable[[list[str]], Any]
+) -> tuple[Any, str, float]:
+    """The start every bench script's main() shares: its parsed arguments, the command line to
+    record, SIGTERM turned into a clean stop (`on_sigterm`) and the start time."""
+    argv, command = invocation(script, argv)
+    args = parse(argv)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return args, command, time.monotonic()
 
 
 def utc_now() -> str:
