@@ -31,12 +31,17 @@ class Disk:
         write_all(fd, data)
 
 
-def test_commits_move_to_the_writer_thread_while_the_disk_is_slow_and_come_back(
-    tmp_path: Path, run: Run[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> Disk:
+    """The store's writes go through a `Disk`."""
     disk = Disk()
     monkeypatch.setattr(filelog, "_write_all", disk.write)
+    return disk
 
+
+def test_commits_move_to_the_writer_thread_while_the_disk_is_slow_and_come_back(
+    tmp_path: Path, run: Run[Any], disk: Disk
+) -> None:
     async def body() -> None:
         store = await opened(tmp_path, inline_commit_seconds=0.002)
         loop_thread = threading.get_ident()
@@ -61,11 +66,8 @@ def test_commits_move_to_the_writer_thread_while_the_disk_is_slow_and_come_back(
 
 
 def test_zero_keeps_every_commit_on_the_writer_thread(
-    tmp_path: Path, run: Run[Any], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, run: Run[Any], disk: Disk
 ) -> None:
-    disk = Disk()
-    monkeypatch.setattr(filelog, "_write_all", disk.write)
-
     async def body() -> None:
         store = await opened(tmp_path, inline_commit_seconds=0.0)
         await fill(store, 5, ["q"])

@@ -47,7 +47,11 @@ class LogReader:
         start = self._start(queue, offset, limit)
         if isinstance(start, ReadResult):
             return start
-        q, offset, lost, stop = start
+        return self._from_cache(*start)
+
+    def _from_cache(self, q: QueueIndex, offset: int, lost: int, stop: int) -> ReadResult | None:
+        """The records from `offset` on that the cache holds, up to the first it does not; None
+        when it does not hold the first one."""
         messages: list[Stored] = []
         entries = self._cache.entries
         seqs = q.seqs
@@ -88,11 +92,12 @@ class LogReader:
 
     async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
         """Up to `limit` durable messages of `queue` from `offset` on (see `MessageStore.read`)."""
-        cached = self.read_cached(queue, offset, limit)
+        start = self._start(queue, offset, limit)
+        if isinstance(start, ReadResult):
+            return start
+        cached = self._from_cache(*start)
         if cached is not None:
             return cached
-        start = self._start(queue, offset, limit)
-        assert not isinstance(start, ReadResult)
         q, o, lost, stop = start
         messages: list[Stored] = []
         wanted: list[tuple[int, int, int, int]] = []
