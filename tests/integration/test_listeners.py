@@ -30,7 +30,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.packets import Connack, ConnackCode, Connect
-from tests.support.processes import REPO, BridgeProcess, free_port, wait_for_port
+from tests.support.processes import REPO, BridgeProcess, free_port, free_ports, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -169,7 +169,8 @@ class Listeners:
 
 def start_bridge(factory: Callable[..., BridgeProcess], certs: Certs, *settings: str) -> Listeners:
     """A bridge listening for MQTT over TCP, TLS, WebSocket and secure WebSocket."""
-    ports = {"tls": free_port(), "ws": free_port(), "wss": free_port()}
+    tcp, tls, ws, wss = free_ports(4)
+    ports = {"tls": tls, "ws": ws, "wss": wss}
     node = factory(
         f"tls_listen=127.0.0.1:{ports['tls']}",
         f"ws_listen=127.0.0.1:{ports['ws']}",
@@ -178,6 +179,7 @@ def start_bridge(factory: Callable[..., BridgeProcess], certs: Certs, *settings:
         f"tls_keyfile={certs.server_key}",
         f"tls_cafile={certs.ca}",
         *settings,
+        port=tcp,
     )
     for port in ports.values():
         wait_for_port(port, timeout=TIMEOUT, proc=node.proc)
