@@ -33,8 +33,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from redis.exceptions import RedisError
-
 from bridge.access.bans import (
     BY_FLAPPING,
     Ban,
@@ -50,6 +48,7 @@ if TYPE_CHECKING:
     from bridge.config import Config
 
 from bridge.access.watch import follow_changes, replace_file, stop_following
+from bridge.cluster.redis_errors import redis_errors
 
 log = logging.getLogger("bridge.access")
 
@@ -155,7 +154,7 @@ class BanList:
             return
         try:
             await self._reload()
-        except (RedisError, OSError) as exc:
+        except redis_errors(OSError) as exc:
             log.warning("bans not read from Redis yet (%s): read when it answers", exc)
         self._listener = asyncio.get_running_loop().create_task(self._listen())
 
@@ -195,7 +194,7 @@ class BanList:
                     pipe.hset(self._key, ban.key, ban.record())
                     pipe.publish(self._channel, ban.key)
                     existed, _set, _published = await pipe.execute()
-            except (RedisError, OSError) as exc:
+            except redis_errors(OSError) as exc:
                 raise BanListUnavailable(f"the cluster's Redis is unavailable: {exc}") from None
             self.table.put(ban)
             new = not existed
@@ -226,7 +225,7 @@ class BanList:
                     pipe.hdel(self._key, key)
                     pipe.publish(self._channel, key)
                     raw, _deleted, _published = await pipe.execute()
-            except (RedisError, OSError) as exc:
+            except redis_errors(OSError) as exc:
                 raise BanListUnavailable(f"the cluster's Redis is unavailable: {exc}") from None
             self.table.remove(kind, value)
             removed = _parse(raw) if raw is not None else None
@@ -287,7 +286,7 @@ class BanList:
                         member,
                     )
                 )
-            except (RedisError, OSError) as exc:
+            except redis_errors(OSError) as exc:
                 log.debug("connects of %r counted by this node only: %s", client_id, exc)
         return detector.record_connect(client_id, now)
 

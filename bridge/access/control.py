@@ -30,8 +30,6 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError
-
 from bridge.access.acl import Acl, AclError, Rule, parse_rules
 from bridge.access.auth import (
     AuthConfigError,
@@ -49,6 +47,7 @@ if TYPE_CHECKING:
     from bridge.config import Config
 
 from bridge.access.watch import follow_changes, stop_following
+from bridge.cluster.redis_errors import redis_errors
 
 log = logging.getLogger("bridge.access")
 
@@ -170,7 +169,7 @@ class AccessControl:
         try:
             await redis.set(key, secrets.token_hex(32), nx=True)
             shared = await redis.get(key)
-        except (RedisError, OSError) as exc:
+        except redis_errors(OSError) as exc:
             log.warning("SCRAM decoy key not shared through Redis, using this node's: %s", exc)
             return
         if shared:
@@ -217,7 +216,7 @@ class AccessControl:
         self._redis_cache.clear()
         try:
             await self._load_redis_rules()
-        except RedisError as exc:
+        except redis_errors() as exc:
             # Rules stay as they were; the listener re-reads them when Redis is back.
             log.warning("ACL rules in Redis not re-read: %s", exc)
 
@@ -278,7 +277,7 @@ class AccessControl:
         generation = cache.generation
         try:
             raw = await self.redis.hget(users_key(self.config.cluster_name), username)
-        except (RedisError, OSError) as exc:
+        except redis_errors(OSError) as exc:
             log.warning("user %r not checked, Redis unavailable: %s", username, exc)
             return AuthResult.UNAVAILABLE
         loop = asyncio.get_running_loop()
@@ -336,7 +335,7 @@ class AccessControl:
                 pipe.hget(users_key(cluster), username)
                 pipe.hget(scram_key(cluster), username)
                 stored, scram = await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except redis_errors(OSError) as exc:
             log.warning("user %r not looked up, Redis unavailable: %s", username, exc)
             raise UserStoreUnavailable(str(exc)) from None
         if stored is None or scram is None:

@@ -24,14 +24,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError
-
 from bridge.access.ratelimit import Limits, TokenBucket, bucket_for, parse_overrides
 
 if TYPE_CHECKING:
     from bridge.config import Config
 
 from bridge.access.watch import follow_changes, replace_file, stop_following
+from bridge.cluster.redis_errors import redis_errors
 
 log = logging.getLogger("bridge.access")
 
@@ -98,7 +97,7 @@ class LimitControl:
         self.redis = redis
         try:
             await self._reload()
-        except (RedisError, OSError) as exc:
+        except redis_errors(OSError) as exc:
             log.warning("limits not read from Redis yet (%s): the configured ones apply", exc)
         self._listener = asyncio.get_running_loop().create_task(self._listen())
 
@@ -132,7 +131,7 @@ class LimitControl:
                     pipe.hgetall(self.key)
                     pipe.publish(self.channel, "changed")
                     results = await pipe.execute()
-            except (RedisError, OSError) as exc:
+            except redis_errors(OSError) as exc:
                 raise LimitsUnavailable(f"the cluster's Redis is unavailable: {exc}") from None
             self._apply(_decode_hash(results[-2]), "through the admin API")
             return
@@ -158,7 +157,7 @@ class LimitControl:
                 pipe.delete(self.key)
                 pipe.publish(self.channel, "changed")
                 await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except redis_errors(OSError) as exc:
             raise LimitsUnavailable(f"the cluster's Redis is unavailable: {exc}") from None
         self._apply({}, "through the admin API")
 

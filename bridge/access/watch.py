@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import RedisError
+from bridge.cluster.redis_errors import redis_errors
 
 log = logging.getLogger("bridge.access")
 
@@ -52,11 +52,11 @@ async def follow_changes(
             async for message in pubsub.listen():
                 if message.get("type") == "message":
                     await changed()
-        except (RedisError, OSError) as exc:
+        except redis_errors(OSError) as exc:
             failed()
             log.warning("not listening for %s changes in Redis (%s); retrying", what, exc)
         finally:
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*redis_errors(OSError)):
                 await pubsub.aclose()
         await asyncio.sleep(RESUBSCRIBE_DELAY)
 

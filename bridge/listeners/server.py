@@ -15,16 +15,18 @@ import signal
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.access import AccessControl
 from bridge.config import Config, parse_listen
 from bridge.listeners.connection import Connection
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node import Node
-from bridge.operations.prometheus import Exporter
 from bridge.state import KIND_ONLINE
 from bridge.storage.base import MessageStore, MetaUpdate, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.operations.prometheus import Exporter
 
 log = logging.getLogger("bridge.server")
 
@@ -202,7 +204,10 @@ class Server:
 
     @cached_property
     def exporter(self) -> Exporter:
-        """The Prometheus exposition of this server's metrics."""
+        """The Prometheus exposition of this server's metrics (prometheus_client is imported on
+        the first scrape: 2 MiB a node that is never scraped does not hold)."""
+        from bridge.operations.prometheus import Exporter
+
         return Exporter(self)
 
     def metrics_text(self) -> bytes:

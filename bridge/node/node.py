@@ -25,8 +25,6 @@ import logging
 from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
-from redis import asyncio as aioredis
-
 from bridge.access import AccessControl
 from bridge.access.banlist import BanList
 from bridge.access.limits import LimitControl
@@ -247,6 +245,8 @@ class Node:
         await self.limits.start(self.cluster.registry.redis if self.cluster is not None else None)
         log.log(logging.INFO if access.authenticating else logging.WARNING, "%s", access.describe())
         if self.config.metering_redis_url:
+            from redis import asyncio as aioredis  # only here: a node without Redis skips 10 MiB
+
             self.meter.redis = aioredis.from_url(
                 self.config.metering_redis_url,
                 socket_timeout=self.config.redis_timeout,

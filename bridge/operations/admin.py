@@ -30,10 +30,10 @@ from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
-from redis.exceptions import RedisError
 from yarl import URL
 
 from bridge import __version__
+from bridge.cluster.redis_errors import redis_errors
 from bridge.config import parse_listen
 from bridge.operations.admin_access import AccessAPI
 from bridge.operations.admin_bans import BansAPI
@@ -271,7 +271,7 @@ class AdminAPI:
     async def _metering(self, kind: str, name: str) -> web.Response:
         try:
             counts = await self.node.meter.read(kind, name)
-        except (RedisError, OSError) as exc:
+        except redis_errors(OSError) as exc:
             raise ApiError(503, f"metering Redis unavailable: {exc}") from None
         if not counts.pop("found"):
             raise ApiError(404, f"nothing metered for {kind} {name!r}")
@@ -473,7 +473,7 @@ class AdminAPI:
         """A registry (Redis) call, bounded; 503 if Redis does not answer."""
         try:
             return await asyncio.wait_for(call, self.config.redis_timeout)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except redis_errors(OSError, TimeoutError) as exc:
             raise ApiError(503, f"the cluster registry (Redis) is unavailable: {exc!r}") from None
 
 

@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from redis.exceptions import RedisError
+from bridge.cluster.redis_errors import redis_errors
 
 log = logging.getLogger("bridge.metering")
 
@@ -143,7 +143,7 @@ class Meter:
                             if value:
                                 pipe.hincrby(key, field, value)
                     await pipe.execute()
-            except (RedisError, OSError) as exc:
+            except redis_errors(OSError) as exc:
                 for key, values in batch.items():
                     _add(self.pending, key, values)
                 self.failures += 1
