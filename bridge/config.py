@@ -92,6 +92,7 @@ class Config:
     write_buffer_high: int = 16 * MiB
     slow_consumer_timeout: float = 30.0
     offset_flush_interval: float = 0.2
+    memory_trim_interval: float = 10.0
     drain_timeout: float = 5.0
     reuse_port: bool = False
     redis_url: str = ""
@@ -210,6 +211,8 @@ SETTINGS: dict[str, str] = {
     "write_buffer_high": "bytes buffered for a client's socket before QoS 0 messages to it drop",
     "slow_consumer_timeout": "seconds a client may keep its buffer over the limit before it is cut",
     "offset_flush_interval": "seconds between writes of acknowledged delivery offsets",
+    "memory_trim_interval": "seconds between hand-backs of freed heap memory to the system, "
+    "after traffic (glibc malloc_trim; 0: never)",
     "drain_timeout": "seconds to wait for pending writes on shutdown",
     "reuse_port": "share the MQTT port with other node processes (SO_REUSEPORT): one per core",
     "redis_url": "Redis of the cluster registry, `redis://HOST:PORT/DB`; set to run as a cluster",
@@ -351,6 +354,7 @@ def _validate_operations(config: Config) -> None:
         "sys_interval",
         "metering_interval",
         "inline_commit_ms",
+        "memory_trim_interval",
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"{name}: must not be negative")

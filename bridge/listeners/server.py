@@ -22,6 +22,7 @@ from bridge.config import Config, parse_listen
 from bridge.listeners.connection import Connection
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node import Node
+from bridge.operations.memory import HeapTrimmer
 from bridge.state import KIND_ONLINE
 from bridge.storage.base import MessageStore, MetaUpdate, StoreUnavailable
 
@@ -97,6 +98,10 @@ class Server:
         self.notifier: Any = None
         self.admin: Any = None
         """The admin HTTP API (`bridge.operations.admin.AdminAPI`) when `admin_listen` is set."""
+        metrics = self.node.metrics
+        self.heap = HeapTrimmer(
+            config.memory_trim_interval, lambda: metrics.bytes_in + metrics.get("bytes_out")
+        )
 
     async def start(self) -> None:
         """Restore state, then accept connections on every configured listener."""
@@ -115,6 +120,7 @@ class Server:
         # Fewer, not longer, collections: a broker allocates short-lived objects per packet;
         # the default thresholds ran a full pass several times a second under load.
         gc.set_threshold(10_000, 50, 50)
+        self.heap.start()
         if self.serve_mqtt:
             from bridge.listeners.tls import TLSAcceptor, server_context
 
@@ -284,6 +290,7 @@ class Server:
         if self.notifier is not None:
             await self.notifier.stop()
         await node.stop()
+        self.heap.stop()
         if self.admin is not None:
             await self.admin.stop()
         log.info("stopped")

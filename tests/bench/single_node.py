@@ -385,7 +385,8 @@ def run_loads(
             res["broker_log"] = lines
         out["errors"] += [f"{load.key}: {e}" for e in problems(b.name, load, res)]
         out["runs"][load.key] = res
-        log("    " + describe_run(load.key, res))
+        now = proc_rss_mb(b.proc.pid) if b.alive() else None
+        log("    " + describe_run(load.key, res) + (f"  RSS {now:.1f} MiB" if now else ""))
     rss = proc_rss_mb(b.proc.pid) if b.alive() else None
     out["rss_mib"] = None if rss is None else round(rss, 1)
     log(f"    RSS after the runs: {MISSING if rss is None else f'{rss:.1f} MiB'}")
