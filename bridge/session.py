@@ -89,8 +89,9 @@ class Session:
     """Queue -> offset below which messages may have been sent before (DUP=1 on resend)."""
     inflight: dict[int, Outbound] = field(default_factory=dict)
     """Packet id -> outbound message, in send order."""
-    released: set[int] = field(default_factory=set)
-    """Seqs of QoS 2 messages whose PUBREC arrived (PUBREL phase), durable when persistent."""
+    released: set[int] | None = None
+    """Seqs of QoS 2 messages whose PUBREC arrived (PUBREL phase), durable when persistent;
+    None until the first (an empty set is 216 bytes, and most sessions never see QoS 2)."""
     inbound_qos2: dict[int, Any] = field(default_factory=dict)
     """Inbound QoS 2 packet ids received and not yet released by PUBREL."""
     connected: bool = False
@@ -147,6 +148,8 @@ class Session:
         if out is None or out.qos != 2:
             return None
         out.phase = Phase.AWAITING_PUBCOMP
+        if self.released is None:
+            self.released = set()
         self.released.add(out.seq)
         return out
 
@@ -156,8 +159,13 @@ class Session:
         if out is None or out.phase is not Phase.AWAITING_PUBCOMP:
             return None
         del self.inflight[packet_id]
-        self.released.discard(out.seq)
+        if self.released is not None:
+            self.released.discard(out.seq)
         return out
+
+    def was_released(self, seq: int) -> bool:
+        """Whether the QoS 2 message at `seq` is in its PUBREL phase (its PUBREC arrived)."""
+        return self.released is not None and seq in self.released
 
     def forget_inflight(self) -> list[Outbound]:
         """Drop everything in flight (clean session end); returns what was dropped."""
@@ -188,7 +196,7 @@ class Session:
             {
                 "c": committed,
                 "s": sent,
-                "rel": sorted(self.released),
+                "rel": sorted(self.released or ()),
                 "d": 0.0 if self.connected else self.disconnected_at,
             },
             separators=(",", ":"),
@@ -213,6 +221,6 @@ class Session:
             data = json.loads(offsets)
             session.cursors = {str(k): int(v) for k, v in data.get("c", {}).items()}
             session.resend_below = {str(k): int(v) for k, v in data.get("s", {}).items()}
-            session.released = {int(s) for s in data.get("rel", [])}
+            session.released = {int(s) for s in data.get("rel", [])} or None
             session.disconnected_at = float(data.get("d", 0.0))
         return session

@@ -48,10 +48,10 @@ def test_qos2_message_moves_to_pubrel_phase_then_done_on_pubcomp():
     assert session.on_pubcomp(9) is None  # PUBCOMP before PUBREC is ignored
     out = session.on_pubrec(9)
     assert out is not None and out.phase is Phase.AWAITING_PUBCOMP
-    assert 100 in session.released
+    assert session.was_released(100)
     assert session.on_pubrec(9) is out  # repeated PUBREC is harmless
     assert session.on_pubcomp(9) is out
-    assert session.inflight == {} and session.released == set()
+    assert session.inflight == {} and not session.was_released(100)
 
 
 def test_committed_offset_is_the_lowest_unacknowledged_per_queue():
