@@ -290,7 +290,7 @@ class Server:
         if self.notifier is not None:
             await self.notifier.stop()
         await node.stop()
-        self.heap.stop()
+        await self.heap.stop()
         if self.admin is not None:
             await self.admin.stop()
         log.info("stopped")

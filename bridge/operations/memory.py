@@ -12,6 +12,7 @@ Without glibc (musl has no malloc_trim) it does nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 from collections.abc import Callable
@@ -42,10 +43,12 @@ class HeapTrimmer:
         if self.interval > 0 and self._trim is not None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _run(self) -> None:
         trim = self._trim

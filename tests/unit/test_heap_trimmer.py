@@ -24,7 +24,7 @@ def test_the_heap_is_trimmed_once_per_interval_with_traffic_and_never_while_idle
         assert trimmer.trims == 1
         await asyncio.sleep(0.1)
         assert trimmer.trims == 1
-        trimmer.stop()
+        await trimmer.stop()
         moved[0] += 1000
         await asyncio.sleep(0.05)
         return trimmer
@@ -38,7 +38,7 @@ def test_an_interval_of_zero_never_trims() -> None:
         trimmer = HeapTrimmer(0, lambda: next(count))
         trimmer.start()
         await asyncio.sleep(0.05)
-        trimmer.stop()
+        await trimmer.stop()
         return trimmer
 
     assert asyncio.run(scenario()).trims == 0
