@@ -28,10 +28,13 @@ $(STAMP): pyproject.toml setup.py
 compile: $(COMPILE_STAMP)
 
 $(COMPILE_STAMP): $(STAMP) setup.py $(COMPILED_SRC)
+	# Everything built is dated when the build started: a source edited during it stays newer,
+	# so the next make rebuilds it and importing bridge refuses the stale module meanwhile.
+	touch $(COMPILE_STAMP).start
 	$(BIN)/python setup.py -q build_ext --inplace
 	# A module whose C code did not change keeps its old build time: all of them are current now.
-	find bridge -name '*.so' -exec touch {} +
-	touch $(COMPILE_STAMP)
+	find bridge -name '*.so' -exec touch -r $(COMPILE_STAMP).start {} +
+	mv $(COMPILE_STAMP).start $(COMPILE_STAMP)
 
 # Back to pure Python (slower, same behaviour): remove the compiled modules.
 pure:

@@ -62,6 +62,7 @@ class Config:
     inline_commit_ms: float = 1.0
     store_qos0: bool = True
     segment_bytes: int = 64 * MiB
+    segment_preallocate_bytes: int = 1 * MiB
     retention_bytes: int = 1024 * MiB
     retention_seconds: float = 7 * 24 * 3600.0
     max_packet_size: int = 1 * MiB
@@ -166,6 +167,8 @@ SETTINGS: dict[str, str] = {
     ),
     "store_qos0": "also write QoS 0 messages to the store (not awaited), for analytics",
     "segment_bytes": "size at which a log segment file is closed and a new one started",
+    "segment_preallocate_bytes": "zeros written ahead of the active segment's records, so "
+    "that a commit's fsync writes data only (0: none)",
     "retention_bytes": "total log size kept; oldest segments are deleted beyond it",
     "retention_seconds": "age after which a segment is deleted",
     "max_packet_size": "largest MQTT packet accepted, in bytes; larger ones close the connection",
@@ -355,6 +358,7 @@ def _validate_operations(config: Config) -> None:
         "metering_interval",
         "inline_commit_ms",
         "memory_trim_interval",
+        "segment_preallocate_bytes",
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"{name}: must not be negative")

@@ -44,6 +44,7 @@ def make_store(config: Config, session_meta: Any = None) -> MessageStore:
             retention_seconds=config.retention_seconds,
             fsync=config.fsync,
             inline_commit_seconds=config.inline_commit_ms / 1000,
+            preallocate_bytes=config.segment_preallocate_bytes,
         )
     if config.store == "rocketmq":
         from bridge.storage.rocketmq.store import RocketMQStore

@@ -31,8 +31,10 @@ from bridge.storage import FileLogStore, Message, MetaUpdate
 def payload(key):
     return (key.encode() + b"|") * (1 + zlib.crc32(key.encode()) % 97)
 
-async def main(path, round_):
-    store = FileLogStore(path, segment_bytes=64 * 1024, snapshot_every_bytes=32 * 1024)
+async def main(path, round_, ahead):
+    store = FileLogStore(
+        path, segment_bytes=64 * 1024, snapshot_every_bytes=32 * 1024, preallocate_bytes=ahead
+    )
     await store.open()
     out = sys.stdout
 
@@ -52,7 +54,7 @@ async def main(path, round_):
     print("ready", flush=True)
     await asyncio.gather(*(writer(w) for w in range(16)))
 
-uvloop.run(main(sys.argv[1], int(sys.argv[2])))
+uvloop.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
 """
 
 
@@ -60,10 +62,12 @@ def payload(key: str) -> bytes:
     return (key.encode() + b"|") * (1 + zlib.crc32(key.encode()) % 97)
 
 
-def run_and_kill(path: Path, round_: int, acks_before_kill: int) -> dict[str, int]:
+def run_and_kill(
+    path: Path, round_: int, acks_before_kill: int, preallocate: int = 0
+) -> dict[str, int]:
     """Start the child, collect acknowledgements, SIGKILL it; returns key -> seq."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(path), str(round_)],
+        [sys.executable, "-c", CHILD, str(path), str(round_), str(preallocate)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -105,8 +109,8 @@ def run_and_kill(path: Path, round_: int, acks_before_kill: int) -> dict[str, in
     return acked
 
 
-async def check(path: Path, acked: dict[str, int]) -> None:
-    store = FileLogStore(path, segment_bytes=64 * 1024)
+async def check(path: Path, acked: dict[str, int], preallocate: int = 0) -> None:
+    store = FileLogStore(path, segment_bytes=64 * 1024, preallocate_bytes=preallocate)
     await store.open()
     try:
         by_key = {}
@@ -150,9 +154,12 @@ async def check(path: Path, acked: dict[str, int]) -> None:
         await store.close()
 
 
-def test_acknowledged_appends_survive_sigkill(tmp_path: Path) -> None:
+# 0: the file grows with every commit; 16 KiB: zeros are written ahead of the records (a few
+# times per 64 KiB segment), and the kill lands in them.
+@pytest.mark.parametrize("preallocate", [0, 16 * 1024], ids=["appending", "zeros_ahead"])
+def test_acknowledged_appends_survive_sigkill(tmp_path: Path, preallocate: int) -> None:
     path = tmp_path / "store"
     acked: dict[str, int] = {}
     for round_, acks in enumerate((300, 450, 700, 1000), start=1):
-        acked.update(run_and_kill(path, round_, acks))
-        uvloop.run(check(path, acked))
+        acked.update(run_and_kill(path, round_, acks, preallocate))
+        uvloop.run(check(path, acked, preallocate))

@@ -513,3 +513,141 @@ def test_a_read_from_memory_returns_what_read_does_and_none_when_the_disk_is_nee
         await store.close()
 
     run(body())
+
+
+# --- zeros written ahead of the records (preallocate_bytes) ---------------------------------
+
+AHEAD = 4096
+
+
+def test_a_commit_into_zeros_written_ahead_leaves_the_file_length_alone(
+    tmp_path: Path, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        await fill(store, 1, ["q"])
+        [seg] = segments(tmp_path)
+        first_end = store.stats()["log_position"]
+        assert seg.stat().st_size == first_end + AHEAD
+        await fill(store, 5, ["q"], start=1)
+        assert store.stats()["log_position"] < first_end + AHEAD  # still inside the zeros
+        assert seg.stat().st_size == first_end + AHEAD
+        data = seg.read_bytes()
+        assert data[store.stats()["log_position"] :] == bytes(
+            len(data) - int(store.stats()["log_position"])
+        )
+        await store.close()
+
+    run(body())
+
+
+def test_zeros_written_ahead_are_the_clean_end_after_a_crash(
+    tmp_path: Path, run: Run[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        await fill(store, 20, ["q"])
+        end = store.stats()["log_position"]
+        abandon(store)
+        [seg] = segments(tmp_path)
+        assert seg.stat().st_size > end
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        assert seg.stat().st_size == end  # the zeros are cut off at open
+        assert [s.message.key for s in await read_all(store, "q")] == [f"k{i}" for i in range(20)]
+        assert await store.append(msg(20), ["q"]) == end
+        abandon(store)
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        assert [s.message.key for s in await read_all(store, "q")] == [f"k{i}" for i in range(21)]
+        await store.close()
+
+    with caplog.at_level(logging.WARNING, logger="bridge.storage"):
+        run(body())
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_bytes_a_crash_left_in_the_zeros_never_come_back_after_later_records(
+    tmp_path: Path, run: Run[Any]
+) -> None:
+    """A batch torn by a crash may leave whole records beyond a header the disk never wrote.
+    They were never acknowledged; opening cuts them off with the zeros, so records appended
+    later can never be followed by them."""
+
+    async def body() -> None:
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        await fill(store, 3, ["q"])
+        end = int(store.stats()["log_position"])
+        abandon(store)
+        [seg] = segments(tmp_path)
+        stale = seg.read_bytes()[:end]  # three whole records, as a torn batch might leave them
+        with seg.open("r+b") as f:
+            f.seek(end + HEADER_SIZE)
+            f.write(stale)
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        await fill(store, 1, ["q"], start=3)  # shorter than the gap before the stale bytes
+        abandon(store)
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        assert [s.message.key for s in await read_all(store, "q")] == ["k0", "k1", "k2", "k3"]
+        await store.close()
+
+    run(body())
+
+
+def test_a_closed_segment_is_cut_back_to_its_records(tmp_path: Path, run: Run[Any]) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path, segment_bytes=1000, preallocate_bytes=AHEAD)
+        await fill(store, 60, ["q"])
+        files = segments(tmp_path)
+        assert len(files) >= 5
+        bases = [int(f.stem) for f in files]
+        for f, base, next_base in zip(files, bases, bases[1:], strict=False):
+            assert f.stat().st_size == next_base - base
+        assert files[-1].stat().st_size <= 1000  # zeros ahead stop at segment_bytes
+        abandon(store)
+        store = await opened(tmp_path, segment_bytes=1000, preallocate_bytes=AHEAD)
+        assert [s.message.key for s in await read_all(store, "q")] == [f"k{i}" for i in range(60)]
+        await store.close()
+
+    run(body())
+
+
+def test_a_failed_write_into_zeros_written_ahead_rolls_back_to_the_records(
+    tmp_path: Path, run: Run[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_full(fd: int, data: bytes | bytearray) -> None:
+        os.write(fd, bytes(data)[:7])  # part of it lands, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def body() -> None:
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        await fill(store, 3, ["q"])
+        end = store.stats()["log_position"]
+        monkeypatch.setattr(filelog, "_write_all", disk_full)
+        with pytest.raises(StoreUnavailable):
+            await store.append(msg(3), ["q"])
+        monkeypatch.undo()
+        [seg] = segments(tmp_path)
+        assert seg.stat().st_size == end
+        assert await store.append(msg(4), ["q"]) == end
+        abandon(store)
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        assert [s.message.key for s in await read_all(store, "q")] == ["k0", "k1", "k2", "k4"]
+        await store.close()
+
+    run(body())
+
+
+def test_the_spark_source_reads_a_live_segment_up_to_its_records(
+    tmp_path: Path, run: Run[Any]
+) -> None:
+    from spark.log_reader import scan_end
+
+    async def body() -> int:
+        store = await opened(tmp_path, preallocate_bytes=AHEAD)
+        await fill(store, 7, ["q"])
+        end = int(store.stats()["log_position"])
+        abandon(store)  # as a running node leaves it: zeros after the records
+        return end
+
+    end = run(body())
+    assert segments(tmp_path)[0].stat().st_size > end
+    assert scan_end(str(tmp_path), 0) == end

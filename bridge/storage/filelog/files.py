@@ -31,6 +31,11 @@ log = logging.getLogger("bridge.storage")
 
 _SCAN_CHUNK = 4 * 1024 * 1024
 
+PREALLOCATED = "zeros written ahead"
+"""Why a scan of a segment stopped at a header of zeros: the end of its records."""
+
+_ZEROS = bytes(HEADER_SIZE)
+
 RunIO = Callable[..., Awaitable[Any]]
 """How the store's parts run a function of this module: `await run_io(fn, *args)` calls
 `fn(*args)` in a worker thread of the store and returns its result."""
@@ -39,14 +44,21 @@ RunIO = Callable[..., Awaitable[Any]]
 class Segment:
     """One log file `{base:020d}.log`; `size` counts every byte appended, pending included."""
 
-    __slots__ = ("base", "deleted", "fd", "newest", "path", "pins", "size", "unsynced")
+    __slots__ = (
+        "allocated", "base", "deleted", "fd", "newest", "path", "pins", "size", "unsynced",
+        "written",
+    )  # fmt: skip
 
     def __init__(self, base: int, path: Path, fd: int | None, size: int, newest: float) -> None:
         self.base = base
         self.path = path
         self.fd = fd
-        """Open O_APPEND descriptor; None until the writer creates the file."""
+        """Open descriptor, its file offset at `written`; None until the writer creates it."""
         self.size = size
+        self.written = size
+        """Bytes of records in the file (`size` without the pending ones)."""
+        self.allocated = size
+        """Length of the file: `written`, then zeros written ahead (see `write_batch`)."""
         self.newest = newest
         """Wall-clock time of the newest record (file mtime after a restart)."""
         self.pins = 0
@@ -94,6 +106,8 @@ def write_batch(
     write: Callable[[int, bytearray], None] = write_all,
     need_sync: bool = True,
     previous: Segment | None = None,
+    preallocate: int = 0,
+    segment_bytes: int = 0,
 ) -> tuple[float, int]:
     """Write (and fsync) one group commit, segment by segment, in order.
 
@@ -102,22 +116,39 @@ def write_batch(
     before a later one is written, so a crash leaves a prefix of the log, never a hole; `previous`
     is the segment the last batch wrote, which may still be unsynced.
     Returns (seconds taken, fsyncs done). Creates the file of a new segment on first use.
+
+    With `preallocate` > 0, a write that makes the file longer also writes that many zeros after
+    it (real zeros, not a hole; never past `segment_bytes`): the commits after it overwrite them,
+    and their fdatasync has no file length to record, only data. On ext4 here that is 0.2 ms instead of 0.3-0.5 ms (docs/
+    performance.md). A segment closed for the next one is cut back to its records.
     """
     t0 = time.perf_counter()
     fsyncs = 0
     last = len(chunks) - 1
     for i, (seg, data) in enumerate(chunks):
-        if fsync and previous is not None and previous is not seg and previous.unsynced:
-            if previous.fd is not None:
-                sync_file(previous.fd)
-                fsyncs += 1
-            previous.unsynced = False
+        if previous is not None and previous is not seg:
+            if previous.allocated > previous.written and previous.fd is not None:
+                os.ftruncate(previous.fd, previous.written)  # closed: no zeros after its records
+                previous.allocated = previous.written
+            if fsync and previous.unsynced:
+                if previous.fd is not None:
+                    sync_file(previous.fd)
+                    fsyncs += 1
+                previous.unsynced = False
         if seg.fd is None:
-            flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+            flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
             seg.fd = os.open(seg.path, flags, 0o644)
+            seg.written = seg.allocated = 0
             if fsync:
                 fsync_dir(log_dir)
         write(seg.fd, data)
+        seg.written += len(data)
+        if seg.written > seg.allocated:
+            seg.allocated = seg.written
+            ahead = min(preallocate, segment_bytes - seg.written)
+            if ahead > 0:
+                os.pwrite(seg.fd, bytes(ahead), seg.written)
+                seg.allocated += ahead
         if fsync:
             if need_sync or i < last:
                 sync_file(seg.fd)
@@ -141,6 +172,8 @@ def truncate_log(
             os.unlink(seg.path)
     if last.fd is not None:
         os.ftruncate(last.fd, keep)
+        os.lseek(last.fd, keep, os.SEEK_SET)
+        last.written = last.allocated = keep
         if fsync:
             sync_file(last.fd)
     if removed and fsync:
@@ -209,6 +242,8 @@ class _Replayer:
                     return pos, "incomplete record header"
             length, crc = HEADER.unpack_from(buf, rel)
             total = HEADER_SIZE + length
+            if length == 0 and crc == 0:
+                return pos, PREALLOCATED
             if length < 2 or length > MAX_BODY:
                 return pos, f"invalid record length {length}"
             if pos + total > limit:
@@ -273,17 +308,33 @@ def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> R
     try:
         for i, (base, path) in enumerate(files):
             is_last = i == len(files) - 1
-            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             seg = Segment(base, path, fd, 0, 0.0)
             result.segments.append(seg)
             st = os.fstat(fd)
-            seg.size, seg.newest = st.st_size, st.st_mtime
+            seg.newest = st.st_mtime
+            seg.size = seg.written = seg.allocated = st.st_size
             limit = st.st_size
-            if not is_last and base + limit > files[i + 1][0]:
-                log.error("segment %s overlaps the next one; ignoring its excess", path)
+            capped = not is_last and base + limit > files[i + 1][0]
+            if capped:
                 limit = files[i + 1][0] - base
             good, why = replayer.scan(fd, base, limit)
+            if not why and good < st.st_size and os.pread(fd, HEADER_SIZE, good) == _ZEROS:
+                why = PREALLOCATED  # a closed segment's zeros run past the next one's base
+            if why == PREALLOCATED:
+                # Zeros written ahead of the records (`write_batch`): the clean end. Cut them
+                # off: what a crash left inside them (an unacknowledged batch's bytes) must never
+                # follow the records written from here on.
+                os.ftruncate(fd, good)
+                if fsync:
+                    sync_file(fd)
+                seg.size = seg.written = seg.allocated = good
+                os.lseek(fd, good, os.SEEK_SET)
+                continue
+            if capped:
+                log.error("segment %s overlaps the next one; ignoring its excess", path)
             if good == st.st_size:
+                os.lseek(fd, good, os.SEEK_SET)
                 continue
             if is_last:
                 log.warning(
@@ -297,7 +348,8 @@ def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> R
                 os.ftruncate(fd, good)
                 if fsync:
                     sync_file(fd)
-                seg.size = good
+                seg.size = seg.written = seg.allocated = good
+                os.lseek(fd, good, os.SEEK_SET)
             else:
                 log.error(
                     "corrupt segment %s: %s at byte %d; %d bytes after it are not replayed",
@@ -317,8 +369,10 @@ def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> R
                 )
             base = max(end, snapshot_pos)
             path = segment_path(log_dir, base)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-            result.segments.append(Segment(base, path, fd, os.fstat(fd).st_size, 0.0))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            size = os.fstat(fd).st_size
+            os.lseek(fd, size, os.SEEK_SET)
+            result.segments.append(Segment(base, path, fd, size, 0.0))
             if fsync:
                 fsync_dir(log_dir)
     except BaseException:

@@ -116,6 +116,7 @@ class FileLogStore:
         cache_bytes: int = 64 * MiB,
         snapshot_every_bytes: int = 16 * MiB,
         inline_commit_seconds: float = 0.001,
+        preallocate_bytes: int = 0,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         if segment_bytes <= 0 or retention_bytes < 0 or retention_seconds < 0 or cache_bytes < 0:
@@ -130,6 +131,9 @@ class FileLogStore:
         self.inline_commit_seconds = inline_commit_seconds
         """A group commit runs on the event loop's thread while commits take at most this long
         on average (0: always on the writer thread); see `_flusher`."""
+        self.preallocate_bytes = max(0, min(preallocate_bytes, segment_bytes))
+        """Zeros written after the records whenever the active segment's file grows, so that
+        the commits after it overwrite them (`files.write_batch`); 0: none."""
         self._commit_average = 0.0
         self._loop_arg = loop
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -429,11 +433,12 @@ class FileLogStore:
                     # the average (kept from both places) is low again.
                     batch = (chunks, self.log_dir, self.fsync, _write_all, need_sync)
                     last, inline = self._last_written, self.inline_commit_seconds
+                    ahead = (self.preallocate_bytes, self.segment_bytes)
                     if inline > 0 and self._commit_average <= inline:
-                        seconds, fsyncs = write_batch(*batch, last)
+                        seconds, fsyncs = write_batch(*batch, last, *ahead)
                     else:
                         seconds, fsyncs = await loop.run_in_executor(
-                            self._wexec, write_batch, *batch, last
+                            self._wexec, write_batch, *batch, last, *ahead
                         )
                 except Exception as exc:
                     await self._write_failed(start, exc)
