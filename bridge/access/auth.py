@@ -30,6 +30,7 @@ an event loop should run it in a small dedicated thread pool (both hash function
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import logging
@@ -42,10 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import NamedTuple
-
-import argon2
-from argon2.exceptions import InvalidHashError, VerificationError
+from typing import Any, NamedTuple
 
 from bridge.access.scram import DEFAULT_ITERATIONS, ScramCredential
 from bridge.access.scram import SCHEME as SCRAM_SCHEME
@@ -149,12 +147,21 @@ class Argon2Hash:
 
 StoredHash = ScryptHash | Argon2Hash
 
-_ARGON2 = argon2.PasswordHasher(
-    time_cost=ARGON2_TIME_COST, memory_cost=ARGON2_MEMORY_KIB, parallelism=ARGON2_PARALLELISM
-)
+@functools.cache
+def _argon2() -> Any:
+    """argon2-cffi's hasher with the module's cost. Imported on first use: a node whose clients
+    never present a password does not hold it (0.9 MiB)."""
+    import argon2
+
+    return argon2.PasswordHasher(
+        time_cost=ARGON2_TIME_COST, memory_cost=ARGON2_MEMORY_KIB, parallelism=ARGON2_PARALLELISM
+    )
 
 
 def _parse_argon2(stored: str) -> Argon2Hash:
+    import argon2
+    from argon2.exceptions import InvalidHashError
+
     try:
         params = argon2.extract_parameters(stored)
     except (InvalidHashError, ValueError):
@@ -221,13 +228,16 @@ def hash_password(
 
 
 def _argon2_hash(secret: bytes) -> str:
-    return _ARGON2.hash(secret)
+    hashed: str = _argon2().hash(secret)
+    return hashed
 
 
 def _argon2_verify(encoded: str, password: bytes) -> bool:
     """The one place Argon2 verifies (tests count calls by replacing this function)."""
+    from argon2.exceptions import InvalidHashError, VerificationError
+
     try:
-        return _ARGON2.verify(encoded, password)
+        return bool(_argon2().verify(encoded, password))
     except (VerificationError, InvalidHashError):
         return False
 

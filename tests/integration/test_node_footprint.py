@@ -1,5 +1,6 @@
-"""What a node on the embedded defaults keeps out of its memory: redis-py and prometheus_client
-are imported only by a node that uses Redis or is scraped (issue 18's RSS target)."""
+"""What a node on the embedded defaults keeps out of its memory: redis-py, prometheus_client and
+argon2-cffi are imported only by a node that uses Redis, is scraped or checks a password (issue
+18's RSS target)."""
 
 from __future__ import annotations
 
@@ -38,13 +39,14 @@ async def main(port: int, data_dir: str) -> None:
     await asyncio.wait_for(asyncio.to_thread(client), 10)
     await asyncio.wait_for(got.wait(), 10)
     await server.shutdown()
-    print(",".join(sorted({m.split(".")[0] for m in sys.modules} & {"redis", "prometheus_client"})))
+    optional = {"redis", "prometheus_client", "argon2"}
+    print(",".join(sorted({m.split(".")[0] for m in sys.modules} & optional)))
 
 asyncio.run(main(int(sys.argv[1]), sys.argv[2]))
 """
 
 
-def test_a_node_on_the_embedded_defaults_imports_neither_redis_nor_prometheus(
+def test_a_node_on_the_embedded_defaults_imports_no_redis_prometheus_or_argon2(
     tmp_path: Path,
 ) -> None:
     done = subprocess.run(
