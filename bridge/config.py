@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -279,6 +278,8 @@ def load_config(
     defaults = {f.name: getattr(config, f.name) for f in fields(Config)}
     layers: list[tuple[str, dict[str, Any]]] = []
     if file is not None:
+        import tomllib  # only with a file: half a MiB a node without one does not hold
+
         try:
             with open(file, "rb") as fh:
                 data = tomllib.load(fh)

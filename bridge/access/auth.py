@@ -147,6 +147,7 @@ class Argon2Hash:
 
 StoredHash = ScryptHash | Argon2Hash
 
+
 @functools.cache
 def _argon2() -> Any:
     """argon2-cffi's hasher with the module's cost. Imported on first use: a node whose clients
