@@ -14,10 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import logging
 from collections.abc import Callable
-
-log = logging.getLogger("bridge.memory")
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

@@ -171,13 +171,19 @@ def truncate_log(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(seg.path)
     if last.fd is not None:
-        os.ftruncate(last.fd, keep)
+        _cut(last, keep, fsync)
         os.lseek(last.fd, keep, os.SEEK_SET)
-        last.written = last.allocated = keep
-        if fsync:
-            sync_file(last.fd)
     if removed and fsync:
         fsync_dir(log_dir)
+
+
+def _cut(seg: Segment, size: int, fsync: bool) -> None:
+    """Cut a segment's file to its first `size` bytes (the records that stay)."""
+    assert seg.fd is not None
+    os.ftruncate(seg.fd, size)
+    if fsync:
+        sync_file(seg.fd)
+    seg.size = seg.written = seg.allocated = size
 
 
 def segment_path(log_dir: Path, base: int) -> Path:
@@ -325,16 +331,11 @@ def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> R
                 # Zeros written ahead of the records (`write_batch`): the clean end. Cut them
                 # off: what a crash left inside them (an unacknowledged batch's bytes) must never
                 # follow the records written from here on.
-                os.ftruncate(fd, good)
-                if fsync:
-                    sync_file(fd)
-                seg.size = seg.written = seg.allocated = good
-                os.lseek(fd, good, os.SEEK_SET)
+                _cut(seg, good, fsync)
                 continue
             if capped:
                 log.error("segment %s overlaps the next one; ignoring its excess", path)
             if good == st.st_size:
-                os.lseek(fd, good, os.SEEK_SET)
                 continue
             if is_last:
                 log.warning(
@@ -345,11 +346,7 @@ def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> R
                     good,
                     st.st_size - good,
                 )
-                os.ftruncate(fd, good)
-                if fsync:
-                    sync_file(fd)
-                seg.size = seg.written = seg.allocated = good
-                os.lseek(fd, good, os.SEEK_SET)
+                _cut(seg, good, fsync)
             else:
                 log.error(
                     "corrupt segment %s: %s at byte %d; %d bytes after it are not replayed",
@@ -370,11 +367,12 @@ def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> R
             base = max(end, snapshot_pos)
             path = segment_path(log_dir, base)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            size = os.fstat(fd).st_size
-            os.lseek(fd, size, os.SEEK_SET)
-            result.segments.append(Segment(base, path, fd, size, 0.0))
+            result.segments.append(Segment(base, path, fd, os.fstat(fd).st_size, 0.0))
             if fsync:
                 fsync_dir(log_dir)
+        active = result.segments[-1]
+        assert active.fd is not None
+        os.lseek(active.fd, active.written, os.SEEK_SET)  # the writer goes on after its records
     except BaseException:
         for seg in result.segments:
             if seg.fd is not None:

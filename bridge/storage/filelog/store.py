@@ -131,9 +131,10 @@ class FileLogStore:
         self.inline_commit_seconds = inline_commit_seconds
         """A group commit runs on the event loop's thread while commits take at most this long
         on average (0: always on the writer thread); see `_flusher`."""
-        self.preallocate_bytes = max(0, min(preallocate_bytes, segment_bytes))
-        """Zeros written after the records whenever the active segment's file grows, so that
-        the commits after it overwrite them (`files.write_batch`); 0: none."""
+        self.preallocate_bytes = preallocate_bytes
+        """Zeros written after the records whenever the active segment's file grows (never past
+        `segment_bytes`), so that the commits after it overwrite them (`files.write_batch`);
+        0: none."""
         self._commit_average = 0.0
         self._loop_arg = loop
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -431,14 +432,16 @@ class FileLogStore:
                     # thread and back (two thread wake-ups and the GIL). A slow disk's would stall
                     # every client of the loop: it goes to the writer thread, and comes back once
                     # the average (kept from both places) is low again.
-                    batch = (chunks, self.log_dir, self.fsync, _write_all, need_sync)
-                    last, inline = self._last_written, self.inline_commit_seconds
-                    ahead = (self.preallocate_bytes, self.segment_bytes)
+                    batch = (
+                        chunks, self.log_dir, self.fsync, _write_all, need_sync,
+                        self._last_written, self.preallocate_bytes, self.segment_bytes,
+                    )  # fmt: skip
+                    inline = self.inline_commit_seconds
                     if inline > 0 and self._commit_average <= inline:
-                        seconds, fsyncs = write_batch(*batch, last, *ahead)
+                        seconds, fsyncs = write_batch(*batch)
                     else:
                         seconds, fsyncs = await loop.run_in_executor(
-                            self._wexec, write_batch, *batch, last, *ahead
+                            self._wexec, write_batch, *batch
                         )
                 except Exception as exc:
                     await self._write_failed(start, exc)
