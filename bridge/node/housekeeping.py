@@ -75,6 +75,7 @@ class Housekeeper:
     async def trim_backlog(self, session: Session) -> None:
         """Drop an offline session's oldest queued messages until it is within 90% of its
         limits (a session that has reconnected meanwhile is left alone)."""
+        dropped = 0
         try:
             if session.connected:
                 return
@@ -98,7 +99,6 @@ class Housekeeper:
             # Oldest first: by time, then seq. Each queue's (part's) messages stay in offset
             # order (seqs of two RocketMQ broker groups say nothing of which came first).
             merged = heapq.merge(*heads, key=lambda head: head[:2])
-            dropped = 0
             for _time, _seq, queue, offset, msg_size in merged:
                 if count <= target_count and size <= target_bytes:
                     break
@@ -122,6 +122,10 @@ class Housekeeper:
                 )
         finally:
             self._trimming.discard(session.client_id)
+        if dropped:
+            # Messages that came while this trim read were not counted by it (their checks saw
+            # it running): look again, now that it made progress.
+            self.check_backlog(session.client_id)
 
     async def run(self) -> None:
         """Flush offsets every `offset_flush_interval`; expire sessions every so often."""
