@@ -91,6 +91,7 @@ class Config:
     flapping_ban_seconds: float = 300.0
     write_buffer_high: int = 16 * MiB
     slow_consumer_timeout: float = 30.0
+    qos0_publisher_wait: float = 1.0
     offset_flush_interval: float = 0.2
     memory_trim_interval: float = 10.0
     drain_timeout: float = 5.0
@@ -212,6 +213,9 @@ SETTINGS: dict[str, str] = {
     "flapping_ban_seconds": "how long a flapping ClientId is banned (CONNACK 0x8A / 5)",
     "write_buffer_high": "bytes buffered for a client's socket before QoS 0 messages to it drop",
     "slow_consumer_timeout": "seconds a client may keep its buffer over the limit before it is cut",
+    "qos0_publisher_wait": "seconds a QoS 0 publisher's socket may go unread while a subscriber "
+    "it feeds has a full buffer; one slower than that drops QoS 0 past write_buffer_high (0: "
+    "publishers never wait)",
     "offset_flush_interval": "seconds between writes of acknowledged delivery offsets",
     "memory_trim_interval": "seconds between hand-backs of freed heap memory to the system, "
     "after traffic (glibc malloc_trim; 0: never)",
@@ -359,6 +363,7 @@ def _validate_operations(config: Config) -> None:
         "metering_interval",
         "inline_commit_ms",
         "memory_trim_interval",
+        "qos0_publisher_wait",
         "segment_preallocate_bytes",
     ):
         if getattr(config, name) < 0:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from bridge.listeners import outbound_acks
 from bridge.listeners.enhanced_auth import METHODS, Authentication
 from bridge.listeners.inbound import Inbound
-from bridge.listeners.link import PAUSED_BY_RATE
+from bridge.listeners.link import PAUSED_BY_RATE, PAUSED_FOR_TURN
 from bridge.listeners.pacing import ReadPacer
 from bridge.listeners.tls import peer_cert_cn
 from bridge.listeners.v5 import NO_LIMIT, Version5, connack_properties
@@ -55,6 +55,14 @@ PINGRESP = codec.encode(Pingresp())
 LINGER_SECONDS = 1.0
 """How long a closed connection still reads after telling the client why (see `close`)."""
 SOCKET_HIGH_WATER = 256 * 1024
+READ_TURN = 64 * 1024
+"""A read this large ends the client's reads for this loop turn: libuv reads a socket up to 32
+times (8 MiB) per turn, which would keep every other client, the store's commit and the writes
+to the subscribers waiting for one publisher (and hold its messages in memory meanwhile)."""
+WRITE_AT = 64 * 1024
+"""Bytes queued in one loop turn that are written at once: one read of a publisher can bring
+megabytes (libuv reads a socket up to 32 times per turn), and a subscriber's buffer must show
+its high-water mark while that read is handled (`bridge.node.qos0_flow`)."""
 
 
 class Connection(asyncio.Protocol):
@@ -64,7 +72,7 @@ class Connection(asyncio.Protocol):
     # fmt: off
     __slots__ = (
         "_connecting", "_flush_handle", "_graceful", "_held", "_holds", "_keepalive_limit",
-        "_last_rx", "_out", "_paused_writing", "_read_pauses", "_slow_since", "_timer", "auth",
+        "_last_rx", "_out", "_out_size", "_paused_writing", "_read_pauses", "_timer", "auth",
         "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder", "detached",
         "inbound", "keepalive", "level", "listener", "loop", "max_packet_out", "msgs_in",
         "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer", "receive_maximum",
@@ -92,6 +100,7 @@ class Connection(asyncio.Protocol):
         self._held: list[Any] = []
         self._holds = 0
         self._out: list[bytes] = []
+        self._out_size = 0
         self._flush_handle: asyncio.Handle | None = None
         self._paused_writing = False
         self.level = 4
@@ -114,7 +123,6 @@ class Connection(asyncio.Protocol):
         self._keepalive_limit = 0.0
         self._last_rx = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        self._slow_since = 0.0
         self.close_reason = ""
         self.listener = "tcp"
         self.keepalive = 0
@@ -137,7 +145,7 @@ class Connection(asyncio.Protocol):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
         self.cert_cn = peer_cert_cn(tcp)
-        tcp.set_write_buffer_limits(high=SOCKET_HIGH_WATER)
+        tcp.set_write_buffer_limits(high=min(SOCKET_HIGH_WATER, self.node.config.write_buffer_high))
         self.node.connection_count += 1
         self._last_rx = self.loop.time()
         self._timer = self.loop.call_later(self.node.config.connect_timeout, self._connect_timeout)
@@ -147,6 +155,9 @@ class Connection(asyncio.Protocol):
             return
         self._last_rx = self.loop.time()
         self.node.metrics.bytes_in += len(data)
+        if len(data) >= READ_TURN and not self._read_pauses:
+            self.hold_reading(PAUSED_FOR_TURN)
+            self.loop.call_soon(self.release_reading, PAUSED_FOR_TURN)
         decoder = self.decoder
         error: MQTTProtocolError | None = None
         try:
@@ -196,6 +207,7 @@ class Connection(asyncio.Protocol):
             self._flush_handle.cancel()
             self._flush_handle = None
             self._out = []
+            self._out_size = 0
         if not self.closed:
             self.closed = True
             if self.session is not None and not self._graceful:
@@ -203,6 +215,7 @@ class Connection(asyncio.Protocol):
                 self.close_reason = reason
                 log.info("client %s (%s): %s", self.client_id, self.peer, reason)
         self.node.connection_count -= 1
+        self.node.qos0_flow.gone(self)
         self.node.lifecycle.disconnected(self, graceful=self._graceful)
 
     def pause_writing(self) -> None:
@@ -210,7 +223,7 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused_writing = False
-        self._slow_since = 0.0
+        self.node.qos0_flow.drained(self)
         delivery = self.node.deliveries.get(self.client_id)
         if delivery is not None and delivery.conn is self:
             delivery.wake()
@@ -230,6 +243,7 @@ class Connection(asyncio.Protocol):
         self._read_pauses &= ~reason
         if not self._read_pauses and self.transport is not None and not self.closed:
             self.transport.resume_reading()
+            self._last_rx = self.loop.time()  # a client not read was not silent
 
     def limit_publishes(self, messages_per_second: float, bytes_per_second: float) -> None:
         """Pace what the client sends to these rates (0: unlimited) by reading it later."""
@@ -260,31 +274,23 @@ class Connection(asyncio.Protocol):
 
     def _queue(self, data: bytes) -> None:
         self._out.append(data)
+        self._out_size += len(data)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
+        elif self._out_size >= WRITE_AT:
+            self._write_out()
 
-    def send_droppable(self, data: bytes, payload_size: int) -> bool:
-        """Send a QoS 0 PUBLISH unless the client is too slow to take it (then count the drop);
-        `payload_size` is metered. True if sent: the caller counts sent messages in the node's
-        metrics (`Publisher._send_direct`), once per fan-out rather than once per subscriber."""
+    def send_droppable(self, data: bytes, payload_size: int, publisher: str) -> bool:
+        """Send a QoS 0 PUBLISH of `publisher` (a ClientId) and meter its `payload_size`, unless
+        the client is too slow to take it: past the socket's high-water mark its publisher waits
+        or it is dropped (`bridge.node.qos0_flow`). True if sent: the caller counts sent messages
+        in the node's metrics (`Publisher._send_direct`), once per fan-out."""
         transport = self.transport
         if self.closed or transport is None:
             return False
-        if transport.get_write_buffer_size() > self.node.config.write_buffer_high:
-            self.node.metrics.inc("dropped_slow_consumer")
-            now = self.loop.time()
-            if not self._slow_since:
-                self._slow_since = now
-                log.warning(
-                    "client %s (%s): not reading; dropping QoS 0 messages to it",
-                    self.client_id,
-                    self.peer,
-                )
-            elif now - self._slow_since > self.node.config.slow_consumer_timeout:
-                self.close(
-                    f"slow consumer: socket buffer over {self.node.config.write_buffer_high} "
-                    f"bytes for {self.node.config.slow_consumer_timeout:.0f} s"
-                )
+        if self._paused_writing and not self.node.qos0_flow.full(
+            self, publisher, transport.get_write_buffer_size()
+        ):
             return False
         self.msgs_out += 1
         self.payload_out += payload_size
@@ -293,10 +299,14 @@ class Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_handle = None
+        self._write_out()
+
+    def _write_out(self) -> None:
         out = self._out
         if not out or self.transport is None:
             return
         self._out = []
+        self._out_size = 0
         data = out[0] if len(out) == 1 else b"".join(out)
         self.transport.write(data)
         self.node.metrics.inc("bytes_out", len(data))
@@ -516,7 +526,7 @@ class Connection(asyncio.Protocol):
         self._timer = None
         if self.closed:
             return
-        idle = self.loop.time() - self._last_rx
+        idle = 0.0 if self._read_pauses else self.loop.time() - self._last_rx
         if idle >= self._keepalive_limit:
             self.node.metrics.inc("keepalive_timeouts")
             self.close(

@@ -13,6 +13,9 @@ PAUSED_BY_STORE = 1
 """Reading paused: too many of the client's QoS 1/2 messages wait for the store."""
 PAUSED_BY_RATE = 2
 """Reading paused: the client sends faster than its publish rate limits."""
+# 4: PAUSED_BY_SUBSCRIBER (`bridge.node.qos0_flow`), a subscriber the client feeds is behind.
+PAUSED_FOR_TURN = 8
+"""Reading paused until the next loop turn: the client sent a full read's worth already."""
 
 if TYPE_CHECKING:
     from bridge.listeners.v5 import Version5

@@ -37,6 +37,7 @@ from bridge.node.lifecycle import SessionLifecycle
 from bridge.node.positions import start_new_parts
 from bridge.node.presubscribe import parse_presubscriptions
 from bridge.node.publish import Publisher
+from bridge.node.qos0_flow import Qos0Flow
 from bridge.node.retained import RetainedMessages
 from bridge.node.stamp import Stamper
 from bridge.node.subscriptions import Subscriptions
@@ -107,6 +108,7 @@ class Node:
             connections=self.connections,
             deliveries=self.deliveries,
         )
+        self.qos0_flow = Qos0Flow(config=config, metrics=self.metrics, connections=self.connections)
         self.publisher = Publisher(
             config=config,
             store=store,

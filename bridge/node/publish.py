@@ -148,6 +148,7 @@ class Publisher:
         data = data5 = None
         payload = message.payload
         size = len(payload)
+        publisher = message.publisher
         connections = self.connections
         sent = 0
         acl = self.acl
@@ -160,7 +161,7 @@ class Publisher:
             if shared == 4:
                 if data is None:
                     data = codec.encode_publish(message.topic, payload, 0)
-                sent += conn.send_droppable(data, size)
+                sent += conn.send_droppable(data, size, publisher)
                 continue
             session = conn.session
             options = session is not None and session.options
@@ -172,7 +173,7 @@ class Publisher:
                         else codec.encode_publish5(message.topic, payload, 0, False, False, None)
                     )
                 if len(data5) <= conn.max_packet_out:
-                    sent += conn.send_droppable(data5, size)
+                    sent += conn.send_droppable(data5, size, publisher)
                 else:
                     self.metrics.counters["dropped_too_large_for_client"] += 1
                 continue
@@ -187,7 +188,7 @@ class Publisher:
                     continue
             own = conn.encode_message(message, 0, retain, sub_ids=sub_ids)
             if own is not None:
-                sent += conn.send_droppable(own, size)
+                sent += conn.send_droppable(own, size, publisher)
         if sent:
             metrics = self.metrics
             metrics.counters["messages_out_qos0"] += sent

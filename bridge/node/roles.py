@@ -106,8 +106,17 @@ class ClientLink(Protocol):
         """Queue an encoded PUBLISH and meter its payload (not a resend: `metered=False`)."""
         ...
 
-    def send_droppable(self, data: bytes, payload_size: int) -> bool:
-        """Send a QoS 0 PUBLISH unless the client is too slow to take it; True if sent."""
+    def send_droppable(self, data: bytes, payload_size: int, publisher: str) -> bool:
+        """Send a QoS 0 PUBLISH of `publisher` unless the client is too slow to take it (its
+        publisher may be made to wait: `bridge.node.qos0_flow`); True if sent."""
+        ...
+
+    def hold_reading(self, reason: int) -> None:
+        """Stop reading the client's socket until `release_reading(reason)`."""
+        ...
+
+    def release_reading(self, reason: int) -> None:
+        """End one reason to stop reading; with none left, read on."""
         ...
 
     def close(
