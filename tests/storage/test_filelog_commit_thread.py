@@ -3,6 +3,7 @@ the writer thread while it is slow (a slow fsync on the loop would stall every c
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -72,6 +73,33 @@ def test_zero_keeps_every_commit_on_the_writer_thread(
         store = await opened(tmp_path, inline_commit_seconds=0.0)
         await fill(store, 5, ["q"])
         assert disk.threads and threading.get_ident() not in disk.threads
+        await store.close()
+
+    run(body())
+
+
+def test_a_batch_that_needs_no_sync_is_written_on_the_loop_while_the_disk_is_slow(
+    tmp_path: Path, run: Run[Any], disk: Disk
+) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path, inline_commit_seconds=0.002)
+        loop_thread = threading.get_ident()
+        disk.delay = 0.02
+        await fill(store, 10, ["q"])
+        assert loop_thread not in disk.threads[-5:]  # slow synced commits: on the thread
+        disk.threads.clear()
+        disk.delay = 0.0
+        commits = store.stats()["commits"]
+        store.append_unqueued(msg(100))  # QoS 0 for analytics: nobody waits, no fsync
+        for _ in range(1000):
+            if store.stats()["commits"] > commits:
+                break
+            await asyncio.sleep(0.001)
+        assert disk.threads == [loop_thread]  # a copy into the page cache: on the loop
+        disk.threads.clear()
+        await fill(store, 1, ["q"], start=10)
+        # The fast unsynced write did not count: synced commits still go to the thread.
+        assert disk.threads and loop_thread not in disk.threads
         await store.close()
 
     run(body())

@@ -431,13 +431,15 @@ class FileLogStore:
                     # A fast disk's write + fsync takes less than handing it to the writer
                     # thread and back (two thread wake-ups and the GIL). A slow disk's would stall
                     # every client of the loop: it goes to the writer thread, and comes back once
-                    # the average (kept from both places) is low again.
+                    # the average of synced commits (kept from both places) is low again. A batch
+                    # that needs no sync (QoS 0 for analytics) is a copy into the page cache: on
+                    # the loop, since a busy loop hands the thread the GIL only every few ms.
                     batch = (
                         chunks, self.log_dir, self.fsync, _write_all, need_sync,
                         self._last_written, self.preallocate_bytes, self.segment_bytes,
                     )  # fmt: skip
                     inline = self.inline_commit_seconds
-                    if inline > 0 and self._commit_average <= inline:
+                    if inline > 0 and (self._commit_average <= inline or not need_sync):
                         seconds, fsyncs = write_batch(*batch)
                     else:
                         seconds, fsyncs = await loop.run_in_executor(
@@ -446,7 +448,8 @@ class FileLogStore:
                 except Exception as exc:
                     await self._write_failed(start, exc)
                     continue
-                self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
+                if need_sync:
+                    self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
                 self._inflight = None
                 self._last_written = chunks[-1][0]
                 self._log.durable = end
