@@ -19,7 +19,10 @@ ARG PYTHON_VERSION=3.11.13
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 
 # A C compiler for mypyc. Without it the wheel would fail to build, rather than come out as the
-# slower pure-Python package (MQTT_BRIDGE_COMPILE=0 builds that one on purpose).
+# slower pure-Python package (MQTT_BRIDGE_COMPILE=0 builds that one on purpose). Not pinned:
+# bookworm's gcc stays 12.2 for the release, while a pinned Debian revision disappears from the
+# mirrors with its next security update and would break the build.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
