@@ -20,7 +20,7 @@ from bridge.listeners.inbound import Inbound
 from bridge.listeners.link import PAUSED_BY_RATE, PAUSED_FOR_TURN
 from bridge.listeners.pacing import ReadPacer
 from bridge.listeners.tls import peer_cert_cn
-from bridge.listeners.v5 import NO_LIMIT, Version5, connack_properties
+from bridge.listeners.v5 import NO_LIMIT, Version5, connack_accepting, disconnect_saying
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
@@ -55,14 +55,9 @@ PINGRESP = codec.encode(Pingresp())
 LINGER_SECONDS = 1.0
 """How long a closed connection still reads after telling the client why (see `close`)."""
 SOCKET_HIGH_WATER = 256 * 1024
-READ_TURN = 64 * 1024
-"""A read this large ends the client's reads for this loop turn: libuv reads a socket up to 32
-times (8 MiB) per turn, which would keep every other client, the store's commit and the writes
-to the subscribers waiting for one publisher (and hold its messages in memory meanwhile)."""
-WRITE_AT = 64 * 1024
-"""Bytes queued in one loop turn that are written at once: one read of a publisher can bring
-megabytes (libuv reads a socket up to 32 times per turn), and a subscriber's buffer must show
-its high-water mark while that read is handled (`bridge.node.qos0_flow`)."""
+READ_TURN = WRITE_AT = 64 * 1024
+"""A read this large is the client's last this loop turn (libuv reads up to 32 x 256 KiB), and
+this much queued for a client is written at once: docs/design.md, "How a PUBLISH travels"."""
 
 
 class Connection(asyncio.Protocol):
@@ -125,9 +120,9 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.close_reason = ""
         self.listener = "tcp"
+        """The kind of listener the client came through: tcp, tls, ws or wss."""
         self.keepalive = 0
         """The keepalive granted, in seconds (0: none)."""
-        """The kind of listener the client came through: tcp, tls, ws or wss."""
         self.connected_at = 0.0
         # Metering (bridge.operations.metering collects and resets these): PUBLISH messages and
         # payload bytes.
@@ -281,10 +276,9 @@ class Connection(asyncio.Protocol):
             self._write_out()
 
     def send_droppable(self, data: bytes, payload_size: int, publisher: str) -> bool:
-        """Send a QoS 0 PUBLISH of `publisher` (a ClientId) and meter its `payload_size`, unless
-        the client is too slow to take it: past the socket's high-water mark its publisher waits
-        or it is dropped (`bridge.node.qos0_flow`). True if sent: the caller counts sent messages
-        in the node's metrics (`Publisher._send_direct`), once per fan-out."""
+        """Send a QoS 0 PUBLISH of `publisher` (a ClientId), metering `payload_size`; past the
+        socket's high-water mark its publisher waits or it drops (`bridge.node.qos0_flow`). True
+        if sent: the caller counts it in the node's metrics, once per fan-out."""
         transport = self.transport
         if self.closed or transport is None:
             return False
@@ -331,16 +325,17 @@ class Connection(asyncio.Protocol):
         v5 = self.v5 = Version5(connect_props, config.topic_alias_maximum)
         self.shared_encoding = 0 if v5.alias_out_max else 5
         self.max_packet_out = v5.maximum_packet_size
-        props = connack_properties(
-            receive_maximum=self.receive_maximum,
-            maximum_packet_size=config.max_packet_size,
-            topic_alias_maximum=config.topic_alias_maximum,
+        auth = self.auth
+        self.send(
+            connack_accepting(
+                session_present=session_present,
+                receive_maximum=self.receive_maximum,
+                maximum_packet_size=config.max_packet_size,
+                topic_alias_maximum=config.topic_alias_maximum,
+                chosen=chosen,
+                auth=None if auth is None else (auth.method, auth.final),
+            )
         )
-        props.update(chosen)
-        if self.auth is not None:
-            props[PropertyId.AUTHENTICATION_METHOD] = self.auth.method
-            props[PropertyId.AUTHENTICATION_DATA] = self.auth.final
-        self.send(codec.encode(Connack(0, session_present, props), 5))
 
     def encode_message(
         self,
@@ -393,10 +388,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         if reason_code is not None and self.v5 is not None:
-            props: dict[int, Any] = {PropertyId.REASON_STRING: reason[:200]}
-            if server_reference:
-                props[PropertyId.SERVER_REFERENCE] = server_reference
-            self.send(codec.encode_disconnect5(reason_code, props))
+            self.send(disconnect_saying(reason_code, reason, server_reference))
         self.closed = True
         self.close_reason = reason
         if log_it:

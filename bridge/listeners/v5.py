@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from bridge.mqtt import codec
-from bridge.mqtt.packets import Publish
+from bridge.mqtt.packets import Connack, Publish
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.storage import metadata
@@ -158,11 +158,19 @@ class Version5:
         return None
 
 
-def connack_properties(
-    *, receive_maximum: int, maximum_packet_size: int, topic_alias_maximum: int
-) -> dict[int, Any]:
-    """The CONNACK properties that tell a v5 client what this server does (MQTT-3.2.2.3);
-    what the server chose for this one connection (keepalive, expiry, ClientId) is added."""
+def connack_accepting(
+    *,
+    session_present: bool,
+    receive_maximum: int,
+    maximum_packet_size: int,
+    topic_alias_maximum: int,
+    chosen: dict[int, Any],
+    auth: tuple[str, bytes] | None,
+) -> bytes:
+    """The CONNACK accepting a v5 CONNECT: the properties that tell the client what this server
+    does (MQTT-3.2.2.3), what it `chosen` for this connection differently from what the client
+    asked (keepalive, expiry, ClientId), and the enhanced authentication (method, data) it
+    completed."""
     props: dict[int, Any] = {
         _P.RECEIVE_MAXIMUM: receive_maximum,
         _P.TOPIC_ALIAS_MAXIMUM: topic_alias_maximum,
@@ -173,4 +181,16 @@ def connack_properties(
     }
     if maximum_packet_size < NO_LIMIT:
         props[_P.MAXIMUM_PACKET_SIZE] = maximum_packet_size
-    return props
+    props.update(chosen)
+    if auth is not None:
+        props[_P.AUTHENTICATION_METHOD], props[_P.AUTHENTICATION_DATA] = auth
+    return codec.encode(Connack(0, session_present, props), 5)
+
+
+def disconnect_saying(reason_code: int, reason: str, server_reference: str = "") -> bytes:
+    """The DISCONNECT that tells a v5 client why: `reason_code`, the reason as Reason String (at
+    most 200 characters), and the `server_reference` to use instead, if any."""
+    props: dict[int, Any] = {_P.REASON_STRING: reason[:200]}
+    if server_reference:
+        props[_P.SERVER_REFERENCE] = server_reference
+    return codec.encode_disconnect5(reason_code, props)
