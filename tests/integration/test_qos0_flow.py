@@ -79,6 +79,14 @@ def assert_all_sent_and_read(publisher: threading.Thread, numbers: list[int], co
     )
 
 
+def subscriber(port: int, client_id: str, topic: str) -> RawClient:
+    """A raw client subscribed to `topic` at QoS 0, reading nothing until told to."""
+    client = RawClient(port)
+    client.connect(client_id)
+    client.subscribe(topic, 0)
+    return client
+
+
 def slow_socket(client: RawClient) -> None:
     client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
 
@@ -89,9 +97,7 @@ def test_a_qos0_flood_to_a_slow_reader_waits_for_it_and_loses_nothing(
     # 10 MB at full speed into a subscriber reading ~3 MB/s: without the wait, its buffer passes
     # write_buffer_high (1 MiB) within a second and QoS 0 messages to it drop.
     node, api = limited_node(bridge_factory, "write_buffer_high=1048576")
-    sub = RawClient(node.port)
-    sub.connect("slow-reader")
-    sub.subscribe("flood/slow", 0)
+    sub = subscriber(node.port, "slow-reader", "flood/slow")
     count = 10_000
     publisher = flood(node.port, "fast-writer", "flood/slow", count)
     numbers = read_numbers(sub, count, chunk=32768, pause=0.01, limit=60)
@@ -104,13 +110,9 @@ def test_a_subscriber_that_stops_reading_holds_its_publisher_only_for_the_wait(
     bridge_factory: Callable[..., BridgeProcess],
 ) -> None:
     node, api = limited_node(bridge_factory, "write_buffer_high=1048576", "qos0_publisher_wait=0.5")
-    stuck = RawClient(node.port)
-    stuck.connect("stuck")
-    stuck.subscribe("flood/all", 0)
+    stuck = subscriber(node.port, "stuck", "flood/all")
     slow_socket(stuck)
-    healthy = RawClient(node.port)
-    healthy.connect("healthy")
-    healthy.subscribe("flood/all", 0)
+    healthy = subscriber(node.port, "healthy", "flood/all")
     count = 10_000
     publisher = flood(node.port, "flooder", "flood/all", count)
     numbers = read_numbers(healthy, count, chunk=65536, pause=0.0, limit=60)
@@ -128,9 +130,7 @@ def test_a_publisher_held_for_a_subscriber_is_not_taken_for_silent(
     # Keepalive 1 s (cut after 1.5 s of silence); the bridge does not read the publisher for
     # 3 s while a subscriber it feeds does not read. Not read is not silent: it stays connected.
     node = bridge_factory("write_buffer_high=4194304", "qos0_publisher_wait=3")
-    stuck = RawClient(node.port)
-    stuck.connect("stuck")
-    stuck.subscribe("flood/held", 0)
+    stuck = subscriber(node.port, "stuck", "flood/held")
     slow_socket(stuck)
     pub = RawClient(node.port, timeout=10)
     pub.connect("held-publisher", keepalive=1)
