@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, cast
 from bridge.listeners import outbound_acks
 from bridge.listeners.enhanced_auth import METHODS, Authentication
 from bridge.listeners.inbound import Inbound
-from bridge.listeners.link import PAUSED_BY_RATE, PAUSED_FOR_TURN
 from bridge.listeners.pacing import ReadPacer
 from bridge.listeners.tls import peer_cert_cn
 from bridge.listeners.v5 import NO_LIMIT, Version5, connack_accepting, disconnect_saying
@@ -43,6 +42,7 @@ from bridge.mqtt.packets import (
 )
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
+from bridge.node.roles import PAUSED_BY_RATE, PAUSED_FOR_TURN
 from bridge.storage.base import Message
 
 if TYPE_CHECKING:

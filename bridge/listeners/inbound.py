@@ -14,7 +14,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from bridge.access.acl import PUBLISH
-from bridge.listeners.link import PAUSED_BY_STORE
 from bridge.listeners.v5 import ProtocolFault, Version5
 from bridge.mqtt import codec
 from bridge.mqtt.codec import encode_puback, encode_pubrec
@@ -22,6 +21,7 @@ from bridge.mqtt.delayed import DelayedTopic, DelayedTopicError, is_delayed, par
 from bridge.mqtt.packets import PacketType, Publish, Pubrel
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
+from bridge.node.roles import PAUSED_BY_STORE
 from bridge.storage.base import StoreUnavailable
 from bridge.storage.metadata import metadata_size
 

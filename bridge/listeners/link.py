@@ -9,14 +9,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
-PAUSED_BY_STORE = 1
-"""Reading paused: too many of the client's QoS 1/2 messages wait for the store."""
-PAUSED_BY_RATE = 2
-"""Reading paused: the client sends faster than its publish rate limits."""
-# 4: PAUSED_BY_SUBSCRIBER (`bridge.node.qos0_flow`), a subscriber the client feeds is behind.
-PAUSED_FOR_TURN = 8
-"""Reading paused until the next loop turn: the client sent a full read's worth already."""
-
 if TYPE_CHECKING:
     from bridge.listeners.v5 import Version5
     from bridge.node import Node
@@ -49,7 +41,7 @@ class Link(Protocol):
         ...
 
     def hold_reading(self, reason: int) -> None:
-        """Stop reading the socket until `release_reading(reason)` (`PAUSED_BY_*`)."""
+        """Stop reading the socket until `release_reading(reason)` (`roles.PAUSED_*`)."""
         ...
 
     def release_reading(self, reason: int) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from bridge.access.ratelimit import PublishPacer
-from bridge.listeners.link import PAUSED_BY_RATE
 from bridge.mqtt.packets import Publish
+from bridge.node.roles import PAUSED_BY_RATE
 
 if TYPE_CHECKING:
     from bridge.listeners.link import Link

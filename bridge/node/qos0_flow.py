@@ -25,15 +25,14 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from bridge.node.roles import PAUSED_BY_SUBSCRIBER
+
 if TYPE_CHECKING:
     from bridge.config import Config
     from bridge.node.roles import ClientLink
     from bridge.operations.metrics import Metrics
 
 log = logging.getLogger("bridge.connection")
-
-PAUSED_BY_SUBSCRIBER = 4
-"""Reading paused: a subscriber this client sends QoS 0 messages to has not read them yet."""
 
 
 class Qos0Flow:

@@ -20,6 +20,17 @@ DurableCallback = Callable[[int | None, BaseException | None], None]
 """Called once a message is durable (`seq`, None) or could not be stored (None, error)."""
 
 
+PAUSED_BY_STORE = 1
+"""Reading paused: too many of the client's QoS 1/2 messages wait for the store."""
+PAUSED_BY_RATE = 2
+"""Reading paused: the client sends faster than its publish rate limits."""
+PAUSED_BY_SUBSCRIBER = 4
+"""Reading paused: a subscriber this client sends QoS 0 messages to has not read them yet
+(`bridge.node.qos0_flow`)."""
+PAUSED_FOR_TURN = 8
+"""Reading paused until the next loop turn: the client sent a full read's worth already."""
+
+
 class Spawner(Protocol):
     """Runs background work whose failures are logged, never lost."""
 
@@ -112,7 +123,7 @@ class ClientLink(Protocol):
         ...
 
     def hold_reading(self, reason: int) -> None:
-        """Stop reading the client's socket until `release_reading(reason)`."""
+        """Stop reading the client's socket until `release_reading(reason)` (`PAUSED_*`)."""
         ...
 
     def release_reading(self, reason: int) -> None:

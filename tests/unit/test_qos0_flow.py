@@ -7,7 +7,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from bridge.config import Config
-from bridge.node.qos0_flow import PAUSED_BY_SUBSCRIBER, Qos0Flow
+from bridge.node.qos0_flow import Qos0Flow
+from bridge.node.roles import PAUSED_BY_SUBSCRIBER
 from bridge.operations.metrics import Metrics
 
 FULL = 300_000
