@@ -60,6 +60,7 @@ class Config:
     fsync: bool = True
     inline_commit_ms: float = 1.0
     store_qos0: bool = True
+    deliver_before_commit: bool = True
     segment_bytes: int = 64 * MiB
     segment_preallocate_bytes: int = 1 * MiB
     retention_bytes: int = 1024 * MiB
@@ -166,6 +167,10 @@ SETTINGS: dict[str, str] = {
         "ms on average, else on a writer thread (0: always the thread)"
     ),
     "store_qos0": "also write QoS 0 messages to the store (not awaited), for analytics",
+    "deliver_before_commit": (
+        "embedded store: send a QoS 1 message to online subscribers while its commit runs (the "
+        "PUBACK still waits for it; a failed write may make them duplicates); false: once durable"
+    ),
     "segment_bytes": "size at which a log segment file is closed and a new one started",
     "segment_preallocate_bytes": "zeros written ahead of the active segment's records, so "
     "that a commit's fsync writes data only (0: none)",

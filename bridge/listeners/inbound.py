@@ -21,6 +21,7 @@ from bridge.mqtt.delayed import DelayedTopic, DelayedTopicError, is_delayed, par
 from bridge.mqtt.packets import PacketType, Publish, Pubrel
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
+from bridge.node.qos2_in import publish_again, release
 from bridge.node.roles import PAUSED_BY_STORE
 from bridge.storage.base import StoreUnavailable
 from bridge.storage.metadata import metadata_size
@@ -108,8 +109,11 @@ class Inbound:
         if packet.qos == 2 and packet_id in session.inbound_qos2:
             # A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
             # that store is durable, never store it twice. (A failed store removes the id.)
-            node.publisher.publish_qos2_again(
-                session, packet, lambda error: self._acknowledge(error, 2, packet_id)
+            publish_again(
+                node.publisher,
+                session,
+                packet,
+                lambda error: self._acknowledge(error, 2, packet_id),
             )
             return
         qos = packet.qos
@@ -310,7 +314,7 @@ class Inbound:
         session = conn.session
         assert session is not None
         try:
-            await conn.node.publisher.release_qos2(session, packet_id)
+            await release(conn.node.store, session, packet_id)
         except StoreUnavailable as exc:
             conn.close(
                 f"store unavailable, PUBREL not completed: {exc}",

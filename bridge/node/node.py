@@ -32,6 +32,7 @@ from bridge.config import Config
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.congestion import Congestion
 from bridge.node.delivery import Delivery
+from bridge.node.early_reads import rewind
 from bridge.node.housekeeping import Housekeeper
 from bridge.node.lifecycle import SessionLifecycle
 from bridge.node.positions import start_new_parts
@@ -101,6 +102,8 @@ class Node:
         self.housekeeper = Housekeeper(
             config=config, store=store, metrics=self.metrics, sessions=self.sessions, owner=self
         )
+        if store.early_reads:
+            store.on_rewind = self._rewind_readers
         self.congestion = Congestion(
             config=config,
             store=store,
@@ -184,6 +187,14 @@ class Node:
             pace=self.congestion,
             max_inflight=min(self.config.max_inflight, conn.receive_window),
             acl=self.access.acl,
+        )
+
+    def _rewind_readers(self, ends: dict[str, int]) -> None:
+        """A failed write took back messages that readers could already read: their cursors go
+        back to the queues' new ends (`bridge.node.early_reads`)."""
+        self.metrics.inc(
+            "readers_rewound",
+            rewind(self.sessions.values(), ends, self.housekeeper.mark_offsets_dirty),
         )
 
     def _refusing(self) -> int | None:

@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from bridge.mqtt import codec
-from bridge.mqtt.delayed import DelayedTopic, parse_delayed
+from bridge.mqtt.delayed import DelayedTopic
 from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
 from bridge.node.delayed import DelayedPublishes, RouteSubmit
+from bridge.node.early_reads import wake_now
 from bridge.node.outbound import live_copy, shared_v5_publish
 from bridge.node.positions import reread_ends
 from bridge.node.retained import RetainedMessages
@@ -80,6 +81,8 @@ class Publisher:
         self.offline_reader = offline_reader
         """Called for a woken reader with no delivery here (an offline session)."""
         self.congestion = congestion
+        self.early_reads = store.early_reads and config.deliver_before_commit
+        """QoS 1 messages may be read before their commit (`bridge.node.early_reads`)."""
         self.acl = acl
         """The ACL whose deny rules may keep a message from a broader subscription."""
         self.cluster: Cluster | None = None
@@ -304,65 +307,6 @@ class Publisher:
 
         submit(message, meta, done)
 
-    def publish_qos2_again(
-        self, session: Session, packet: Publish, ack: Callable[[BaseException | None], None]
-    ) -> None:
-        """A QoS 2 PUBLISH whose packet id is still held: acknowledge it once the first store is
-        durable, never store it twice. If whether that store happened is unsettled (a send that
-        timed out, a crash between marker and send), ask the store: found, acknowledge; not
-        found, store this one."""
-        assert packet.packet_id is not None
-        pending = session.inbound_qos2[packet.packet_id]
-        if isinstance(pending, Unsettled):
-            self.spawn(self._settle_qos2(session, packet, pending, ack))
-        elif pending is None or pending.done():
-            ack(None if pending is None else pending.result())
-        else:
-            pending.add_done_callback(lambda f: ack(f.result()))
-
-    async def _settle_qos2(
-        self,
-        session: Session,
-        packet: Publish,
-        unsettled: Unsettled,
-        ack: Callable[[BaseException | None], None],
-    ) -> None:
-        packet_id = packet.packet_id
-        assert packet_id is not None
-        try:
-            found = await self.store.find_key(unsettled.topic, unsettled.key)
-        except StoreUnavailable as exc:
-            ack(exc)
-            return
-        if session.inbound_qos2.get(packet_id) is not unsettled:
-            # Settled meanwhile (PUBREL, or another resend got here first): start over.
-            if packet_id in session.inbound_qos2:
-                self.publish_qos2_again(session, packet, ack)
-            else:
-                self.publish(
-                    session, packet, lambda _s, error: ack(error), parse_delayed(packet.topic)
-                )
-            return
-        if found:
-            log.info(
-                "client %s: QoS 2 message %s was stored before the failure; not stored again",
-                session.client_id,
-                unsettled.key,
-            )
-            session.inbound_qos2[packet_id] = None
-            ack(None)
-        else:
-            del session.inbound_qos2[packet_id]
-            self.publish(session, packet, lambda _s, error: ack(error), parse_delayed(packet.topic))
-
-    async def release_qos2(self, session: Session, packet_id: int) -> None:
-        """PUBREL from the publisher of a persistent session: forget the packet id durably before
-        PUBCOMP (a clean session's id lives only in memory; the connection drops it itself)."""
-        session.inbound_qos2.pop(packet_id, None)
-        await self.store.put_meta(
-            [MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet_id}", None)], durable=True
-        )
-
     # -- from inside the broker --------------------------------------------------------------------
 
     async def publish_internal(
@@ -406,17 +350,25 @@ class Publisher:
         readers = plan.readers
         retains = message.retain
 
+        store = self.store
+        early = bool(readers) and message.qos < 2 and self.early_reads
+
         def durable(seq: int | None, error: BaseException | None) -> None:
             if error is None:
                 if retains:
                     self.retained.apply(message)
                 if readers:
-                    self.wake_readers(readers, queues)
+                    self.wake_readers(readers, queues, local=not early)
                     # Before the publisher is acknowledged: a lagging reader holds that ack.
                     self.congestion.stored(message.publisher, queues, readers)
             on_durable(seq, error)
 
-        self.store.submit(message, queues, meta=meta, callback=durable)
+        store.submit(message, queues, meta=meta, callback=durable, early=early)
+        if early:
+            if store.read_early:  # read while its commit runs (bridge.node.early_reads)
+                wake_now(self.deliveries, readers)
+            else:
+                early = False
 
     # -- from peers and from notify -----------------------------------------------------------
 
@@ -539,16 +491,18 @@ class Publisher:
         if behind:
             self.wake_readers(behind, [])
 
-    def wake_readers(self, reader_ids: list[str], queues: list[str]) -> None:
-        """Wake the local readers, tell each peer among them once that `queues` grew, and let
-        housekeeping look at the backlog of offline sessions."""
+    def wake_readers(self, reader_ids: list[str], queues: list[str], *, local: bool = True) -> None:
+        """Wake the local readers (unless `local` is False: woken already), tell each peer among
+        them once that `queues` grew, and let housekeeping look at the backlog of offline
+        sessions."""
         deliveries = self.deliveries
         told: set[str] = set()
         ends: dict[str, int] | None = None
         for reader in reader_ids:
             delivery = deliveries.get(reader)
             if delivery is not None:
-                delivery.wake()
+                if local:
+                    delivery.wake()
             elif is_peer(reader):
                 if self.cluster is not None and reader not in told:
                     told.add(reader)

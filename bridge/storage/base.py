@@ -102,6 +102,12 @@ class MessageStore(Protocol):
     local_ends: bool
     """True if `end_offset` is always the truth (this store assigns every offset itself), so a
     reader can start at a queue's end without asking anyone (`queue_end` need not be awaited)."""
+    early_reads: bool
+    """True if `submit(..., early=True)` may make a message readable before it is durable: then
+    `read_early` says whether the last submitted message is readable already, and a failed
+    write that takes back messages readers could read calls `on_rewind` (queue -> new end)."""
+    read_early: bool
+    on_rewind: Callable[[dict[str, int]], None] | None
 
     async def open(self) -> None:
         """Recover and load the store; after this, `meta` and queue ends reflect durable data."""
@@ -130,6 +136,7 @@ class MessageStore(Protocol):
         *,
         meta: Sequence[MetaUpdate] = (),
         callback: Callable[[int | None, BaseException | None], None] | None = None,
+        early: bool = False,
     ) -> asyncio.Future[int] | None:
         """Synchronous form of `append(durable=True)` for the broker's hot path.
 
@@ -138,7 +145,9 @@ class MessageStore(Protocol):
         `seq` once the record is durable, or fails with StoreUnavailable. With `callback` it
         returns None and calls `callback(seq, None)` or `callback(None, error)` instead, in
         submission order, without a future per message. Queue entries become visible to `read`
-        and `end_offset` only when durable, so nothing is delivered that a crash could take back.
+        and `end_offset` only when durable, so nothing is delivered that a crash could take back;
+        with `early` (a QoS 0/1 message: a crash makes its publisher send it again) a store with
+        `early_reads` makes it visible at once if everything before it on its queues is.
         """
 
     def append_unqueued(self, message: Message) -> None:

@@ -386,7 +386,7 @@ def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> R
             log.warning("queue %r ends at %d below the snapshot's %d", name, q.end, end_offset)
             q.add_holes(end_offset - q.end)
     for q in result.queues.values():
-        q.visible = q.end
+        q.visible = q.durable = q.end
     return result
 
 

@@ -18,16 +18,18 @@ class QueueIndex:
 
     Array slot `i` holds offset `base + i`; slots below `head` were trimmed by retention and are
     dropped lazily. `cum[i]` is the running total of message sizes up to slot `i` inclusive, so
-    the bytes of any suffix are one subtraction. Offsets from `visible` to `end` are assigned
-    to records not yet durable: readers do not see them.
+    the bytes of any suffix are one subtraction. Offsets from `durable` to `end` are assigned
+    to records not yet durable; readers see offsets below `visible`, which is `durable` or, for
+    records that may be read early (`FileLogStore.submit`'s `early`), beyond it.
     """
 
-    __slots__ = ("base", "cum", "cum_base", "head", "lens", "seqs", "visible")
+    __slots__ = ("base", "cum", "cum_base", "durable", "head", "lens", "seqs", "visible")
 
     def __init__(self, base: int = 0) -> None:
         self.base = base
         self.head = 0
         self.visible = base
+        self.durable = base
         self.seqs = array("q")
         self.lens = array("q")
         self.cum = array("q")
@@ -58,6 +60,7 @@ class QueueIndex:
         self.base = end
         self.head = 0
         self.visible = end
+        self.durable = end
         self.seqs = array("q")
         self.lens = array("q")
         self.cum = array("q")
@@ -92,7 +95,7 @@ class QueueIndex:
         """Drop the oldest entries whose record lies below `seq_limit` (deleted segments)."""
         seqs = self.seqs
         head = self.head
-        n = self.visible - self.base
+        n = self.durable - self.base
         while head < n and seqs[head] < seq_limit:
             head += 1
         self.head = head

@@ -103,6 +103,7 @@ class FileLogStore:
 
     atomic_meta = True
     local_ends = True
+    early_reads = True
     exact_backlog_bytes = True
 
     def __init__(
@@ -152,6 +153,15 @@ class FileLogStore:
         self._pending_bytes = 0
         self._waiters: list[tuple[Waiter, int | None]] = []
         self._inflight: list[tuple[Waiter, int | None]] | None = None
+        self._early = False
+        """Whether a record was made readable before its commit since the flusher last looked."""
+        self.read_early = False
+        """Whether the message last submitted could be read at once (see `submit`)."""
+        self.on_rewind: Callable[[dict[str, int]], None] | None = None
+        """Called, on the loop and before any other work, with queue -> new end for the queues
+        a failed write rolled back below what readers could already read (`submit`'s `early`):
+        their readers must go back to that end, since the offsets from it on will be given to
+        other messages."""
         self._undo: list[_Undo] = []
         self._last_written: Segment | None = None
         self._flush_task: asyncio.Task[None] | None = None
@@ -271,12 +281,17 @@ class FileLogStore:
         *,
         meta: Sequence[MetaUpdate] = (),
         callback: DurableCallback | None = None,
+        early: bool = False,
     ) -> asyncio.Future[int] | None:
         """See `MessageStore.submit`; an unusable store gives a future failed with
-        StoreUnavailable (invalid messages raise ValueError at once)."""
+        StoreUnavailable (invalid messages raise ValueError at once).
+
+        `early`: readers may read the message before it is durable, once every message before
+        it on each of its queues may be read (a QoS 0/1 message, which a crash may make its
+        publisher send again). `read_early` tells whether it could be read at once."""
         if callback is not None:
             try:
-                seq = self._enqueue(message, queues, meta)
+                seq = self._enqueue(message, queues, meta, early)
             except StoreUnavailable as exc:
                 callback(None, exc)
                 return None
@@ -302,7 +317,13 @@ class FileLogStore:
         self._add_record(record, b"")
         self._stats["appends"] += 1
 
-    def _enqueue(self, message: Message, queues: Sequence[str], meta: Sequence[MetaUpdate]) -> int:
+    def _enqueue(
+        self,
+        message: Message,
+        queues: Sequence[str],
+        meta: Sequence[MetaUpdate],
+        early: bool = False,
+    ) -> int:
         """Assign offsets, apply `meta` and queue the record for the next group commit.
 
         The store keeps a reference to `message` (for readers of the recent-record cache), so
@@ -331,8 +352,16 @@ class FileLogStore:
         length = len(header) + len(body)
         size = len(message.payload) + len(topic)
         seq = self._add_record(header, body)
+        readable = early
         for q in qlist:
+            if q.visible != q.end:
+                readable = False
             q.add(seq, length, size)
+        if readable:
+            for q in qlist:
+                q.visible += 1
+            self._early = True
+        self.read_early = readable
         undo_meta = self._apply_meta(meta) if meta else None
         self._cache.add(seq, length, (message, names, size), self._log.durable)
         self._undo.append((seq, qlist, undo_meta))
@@ -422,6 +451,12 @@ class FileLogStore:
         assert loop is not None
         try:
             while self._pending and self._broken is None:
+                if self._early:
+                    # Readers woken by records read early run first (`Delivery.wake` is a
+                    # call_soon made after this task's): their sends overlap this commit.
+                    self._early = False
+                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)
                 chunks, waiters = self._pending, self._waiters
                 start, end, records = self._log.durable, self._log.pos, len(self._undo)
                 self._pending, self._waiters, self._pending_bytes = [], [], 0
@@ -456,7 +491,9 @@ class FileLogStore:
                 undo = self._undo
                 for i in range(records):
                     for q in undo[i][1]:
-                        q.visible += 1
+                        q.durable += 1
+                        if q.visible < q.durable:
+                            q.visible = q.durable
                 del undo[:records]
                 self._cache.evict(end)
                 stats = self._stats
@@ -487,6 +524,21 @@ class FileLogStore:
                 else:
                     records[key] = old
         self._undo.clear()
+        rewound = {}
+        for name, q in self._queues.items():
+            if q.visible > q.end:
+                q.visible = q.end
+                rewound[name] = q.end
+        if rewound:
+            log.warning(
+                "%d queues had messages read before this failed write; their readers go back",
+                len(rewound),
+            )
+            if self.on_rewind is not None:
+                try:
+                    self.on_rewind(rewound)
+                except Exception:
+                    log.exception("rewinding the readers of rolled back messages failed")
         self._cache.drop_from(start)
         removed, last, keep = self._log.truncate(start)
         self._last_written = None

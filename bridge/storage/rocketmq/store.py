@@ -123,6 +123,9 @@ class RocketMQStore:
 
     atomic_meta = False
     local_ends = False
+    early_reads = False
+    read_early = False
+    on_rewind: Callable[[dict[str, int]], None] | None = None
     exact_backlog_bytes = False
 
     def __init__(
@@ -279,7 +282,10 @@ class RocketMQStore:
         *,
         meta: Sequence[MetaUpdate] = (),
         callback: DurableCallback | None = None,
+        early: bool = False,
     ) -> asyncio.Future[int] | None:
+        """See `MessageStore.submit`: never readable early (`early` is ignored); a message is
+        read from the broker once it has it."""
         future: asyncio.Future[int] | None = None
         if callback is None:
             future = asyncio.get_running_loop().create_future()

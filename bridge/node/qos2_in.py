@@ -1,0 +1,86 @@
+"""A QoS 2 PUBLISH a client sends again while its packet id is still held: never stored twice.
+
+The first PUBLISH with an id is stored by `Publisher.publish`, which holds the id in
+`session.inbound_qos2` until PUBREL: a future while the store runs, None once it is durable, or
+an `Unsettled` marker when a send to the store ended without an answer (RocketMQ: a timeout, or
+a crash between the marker and the send). A resend is acknowledged once the first store is
+durable; an unsettled one asks the store whether the message is there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from bridge.mqtt.delayed import parse_delayed
+from bridge.mqtt.packets import Publish
+from bridge.session import Session
+from bridge.state import KIND_QOS2_IN, Unsettled
+from bridge.storage.base import MetaUpdate, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.node.publish import Publisher
+    from bridge.storage.base import MessageStore
+
+log = logging.getLogger("bridge.node")
+
+Ack = Callable[[BaseException | None], None]
+
+
+def publish_again(publisher: Publisher, session: Session, packet: Publish, ack: Ack) -> None:
+    """A QoS 2 PUBLISH whose packet id is still held: acknowledge it once the first store is
+    durable, never store it twice. If whether that store happened is unsettled (a send that
+    timed out, a crash between marker and send), ask the store: found, acknowledge; not
+    found, store this one."""
+    assert packet.packet_id is not None
+    pending = session.inbound_qos2[packet.packet_id]
+    if isinstance(pending, Unsettled):
+        publisher.spawn(_settle(publisher, session, packet, pending, ack))
+    elif pending is None or pending.done():
+        ack(None if pending is None else pending.result())
+    else:
+        pending.add_done_callback(lambda f: ack(f.result()))
+
+
+async def _settle(
+    publisher: Publisher, session: Session, packet: Publish, unsettled: Unsettled, ack: Ack
+) -> None:
+    packet_id = packet.packet_id
+    assert packet_id is not None
+    try:
+        found = await publisher.store.find_key(unsettled.topic, unsettled.key)
+    except StoreUnavailable as exc:
+        ack(exc)
+        return
+    if session.inbound_qos2.get(packet_id) is not unsettled:
+        # Settled meanwhile (PUBREL, or another resend got here first): start over.
+        if packet_id in session.inbound_qos2:
+            publish_again(publisher, session, packet, ack)
+        else:
+            publisher.publish(
+                session, packet, lambda _s, error: ack(error), parse_delayed(packet.topic)
+            )
+        return
+    if found:
+        log.info(
+            "client %s: QoS 2 message %s was stored before the failure; not stored again",
+            session.client_id,
+            unsettled.key,
+        )
+        session.inbound_qos2[packet_id] = None
+        ack(None)
+    else:
+        del session.inbound_qos2[packet_id]
+        publisher.publish(
+            session, packet, lambda _s, error: ack(error), parse_delayed(packet.topic)
+        )
+
+
+async def release(store: MessageStore, session: Session, packet_id: int) -> None:
+    """PUBREL from the publisher of a persistent session: forget the packet id durably before
+    PUBCOMP (a clean session's id lives only in memory; the connection drops it itself)."""
+    session.inbound_qos2.pop(packet_id, None)
+    await store.put_meta(
+        [MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet_id}", None)], durable=True
+    )
