@@ -128,6 +128,57 @@ def test_kill_9_while_publishing_to_an_offline_persistent_subscriber_loses_nothi
     assert not duplicated_qos2, f"QoS 2 delivered twice: {duplicated_qos2[:5]}"
 
 
+def test_kill_9_while_publishing_to_an_online_subscriber_loses_nothing_and_repeats_no_qos2(
+    bridge,
+):
+    """The subscriber is online, so its QoS 1 messages reach it while their commits run
+    (`deliver_before_commit`): a kill between the send and the fsync may repeat a QoS 1 message
+    (its publisher sends it again) but loses none, and QoS 2 still arrives exactly once."""
+    subscriber = ExactlyOnceReceiver(bridge.port, "online-sub")
+    assert subscriber.connect().subscribe("plant/#", 2) == [2]
+    messages = make_messages(600)
+    publisher = ReliablePublisher(bridge.port, "publisher")
+    receiver_error: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            subscriber.receive(until=len(messages), timeout=30)
+        except (ConnectionError, OSError) as exc:
+            receiver_error.append(exc)
+
+    def kill_when_busy() -> None:
+        deadline = time.monotonic() + 30
+        while len(publisher.acked) < 250 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        bridge.kill()
+
+    receiver = threading.Thread(target=receive)
+    killer = threading.Thread(target=kill_when_busy)
+    receiver.start()
+    killer.start()
+    with pytest.raises((ConnectionError, TimeoutError, OSError)):
+        publisher.publish_all(messages)
+    killer.join()
+    receiver.join(35)
+    assert receiver_error, "the subscriber should have seen the connection break"
+    acked_before_kill = set(publisher.acked)
+    assert 250 <= len(acked_before_kill) < len(messages)
+
+    bridge.start()
+    subscriber.connect()
+    publisher.resume()
+    publisher.publish_all(messages[len(publisher.acked) + len(publisher.unacked) :])
+    assert publisher.acked == {payload for payload, _ in messages}
+    subscriber.receive(until=len(messages), timeout=30)
+    subscriber.receive(until=len(messages) + 1, timeout=1.5)  # any stray redelivery
+    subscriber.client.disconnect()
+    missing = acked_before_kill - set(subscriber.delivered)
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+    assert set(subscriber.delivered) == {payload for payload, _ in messages}
+    twice = [p for p, n in subscriber.delivered.items() if p.startswith("q2") and n > 1]
+    assert not twice, f"QoS 2 delivered twice: {twice[:5]}"
+
+
 def test_kill_9_while_delivering_qos2_delivers_each_message_exactly_once(bridge):
     subscriber = ExactlyOnceReceiver(bridge.port, "online-sub")
     subscriber.connect().subscribe("plant/#", 2)
