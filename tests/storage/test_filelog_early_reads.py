@@ -119,3 +119,25 @@ def test_a_failed_write_rewinds_what_readers_could_read_and_the_offsets_go_to_th
         await store.close()
 
     run(body())
+
+
+def test_a_read_that_needs_the_disk_stops_at_the_durable_end(tmp_path: Path, run: Run[Any]) -> None:
+    """A read that waits for the disk returns no record read early: a failed write could take
+    that record back while the read waits."""
+
+    async def body() -> None:
+        store = FileLogStore(tmp_path, cache_bytes=1)  # durable records leave the cache at once
+        await store.open()
+        for i in range(3):
+            await store.append(msg(i), ["q"])
+        _seen, callback = outcomes()
+        store.submit(msg(3), ["q"], callback=callback, early=True)
+        store.submit(msg(4), ["q"], callback=callback, early=True)
+        assert store.read_early and store.end_offset("q") == 5
+        first = await store.read("q", 0, 10)
+        assert [s.offset for s in first.messages] == [0, 1, 2] and first.next_offset == 3
+        rest = await store.read("q", 3, 10)
+        assert [s.message.key for s in rest.messages] == ["k3", "k4"]
+        await store.close()
+
+    run(body())

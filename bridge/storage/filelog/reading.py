@@ -117,6 +117,12 @@ class LogReader:
             else:
                 found[seq] = entry
         if misses:
+            # Only durable records go past this await: a failed write rolls back the records
+            # read early (`FileLogStore.submit`), and this read must not return them after it.
+            durable = q.durable
+            if o > durable:
+                wanted = [w for w in wanted if w[0] < durable]
+                o = durable
             found.update(await self._read_disk(misses))
         for off, seq, _, size in wanted:
             message, queues, _ = found[seq]
