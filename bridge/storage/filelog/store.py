@@ -293,6 +293,7 @@ class FileLogStore:
             try:
                 seq = self._enqueue(message, queues, meta, early)
             except StoreUnavailable as exc:
+                self.read_early = False
                 callback(None, exc)
                 return None
             self._waiters.append((callback, seq))
@@ -531,7 +532,7 @@ class FileLogStore:
                 rewound[name] = q.end
         if rewound:
             log.warning(
-                "%d queues had messages read before this failed write; their readers go back",
+                "%d queues held messages readable before this failed write; readers go back",
                 len(rewound),
             )
             if self.on_rewind is not None:
