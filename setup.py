@@ -38,6 +38,7 @@ COMPILED = [
     "bridge/storage/filelog/store.py",
     "bridge/storage/filelog/segments.py",
     "bridge/storage/filelog/reading.py",
+    "bridge/storage/filelog/undo.py",
     "bridge/listeners/inbound.py",
     "bridge/listeners/outbound_acks.py",
     "bridge/listeners/connection.py",

@@ -89,6 +89,47 @@ def make_messages(count: int) -> list[tuple[str, int]]:
     return [(f"q{1 + i % 2}-{i}", 1 + i % 2) for i in range(count)]
 
 
+def assert_all_arrived_and_no_qos2_twice(
+    subscriber: ExactlyOnceReceiver, messages: list[tuple[str, int]], acked_before_kill: set[str]
+) -> None:
+    missing = acked_before_kill - set(subscriber.delivered)
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+    assert set(subscriber.delivered) == {payload for payload, _ in messages}
+    twice = [p for p, n in subscriber.delivered.items() if p.startswith("q2") and n > 1]
+    assert not twice, f"QoS 2 delivered twice: {twice[:5]}"
+
+
+def kill_when(bridge, ready, poll: float = 0.002) -> threading.Thread:
+    """A started thread that kills the bridge once `ready()` (or after 30 s)."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 30
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(poll)
+        bridge.kill()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def receive_until_broken(
+    subscriber: ExactlyOnceReceiver, count: int
+) -> tuple[threading.Thread, list[BaseException]]:
+    """A started thread receiving `count` messages; the error that broke it lands in the list."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            subscriber.receive(until=count, timeout=30)
+        except (ConnectionError, OSError) as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors
+
+
 def test_kill_9_while_publishing_to_an_offline_persistent_subscriber_loses_nothing(bridge):
     subscriber = ExactlyOnceReceiver(bridge.port, "offline-sub")
     assert subscriber.connect().subscribe("plant/#", 2) == [2]
@@ -96,16 +137,7 @@ def test_kill_9_while_publishing_to_an_offline_persistent_subscriber_loses_nothi
 
     messages = make_messages(600)
     publisher = ReliablePublisher(bridge.port, "publisher")
-    killer = threading.Timer(0.0, lambda: None)
-
-    def kill_when_busy() -> None:
-        deadline = time.monotonic() + 30
-        while len(publisher.acked) < 250 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        bridge.kill()
-
-    killer = threading.Thread(target=kill_when_busy)
-    killer.start()
+    killer = kill_when(bridge, lambda: len(publisher.acked) >= 250, 0.005)
     with pytest.raises((ConnectionError, TimeoutError, OSError)):
         publisher.publish_all(messages)
     killer.join()
@@ -121,11 +153,7 @@ def test_kill_9_while_publishing_to_an_offline_persistent_subscriber_loses_nothi
     subscriber.connect()
     subscriber.receive(until=len(messages), timeout=30)
     subscriber.client.disconnect()
-    missing = acked_before_kill - set(subscriber.delivered)
-    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
-    assert set(subscriber.delivered) == {payload for payload, _ in messages}
-    duplicated_qos2 = [p for p, n in subscriber.delivered.items() if p.startswith("q2") and n > 1]
-    assert not duplicated_qos2, f"QoS 2 delivered twice: {duplicated_qos2[:5]}"
+    assert_all_arrived_and_no_qos2_twice(subscriber, messages, acked_before_kill)
 
 
 def test_kill_9_while_publishing_to_an_online_subscriber_loses_nothing_and_repeats_no_qos2(
@@ -138,24 +166,8 @@ def test_kill_9_while_publishing_to_an_online_subscriber_loses_nothing_and_repea
     assert subscriber.connect().subscribe("plant/#", 2) == [2]
     messages = make_messages(600)
     publisher = ReliablePublisher(bridge.port, "publisher")
-    receiver_error: list[BaseException] = []
-
-    def receive() -> None:
-        try:
-            subscriber.receive(until=len(messages), timeout=30)
-        except (ConnectionError, OSError) as exc:
-            receiver_error.append(exc)
-
-    def kill_when_busy() -> None:
-        deadline = time.monotonic() + 30
-        while len(publisher.acked) < 250 and time.monotonic() < deadline:
-            time.sleep(0.002)
-        bridge.kill()
-
-    receiver = threading.Thread(target=receive)
-    killer = threading.Thread(target=kill_when_busy)
-    receiver.start()
-    killer.start()
+    receiver, receiver_error = receive_until_broken(subscriber, len(messages))
+    killer = kill_when(bridge, lambda: len(publisher.acked) >= 250)
     with pytest.raises((ConnectionError, TimeoutError, OSError)):
         publisher.publish_all(messages)
     killer.join()
@@ -172,11 +184,7 @@ def test_kill_9_while_publishing_to_an_online_subscriber_loses_nothing_and_repea
     subscriber.receive(until=len(messages), timeout=30)
     subscriber.receive(until=len(messages) + 1, timeout=1.5)  # any stray redelivery
     subscriber.client.disconnect()
-    missing = acked_before_kill - set(subscriber.delivered)
-    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
-    assert set(subscriber.delivered) == {payload for payload, _ in messages}
-    twice = [p for p, n in subscriber.delivered.items() if p.startswith("q2") and n > 1]
-    assert not twice, f"QoS 2 delivered twice: {twice[:5]}"
+    assert_all_arrived_and_no_qos2_twice(subscriber, messages, acked_before_kill)
 
 
 def test_kill_9_while_delivering_qos2_delivers_each_message_exactly_once(bridge):
@@ -186,20 +194,8 @@ def test_kill_9_while_delivering_qos2_delivers_each_message_exactly_once(bridge)
     publisher = ReliablePublisher(bridge.port, "publisher")
     publisher.publish_all(messages)
 
-    receiver_error: list[BaseException] = []
-
-    def receive() -> None:
-        try:
-            subscriber.receive(until=len(messages), timeout=30)
-        except (ConnectionError, OSError) as exc:
-            receiver_error.append(exc)
-
-    thread = threading.Thread(target=receive)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while len(subscriber.delivered) < 100 and time.monotonic() < deadline:
-        time.sleep(0.002)
-    bridge.kill()
+    thread, receiver_error = receive_until_broken(subscriber, len(messages))
+    kill_when(bridge, lambda: len(subscriber.delivered) >= 100).join()
     thread.join(35)
     assert receiver_error, "the subscriber should have seen the connection break"
     assert len(subscriber.delivered) < len(messages)

@@ -19,11 +19,11 @@ import uvloop
 from bridge.config import Config
 from bridge.listeners.connection import Connection
 from bridge.mqtt import codec
-from bridge.mqtt.packets import Connect, Puback, Publish, Pubrec, Subscribe, Subscription
+from bridge.mqtt.packets import Puback, Publish, Pubrec, Subscribe, Subscription
 from bridge.node import Node
 from bridge.storage import FileLogStore
 from bridge.storage.filelog import store as filelog_store
-from tests.integration.test_store_failure import RecordingTransport
+from tests.integration.test_store_failure import RecordingTransport, open_connection
 
 
 class EventTransport(RecordingTransport):
@@ -40,15 +40,7 @@ class EventTransport(RecordingTransport):
 
 
 async def connect(node: Node, client_id: str, events: list[str]) -> tuple[Connection, Any]:
-    conn = Connection(node)
-    transport = EventTransport(client_id, events)
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    conn.data_received(codec.encode(Connect(client_id, clean_session=False)))
-    for _ in range(50):
-        await asyncio.sleep(0.01)
-        if transport.packets():
-            break
-    return conn, transport
+    return await open_connection(node, client_id, EventTransport(client_id, events))
 
 
 async def settle(check: Any, seconds: float = 2.0) -> None:

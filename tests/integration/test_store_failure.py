@@ -58,9 +58,13 @@ class RecordingTransport:
         return decoder.packets()
 
 
-async def open_connection(node: Node, client_id: str) -> tuple[Connection, RecordingTransport]:
+async def open_connection(
+    node: Node, client_id: str, transport: RecordingTransport | None = None
+) -> tuple[Connection, RecordingTransport]:
+    """A persistent-session client on `transport` (a new recorder by default), CONNACK read."""
     conn = Connection(node)
-    transport = RecordingTransport()
+    if transport is None:
+        transport = RecordingTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     conn.data_received(codec.encode(Connect(client_id, clean_session=False)))
     for _ in range(50):

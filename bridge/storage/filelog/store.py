@@ -10,7 +10,7 @@ This module holds the store's lifecycle and write path (group commit, rollback, 
 Its parts, each handed what it uses: the segments and positions (`SegmentLog`, segments.py),
 the read path (`LogReader`, reading.py), snapshots and retention (`LogMaintenance`,
 maintenance.py); file I/O run in worker threads is in files.py, the in-memory indexes in
-index.py.
+index.py, what a failed write takes back in undo.py.
 
 Threading: every method runs on the event loop thread. Blocking I/O (batch write + fsync, reads
 of records no longer cached, snapshot writes, file deletion) runs in the store's own executors.
@@ -42,6 +42,7 @@ from bridge.storage.filelog.index import QueueIndex, RecordCache
 from bridge.storage.filelog.maintenance import SNAPSHOT_NAME, LogMaintenance
 from bridge.storage.filelog.reading import LogReader
 from bridge.storage.filelog.segments import SegmentLog
+from bridge.storage.filelog.undo import Undo, apply_meta, take_back
 from bridge.storage.records import encode_message, encode_meta, encode_plain_message
 
 log = logging.getLogger("bridge.storage")
@@ -76,13 +77,7 @@ def _resolve(waiters: list[tuple[Waiter, int | None]], error: BaseException | No
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
-_MISSING: Any = object()
-
 _NEW, _OPEN, _CLOSING, _CLOSED = range(4)
-
-# Undo information of a record not yet written: its seq, the queue indexes it was added to, and
-# for each meta update (record dict, key, previous value or _MISSING).
-_Undo = tuple[int, list[QueueIndex], list[tuple[dict[str, bytes], str, Any]] | None]
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
@@ -162,7 +157,7 @@ class FileLogStore:
         a failed write rolled back below what readers could already read (`submit`'s `early`):
         their readers must go back to that end, since the offsets from it on will be given to
         other messages."""
-        self._undo: list[_Undo] = []
+        self._undo: list[Undo] = []
         self._last_written: Segment | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._stats: dict[str, float] = dict.fromkeys(
@@ -363,7 +358,7 @@ class FileLogStore:
                 q.visible += 1
             self._early = True
         self.read_early = readable
-        undo_meta = self._apply_meta(meta) if meta else None
+        undo_meta = apply_meta(self._meta, meta) if meta else None
         self._cache.add(seq, length, (message, names, size), self._log.durable)
         self._undo.append((seq, qlist, undo_meta))
         self._stats["appends"] += 1
@@ -378,7 +373,7 @@ class FileLogStore:
         except struct.error as exc:
             raise ValueError(f"meta update out of range: {exc}") from None
         seq = self._add_record(header, body)
-        self._undo.append((seq, [], self._apply_meta(updates)))
+        self._undo.append((seq, [], apply_meta(self._meta, updates)))
         if durable:
             waiter: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
             self._waiters.append((waiter, None))
@@ -399,25 +394,9 @@ class FileLogStore:
         except struct.error as exc:
             raise ValueError(f"meta update out of range: {exc}") from None
         seq = self._add_record(header, body)
-        self._undo.append((seq, [], self._apply_meta(updates)))
+        self._undo.append((seq, [], apply_meta(self._meta, updates)))
         self._waiters.append((waiter, None))
         return waiter
-
-    def _apply_meta(self, updates: Sequence[MetaUpdate]) -> list[tuple[dict[str, bytes], str, Any]]:
-        undo = []
-        meta = self._meta
-        for update in updates:
-            records = meta.get(update.kind)
-            if records is None:
-                records = meta[update.kind] = {}
-            old = records.get(update.key, _MISSING)
-            if update.value is None:
-                if old is not _MISSING:
-                    del records[update.key]
-            else:
-                records[update.key] = bytes(update.value)
-            undo.append((records, update.key, old))
-        return undo
 
     def _add_record(self, header: bytes, body: bytes) -> int:
         """Queue a framed record for the next group commit; returns its seq."""
@@ -516,20 +495,7 @@ class FileLogStore:
         log.error("log write at position %d failed: %s; rolling back", start, exc)
         waiters = (self._inflight or []) + self._waiters
         self._inflight, self._pending, self._waiters, self._pending_bytes = None, [], [], 0
-        for _seq, qlist, undo_meta in reversed(self._undo):
-            for q in qlist:
-                q.pop()
-            for records, key, old in reversed(undo_meta or ()):
-                if old is _MISSING:
-                    records.pop(key, None)
-                else:
-                    records[key] = old
-        self._undo.clear()
-        rewound = {}
-        for name, q in self._queues.items():
-            if q.visible > q.end:
-                q.visible = q.end
-                rewound[name] = q.end
+        rewound = take_back(self._undo, self._queues)
         if rewound:
             log.warning(
                 "%d queues held messages readable before this failed write; readers go back",
