@@ -13,9 +13,10 @@ we must never send that PUBLISH again); see docs/design.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
 from bridge.router.queues import client_queue, filter_queue
@@ -68,36 +69,123 @@ class SubOptions:
     """The Subscription Identifier sent with every message it matches (0: none)."""
 
 
-@dataclass(slots=True)
-class Session:
-    """The state the broker keeps for one ClientId, connected or not."""
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+"""What a table that was never written reads as (see `Session`)."""
 
-    client_id: str
-    persistent: bool
-    subscriptions: dict[str, int] = field(default_factory=dict)
-    """Non-shared topic filter -> granted QoS."""
-    shared: dict[str, int] = field(default_factory=dict)
-    """`$share/{group}/{filter}` -> granted QoS."""
-    options: dict[str, SubOptions] = field(default_factory=dict)
-    """Filter (plain or shared) -> its MQTT 5.0 options, only for filters that have any."""
-    expiry: float | None = None
-    """Seconds the session outlives its connection (MQTT 5.0 Session Expiry Interval); None
-    for a 3.1.1 persistent session, which lives the node's `session_expiry_seconds`."""
-    cursors: dict[str, int] = field(default_factory=dict)
-    """Queue -> next offset to read."""
-    resend_below: dict[str, int] = field(default_factory=dict)
-    """Queue -> offset below which messages may have been sent before (DUP=1 on resend)."""
-    inflight: dict[int, Outbound] = field(default_factory=dict)
-    """Packet id -> outbound message, in send order."""
-    released: set[int] | None = None
-    """Seqs of QoS 2 messages whose PUBREC arrived (PUBREL phase), durable when persistent;
-    None until the first (an empty set is 216 bytes, and most sessions never see QoS 2)."""
-    inbound_qos2: dict[int, Any] = field(default_factory=dict)
-    """Inbound QoS 2 packet ids received and not yet released by PUBREL."""
-    connected: bool = False
-    disconnected_at: float = 0.0
-    dropped_queue_full: int = 0
-    dropped_retention: int = 0
+
+class Session:
+    """The state the broker keeps for one ClientId, connected or not.
+
+    A node holds tens of thousands of idle sessions, and an empty dict is 80 bytes of each: the
+    tables most sessions never use (shared subscriptions, v5 options, inbound QoS 2, resend
+    marks) exist only once written. They read as read-only mappings and are written through
+    the methods beside them.
+    """
+
+    __slots__ = (
+        "_inbound_qos2", "_options", "_resend_below", "_shared", "client_id", "connected",
+        "cursors", "disconnected_at", "dropped_queue_full", "dropped_retention", "expiry",
+        "inflight", "persistent", "released", "subscriptions",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        client_id: str,
+        persistent: bool,
+        subscriptions: dict[str, int] | None = None,
+        shared: dict[str, int] | None = None,
+        options: dict[str, SubOptions] | None = None,
+        expiry: float | None = None,
+        connected: bool = False,
+        disconnected_at: float = 0.0,
+    ) -> None:
+        self.client_id = client_id
+        self.persistent = persistent
+        self.subscriptions: dict[str, int] = {} if subscriptions is None else subscriptions
+        """Non-shared topic filter -> granted QoS."""
+        self._shared = shared or None
+        self._options = options or None
+        self.expiry = expiry
+        """Seconds the session outlives its connection (MQTT 5.0 Session Expiry Interval); None
+        for a 3.1.1 persistent session, which lives the node's `session_expiry_seconds`."""
+        self.cursors: dict[str, int] = {}
+        """Queue -> next offset to read."""
+        self._resend_below: dict[str, int] | None = None
+        self.inflight: dict[int, Outbound] = {}
+        """Packet id -> outbound message, in send order."""
+        self.released: set[int] | None = None
+        """Seqs of QoS 2 messages whose PUBREC arrived (PUBREL phase), durable when persistent;
+        None until the first (an empty set is 216 bytes, and most sessions never see QoS 2)."""
+        self._inbound_qos2: dict[int, Any] | None = None
+        self.connected = connected
+        self.disconnected_at = disconnected_at
+        self.dropped_queue_full = 0
+        self.dropped_retention = 0
+
+    # -- the tables written only when used ----------------------------------------------------
+
+    @property
+    def shared(self) -> Mapping[str, int]:
+        """`$share/{group}/{filter}` -> granted QoS."""
+        return self._shared or _EMPTY
+
+    def add_shared(self, share_filter: str, qos: int) -> None:
+        if self._shared is None:
+            self._shared = {}
+        self._shared[share_filter] = qos
+
+    def drop_shared(self, share_filter: str) -> None:
+        if self._shared is not None:
+            self._shared.pop(share_filter, None)
+            if not self._shared:
+                self._shared = None
+
+    @property
+    def options(self) -> Mapping[str, SubOptions]:
+        """Filter (plain or shared) -> its MQTT 5.0 options, only for filters that have any."""
+        return self._options or _EMPTY
+
+    def set_options(self, topic_filter: str, options: SubOptions) -> None:
+        if self._options is None:
+            self._options = {}
+        self._options[topic_filter] = options
+
+    def drop_options(self, topic_filter: str) -> None:
+        if self._options is not None:
+            self._options.pop(topic_filter, None)
+            if not self._options:
+                self._options = None
+
+    @property
+    def resend_below(self) -> Mapping[str, int]:
+        """Queue -> offset below which messages may have been sent before (DUP=1 on resend)."""
+        return self._resend_below or _EMPTY
+
+    @resend_below.setter
+    def resend_below(self, marks: dict[str, int]) -> None:
+        self._resend_below = marks or None
+
+    def set_resend_below(self, queue: str, offset: int) -> None:
+        if self._resend_below is None:
+            self._resend_below = {}
+        self._resend_below[queue] = offset
+
+    def pop_resend_below(self, queue: str) -> int | None:
+        return None if self._resend_below is None else self._resend_below.pop(queue, None)
+
+    @property
+    def inbound_qos2(self) -> Mapping[int, Any]:
+        """Inbound QoS 2 packet ids received and not yet released by PUBREL (`bridge.state`)."""
+        return self._inbound_qos2 or _EMPTY
+
+    def hold_qos2_in(self, packet_id: int, state: Any) -> None:
+        if self._inbound_qos2 is None:
+            self._inbound_qos2 = {}
+        self._inbound_qos2[packet_id] = state
+
+    def drop_qos2_in(self, packet_id: int) -> None:
+        if self._inbound_qos2 is not None:
+            self._inbound_qos2.pop(packet_id, None)
 
     # -- queues and offsets -------------------------------------------------------------------
 
@@ -122,7 +210,7 @@ class Session:
     def forget_queue(self, queue: str) -> None:
         """Stop reading `queue` (after UNSUBSCRIBE); messages in flight stay until acknowledged."""
         self.cursors.pop(queue, None)
-        self.resend_below.pop(queue, None)
+        self.pop_resend_below(queue)
 
     # -- outbound QoS -------------------------------------------------------------------------
 
@@ -177,7 +265,7 @@ class Session:
 
     def encode_subscriptions(self) -> bytes:
         """The durable part that changes on SUBSCRIBE/UNSUBSCRIBE."""
-        record: dict[str, Any] = {"subs": self.subscriptions, "shared": self.shared}
+        record: dict[str, Any] = {"subs": self.subscriptions, "shared": self._shared or {}}
         if self.options:
             record["opt"] = {
                 f: [int(o.no_local), int(o.retain_as_published), o.identifier]

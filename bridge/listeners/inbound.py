@@ -303,7 +303,7 @@ class Inbound:
             )
             return
         if not session.persistent:
-            session.inbound_qos2.pop(packet_id, None)
+            session.drop_qos2_in(packet_id)
             self._completed()
             conn.send(codec.encode_pubcomp(packet_id))
             return

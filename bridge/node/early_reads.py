@@ -52,7 +52,7 @@ def rewind(
                 changed = True
                 sent = session.resend_below.get(queue)
                 if sent is not None and sent > end:
-                    session.resend_below[queue] = end
+                    session.set_resend_below(queue, end)
         if changed:
             count += 1
             moved(session)

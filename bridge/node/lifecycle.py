@@ -133,11 +133,11 @@ class SessionLifecycle:
     def restore_qos2_marker(self, session: Session, packet_id: int, value: bytes) -> None:
         """Hold a stored "QoS 2 packet id received" marker in the session again."""
         if self.store.atomic_meta:
-            session.inbound_qos2[packet_id] = None
+            session.hold_qos2_in(packet_id, None)
         else:
             # Written before the message was sent: whether that send stored it is settled
             # by asking the store when the client resends the id (if it ever does).
-            session.inbound_qos2[packet_id] = Unsettled.decode(value)
+            session.hold_qos2_in(packet_id, Unsettled.decode(value))
 
     def adopt(self, client_id: str, claim: Claim) -> Session:
         """Hold a persistent session taken over from another node (offline until it connects)."""

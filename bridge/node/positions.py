@@ -111,9 +111,9 @@ def start_new_parts(store: MessageStore, session: Session) -> bool:
         part = upgrade(name)
         if part != name:
             session.cursors[part] = session.cursors.pop(name)
-            below = session.resend_below.pop(name, None)
+            below = session.pop_resend_below(name)
             if below is not None:
-                session.resend_below[part] = below
+                session.set_resend_below(part, below)
             changed = True
     for queue in queues_read(store, session):
         for part in store.parts(queue):

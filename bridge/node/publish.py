@@ -290,7 +290,7 @@ class Publisher:
             ]
         packet_id = packet.packet_id
         stored: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
-        session.inbound_qos2[packet_id] = stored
+        session.hold_qos2_in(packet_id, stored)
         atomic = self.store.atomic_meta
 
         def done(seq: int | None, error: BaseException | None) -> None:
@@ -299,10 +299,10 @@ class Publisher:
             if error is not None and session.inbound_qos2.get(packet_id) is stored:
                 if not atomic and getattr(error, "maybe_stored", False):
                     # The send may have stored it: a resend must ask the store first.
-                    session.inbound_qos2[packet_id] = unsettled
+                    session.hold_qos2_in(packet_id, unsettled)
                 else:
                     # Not stored: a resend of this id must be stored, not merely acknowledged.
-                    del session.inbound_qos2[packet_id]
+                    session.drop_qos2_in(packet_id)
             on_durable(seq, error)
 
         submit(message, meta, done)

@@ -68,10 +68,10 @@ async def _settle(
             session.client_id,
             unsettled.key,
         )
-        session.inbound_qos2[packet_id] = None
+        session.hold_qos2_in(packet_id, None)
         ack(None)
     else:
-        del session.inbound_qos2[packet_id]
+        session.drop_qos2_in(packet_id)
         publisher.publish(
             session, packet, lambda _s, error: ack(error), parse_delayed(packet.topic)
         )
@@ -80,7 +80,7 @@ async def _settle(
 async def release(store: MessageStore, session: Session, packet_id: int) -> None:
     """PUBREL from the publisher of a persistent session: forget the packet id durably before
     PUBCOMP (a clean session's id lives only in memory; the connection drops it itself)."""
-    session.inbound_qos2.pop(packet_id, None)
+    session.drop_qos2_in(packet_id)
     await store.put_meta(
         [MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet_id}", None)], durable=True
     )

@@ -187,9 +187,9 @@ class Subscriptions:
             existed = topic_filter in session.subscriptions or topic_filter in session.shared
             options = SubOptions(sub.no_local, sub.retain_as_published, identifier)
             if options != _NO_OPTIONS:
-                session.options[topic_filter] = options
+                session.set_options(topic_filter, options)
             else:
-                session.options.pop(topic_filter, None)
+                session.drop_options(topic_filter)
             queue = (
                 shared_queue(topic_filter, session.client_id)
                 if parsed is not None
@@ -198,13 +198,13 @@ class Subscriptions:
             try:
                 start_reading_at(self.store, session, queue, ends)
             except StoreUnavailable as exc:
-                session.options.pop(topic_filter, None)
+                session.drop_options(topic_filter)
                 codes.append(
                     self._refuse_filter(session, topic_filter, f"store unavailable: {exc}")
                 )
                 continue
             if parsed is not None:
-                session.shared[topic_filter] = granted
+                session.add_shared(topic_filter, granted)
                 self.add_shared(session.client_id, topic_filter, parsed, granted)
             else:
                 self.add_subscription(session.client_id, topic_filter, granted)
@@ -296,13 +296,13 @@ class Subscriptions:
         for topic_filter in packet.topic_filters:
             existed = topic_filter in session.subscriptions or topic_filter in session.shared
             codes.append(ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
-            session.options.pop(topic_filter, None)
+            session.drop_options(topic_filter)
             if topic_filter in session.subscriptions:
                 del session.subscriptions[topic_filter]
                 self.remove_subscription(session.client_id, topic_filter)
                 stop_reading(self.store, session, filter_queue(topic_filter))
             elif topic_filter in session.shared:
-                del session.shared[topic_filter]
+                session.drop_shared(topic_filter)
                 self.remove_shared(session.client_id, topic_filter)
                 stop_reading(self.store, session, shared_queue(topic_filter, session.client_id))
         self.spawn(self._finish_unsubscribe(conn, session, packet.packet_id, codes))

@@ -249,7 +249,7 @@ def test_qos2_resend_whose_first_send_never_arrived_is_stored(
         pub, transport = await open_connection(node, "publisher")
         # As after a crash between writing the marker and sending: marker, no message.
         session = node.sessions["publisher"]
-        session.inbound_qos2[9] = Unsettled(f"{topic}/x", f"never-sent-{uuid.uuid4().hex}")
+        session.hold_qos2_in(9, Unsettled(f"{topic}/x", f"never-sent-{uuid.uuid4().hex}"))
         pub.data_received(codec.encode(Publish(f"{topic}/x", b"late", 2, dup=True, packet_id=9)))
         await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
         (part,) = store.parts(f"f:{topic}/#")

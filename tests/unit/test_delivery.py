@@ -223,7 +223,7 @@ def test_resent_messages_carry_dup_and_released_qos2_messages_resume_with_pubrel
         await put(store, "q", 2, [queue])
         await put(store, "q", 2, [queue])
         first = (await store.read(queue, 0, 1)).messages[0]
-        session.resend_below[queue] = 2  # both were sent before a reconnect
+        session.set_resend_below(queue, 2)  # both were sent before a reconnect
         session.released = {first.seq}  # and the first one's PUBREC had arrived
         keeper, _owner = make_keeper(store, {"dev": session})
         link = RecordingLink()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,6 +12,7 @@ from bridge.session import (
     Outbound,
     Phase,
     Session,
+    SubOptions,
     packet_id_for,
 )
 
@@ -100,3 +102,37 @@ def test_offline_since_survives_a_restore_so_expiry_counts_from_the_disconnect()
     session.connected = True
     restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
     assert restored.disconnected_at == 0.0
+
+
+def test_a_new_session_reads_its_unwritten_tables_as_empty_and_they_cannot_be_written_past():
+    session = Session("idle", persistent=False)
+    for table in (session.shared, session.options, session.resend_below, session.inbound_qos2):
+        assert len(table) == 0
+        with pytest.raises(TypeError):
+            table["x"] = 1  # type: ignore[index]  # only through the session's methods
+    # Nothing written, nothing kept (80 bytes of an idle connection's memory per table).
+    for name in ("_shared", "_options", "_resend_below", "_inbound_qos2"):
+        assert getattr(session, name) is None
+
+
+def test_tables_written_through_the_session_read_back_and_empty_again_when_dropped():
+    session = Session("dev", persistent=True)
+    session.add_shared("$share/g/x", 1)
+    session.set_options("a/#", SubOptions(no_local=True))
+    session.set_resend_below("f:a/#", 5)
+    session.hold_qos2_in(7, None)
+    assert session.shared == {"$share/g/x": 1}
+    assert session.options == {"a/#": SubOptions(no_local=True)}
+    assert session.resend_below == {"f:a/#": 5}
+    assert session.inbound_qos2 == {7: None}
+    restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
+    assert restored.shared == {"$share/g/x": 1}
+    assert restored.options == {"a/#": SubOptions(no_local=True)}
+    session.drop_shared("$share/g/x")
+    session.drop_options("a/#")
+    assert session.pop_resend_below("f:a/#") == 5
+    assert session.pop_resend_below("f:a/#") is None
+    session.drop_qos2_in(7)
+    session.drop_qos2_in(7)  # twice: nothing happens
+    assert not session.shared and not session.options
+    assert not session.resend_below and not session.inbound_qos2

@@ -25,7 +25,7 @@ def sessions(draw: Any) -> Session:
         session.subscriptions[topic_filter] = draw(st.integers(0, 2))
         option = SubOptions(draw(st.booleans()), draw(st.booleans()), draw(st.integers(0, 3)))
         if option != SubOptions():
-            session.options[topic_filter] = option
+            session.set_options(topic_filter, option)
     return session
 
 
