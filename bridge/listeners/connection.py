@@ -42,6 +42,7 @@ from bridge.mqtt.packets import (
 )
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
+from bridge.node.deadlines import NONE
 from bridge.node.roles import PAUSED_BY_RATE, PAUSED_FOR_TURN
 from bridge.storage.base import Message
 
@@ -66,12 +67,12 @@ class Connection(asyncio.Protocol):
     # Slots, not a __dict__: a node holds tens of thousands of idle connections.
     # fmt: off
     __slots__ = (
-        "_connecting", "_flush_handle", "_graceful", "_held", "_holds", "_keepalive_limit",
-        "_last_rx", "_out", "_out_size", "_paused_writing", "_read_pauses", "_timer", "auth",
-        "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder", "detached",
-        "inbound", "keepalive", "level", "listener", "loop", "max_packet_out", "msgs_in",
-        "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer", "receive_maximum",
-        "session", "shared_encoding", "transport", "username", "v5", "will",
+        "_connecting", "_deadline", "_flush_handle", "_graceful", "_held", "_holds", "_inbound",
+        "_keepalive_limit", "_last_rx", "_out", "_out_size", "_paused_writing", "_read_pauses",
+        "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder",
+        "detached", "keepalive", "level", "listener", "loop", "max_packet_out",
+        "msgs_in", "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer",
+        "receive_maximum", "session", "shared_encoding", "transport", "username", "v5", "will",
     )
     # fmt: on
 
@@ -92,9 +93,9 @@ class Connection(asyncio.Protocol):
         self.detached = False
         self._graceful = False
         self._connecting = False
-        self._held: list[Any] = []
+        self._held: list[Any] | None = None
         self._holds = 0
-        self._out: list[bytes] = []
+        self._out: list[bytes] | None = None
         self._out_size = 0
         self._flush_handle: asyncio.Handle | None = None
         self._paused_writing = False
@@ -104,7 +105,7 @@ class Connection(asyncio.Protocol):
         """Which QoS 0 PUBLISH encoded once per fan-out the client takes (see `ClientLink`)."""
         self.max_packet_out = NO_LIMIT
         """The largest packet the client accepts (its v5 Maximum Packet Size)."""
-        self.inbound: Inbound = Inbound(self)
+        self._inbound: Inbound | None = None
         self.pacer: ReadPacer | None = None
         """The client's publish rate limits (None: unlimited, the one check the hot path makes)."""
         self._read_pauses = 0
@@ -117,7 +118,8 @@ class Connection(asyncio.Protocol):
         """The MQTT 5.0 enhanced authentication of the connection (None: none)."""
         self._keepalive_limit = 0.0
         self._last_rx = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = NONE
+        """Its bucket in the node's `Deadlines`: the CONNECT's, then the keepalive's."""
         self.close_reason = ""
         self.listener = "tcp"
         """The kind of listener the client came through: tcp, tls, ws or wss."""
@@ -142,8 +144,8 @@ class Connection(asyncio.Protocol):
         self.cert_cn = peer_cert_cn(tcp)
         tcp.set_write_buffer_limits(high=min(SOCKET_HIGH_WATER, self.node.config.write_buffer_high))
         self.node.connection_count += 1
-        self._last_rx = self.loop.time()
-        self._timer = self.loop.call_later(self.node.config.connect_timeout, self._connect_timeout)
+        self._last_rx = now = self.loop.time()
+        self._deadline = self.node.deadlines.add(self, now + self.node.config.connect_timeout)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -173,6 +175,8 @@ class Connection(asyncio.Protocol):
                 self.auth.on_auth(packet)  # the answer an exchange waits for, never held
                 continue
             if self._connecting or self._holds:
+                if self._held is None:
+                    self._held = []
                 self._held.append(packet)
                 continue
             self._handle(packet)
@@ -195,13 +199,12 @@ class Connection(asyncio.Protocol):
             self.close(f"protocol violation {error}", reason_code=reason_code)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._deadline = self.node.deadlines.remove(self, self._deadline)
         if self._flush_handle is not None:
             # The socket is gone: what was queued for it this loop turn cannot be written.
             self._flush_handle.cancel()
             self._flush_handle = None
-            self._out = []
+            self._out = None
             self._out_size = 0
         if not self.closed:
             self.closed = True
@@ -268,7 +271,11 @@ class Connection(asyncio.Protocol):
         self.send(data)
 
     def _queue(self, data: bytes) -> None:
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self._out_size += len(data)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
@@ -299,11 +306,19 @@ class Connection(asyncio.Protocol):
         out = self._out
         if not out or self.transport is None:
             return
-        self._out = []
+        self._out = None
         self._out_size = 0
         data = out[0] if len(out) == 1 else b"".join(out)
         self.transport.write(data)
         self.node.metrics.inc("bytes_out", len(data))
+
+    @property
+    def inbound(self) -> Inbound:
+        """What the client publishes (made at its first PUBLISH: idle clients need none)."""
+        inbound = self._inbound
+        if inbound is None:
+            inbound = self._inbound = Inbound(self)
+        return inbound
 
     @property
     def auth_method(self) -> str | None:
@@ -365,10 +380,8 @@ class Connection(asyncio.Protocol):
         """Whether a message on `topic` may be delivered to this client: a deny rule narrower
         than one of its subscriptions leaves such topics out (asked only when a deny rule on
         subscribing applies to the client; decisions are cached)."""
-        acl = self.node.access.acl
-        if acl.rules is None or not acl.filters_reads(self.client_id, self.username):
-            return True
-        if acl.may_read(self.client_id, self.username, topic):
+        acl, client_id, username = self.node.access.acl, self.client_id, self.username
+        if not acl.filters_reads(client_id, username) or acl.may_read(client_id, username, topic):
             return True
         self.node.metrics.inc("acl_filtered_deliveries")
         return False
@@ -394,9 +407,7 @@ class Connection(asyncio.Protocol):
         if log_it:
             level = logging.INFO if taken_over else logging.WARNING
             log.log(level, "client %s (%s): closing: %s", self.client_id or "-", self.peer, reason)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline = self.node.deadlines.remove(self, self._deadline)
         transport = self.transport
         if transport is not None:
             if self._flush_handle is not None:
@@ -451,9 +462,7 @@ class Connection(asyncio.Protocol):
     def _start_connect(self, packet: Connect) -> None:
         self.level = packet.protocol_level
         self._connecting = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline = self.node.deadlines.remove(self, self._deadline)
         self.node.spawn(self._connect(packet))
 
     async def _connect(self, packet: Connect) -> None:
@@ -481,7 +490,7 @@ class Connection(asyncio.Protocol):
         keepalive = self.keepalive  # granted by the lifecycle (capped by max_keepalive)
         if keepalive:
             self._keepalive_limit = keepalive * 1.5
-            self._timer = self.loop.call_later(self._keepalive_limit, self._keepalive_check)
+            self._deadline = self.node.deadlines.add(self, self.loop.time() + self._keepalive_limit)
         self._handle_held()
 
     def _on_auth(self, packet: Auth) -> None:
@@ -508,17 +517,22 @@ class Connection(asyncio.Protocol):
         held = self._held
         while held and not self._holds and not self._connecting and not self.closed:
             self._handle(held.pop(0))
+        if held == []:
+            self._held = None  # (an idle client keeps no list)
 
-    def _connect_timeout(self) -> None:
-        self._timer = None
-        if self.session is None and not self._connecting:
-            self.close(f"no CONNECT within connect_timeout={self.node.config.connect_timeout} s")
-
-    def _keepalive_check(self) -> None:
-        self._timer = None
+    def deadline_due(self) -> None:
+        """No CONNECT within `connect_timeout`, or the keepalive may have lapsed."""
+        self._deadline = NONE
         if self.closed:
             return
-        idle = 0.0 if self._read_pauses else self.loop.time() - self._last_rx
+        if not self._keepalive_limit:
+            if self.session is None and not self._connecting:
+                self.close(
+                    f"no CONNECT within connect_timeout={self.node.config.connect_timeout} s"
+                )
+            return
+        now = self.loop.time()
+        idle = 0.0 if self._read_pauses else now - self._last_rx
         if idle >= self._keepalive_limit:
             self.node.metrics.inc("keepalive_timeouts")
             self.close(
@@ -526,7 +540,7 @@ class Connection(asyncio.Protocol):
                 reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT,
             )
             return
-        self._timer = self.loop.call_later(self._keepalive_limit - idle, self._keepalive_check)
+        self._deadline = self.node.deadlines.add(self, now - idle + self._keepalive_limit)
 
     def hold_acks(self, reason: str) -> None:
         """Hold this client's PUBACKs/PUBRECs, in order (see `Inbound.hold_acks`)."""
@@ -548,26 +562,11 @@ class Connection(asyncio.Protocol):
         self.send(PINGRESP)
 
     def _on_disconnect(self, packet: Disconnect) -> None:
-        session = self.session
-        assert session is not None
-        if self.v5 is not None:
-            expiry = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
-            if expiry is not None:
-                if expiry and not session.persistent:
-                    self.close(
-                        "DISCONNECT sets a Session Expiry Interval on a session that had 0 "
-                        "(MQTT-3.14.2-2)",
-                        reason_code=ReasonCode.PROTOCOL_ERROR,
-                    )
-                    return
-                self.node.lifecycle.set_expiry(session, expiry)
-            if packet.reason_code >= 0x80:
-                log.info(
-                    "client %s: DISCONNECT with reason 0x%02X %s",
-                    self.client_id,
-                    packet.reason_code,
-                    packet.properties.get(PropertyId.REASON_STRING, ""),
-                )
+        assert self.session is not None
+        if self.v5 is not None and not self.node.lifecycle.disconnect_v5(
+            self, self.session, packet
+        ):
+            return
         # DISCONNECT with reason 0x04 asks for the will to be published all the same.
         self._graceful = packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL
         log.debug("client %s: DISCONNECT", self.client_id)

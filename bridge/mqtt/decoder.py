@@ -126,7 +126,7 @@ class Decoder:
         self._buf = b""
         self._pos = 0
         self._need = 0  # total size of the incomplete packet at _pos, if its header was read
-        self._pending: list[bytes] = []
+        self._pending: list[bytes] | None = None
         self._pending_len = 0
         self._error: MQTTProtocolError | None = None
 
@@ -137,12 +137,15 @@ class Decoder:
         if not data:
             return
         if self._need:
-            self._pending.append(data)
+            pending = self._pending
+            if pending is None:
+                pending = self._pending = []  # (an idle client keeps no list)
+            pending.append(data)
             self._pending_len += len(data)
             if len(self._buf) - self._pos + self._pending_len < self._need:
                 return
-            data = b"".join(self._pending)
-            self._pending = []
+            data = b"".join(pending)
+            self._pending = None
             self._pending_len = 0
             self._need = 0
         if self._pos < len(self._buf):

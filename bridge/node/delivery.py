@@ -86,6 +86,7 @@ class Delivery:
         pace: Pace,
         max_inflight: int,
         acl: Acl | None = None,
+        read_now: Callable[[str, int, int], ReadResult | None] | None = None,
     ) -> None:
         self.session = session
         self.conn = conn
@@ -98,17 +99,17 @@ class Delivery:
         """The ACL whose deny rules may keep a message from a broader subscription."""
         self._retrying = False
         self._stopped = False
-        self._drains: dict[str, asyncio.Task[None]] = {}
+        self._drains: dict[str, asyncio.Task[None]] | None = None
         """Queue -> the task sending what it holds. Each queue is drained on its own: a read
-        that waits on one (a light queue the broker has not filled yet) holds up no other."""
+        that waits on one (a light queue the broker has not filled yet) holds up no other.
+        None while there is none (an idle connection's memory)."""
         self._window_blocked: set[str] | None = None
         """Queues whose drain stopped on a full window; None while there is none (an empty set
         is 216 bytes of every idle connection)."""
         self._scan: asyncio.Handle | None = None
-        self._read_now: Callable[[str, int, int], ReadResult | None] | None = getattr(
-            store, "read_cached", None
-        )
-        """The store's read from memory (the embedded store's record cache), if it has one."""
+        self._read_now = read_now or getattr(store, "read_cached", None)
+        """The store's read from memory (the embedded store's record cache), if it has one;
+        the node hands every delivery the same bound method."""
 
     def wake(self) -> None:
         """Something may be deliverable: soon (once per event-loop turn, however many wakes
@@ -130,12 +131,14 @@ class Delivery:
         if not window_full and not self.conn.writable:
             return
         for queue, cursor in list(session.cursors.items()):
-            if cursor < end_offset(queue) and queue not in drains:
+            if cursor < end_offset(queue) and (drains is None or queue not in drains):
                 if window_full:
                     self._block(queue)
                 elif self._drain_now(queue):
                     self.pace.read(session)
                 else:
+                    if drains is None:
+                        drains = self._drains = {}
                     drains[queue] = asyncio.get_running_loop().create_task(self._run(queue))
 
     @property
@@ -166,9 +169,9 @@ class Delivery:
         if self._scan is not None:
             self._scan.cancel()
             self._scan = None
-        for task in self._drains.values():
+        for task in (self._drains or {}).values():
             task.cancel()
-        self._drains.clear()
+        self._drains = None
         self.pace.gone(self.session)
 
     def resend_inflight(self) -> None:
@@ -218,8 +221,11 @@ class Delivery:
         finally:
             # No await since the drain's last look at the queue's end: a wake from now on
             # starts a new drain, so no message can arrive unseen in between.
-            if self._drains.get(queue) is asyncio.current_task():
-                del self._drains[queue]
+            drains = self._drains
+            if drains is not None and drains.get(queue) is asyncio.current_task():
+                del drains[queue]
+                if not drains:
+                    self._drains = None
         self.pace.read(self.session)
 
     async def _drain(self, queue: str) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bridge.mqtt import codec
-from bridge.mqtt.packets import Connack, Connect
+from bridge.mqtt.packets import Connack, Connect, Disconnect
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.admission import Admission
@@ -265,6 +265,28 @@ class SessionLifecycle:
             for share_filter, qos in session.shared.items():
                 self.cluster.shared_member_changed(share_filter, client_id, qos)
         return session
+
+    def disconnect_v5(self, conn: ClientLink, session: Session, packet: Disconnect) -> bool:
+        """What a v5 DISCONNECT says beyond goodbye: a new Session Expiry Interval, a reason.
+        False if it broke a rule (the connection is closed)."""
+        expiry = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+        if expiry is not None:
+            if expiry and not session.persistent:
+                conn.close(
+                    "DISCONNECT sets a Session Expiry Interval on a session that had 0 "
+                    "(MQTT-3.14.2-2)",
+                    reason_code=ReasonCode.PROTOCOL_ERROR,
+                )
+                return False
+            self.set_expiry(session, expiry)
+        if packet.reason_code >= 0x80:
+            log.info(
+                "client %s: DISCONNECT with reason 0x%02X %s",
+                session.client_id,
+                packet.reason_code,
+                packet.properties.get(PropertyId.REASON_STRING, ""),
+            )
+        return True
 
     def set_expiry(self, session: Session, expiry: int) -> None:
         """A v5 client changed its Session Expiry Interval on DISCONNECT (MQTT-3.14.2.2.2)."""

@@ -31,6 +31,7 @@ from bridge.access.limits import LimitControl
 from bridge.config import Config
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.congestion import Congestion
+from bridge.node.deadlines import Deadlines
 from bridge.node.delivery import Delivery
 from bridge.node.early_reads import rewind
 from bridge.node.housekeeping import Housekeeper
@@ -94,6 +95,9 @@ class Node:
         """The connection and rate limits in force (the configured ones, or the admin API's)."""
         self.limits.changed = self._limits_changed
         self.connection_count = 0
+        self.deadlines = Deadlines()
+        self._read_cached = getattr(store, "read_cached", None)
+        """The connections' CONNECT and keepalive deadlines, on one loop timer."""
         self.accepting = True
         self.cluster: Cluster | None = None
         """Set when the node is a cluster member (`bridge.cluster`)."""
@@ -187,6 +191,7 @@ class Node:
             pace=self.congestion,
             max_inflight=min(self.config.max_inflight, conn.receive_window),
             acl=self.access.acl,
+            read_now=self._read_cached,
         )
 
     def _rewind_readers(self, ends: dict[str, int]) -> None:
@@ -273,6 +278,7 @@ class Node:
     async def stop(self) -> None:
         """Flush offsets and close the store (connections are closed by the server first)."""
         self.sys.stop()
+        self.deadlines.close()
         await self.meter.stop()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
