@@ -69,6 +69,7 @@ class Config:
     max_topic_length: int = 4096
     max_topic_levels: int = 128
     max_inflight: int = 32
+    qos2_copy_window: int = 1024
     max_inbound_pending: int = 1000
     receive_maximum: int = 1000
     topic_alias_maximum: int = 64
@@ -180,6 +181,10 @@ SETTINGS: dict[str, str] = {
     "max_topic_length": "longest topic name or filter, in UTF-8 bytes",
     "max_topic_levels": "most `/`-separated levels in a topic name or filter",
     "max_inflight": "unacknowledged QoS 1/2 messages in flight to one client",
+    "qos2_copy_window": (
+        "QoS 2 message keys each session remembers, so that a second stored copy of a message "
+        "it was sent (a resend stored again after a store failure) is not sent (0: off)"
+    ),
     "max_inbound_pending": "QoS 1/2 publishes of one client awaiting storage before reading pauses",
     "receive_maximum": "MQTT 5.0: QoS 1/2 messages a client may have unacknowledged towards the "
     "bridge (told in CONNACK; more gets DISCONNECT 0x93)",
@@ -370,6 +375,7 @@ def _validate_operations(config: Config) -> None:
         "memory_trim_interval",
         "qos0_publisher_wait",
         "segment_preallocate_bytes",
+        "qos2_copy_window",
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"{name}: must not be negative")

@@ -83,9 +83,9 @@ class Session:
     """
 
     __slots__ = (
-        "_inbound_qos2", "_options", "_resend_below", "_shared", "client_id", "connected",
-        "cursors", "disconnected_at", "dropped_queue_full", "dropped_retention", "expiry",
-        "inflight", "persistent", "released", "subscriptions",
+        "_inbound_qos2", "_options", "_qos2_sent", "_resend_below", "_shared", "client_id",
+        "connected", "cursors", "disconnected_at", "dropped_queue_full", "dropped_retention",
+        "expiry", "inflight", "persistent", "released", "subscriptions",
     )  # fmt: skip
 
     def __init__(
@@ -117,6 +117,8 @@ class Session:
         """Seqs of QoS 2 messages whose PUBREC arrived (PUBREL phase), durable when persistent;
         None until the first (an empty set is 216 bytes, and most sessions never see QoS 2)."""
         self._inbound_qos2: dict[int, Any] | None = None
+        self._qos2_sent: dict[str, int] | None = None
+        """Key -> seq of the last QoS 2 messages sent to the client, oldest first."""
         self.connected = connected
         self.disconnected_at = disconnected_at
         self.dropped_queue_full = 0
@@ -254,6 +256,25 @@ class Session:
     def was_released(self, seq: int) -> bool:
         """Whether the QoS 2 message at `seq` is in its PUBREL phase (its PUBREC arrived)."""
         return self.released is not None and seq in self.released
+
+    def first_copy(self, key: str, seq: int, window: int) -> bool:
+        """Whether the QoS 2 message `key` stored at `seq` may be sent: False for a second
+        stored copy of a message this client was sent already. A store that cannot say whether
+        a failed send stored a message gets the publisher's resend stored again under the same
+        key (`bridge.node.qos2_in`), and a reader may have had the first copy. The last
+        `window` keys sent are remembered (0: none, every copy is sent)."""
+        if window <= 0:
+            return True
+        sent = self._qos2_sent
+        if sent is None:
+            sent = self._qos2_sent = {}
+        earlier = sent.get(key)
+        if earlier is not None:
+            return earlier == seq  # the same copy again (a resend of it) goes out
+        sent[key] = seq
+        if len(sent) > window:
+            del sent[next(iter(sent))]
+        return True
 
     def forget_inflight(self) -> list[Outbound]:
         """Drop everything in flight (clean session end); returns what was dropped."""

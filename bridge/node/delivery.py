@@ -71,6 +71,7 @@ class Delivery:
         "metrics",
         "offsets",
         "pace",
+        "qos2_copy_window",
         "session",
         "store",
     )
@@ -87,6 +88,7 @@ class Delivery:
         max_inflight: int,
         acl: Acl | None = None,
         read_now: Callable[[str, int, int], ReadResult | None] | None = None,
+        qos2_copy_window: int = 0,
     ) -> None:
         self.session = session
         self.conn = conn
@@ -95,6 +97,8 @@ class Delivery:
         self.offsets = offsets
         self.pace = pace
         self.max_inflight = max_inflight
+        self.qos2_copy_window = qos2_copy_window
+        """QoS 2 keys remembered to leave out a second stored copy (`Session.first_copy`)."""
         self.acl = acl
         """The ACL whose deny rules may keep a message from a broader subscription."""
         self._retrying = False
@@ -371,6 +375,19 @@ class Delivery:
             if option is not None:
                 retain = message.retain and option.retain_as_published
                 sub_ids = (option.identifier,) if option.identifier else ()
+        if (
+            qos == 2
+            and message.key
+            and not session.first_copy(message.key, stored.seq, self.qos2_copy_window)
+        ):
+            self.metrics.inc("qos2_copies_skipped")
+            log.info(
+                "client %s: QoS 2 message %s was stored twice (a resend after a store failure); "
+                "its second copy is not sent",
+                session.client_id,
+                message.key,
+            )
+            return False
         conn = self.conn
         if qos == 0:
             data = conn.encode_message(message, 0, retain, False, None, sub_ids)

@@ -192,6 +192,7 @@ class Node:
             max_inflight=min(self.config.max_inflight, conn.receive_window),
             acl=self.access.acl,
             read_now=self._read_cached,
+            qos2_copy_window=self.config.qos2_copy_window,
         )
 
     def _rewind_readers(self, ends: dict[str, int]) -> None:

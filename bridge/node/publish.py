@@ -247,6 +247,7 @@ class Publisher:
         packet: Publish,
         on_durable: DurableCallback,
         delayed: DelayedTopic | None = None,
+        key: str = "",
     ) -> None:
         """A QoS 1/2 PUBLISH from a client (or, with `delayed`, the form of its `$delayed/...`
         topic, one of any QoS: stored to be routed when due, `bridge.node.delayed`).
@@ -254,7 +255,8 @@ class Publisher:
         durable (then the caller acknowledges) or `on_durable(None, error)` if it could not be
         stored (then it must not). For QoS 2, `session.inbound_qos2[packet id]` holds a future
         that completes (with the error or None) at the same time, so a resent PUBLISH with that
-        id is answered without being stored again.
+        id is answered without being stored again. `key`: the message's key when it is a
+        resend that may have been stored before under it (`bridge.node.qos2_in`).
 
         Synchronous up to the store's submit, so calls made in packet order keep that order.
         """
@@ -266,6 +268,8 @@ class Publisher:
             packet.retain,
             session.client_id,
         )
+        if key:
+            message.key = key
         if packet.properties:
             message.properties = from_publish(packet.properties)
         self.metrics.counters[_MESSAGES_IN[qos]] += 1

@@ -71,9 +71,15 @@ async def _settle(
         session.hold_qos2_in(packet_id, None)
         ack(None)
     else:
+        # Stored again under the same key: a reader that had a first copy the store lost track
+        # of (a master that died before its slave had it) leaves this one out.
         session.drop_qos2_in(packet_id)
         publisher.publish(
-            session, packet, lambda _s, error: ack(error), parse_delayed(packet.topic)
+            session,
+            packet,
+            lambda _s, error: ack(error),
+            parse_delayed(packet.topic),
+            key=unsettled.key,
         )
 
 

@@ -492,3 +492,44 @@ def test_a_parked_read_of_one_queue_does_not_hold_up_the_clients_other_queues(tm
         await store.close()
 
     run(scenario())
+
+
+def test_a_second_stored_copy_of_a_qos2_message_is_not_sent_a_first_copy_resent_is(tmp_path):
+    """A resend the store could not settle is stored again under the first copy's key
+    (bridge.node.qos2_in); a subscriber that was sent the first copy gets only that one, at
+    QoS 2. A subscriber granted QoS 1 may get both, as QoS 1 allows."""
+
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        exactly = Session("exactly", persistent=False, subscriptions={"pay/#": 2})
+        once_or_more = Session("once-or-more", persistent=False, subscriptions={"pay/#": 1})
+        for session in (exactly, once_or_more):
+            session.start_queue(filter_queue("pay/#"), 0)
+        for payload in (b"first copy", b"other", b"second copy"):
+            key = "pub-7" if payload.endswith(b"copy") else "pub-8"
+            message = Message("pay/1", payload, 2, key=key)
+            await store.append(message, [filter_queue("pay/#")])
+        keeper, _owner = make_keeper(store, {"exactly": exactly, "once-or-more": once_or_more})
+        got = {}
+        for session in (exactly, once_or_more):
+            link = RecordingLink()
+            delivery = Delivery(
+                session,
+                link,
+                store=store,
+                metrics=Metrics(),
+                offsets=keeper,
+                pace=RecordingPace(),
+                max_inflight=20,
+                qos2_copy_window=16,
+            )
+            await delivered(delivery)
+            got[session.client_id] = [p.payload for p in link.publishes()]
+            if session is exactly:
+                assert delivery.metrics.counters["qos2_copies_skipped"] == 1
+                assert session.cursors[filter_queue("pay/#")] == 3  # passed, not stuck
+        assert got["exactly"] == [b"first copy", b"other"]
+        assert got["once-or-more"] == [b"first copy", b"other", b"second copy"]
+        await store.close()
+
+    run(scenario())

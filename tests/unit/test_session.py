@@ -136,3 +136,14 @@ def test_tables_written_through_the_session_read_back_and_empty_again_when_dropp
     session.drop_qos2_in(7)  # twice: nothing happens
     assert not session.shared and not session.options
     assert not session.resend_below and not session.inbound_qos2
+
+
+def test_first_copy_refuses_another_copy_of_a_key_sent_within_the_window_not_the_same_copy():
+    session = Session("dev", persistent=False)
+    assert session.first_copy("k1", 10, window=2)
+    assert session.first_copy("k1", 10, window=2)  # the same stored copy, sent again
+    assert not session.first_copy("k1", 99, window=2)  # another copy of it
+    assert session.first_copy("k2", 11, window=2)
+    assert session.first_copy("k3", 12, window=2)  # k1 leaves the window
+    assert session.first_copy("k1", 99, window=2)
+    assert session.first_copy("k4", 13, window=0) and session.first_copy("k4", 14, window=0)
