@@ -143,7 +143,7 @@ class RecordingPace:
         self.stopped = True
 
 
-def make_delivery(store, session, link, keeper, max_inflight: int = 20) -> Delivery:
+def make_delivery(store, session, link, keeper, max_inflight: int = 20, **more: Any) -> Delivery:
     return Delivery(
         session,
         link,
@@ -152,6 +152,7 @@ def make_delivery(store, session, link, keeper, max_inflight: int = 20) -> Deliv
         offsets=keeper,
         pace=RecordingPace(),
         max_inflight=max_inflight,
+        **more,
     )
 
 
@@ -513,16 +514,7 @@ def test_a_second_stored_copy_of_a_qos2_message_is_not_sent_a_first_copy_resent_
         got = {}
         for session in (exactly, once_or_more):
             link = RecordingLink()
-            delivery = Delivery(
-                session,
-                link,
-                store=store,
-                metrics=Metrics(),
-                offsets=keeper,
-                pace=RecordingPace(),
-                max_inflight=20,
-                qos2_copy_window=16,
-            )
+            delivery = make_delivery(store, session, link, keeper, qos2_copy_window=16)
             await delivered(delivery)
             got[session.client_id] = [p.payload for p in link.publishes()]
             if session is exactly:
