@@ -264,6 +264,42 @@ def test_qos2_resend_whose_first_send_never_arrived_is_stored(
     _run_node(rocketmq, tmp_path, scenario)
 
 
+def test_a_qos2_resend_stored_again_after_a_lookup_that_missed_is_not_sent_twice(
+    rocketmq: LocalRocketMQ, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As when a master dies after serving a QoS 2 message and before its slave had it: the
+    subscriber has the first copy, the resend's lookup (on the slave) misses it, and the
+    message is stored again. The subscriber is sent it once."""
+    topic = _unique("q2c")
+
+    async def lookup_misses(self: RocketMQStore, topic: str, key: str) -> bool:
+        return False
+
+    async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
+        sub, sub_transport = await open_connection(node, "subscriber")
+        sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 2)])))
+        await asyncio.sleep(0.2)
+        pub, transport = await open_connection(node, "publisher")
+        pub.data_received(codec.encode(Publish(f"{topic}/x", b"pay 1", 2, packet_id=9)))
+        await _until(lambda: [p.payload for p in _publishes(sub_transport)] == [b"pay 1"], 10)
+        # The send turns out unsettled, and the lookup of its key misses.
+        (first,) = (await store.read(store.parts(f"f:{topic}/#")[0], 0, 10)).messages
+        session = node.sessions["publisher"]
+        session.hold_qos2_in(9, Unsettled(f"{topic}/x", first.message.key))
+        monkeypatch.setattr(RocketMQStore, "find_key", lookup_misses)
+        pub.data_received(codec.encode(Publish(f"{topic}/x", b"pay 1", 2, dup=True, packet_id=9)))
+        await _until(lambda: sum(isinstance(p, Pubrec) for p in transport.packets()) == 2, 10)
+        (part,) = store.parts(f"f:{topic}/#")
+        await _until(lambda: store.end_offset(part) == 2, 10)  # stored twice, one key
+        second = (await store.read(part, 1, 10)).messages[0]
+        assert second.message.key == first.message.key and second.seq != first.seq
+        await _until(lambda: node.metrics.counters["qos2_copies_skipped"] == 1, 10)
+        await asyncio.sleep(0.3)
+        assert [p.payload for p in _publishes(sub_transport)] == [b"pay 1"]
+
+    _run_node(rocketmq, tmp_path, scenario)
+
+
 def test_message_a_backend_produces_into_rocketmq_reaches_mqtt_subscribers(
     rocketmq: LocalRocketMQ, bridge_factory: Callable[..., Any]
 ) -> None:
