@@ -517,7 +517,7 @@ class Connection(asyncio.Protocol):
         held = self._held
         while held and not self._holds and not self._connecting and not self.closed:
             self._handle(held.pop(0))
-        if held == []:
+        if held is self._held and not held:
             self._held = None  # (an idle client keeps no list)
 
     def deadline_due(self) -> None:

@@ -96,8 +96,9 @@ class Node:
         self.limits.changed = self._limits_changed
         self.connection_count = 0
         self.deadlines = Deadlines()
-        self._read_cached = getattr(store, "read_cached", None)
         """The connections' CONNECT and keepalive deadlines, on one loop timer."""
+        self._read_cached = getattr(store, "read_cached", None)
+        """The store's read from memory, one bound method for every delivery."""
         self.accepting = True
         self.cluster: Cluster | None = None
         """Set when the node is a cluster member (`bridge.cluster`)."""
