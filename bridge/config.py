@@ -182,8 +182,8 @@ SETTINGS: dict[str, str] = {
     "max_topic_levels": "most `/`-separated levels in a topic name or filter",
     "max_inflight": "unacknowledged QoS 1/2 messages in flight to one client",
     "qos2_copy_window": (
-        "QoS 2 message keys each session remembers, so that a second stored copy of a message "
-        "it was sent (a resend stored again after a store failure) is not sent (0: off)"
+        "RocketMQ: QoS 2 message keys each session remembers, so that a second stored copy of a "
+        "message it was sent (a resend stored again after a store failure) is not sent (0: off)"
     ),
     "max_inbound_pending": "QoS 1/2 publishes of one client awaiting storage before reading pauses",
     "receive_maximum": "MQTT 5.0: QoS 1/2 messages a client may have unacknowledged towards the "

@@ -193,7 +193,8 @@ class Node:
             max_inflight=min(self.config.max_inflight, conn.receive_window),
             acl=self.access.acl,
             read_now=self._read_cached,
-            qos2_copy_window=self.config.qos2_copy_window,
+            # Only a store that cannot settle a failed send stores a QoS 2 resend twice.
+            qos2_copy_window=0 if self.store.atomic_meta else self.config.qos2_copy_window,
         )
 
     def _rewind_readers(self, ends: dict[str, int]) -> None:
