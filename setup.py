@@ -33,6 +33,7 @@ COMPILED = [
     "bridge/node/publish.py",
     "bridge/node/delivery.py",
     "bridge/node/congestion.py",
+    "bridge/storage/message.py",
     "bridge/storage/records.py",
     "bridge/storage/filelog/index.py",
     "bridge/storage/filelog/store.py",

@@ -15,60 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-
-@dataclass(slots=True)
-class Message:
-    """An application message as stored: MQTT topic, payload and the MQTT header fields."""
-
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    publisher: str = ""
-    """ClientId of the publisher ("" for messages the bridge makes itself, e.g. wills of a node)."""
-    key: str = ""
-    """Unique message key: node id + counter; backends index it, consumers use it to deduplicate."""
-    timestamp_ms: int = 0
-    node: str = ""
-    properties: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Stored:
-    """A message as read back from a queue."""
-
-    offset: int
-    """The message's offset in the queue it was read from."""
-    seq: int
-    """Store-wide position of the message: unique, increasing, the same in every queue."""
-    message: Message
-    queues: tuple[str, ...]
-    """Every queue the message was dispatched to (lets a reader of several queues deliver once)."""
-    size: int = 0
-    """Bytes the message occupies (payload + topic), for backlog accounting."""
-
-
-@dataclass(slots=True)
-class ReadResult:
-    """What one `read` returns."""
-
-    messages: list[Stored]
-    next_offset: int
-    """The offset to read from next (after the last message returned, or after a gap)."""
-    lost: int = 0
-    """Messages between the requested offset and the first retained one, removed by retention."""
-
-
-@dataclass(slots=True, frozen=True)
-class MetaUpdate:
-    """Set (`value` is bytes) or delete (`value` is None) one keyed record of a kind."""
-
-    kind: str
-    key: str
-    value: bytes | None
+from bridge.storage.message import Message as Message
+from bridge.storage.message import MetaUpdate as MetaUpdate
+from bridge.storage.message import ReadResult as ReadResult
+from bridge.storage.message import Stored as Stored
 
 
 class StoreUnavailable(Exception):
