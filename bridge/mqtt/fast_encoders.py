@@ -16,7 +16,6 @@ routes `encode` of the same packets here, so each form is written once. Import t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from struct import Struct
 from typing import Any, Final
 
@@ -47,6 +46,12 @@ _H = Struct(">H")
 _ONE_BYTE: Final = tuple(bytes((value,)) for value in range(0x80))
 
 
+def _bbh(first: int, remaining: int, topic_len: int) -> bytes:
+    """A PUBLISH's first 4 bytes when its remaining length fits one byte: first byte,
+    remaining length, topic length (`int.to_bytes` needs no call into `struct` once compiled)."""
+    return ((first << 24) | (remaining << 16) | topic_len).to_bytes(4, "big")
+
+
 # --- fixed header and packet identifier -------------------------------------------------------
 
 
@@ -70,7 +75,7 @@ def packet_id_bytes(packet_id: int | None, what: str) -> bytes:
         raise MQTTProtocolError(
             "MQTT-2.3.1-1", f"{what} needs a packet identifier in 1..65535, got {packet_id!r}"
         )
-    return _H.pack(packet_id)
+    return packet_id.to_bytes(2, "big")
 
 
 # --- MQTT 3.1.1 ------------------------------------------------------------------------------
@@ -99,22 +104,27 @@ def encode_publish(
     if qos == 0:
         remaining = topic_len + 2 + len(payload)
         if remaining < 0x80:
-            return b"".join((_BBH.pack(first, remaining, topic_len), encoded_topic, payload))
+            return b"".join((_bbh(first, remaining, topic_len), encoded_topic, payload))
         return b"".join(
-            (fixed_header(first, remaining), _H.pack(topic_len), encoded_topic, payload)
+            (fixed_header(first, remaining), topic_len.to_bytes(2, "big"), encoded_topic, payload)
         )
     assert packet_id is not None  # checked by _publish_head
     remaining = topic_len + 4 + len(payload)
     if remaining < 0x80:
         return b"".join(
-            (_BBH.pack(first, remaining, topic_len), encoded_topic, _H.pack(packet_id), payload)
+            (
+                _bbh(first, remaining, topic_len),
+                encoded_topic,
+                packet_id.to_bytes(2, "big"),
+                payload,
+            )
         )
     return b"".join(
         (
             fixed_header(first, remaining),
-            _H.pack(topic_len),
+            topic_len.to_bytes(2, "big"),
             encoded_topic,
-            _H.pack(packet_id),
+            packet_id.to_bytes(2, "big"),
             payload,
         )
     )
@@ -144,26 +154,33 @@ def _publish_head(
     return encoded_topic, 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
 
 
-def _ack_encoder(first: int, what: str) -> Callable[[int], bytes]:
-    prefix = bytes((first, 2))
-
-    def encode_ack(packet_id: int) -> bytes:
-        if not 0 < packet_id <= 0xFFFF:
-            raise MQTTProtocolError(
-                "MQTT-2.3.1-1", f"{what} needs a packet identifier in 1..65535, got {packet_id!r}"
-            )
-        return prefix + _H.pack(packet_id)
-
-    encode_ack.__name__ = f"encode_{what.lower()}"
-    encode_ack.__qualname__ = encode_ack.__name__
-    encode_ack.__doc__ = f"Encode a {what} (3.1.1 form, also valid 5.0 with reason code 0)."
-    return encode_ack
+def _ack(first: int, packet_id: int, what: str) -> bytes:
+    """An acknowledgement with a 2-byte body: `first`, remaining length 2, the packet id."""
+    if not 0 < packet_id <= 0xFFFF:
+        raise MQTTProtocolError(
+            "MQTT-2.3.1-1", f"{what} needs a packet identifier in 1..65535, got {packet_id!r}"
+        )
+    return ((first << 24) | 0x020000 | packet_id).to_bytes(4, "big")
 
 
-encode_puback: Final = _ack_encoder(0x40, "PUBACK")
-encode_pubrec: Final = _ack_encoder(0x50, "PUBREC")
-encode_pubrel: Final = _ack_encoder(0x62, "PUBREL")
-encode_pubcomp: Final = _ack_encoder(0x70, "PUBCOMP")
+def encode_puback(packet_id: int) -> bytes:
+    """Encode a PUBACK (3.1.1 form, also valid 5.0 with reason code 0)."""
+    return _ack(0x40, packet_id, "PUBACK")
+
+
+def encode_pubrec(packet_id: int) -> bytes:
+    """Encode a PUBREC (3.1.1 form, also valid 5.0 with reason code 0)."""
+    return _ack(0x50, packet_id, "PUBREC")
+
+
+def encode_pubrel(packet_id: int) -> bytes:
+    """Encode a PUBREL (3.1.1 form, also valid 5.0 with reason code 0)."""
+    return _ack(0x62, packet_id, "PUBREL")
+
+
+def encode_pubcomp(packet_id: int) -> bytes:
+    """Encode a PUBCOMP (3.1.1 form, also valid 5.0 with reason code 0)."""
+    return _ack(0x70, packet_id, "PUBCOMP")
 
 
 # --- MQTT 5.0 --------------------------------------------------------------------------------
@@ -192,17 +209,19 @@ def encode_publish5(
     if qos == 0:
         remaining = topic_len + 2 + len(props_header) + props_len + len(payload)
         if remaining < 0x80:
-            start = _BBH.pack(first, remaining, topic_len)
+            start = _bbh(first, remaining, topic_len)
         else:
-            start = fixed_header(first, remaining) + _H.pack(topic_len)
+            start = fixed_header(first, remaining) + topic_len.to_bytes(2, "big")
         return b"".join((start, encoded_topic, props_header, properties, payload))
     assert packet_id is not None  # checked by _publish_head
     remaining = topic_len + 4 + len(props_header) + props_len + len(payload)
     if remaining < 0x80:
-        start = _BBH.pack(first, remaining, topic_len)
+        start = _bbh(first, remaining, topic_len)
     else:
-        start = fixed_header(first, remaining) + _H.pack(topic_len)
-    return b"".join((start, encoded_topic, _H.pack(packet_id), props_header, properties, payload))
+        start = fixed_header(first, remaining) + topic_len.to_bytes(2, "big")
+    return b"".join(
+        (start, encoded_topic, packet_id.to_bytes(2, "big"), props_header, properties, payload)
+    )
 
 
 PACKET_FIRST_BYTES: Final[dict[int, int]] = {

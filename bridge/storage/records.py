@@ -47,12 +47,12 @@ class RecordError(ValueError):
 
 
 def _put_bytes(parts: list[bytes], data: bytes) -> None:
-    parts.append(_U32.pack(len(data)))
+    parts.append(len(data).to_bytes(4, "big"))
     parts.append(data)
 
 
 def _put_meta(parts: list[bytes], meta: Sequence[MetaUpdate]) -> None:
-    parts.append(_U32.pack(len(meta)))
+    parts.append(len(meta).to_bytes(4, "big"))
     for update in meta:
         _put_bytes(parts, update.kind.encode())
         _put_bytes(parts, update.key.encode())
@@ -65,12 +65,14 @@ def _put_meta(parts: list[bytes], meta: Sequence[MetaUpdate]) -> None:
 
 def _frame(parts: list[bytes]) -> tuple[bytes, bytes]:
     body = b"".join(parts)
-    if len(body) > MAX_BODY:
-        raise ValueError(f"record of {len(body)} bytes exceeds the limit of {MAX_BODY}")
-    return HEADER.pack(len(body), zlib.crc32(body)), body
+    n = len(body)
+    if n > MAX_BODY:
+        raise ValueError(f"record of {n} bytes exceeds the limit of {MAX_BODY}")
+    return n.to_bytes(4, "big") + zlib.crc32(body).to_bytes(4, "big"), body
 
 
 _ZERO_U32 = b"\x00\x00\x00\x00"
+_MSG_TYPE_VERSION = bytes((TYPE_MESSAGE, VERSION))
 
 
 def encode_message(
@@ -81,45 +83,42 @@ def encode_message(
 ) -> tuple[bytes, bytes]:
     """Frame header and body of a MESSAGE record. `topic` is the message's UTF-8 topic.
 
-    Built as one list joined once: this runs for every QoS 1/2 message.
+    Built as one list joined once: this runs for every QoS 1/2 message. The integers are
+    written with `int.to_bytes`, which compiled code does without a call into `struct`; a field
+    out of its range raises OverflowError (as `struct.error` does for the other records).
     """
-    pack = _U32.pack
     publisher = message.publisher.encode()
     key = message.key.encode()
     node = message.node.encode()
+    flags = _FLAG_RETAIN if message.retain else 0
     parts = [
-        _MSG_FIXED.pack(
-            TYPE_MESSAGE,
-            VERSION,
-            message.timestamp_ms,
-            message.qos,
-            _FLAG_RETAIN if message.retain else 0,
-        ),
-        pack(len(topic)),
+        _MSG_TYPE_VERSION,
+        message.timestamp_ms.to_bytes(8, "big", signed=True),
+        ((message.qos << 8) | flags).to_bytes(2, "big"),
+        len(topic).to_bytes(4, "big"),
         topic,
-        pack(len(publisher)),
+        len(publisher).to_bytes(4, "big"),
         publisher,
-        pack(len(key)),
+        len(key).to_bytes(4, "big"),
         key,
-        pack(len(node)),
+        len(node).to_bytes(4, "big"),
         node,
     ]
     props = message.properties
     if props:
-        parts.append(pack(len(props)))
+        parts.append(len(props).to_bytes(4, "big"))
         for name, value in props.items():
             _put_bytes(parts, name.encode())
             _put_bytes(parts, value.encode())
     else:
         parts.append(_ZERO_U32)
     if queue_offsets:
-        parts.append(pack(len(queue_offsets)))
-        pack64 = _U64.pack
+        parts.append(len(queue_offsets).to_bytes(4, "big"))
         for name, offset in queue_offsets:
             encoded = name.encode()
-            parts.append(pack(len(encoded)))
+            parts.append(len(encoded).to_bytes(4, "big"))
             parts.append(encoded)
-            parts.append(pack64(offset))
+            parts.append(offset.to_bytes(8, "big"))
     else:
         parts.append(_ZERO_U32)
     if meta:
@@ -127,7 +126,7 @@ def encode_message(
     else:
         parts.append(_ZERO_U32)
     payload = message.payload
-    parts.append(pack(len(payload)))
+    parts.append(len(payload).to_bytes(4, "big"))
     parts.append(payload)
     return _frame(parts)
 

@@ -308,7 +308,7 @@ class FileLogStore:
         self._check_usable()
         try:
             record = encode_plain_message(message, message.topic.encode())
-        except struct.error as exc:
+        except (struct.error, OverflowError) as exc:
             raise ValueError(f"message field out of range: {exc}") from None
         self._add_record(record, b"")
         self._stats["appends"] += 1
@@ -340,7 +340,7 @@ class FileLogStore:
         topic = message.topic.encode()
         try:
             header, body = encode_message(message, topic, offsets, meta)
-        except struct.error as exc:
+        except (struct.error, OverflowError) as exc:
             raise ValueError(f"message field out of range: {exc}") from None
         # Nothing has changed yet; from here on nothing can fail.
         for name, q in zip(names, qlist, strict=True):
