@@ -16,6 +16,7 @@ from setuptools import setup
 
 # The publish -> store -> deliver path and what it calls per message (issue 18's profile).
 COMPILED = [
+    "bridge/fields.py",
     "bridge/mqtt/decoder.py",
     "bridge/mqtt/body_decoders.py",
     "bridge/mqtt/fast_encoders.py",

@@ -19,6 +19,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
+from bridge.fields import Fields
 from bridge.router.queues import client_queue, filter_queue
 
 PACKET_ID_SPACE = 65535
@@ -38,23 +39,68 @@ class Phase(Enum):
     """PUBREL sent (QoS 2); waiting for PUBCOMP."""
 
 
-@dataclass(slots=True)
-class Outbound:
-    """A message sent to the client and not yet fully acknowledged."""
+class Outbound(Fields):
+    """A message sent to the client and not yet fully acknowledged: one per QoS 1/2 message
+    sent, so a plain class rather than a dataclass (`bridge.fields`).
 
-    packet_id: int
-    queue: str
-    offset: int
-    seq: int
-    qos: int
-    topic: str
-    payload: bytes
-    retain: bool
-    phase: Phase = Phase.AWAITING_ACK
-    message: Any = None
-    """The stored message (`bridge.storage.base.Message`), so a resend keeps its properties."""
-    sub_ids: tuple[int, ...] = ()
-    """The Subscription Identifiers it was sent with."""
+    Fields beyond the PUBLISH's own:
+    - `message`: the stored message (`bridge.storage.base.Message`), so a resend keeps its
+      properties.
+    - `sub_ids`: the Subscription Identifiers it was sent with.
+    """
+
+    __slots__ = (
+        "message",
+        "offset",
+        "packet_id",
+        "payload",
+        "phase",
+        "qos",
+        "queue",
+        "retain",
+        "seq",
+        "sub_ids",
+        "topic",
+    )
+    FIELDS = (
+        "packet_id",
+        "queue",
+        "offset",
+        "seq",
+        "qos",
+        "topic",
+        "payload",
+        "retain",
+        "phase",
+        "message",
+        "sub_ids",
+    )
+
+    def __init__(
+        self,
+        packet_id: int,
+        queue: str,
+        offset: int,
+        seq: int,
+        qos: int,
+        topic: str,
+        payload: bytes,
+        retain: bool,
+        phase: Phase = Phase.AWAITING_ACK,
+        message: Any = None,
+        sub_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.packet_id = packet_id
+        self.queue = queue
+        self.offset = offset
+        self.seq = seq
+        self.qos = qos
+        self.topic = topic
+        self.payload = payload
+        self.retain = retain
+        self.phase = phase
+        self.message = message
+        self.sub_ids = sub_ids
 
 
 @dataclass(slots=True, frozen=True)

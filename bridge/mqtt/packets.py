@@ -1,8 +1,10 @@
 """MQTT control packets as plain data.
 
-Every packet is a small slotted dataclass. The codec (`bridge.mqtt.codec`) turns bytes into these
-and back; nothing here does I/O. Fields that only MQTT 5.0 uses (`properties`, reason codes) are
-present already, so 5.0 support extends the codec without changing the shape of the packets.
+Every packet is a small slotted dataclass, except PUBLISH and its acknowledgements: plain
+classes with the same fields, equality and repr, made faster (`bridge.fields`). The codec
+(`bridge.mqtt.codec`) turns bytes into these and back; nothing here does I/O. Fields that only
+MQTT 5.0 uses (`properties`, reason codes) are present already, so 5.0 support extends the codec
+without changing the shape of the packets.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
+
+from bridge.fields import Fields
 
 
 class PacketType(IntEnum):
@@ -93,53 +97,70 @@ class Connack:
     properties: Properties = field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class Publish:
-    """PUBLISH, in either direction. `packet_id` is None exactly when `qos` is 0."""
+class Publish(Fields):
+    """PUBLISH, in either direction. `packet_id` is None exactly when `qos` is 0.
 
-    topic: str
-    payload: bytes = b""
-    qos: int = 0
-    retain: bool = False
-    dup: bool = False
-    packet_id: int | None = None
-    properties: Properties = field(default_factory=dict)
+    A plain class, not a dataclass, as are the acknowledgements below: one is made for every
+    message (`bridge.fields` says why)."""
+
+    __slots__ = ("dup", "packet_id", "payload", "properties", "qos", "retain", "topic")
+    FIELDS = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes = b"",
+        qos: int = 0,
+        retain: bool = False,
+        dup: bool = False,
+        packet_id: int | None = None,
+        properties: Properties | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties: Properties = {} if properties is None else properties
 
 
-@dataclass(slots=True)
-class Puback:
+class _Ack(Fields):
+    """The shape PUBACK, PUBREC, PUBREL and PUBCOMP share."""
+
+    __slots__ = ("packet_id", "properties", "reason_code")
+    FIELDS = ("packet_id", "reason_code", "properties")
+
+    def __init__(
+        self, packet_id: int, reason_code: int = 0, properties: Properties | None = None
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties: Properties = {} if properties is None else properties
+
+
+class Puback(_Ack):
     """PUBACK: acknowledges a QoS 1 PUBLISH."""
 
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+    __slots__ = ()
 
 
-@dataclass(slots=True)
-class Pubrec:
+class Pubrec(_Ack):
     """PUBREC: first answer to a QoS 2 PUBLISH."""
 
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+    __slots__ = ()
 
 
-@dataclass(slots=True)
-class Pubrel:
+class Pubrel(_Ack):
     """PUBREL: the publisher releases a QoS 2 packet id."""
 
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+    __slots__ = ()
 
 
-@dataclass(slots=True)
-class Pubcomp:
+class Pubcomp(_Ack):
     """PUBCOMP: completes a QoS 2 exchange."""
 
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+    __slots__ = ()
 
 
 @dataclass(slots=True)

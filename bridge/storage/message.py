@@ -3,19 +3,20 @@ returns, and a keyed-record update.
 
 Compiled with mypyc (setup.py): every message's fields are read on the hot path (record
 encoding, routing, delivery), and compiled code reads a native class's fields as struct fields
-rather than by name. `Message` and `Stored` are plain classes, not dataclasses: mypyc gives a
-dataclass the `__init__` the dataclasses module writes, which runs as interpreted Python, once
-per message. Being native classes, they check their fields' types when set: a `payload` must be
-`bytes` (not a bytearray or memoryview), `retain` a bool. The pure-Python build does not check.
+rather than by name. `Message`, `Stored` and `ReadResult` are plain classes, not dataclasses
+(`bridge.fields` says why). Being native classes, they check their fields' types when set: a
+`payload` must be `bytes` (not a bytearray or memoryview), `retain` a bool. The pure-Python
+build does not check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from bridge.fields import Fields
 
 
-class Message:
+class Message(Fields):
     """An application message as stored: MQTT topic, payload and the MQTT header fields.
 
     Fields:
@@ -36,6 +37,17 @@ class Message:
         "retain",
         "timestamp_ms",
         "topic",
+    )
+    FIELDS = (
+        "topic",
+        "payload",
+        "qos",
+        "retain",
+        "publisher",
+        "key",
+        "timestamp_ms",
+        "node",
+        "properties",
     )
 
     def __init__(
@@ -60,36 +72,8 @@ class Message:
         self.node = node
         self.properties: dict[str, str] = {} if properties is None else properties
 
-    def _fields(self) -> tuple[Any, ...]:
-        return (
-            self.topic,
-            self.payload,
-            self.qos,
-            self.retain,
-            self.publisher,
-            self.key,
-            self.timestamp_ms,
-            self.node,
-            self.properties,
-        )
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Message):
-            return NotImplemented
-        return self._fields() == other._fields()
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
-
-    def __repr__(self) -> str:
-        return (
-            f"Message(topic={self.topic!r}, payload={self.payload!r}, qos={self.qos!r}, "
-            f"retain={self.retain!r}, publisher={self.publisher!r}, key={self.key!r}, "
-            f"timestamp_ms={self.timestamp_ms!r}, node={self.node!r}, "
-            f"properties={self.properties!r})"
-        )
-
-
-class Stored:
+class Stored(Fields):
     """A message as read back from a queue.
 
     Fields:
@@ -101,6 +85,7 @@ class Stored:
     """
 
     __slots__ = ("message", "offset", "queues", "seq", "size")
+    FIELDS = ("offset", "seq", "message", "queues", "size")
 
     def __init__(
         self, offset: int, seq: int, message: Message, queues: tuple[str, ...], size: int = 0
@@ -111,35 +96,24 @@ class Stored:
         self.queues = queues
         self.size = size
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Stored):
-            return NotImplemented
-        return (self.offset, self.seq, self.message, self.queues, self.size) == (
-            other.offset,
-            other.seq,
-            other.message,
-            other.queues,
-            other.size,
-        )
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+class ReadResult(Fields):
+    """What one `read` returns.
 
-    def __repr__(self) -> str:
-        return (
-            f"Stored(offset={self.offset!r}, seq={self.seq!r}, message={self.message!r}, "
-            f"queues={self.queues!r}, size={self.size!r})"
-        )
+    Fields:
+    - `next_offset`: the offset to read from next (after the last message returned, or after
+      a gap).
+    - `lost`: messages between the requested offset and the first retained one, removed by
+      retention.
+    """
 
+    __slots__ = ("lost", "messages", "next_offset")
+    FIELDS = ("messages", "next_offset", "lost")
 
-@dataclass(slots=True)
-class ReadResult:
-    """What one `read` returns."""
-
-    messages: list[Stored]
-    next_offset: int
-    """The offset to read from next (after the last message returned, or after a gap)."""
-    lost: int = 0
-    """Messages between the requested offset and the first retained one, removed by retention."""
+    def __init__(self, messages: list[Stored], next_offset: int, lost: int = 0) -> None:
+        self.messages = messages
+        self.next_offset = next_offset
+        self.lost = lost
 
 
 @dataclass(slots=True, frozen=True)
