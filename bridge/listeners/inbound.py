@@ -21,6 +21,7 @@ from bridge.mqtt.delayed import DelayedTopic, DelayedTopicError, is_delayed, par
 from bridge.mqtt.packets import PacketType, Publish, Pubrel
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
+from bridge.mqtt.topics import topic_limit_error
 from bridge.node.qos2_in import publish_again, release
 from bridge.node.roles import PAUSED_BY_STORE
 from bridge.storage.base import StoreUnavailable
@@ -70,7 +71,8 @@ class Inbound:
                     reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 )
                 return
-        error = node.check_topic_limits(packet.topic)
+        config = node.config  # Node.check_topic_limits, without a call into interpreted code
+        error = topic_limit_error(packet.topic, config.max_topic_length, config.max_topic_levels)
         if error:
             conn.close(
                 f"PUBLISH to {packet.topic[:64]!r}: {error}",

@@ -142,6 +142,17 @@ def parse_shared(topic_filter: str) -> tuple[str, str] | None:
     return _split_shared(topic_filter)
 
 
+def topic_limit_error(topic: str, max_length: int, max_levels: int) -> str | None:
+    """The configured limits on a topic name or filter (`max_topic_length` in UTF-8 bytes,
+    `max_topic_levels`): a message naming the fault, or None."""
+    # A UTF-8 character is at most 4 bytes: most topics need no encoding to be checked.
+    if len(topic) * 4 > max_length and len(topic.encode()) > max_length:
+        return f"topic longer than max_topic_length={max_length}"
+    if topic.count("/") + 1 > max_levels:
+        return f"topic has more than max_topic_levels={max_levels} levels"
+    return None
+
+
 def topic_matches(topic_filter: str, topic: str) -> bool:
     """Whether the (non-shared) `topic_filter` matches the topic name `topic`.
 

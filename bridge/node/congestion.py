@@ -65,8 +65,6 @@ class Congestion:
         if conn is None or not readers:
             return
         deliveries = self.deliveries
-        backlog = self.store.backlog
-        parts = self.store.parts
         max_count = self.config.max_queued_messages
         max_bytes = self.config.max_queued_bytes
         for reader in readers:
@@ -76,14 +74,30 @@ class Congestion:
             if delivery is None:
                 continue
             cursors = delivery.session.cursors
-            for part in (part for queue in queues for part in parts(queue)):
+            self._behind(cursors, queues, max_count, max_bytes, reader, publisher, conn)
+
+    def _behind(
+        self,
+        cursors: Mapping[str, int],
+        queues: Sequence[str],
+        max_count: int,
+        max_bytes: int,
+        reader: str,
+        publisher: str,
+        conn: ClientLink,
+    ) -> bool:
+        """Whether `reader` is too far behind on a part of `queues` (then hold `publisher`)."""
+        store = self.store
+        for queue in queues:
+            for part in store.parts(queue):
                 cursor = cursors.get(part)
                 if cursor is None:
                     continue
-                count, size = backlog(part, cursor)
+                count, size = store.backlog(part, cursor)
                 if count > max_count or size > max_bytes:
                     self._hold(reader, publisher, conn, count)
-                    break
+                    return True
+        return False
 
     def _hold(self, reader: str, publisher: str, conn: ClientLink, count: int) -> None:
         publishers = self._holding.get(reader)

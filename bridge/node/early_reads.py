@@ -17,23 +17,11 @@ that gets the same id waits for that (`Delivery._send`), so an old PUBACK cannot
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
 from bridge.session import Session
 
-if TYPE_CHECKING:
-    from bridge.node.delivery import Delivery
-
 log = logging.getLogger("bridge.node")
-
-
-def wake_now(deliveries: Mapping[str, Delivery], readers: Iterable[str]) -> None:
-    """Wake the readers connected here (a message they may read before its commit)."""
-    for reader in readers:
-        delivery = deliveries.get(reader)
-        if delivery is not None:
-            delivery.wake()
 
 
 def rewind(

@@ -30,6 +30,7 @@ from bridge.access.banlist import BanList
 from bridge.access.limits import LimitControl
 from bridge.config import Config
 from bridge.mqtt.reasons import ReasonCode
+from bridge.mqtt.topics import topic_limit_error
 from bridge.node.congestion import Congestion
 from bridge.node.deadlines import Deadlines
 from bridge.node.delivery import Delivery
@@ -312,13 +313,8 @@ class Node:
 
     def check_topic_limits(self, topic: str) -> str | None:
         """The configured limits on a topic name or filter; a message naming the fault, or None."""
-        limit = self.config.max_topic_length
-        # A UTF-8 character is at most 4 bytes: most topics need no encoding to be checked.
-        if len(topic) * 4 > limit and len(topic.encode()) > limit:
-            return f"topic longer than max_topic_length={limit}"
-        if topic.count("/") + 1 > self.config.max_topic_levels:
-            return f"topic has more than max_topic_levels={self.config.max_topic_levels} levels"
-        return None
+        config = self.config
+        return topic_limit_error(topic, config.max_topic_length, config.max_topic_levels)
 
     def next_key(self) -> str:
         """A message key unique across nodes and restarts."""

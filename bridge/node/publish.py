@@ -20,7 +20,6 @@ from bridge.mqtt.delayed import DelayedTopic
 from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
 from bridge.node.delayed import DelayedPublishes, RouteSubmit
-from bridge.node.early_reads import wake_now
 from bridge.node.outbound import live_copy, shared_v5_publish
 from bridge.node.positions import reread_ends
 from bridge.node.retained import RetainedMessages
@@ -273,16 +272,20 @@ class Publisher:
         if packet.properties:
             message.properties = from_publish(packet.properties)
         self.metrics.counters[_MESSAGES_IN[qos]] += 1
-        on_durable = _timed(on_durable, self.metrics.store_latency)
+        started = time.perf_counter()
         meta: list[MetaUpdate] | tuple[()] = ()
-        submit: RouteSubmit = self.route_submit
+        submit: RouteSubmit | None = None
         if delayed is not None:
             # The RETAIN flag takes effect when the message is routed, at its due time.
             submit = self.delayed.submitter(packet.topic, delayed.seconds)
+            on_durable = _timed(on_durable, self.metrics.store_latency, started)
         elif packet.retain:
             meta = self.retained.updates(message)
         if qos < 2 or packet.packet_id is None:
-            submit(message, meta, on_durable)
+            if submit is None:
+                self.route_submit(message, meta, on_durable, started)
+            else:
+                submit(message, meta, on_durable)
             return
         unsettled = Unsettled(message.topic, message.key)
         if session.persistent:
@@ -309,7 +312,10 @@ class Publisher:
                     session.drop_qos2_in(packet_id)
             on_durable(seq, error)
 
-        submit(message, meta, done)
+        if submit is None:
+            self.route_submit(message, meta, done, started)
+        else:
+            submit(message, meta, done)
 
     # -- from inside the broker --------------------------------------------------------------------
 
@@ -342,37 +348,33 @@ class Publisher:
         return seq
 
     def route_submit(
-        self, message: Message, meta: Sequence[MetaUpdate], on_durable: DurableCallback
+        self,
+        message: Message,
+        meta: Sequence[MetaUpdate],
+        on_durable: DurableCallback,
+        started: float = 0.0,
     ) -> None:
         """Store a message on the queues of every matching subscription; once it is durable,
         keep it as its topic's retained message if it is flagged so (its record is in `meta`),
         wake the readers, then call `on_durable`. QoS 0 messages (wills) are delivered directly
-        and stored without queues."""
+        and stored without queues. `started`: the `time.perf_counter()` the message came in
+        at, to record how long the store took (0: not recorded)."""
         plan = self.plan(message)
         self._send_now(message, plan)
-        queues = plan.queues
         readers = plan.readers
-        retains = message.retain
-
         store = self.store
         early = bool(readers) and message.qos < 2 and self.early_reads
-
-        def durable(seq: int | None, error: BaseException | None) -> None:
-            if error is None:
-                if retains:
-                    self.retained.apply(message)
-                if readers:
-                    self.wake_readers(readers, queues, local=not early)
-                    # Before the publisher is acknowledged: a lagging reader holds that ack.
-                    self.congestion.stored(message.publisher, queues, readers)
-            on_durable(seq, error)
-
-        store.submit(message, queues, meta=meta, callback=durable, early=early)
+        durable = _Durable(self, message, plan.queues, readers, early, on_durable, started)
+        store.submit(message, plan.queues, meta=meta, callback=durable, early=early)
         if early:
             if store.read_early:  # read while its commit runs (bridge.node.early_reads)
-                wake_now(self.deliveries, readers)
+                deliveries = self.deliveries
+                for reader in readers:
+                    delivery = deliveries.get(reader)
+                    if delivery is not None:
+                        delivery.wake()
             else:
-                early = False
+                durable.early = False
 
     # -- from peers and from notify -----------------------------------------------------------
 
@@ -546,9 +548,11 @@ def _log_failure(_seq: int | None, error: BaseException | None) -> None:
         log.warning("QoS 0 message not stored: %s", error)
 
 
-def _timed(on_durable: DurableCallback, histogram: LatencyHistogram) -> DurableCallback:
-    """`on_durable` that first records how long the store took (successful stores only)."""
-    started = time.perf_counter()
+def _timed(
+    on_durable: DurableCallback, histogram: LatencyHistogram, started: float
+) -> DurableCallback:
+    """`on_durable` that first records how long the store took since `started` (a
+    `time.perf_counter()`; successful stores only)."""
 
     def timed(seq: int | None, error: BaseException | None) -> None:
         if error is None:
@@ -556,3 +560,43 @@ def _timed(on_durable: DurableCallback, histogram: LatencyHistogram) -> DurableC
         on_durable(seq, error)
 
     return timed
+
+
+class _Durable:
+    """What `Publisher.route_submit` does once a message is durable (or could not be stored):
+    one object per message, which the store calls (a closure would be two, and `_timed` a
+    third)."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        message: Message,
+        queues: list[str],
+        readers: list[str],
+        early: bool,
+        on_durable: DurableCallback,
+        started: float,
+    ) -> None:
+        self.publisher = publisher
+        self.message = message
+        self.queues = queues
+        self.readers = readers
+        self.early = early
+        """The readers were woken when it was stored, to read it before its commit."""
+        self.on_durable = on_durable
+        self.started = started
+
+    def __call__(self, seq: int | None, error: BaseException | None) -> None:
+        if error is None:
+            publisher = self.publisher
+            message = self.message
+            if message.retain:
+                publisher.retained.apply(message)
+            readers = self.readers
+            if readers:
+                publisher.wake_readers(readers, self.queues, local=not self.early)
+                # Before the publisher is acknowledged: a lagging reader holds that ack.
+                publisher.congestion.stored(message.publisher, self.queues, readers)
+            if self.started:
+                publisher.metrics.store_latency.observe(time.perf_counter() - self.started)
+        self.on_durable(seq, error)
