@@ -436,18 +436,21 @@ class Connection(asyncio.Protocol):
                         f"first packet is {type(packet).__name__}, not CONNECT (MQTT-3.1.0-1)"
                     )
                 return
-            handler = _HANDLERS.get(type(packet))
+            kind = type(packet)
+            if kind is Publish:  # the two packets of every QoS 1 message: called directly
+                self.inbound.on_publish(packet)
+                return
+            if kind is Puback:
+                outbound_acks.on_puback(self, packet)
+                return
+            handler = _HANDLERS.get(kind)
             if handler is None:
-                if isinstance(packet, Connect):
-                    self.close(
-                        "second CONNECT on one connection (MQTT-3.1.0-2)",
-                        reason_code=ReasonCode.PROTOCOL_ERROR,
-                    )
-                else:
-                    self.close(
-                        f"{type(packet).__name__} is not a packet a client may send",
-                        reason_code=ReasonCode.PROTOCOL_ERROR,
-                    )
+                fault = (
+                    "second CONNECT on one connection (MQTT-3.1.0-2)"
+                    if isinstance(packet, Connect)
+                    else f"{type(packet).__name__} is not a packet a client may send"
+                )
+                self.close(fault, reason_code=ReasonCode.PROTOCOL_ERROR)
                 return
             handler(self, packet)
         except Exception:
@@ -583,8 +586,6 @@ def _can_write_eof(transport: asyncio.Transport) -> bool:
 
 
 _HANDLERS: dict[type, Callable[[Connection, Any], None]] = {
-    Publish: lambda conn, packet: conn.inbound.on_publish(packet),
-    Puback: outbound_acks.on_puback,
     Pubrec: outbound_acks.on_pubrec,
     Pubrel: lambda conn, packet: conn.inbound.on_pubrel(packet),
     Pubcomp: outbound_acks.on_pubcomp,
@@ -594,5 +595,5 @@ _HANDLERS: dict[type, Callable[[Connection, Any], None]] = {
     Disconnect: Connection._on_disconnect,
     Auth: Connection._on_auth,
 }
-"""Packet type -> handler, once for the class (a table per connection cost ~0.9 KiB of each
-connection's memory: docs/performance.md, connection capacity)."""
+"""Packet type -> handler but PUBLISH and PUBACK (`_handle` calls theirs directly), once for the
+class (a table per connection cost ~0.9 KiB of each connection's memory: docs/performance.md)."""

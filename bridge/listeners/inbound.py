@@ -122,12 +122,7 @@ class Inbound:
         conn.msgs_in += 1
         conn.payload_in += len(packet.payload)
         self.pending += 1  # before publish: a failing store may call back at once
-        node.publisher.publish(
-            session,
-            packet,
-            lambda _s, error: self._acknowledge(error, qos, packet_id, True),
-            delayed,
-        )
+        node.publisher.publish(session, packet, _Acknowledge(self, qos, packet_id), delayed)
         if self.pending >= node.config.max_inbound_pending and not self._paused_reading:
             self._paused_reading = True
             conn.hold_reading(PAUSED_BY_STORE)
@@ -339,3 +334,16 @@ class _AckGate:
     def __init__(self) -> None:
         self.reasons: set[str] = set()
         self.waiting: list[tuple[bytes, bool]] = []
+
+
+class _Acknowledge:
+    """What a stored QoS 1/2 PUBLISH calls once durable (or failed): `Inbound._acknowledge`.
+    One object per message (a closure would be two)."""
+
+    def __init__(self, inbound: Inbound, qos: int, packet_id: int) -> None:
+        self.inbound = inbound
+        self.qos = qos
+        self.packet_id = packet_id
+
+    def __call__(self, seq: int | None, error: BaseException | None) -> None:
+        self.inbound._acknowledge(error, self.qos, self.packet_id, True)

@@ -15,7 +15,7 @@ from typing import Final
 
 from bridge.mqtt.body_decoders import BODY_DECODERS
 from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
-from bridge.mqtt.packets import Connect, Packet, Publish
+from bridge.mqtt.packets import Connect, Packet, Puback, Publish
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.wire import MAX_PACKET_SIZE, SUPPORTED_PROTOCOLS, malformed, protocol_error
 
@@ -254,6 +254,9 @@ class Decoder:
                                 {},
                             )
                         )
+                elif first == 0x40 and remaining == 2 and (buf[start] or buf[start + 1]):
+                    # PUBACK with a non-zero id and no reason code: every QoS 1 delivery's.
+                    append(Puback((buf[start] << 8) | buf[start + 1]))
                 else:
                     packet = BODY_DECODERS[first >> 4](buf, start, end, first & 0x0F, level)
                     if type(packet) is Connect:

@@ -3,7 +3,6 @@ publish time and the node's id."""
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 
@@ -19,12 +18,14 @@ class Stamper:
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
-        self._counter = itertools.count(1)
+        self._counter = 0
+        """The last key's number (a native int once compiled: no iterator call per message)."""
         self._prefix = f"{node_id}-{uuid.uuid4().hex[:8]}-"
 
     def next_key(self) -> str:
         """A message key unique across nodes and restarts."""
-        return f"{self._prefix}{next(self._counter)}"
+        self._counter += 1
+        return f"{self._prefix}{self._counter}"
 
     def stamp(self, topic: str, payload: bytes, qos: int, retain: bool, publisher: str) -> Message:
         """A message as this node stores it: unique key, publish time, node id."""
@@ -34,7 +35,7 @@ class Stamper:
             qos,
             retain,
             publisher,
-            f"{self._prefix}{next(self._counter)}",
+            self.next_key(),
             int(_now() * 1000),
             self.node_id,
         )
