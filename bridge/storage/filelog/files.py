@@ -143,6 +143,7 @@ def write_batch(
                 fsync_dir(log_dir)
         write(seg.fd, data)
         seg.written += len(data)
+        seg.newest = time.time()  # for retention by age; once per commit, not per record
         if seg.written > seg.allocated:
             seg.allocated = seg.written
             ahead = min(preallocate, segment_bytes - seg.written)

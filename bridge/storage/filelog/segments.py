@@ -9,7 +9,6 @@ themselves are written, read and deleted by the store's workers (files.py).
 from __future__ import annotations
 
 import bisect
-import time
 from pathlib import Path
 
 from bridge.storage.filelog.files import Segment, segment_path
@@ -60,7 +59,6 @@ class SegmentLog:
             self.bases.append(seg.base)
         seq = self.pos
         seg.size += length
-        seg.newest = time.time()
         self.pos += length
         self.size += length
         return seg, seq

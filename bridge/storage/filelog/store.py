@@ -43,7 +43,7 @@ from bridge.storage.filelog.maintenance import SNAPSHOT_NAME, LogMaintenance
 from bridge.storage.filelog.reading import LogReader
 from bridge.storage.filelog.segments import SegmentLog
 from bridge.storage.filelog.undo import Undo, apply_meta, take_back
-from bridge.storage.records import encode_message, encode_meta, encode_plain_message
+from bridge.storage.records import encode_message, encode_meta
 
 log = logging.getLogger("bridge.storage")
 
@@ -307,10 +307,10 @@ class FileLogStore:
         """See `MessageStore.append_unqueued`: no queue entry, no cache entry, no waiter."""
         self._check_usable()
         try:
-            record = encode_plain_message(message, message.topic.encode())
+            header, body = encode_message(message, message.topic.encode(), (), ())
         except (struct.error, OverflowError) as exc:
             raise ValueError(f"message field out of range: {exc}") from None
-        self._add_record(record, b"")
+        self._add_record(header, body)
         self._stats["appends"] += 1
 
     def _enqueue(
