@@ -522,9 +522,16 @@ class RocketMQStore:
                 if stored is not None and stored.offset >= offset:
                     messages.append(stored)
             messages = messages[:limit]
-            if messages:
-                return ReadResult(messages, messages[-1].offset + 1)
-            return ReadResult([], max(offset, result.next_offset))
+            if not messages:
+                return ReadResult([], max(offset, result.next_offset))
+            after = messages[-1].offset + 1
+            if after < known_end and len(messages) < limit and wait_ms:
+                # Found some, but not every one this store knows it sent: the rest is being
+                # dispatched. One more pull (waiting as above) returns them with these.
+                rest = await self._pull(queue, after, limit - len(messages))
+                if rest.messages and rest.messages[0].offset == after:
+                    return ReadResult(messages + rest.messages, rest.next_offset)
+            return ReadResult(messages, after)
         if wait_ms and result.status is PullStatus.NO_NEW_MSG and result.max_offset <= offset:
             # Waited for a message this store counted and none came: the count was one ahead
             # (a SEND_OK that arrived after a fetch had already counted its message).
