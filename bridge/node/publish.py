@@ -551,8 +551,7 @@ def _log_failure(_seq: int | None, error: BaseException | None) -> None:
 def _timed(
     on_durable: DurableCallback, histogram: LatencyHistogram, started: float
 ) -> DurableCallback:
-    """`on_durable` that first records how long the store took since `started` (a
-    `time.perf_counter()`; successful stores only)."""
+    """`on_durable` recording first how long a successful store took since `started`."""
 
     def timed(seq: int | None, error: BaseException | None) -> None:
         if error is None:
@@ -564,8 +563,8 @@ def _timed(
 
 class _Durable:
     """What `Publisher.route_submit` does once a message is durable (or could not be stored):
-    one object per message, which the store calls (a closure would be two, and `_timed` a
-    third)."""
+    one object per message, which the store calls (a closure would be two, `_timed` a third).
+    `early`: its readers were woken when it was stored, to read it before its commit."""
 
     def __init__(
         self,
@@ -582,7 +581,6 @@ class _Durable:
         self.queues = queues
         self.readers = readers
         self.early = early
-        """The readers were woken when it was stored, to read it before its commit."""
         self.on_durable = on_durable
         self.started = started
 
