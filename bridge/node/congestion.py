@@ -74,9 +74,9 @@ class Congestion:
             if delivery is None:
                 continue
             cursors = delivery.session.cursors
-            self._behind(cursors, queues, max_count, max_bytes, reader, publisher, conn)
+            self._hold_if_behind(cursors, queues, max_count, max_bytes, reader, publisher, conn)
 
-    def _behind(
+    def _hold_if_behind(
         self,
         cursors: Mapping[str, int],
         queues: Sequence[str],
@@ -85,8 +85,9 @@ class Congestion:
         reader: str,
         publisher: str,
         conn: ClientLink,
-    ) -> bool:
-        """Whether `reader` is too far behind on a part of `queues` (then hold `publisher`)."""
+    ) -> None:
+        """Hold `publisher`'s acknowledgements if `reader` is too far behind on a part of
+        `queues` (a loop of its own: a generator per message cost more)."""
         store = self.store
         for queue in queues:
             for part in store.parts(queue):
@@ -96,8 +97,7 @@ class Congestion:
                 count, size = store.backlog(part, cursor)
                 if count > max_count or size > max_bytes:
                     self._hold(reader, publisher, conn, count)
-                    return True
-        return False
+                    return
 
     def _hold(self, reader: str, publisher: str, conn: ClientLink, count: int) -> None:
         publishers = self._holding.get(reader)

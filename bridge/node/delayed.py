@@ -136,17 +136,6 @@ class DelayedPublishes:
         # it carries the index record into the same fsynced append, acknowledged in order.
         self._store.submit(received, (), meta=[record, *meta], callback=durable)
 
-    def submitter(self, received_topic: str, seconds: int) -> RouteSubmit:
-        """`submit` for a publish that came on `received_topic`, in the form of `route_submit`
-        (the publisher stores either the same way)."""
-
-        def submit(
-            message: Message, meta: Sequence[MetaUpdate], on_durable: DurableCallback
-        ) -> None:
-            self.submit(message, received_topic, seconds, meta, on_durable)
-
-        return submit
-
     # -- the embedded index: start, stop, the timer ---------------------------------------------
 
     def start(self) -> None:

@@ -19,7 +19,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.delayed import DelayedTopic
 from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
-from bridge.node.delayed import DelayedPublishes, RouteSubmit
+from bridge.node.delayed import DelayedPublishes
 from bridge.node.outbound import live_copy, shared_v5_publish
 from bridge.node.positions import reread_ends
 from bridge.node.retained import RetainedMessages
@@ -250,12 +250,12 @@ class Publisher:
     ) -> None:
         """A QoS 1/2 PUBLISH from a client (or, with `delayed`, the form of its `$delayed/...`
         topic, one of any QoS: stored to be routed when due, `bridge.node.delayed`).
-        `on_durable(seq, None)` is called once the message is
-        durable (then the caller acknowledges) or `on_durable(None, error)` if it could not be
-        stored (then it must not). For QoS 2, `session.inbound_qos2[packet id]` holds a future
-        that completes (with the error or None) at the same time, so a resent PUBLISH with that
-        id is answered without being stored again. `key`: the message's key when it is a
-        resend that may have been stored before under it (`bridge.node.qos2_in`).
+        `on_durable(seq, None)` is called once the message is durable (then the caller
+        acknowledges) or `on_durable(None, error)` if it could not be stored (then it must
+        not). For QoS 2, `session.inbound_qos2[packet id]` holds a future that completes (with
+        the error or None) at the same time, so a resent PUBLISH with that id is answered
+        without being stored again. `key`: the message's key when it is a resend that may have
+        been stored before under it (`bridge.node.qos2_in`).
 
         Synchronous up to the store's submit, so calls made in packet order keep that order.
         """
@@ -274,37 +274,41 @@ class Publisher:
         self.metrics.counters[_MESSAGES_IN[qos]] += 1
         started = time.perf_counter()
         meta: list[MetaUpdate] | tuple[()] = ()
-        submit: RouteSubmit | None = None
-        if delayed is not None:
-            # The RETAIN flag takes effect when the message is routed, at its due time.
-            submit = self.delayed.submitter(packet.topic, delayed.seconds)
-            on_durable = _timed(on_durable, self.metrics.store_latency, started)
-        elif packet.retain:
+        if delayed is None and packet.retain:  # a delayed one's RETAIN acts once it is routed
             meta = self.retained.updates(message)
-        if qos < 2 or packet.packet_id is None:
-            if submit is None:
-                self.route_submit(message, meta, on_durable, started)
-            else:
-                submit(message, meta, on_durable)
-            return
+        if qos == 2 and packet.packet_id is not None:
+            meta, on_durable = self._hold_qos2(session, packet.packet_id, message, meta, on_durable)
+        if delayed is None:
+            self.route_submit(message, meta, on_durable, started)
+        else:
+            on_durable = _timed(on_durable, self.metrics.store_latency, started)
+            self.delayed.submit(message, packet.topic, delayed.seconds, meta, on_durable)
+
+    def _hold_qos2(
+        self,
+        session: Session,
+        packet_id: int,
+        message: Message,
+        meta: Sequence[MetaUpdate],
+        on_durable: DurableCallback,
+    ) -> tuple[list[MetaUpdate], DurableCallback]:
+        """Hold a QoS 2 PUBLISH's id in the session until the store answers (a resend is not
+        stored twice; a persistent session's record of it goes in `meta`): (meta, the callback
+        settling the id, then calling `on_durable`). A method: QoS 1 makes no closure."""
         unsettled = Unsettled(message.topic, message.key)
+        meta = list(meta)
         if session.persistent:
-            meta = [
-                *meta,
-                MetaUpdate(
-                    KIND_QOS2_IN, f"{session.client_id}\x00{packet.packet_id}", unsettled.encode()
-                ),
-            ]
-        packet_id = packet.packet_id
+            meta.append(
+                MetaUpdate(KIND_QOS2_IN, f"{session.client_id}\x00{packet_id}", unsettled.encode())
+            )
         stored: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
         session.hold_qos2_in(packet_id, stored)
-        atomic = self.store.atomic_meta
 
         def done(seq: int | None, error: BaseException | None) -> None:
             if not stored.done():
                 stored.set_result(error)
             if error is not None and session.inbound_qos2.get(packet_id) is stored:
-                if not atomic and getattr(error, "maybe_stored", False):
+                if not self.store.atomic_meta and getattr(error, "maybe_stored", False):
                     # The send may have stored it: a resend must ask the store first.
                     session.hold_qos2_in(packet_id, unsettled)
                 else:
@@ -312,10 +316,7 @@ class Publisher:
                     session.drop_qos2_in(packet_id)
             on_durable(seq, error)
 
-        if submit is None:
-            self.route_submit(message, meta, done, started)
-        else:
-            submit(message, meta, done)
+        return meta, done
 
     # -- from inside the broker --------------------------------------------------------------------
 
@@ -562,9 +563,8 @@ def _timed(
 
 
 class _Durable:
-    """What `Publisher.route_submit` does once a message is durable (or could not be stored):
-    one object per message, which the store calls (a closure would be two, `_timed` a third).
-    `early`: its readers were woken when it was stored, to read it before its commit."""
+    """What `route_submit` does once a message is durable (or failed): one object per message
+    for the store to call (was three closures). `early`: its readers may read it pre-commit."""
 
     def __init__(
         self,
