@@ -334,7 +334,8 @@ def test_a_read_that_finds_only_part_of_what_the_store_sent_pulls_the_rest(
     """The broker confirms a send before it dispatches the message to its queues, so a pull
     right after can find the first of two acknowledged messages and not yet the second (a
     flake of the storage contract's read). The read pulls again for what it knows was sent.
-    Here the broker's first answer is cut to one message, as a dispatch in progress leaves it."""
+    Here the broker's first answer is cut to one message, as a dispatch in progress leaves it
+    (the pull then sees one of two, whatever the broker had dispatched)."""
 
     async def main() -> None:
         store = RocketMQStore(
@@ -351,15 +352,17 @@ def test_a_read_that_finds_only_part_of_what_the_store_sent_pulls_the_rest(
             cut = []
 
             async def pull_cut_once(*args: Any, **kwargs: Any) -> Any:
+                # The first answer keeps one message at most, whether the broker had dispatched
+                # one or both by then (it may itself have had only one: the race under test).
                 result = await real_pull(*args, **kwargs)
-                if not cut and len(result.messages) > 1:
+                if not cut:
                     cut.append(len(result.messages))
                     del result.messages[1:]
                 return result
 
             reader.pull = pull_cut_once  # type: ignore[method-assign]
             got = await store.read(q, 1, 10)
-            assert cut == [2]
+            assert cut and cut[0] >= 1
             assert [s.offset for s in got.messages] == [1, 2]
             assert [s.message.payload for s in got.messages] == [b"m1", b"m2"]
             assert got.next_offset == 3
