@@ -100,10 +100,10 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_batch(
-    chunks: list[tuple[Segment, bytearray]],
+    chunks: list[tuple[Segment, bytes]],
     log_dir: Path,
     fsync: bool,
-    write: Callable[[int, bytearray], None] = write_all,
+    write: Callable[[int, bytes], None] = write_all,
     need_sync: bool = True,
     previous: Segment | None = None,
     preallocate: int = 0,

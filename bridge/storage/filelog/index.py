@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from typing import Final
 
 from bridge.storage.base import Message
 
-HOLE = -1
+HOLE: Final = -1
 """`seq` of an offset whose record was lost to corruption (read reports it as `lost`)."""
 
 _COMPACT_MIN = 4096
@@ -23,7 +24,7 @@ class QueueIndex:
     records that may be read early (`FileLogStore.submit`'s `early`), beyond it.
     """
 
-    __slots__ = ("base", "cum", "cum_base", "durable", "head", "lens", "seqs", "visible")
+    __slots__ = ("base", "cum", "cum_base", "durable", "head", "lens", "seqs", "total", "visible")
 
     def __init__(self, base: int = 0) -> None:
         self.base = base
@@ -34,6 +35,8 @@ class QueueIndex:
         self.lens = array("q")
         self.cum = array("q")
         self.cum_base = 0
+        self.total = 0
+        """The last entry of `cum` (`cum_base` when empty): kept, not read back per append."""
 
     @property
     def first(self) -> int:
@@ -46,10 +49,10 @@ class QueueIndex:
         return self.base + len(self.seqs)
 
     def add(self, seq: int, length: int, size: int) -> None:
-        cum = self.cum
         self.seqs.append(seq)
         self.lens.append(length)
-        cum.append((cum[-1] if cum else self.cum_base) + size)
+        self.total += size
+        self.cum.append(self.total)
 
     def add_holes(self, count: int) -> None:
         for _ in range(count):
@@ -65,12 +68,14 @@ class QueueIndex:
         self.lens = array("q")
         self.cum = array("q")
         self.cum_base = 0
+        self.total = 0
 
     def pop(self) -> None:
         """Remove the newest entry, not yet visible (rollback of an append whose write failed)."""
         self.seqs.pop()
         self.lens.pop()
         self.cum.pop()
+        self.total = self.cum[-1] if self.cum else self.cum_base
 
     def entry(self, offset: int) -> tuple[int, int, int]:
         """(seq, frame length, size) of a retained offset."""

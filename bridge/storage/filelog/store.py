@@ -26,7 +26,7 @@ import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from bridge.storage.base import Message, MetaUpdate, ReadResult, StoreUnavailable
 from bridge.storage.filelog.files import (
@@ -47,7 +47,7 @@ from bridge.storage.records import encode_message, encode_meta
 
 log = logging.getLogger("bridge.storage")
 
-COMMIT_AVERAGE_WEIGHT = 0.2
+COMMIT_AVERAGE_WEIGHT: Final = 0.2
 """Weight of the latest group commit in the running average of their durations."""
 
 DurableCallback = Callable[[int | None, BaseException | None], None]
@@ -76,8 +76,15 @@ def _resolve(waiters: list[tuple[Waiter, int | None]], error: BaseException | No
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-
-_NEW, _OPEN, _CLOSING, _CLOSED = range(4)
+_COUNTERS = (
+    "commits", "fsyncs", "committed_bytes", "last_commit_seconds", "last_commit_records",
+    "snapshots", "segments_deleted", "write_errors", "disk_reads",
+)  # fmt: skip
+"""What `stats` reports, with "appends" (an attribute: it counts every message)."""
+_NEW: Final = 0
+_OPEN: Final = 1
+_CLOSING: Final = 2
+_CLOSED: Final = 3
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
@@ -144,8 +151,10 @@ class FileLogStore:
         self._meta: dict[str, dict[str, bytes]] = {}
         self._cache = RecordCache(cache_bytes)
 
-        self._pending: list[tuple[Segment, bytearray]] = []
+        self._pending: list[tuple[Segment, list[bytes]]] = []
+        """Each segment's framed records of the next commit (joined once as it is written)."""
         self._pending_bytes = 0
+        self._appends = 0
         self._waiters: list[tuple[Waiter, int | None]] = []
         self._inflight: list[tuple[Waiter, int | None]] | None = None
         self._early = False
@@ -160,21 +169,7 @@ class FileLogStore:
         self._undo: list[Undo] = []
         self._last_written: Segment | None = None
         self._flush_task: asyncio.Task[None] | None = None
-        self._stats: dict[str, float] = dict.fromkeys(
-            (
-                "appends",
-                "commits",
-                "fsyncs",
-                "committed_bytes",
-                "last_commit_seconds",
-                "last_commit_records",
-                "snapshots",
-                "segments_deleted",
-                "write_errors",
-                "disk_reads",
-            ),
-            0,
-        )
+        self._stats: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
         self._reader = LogReader(self._log, self._queues, self._cache, self._stats, self._run_io)
         self._maintenance = LogMaintenance(
             self._log,
@@ -311,7 +306,7 @@ class FileLogStore:
         except (struct.error, OverflowError) as exc:
             raise ValueError(f"message field out of range: {exc}") from None
         self._add_record(header, body)
-        self._stats["appends"] += 1
+        self._appends += 1
 
     def _enqueue(
         self,
@@ -361,7 +356,7 @@ class FileLogStore:
         undo_meta = apply_meta(self._meta, meta) if meta else None
         self._cache.add(seq, length, (message, names, size), self._log.durable)
         self._undo.append((seq, qlist, undo_meta))
-        self._stats["appends"] += 1
+        self._appends += 1
         return seq
 
     async def put_meta(self, updates: Sequence[MetaUpdate], *, durable: bool = True) -> None:
@@ -404,12 +399,12 @@ class FileLogStore:
         seg, seq = self._log.place(n)
         pending = self._pending
         if pending and pending[-1][0] is seg:
-            buf = pending[-1][1]
+            parts = pending[-1][1]
         else:
-            buf = bytearray()
-            pending.append((seg, buf))
-        buf += header
-        buf += body
+            parts = []
+            pending.append((seg, parts))
+        parts.append(header)
+        parts.append(body)
         self._pending_bytes += n
         if self._flush_task is None:
             self._flush_task = self._loop.create_task(self._flusher())  # type: ignore[union-attr]
@@ -437,7 +432,8 @@ class FileLogStore:
                     self._early = False
                     await asyncio.sleep(0)
                     await asyncio.sleep(0)
-                chunks, waiters = self._pending, self._waiters
+                chunks = [(seg, b"".join(parts)) for seg, parts in self._pending]
+                waiters = self._waiters
                 start, end, records = self._log.durable, self._log.pos, len(self._undo)
                 self._pending, self._waiters, self._pending_bytes = [], [], 0
                 self._inflight = waiters
@@ -585,6 +581,7 @@ class FileLogStore:
     def stats(self) -> dict[str, float]:
         """Counters and gauges: sizes in bytes, `last_commit_seconds` is write+fsync time."""
         out = dict(self._stats)
+        out["appends"] = self._appends
         out.update(
             segments=len(self._log.segments),
             bytes_on_disk=self._log.bytes_on_disk,
