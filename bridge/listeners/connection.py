@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from bridge.listeners import outbound_acks
 from bridge.listeners.enhanced_auth import METHODS, Authentication
@@ -55,8 +55,9 @@ log = logging.getLogger("bridge.connection")
 PINGRESP = codec.encode(Pingresp())
 LINGER_SECONDS = 1.0
 """How long a closed connection still reads after telling the client why (see `close`)."""
-SOCKET_HIGH_WATER = 256 * 1024
-READ_TURN = WRITE_AT = 64 * 1024
+SOCKET_HIGH_WATER: Final = 256 * 1024
+READ_TURN: Final = 64 * 1024
+WRITE_AT: Final = READ_TURN
 """A read this large is the client's last this loop turn (libuv reads up to 32 x 256 KiB), and
 this much queued for a client is written at once: docs/design.md, "How a PUBLISH travels"."""
 

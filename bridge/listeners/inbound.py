@@ -36,10 +36,18 @@ log = logging.getLogger("bridge.connection")
 class Inbound:
     """The inbound message flow of one connection."""
 
-    __slots__ = ("_ack_gate", "_denied_topics", "_paused_reading", "conn", "pending", "unreleased")
+    __slots__ = (
+        "_ack_gate", "_denied_topics", "_paused_reading", "acl", "config", "conn", "pending",
+        "publisher", "unreleased",
+    )  # fmt: skip
 
     def __init__(self, conn: Link) -> None:
         self.conn = conn
+        node = conn.node
+        self.publisher = node.publisher
+        self.acl = node.access.acl
+        self.config = node.config
+        """The node's publisher, ACL and settings, read once: each lasts as long as the node."""
         self.pending = 0
         """QoS 1/2 PUBLISHes handed to the node and not yet answered."""
         self.unreleased = 0
@@ -55,7 +63,6 @@ class Inbound:
         conn = self.conn
         session = conn.session
         assert session is not None
-        node = conn.node
         v5 = conn.v5
         if v5 is not None:
             if packet.properties and not self._check_v5_properties(v5, packet):
@@ -71,7 +78,7 @@ class Inbound:
                     reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 )
                 return
-        config = node.config  # Node.check_topic_limits, without a call into interpreted code
+        config = self.config  # Node.check_topic_limits, without a call into interpreted code
         error = topic_limit_error(packet.topic, config.max_topic_length, config.max_topic_levels)
         if error:
             conn.close(
@@ -95,7 +102,7 @@ class Inbound:
                     "$SYS topics are the broker's",
                 )
                 return
-        acl = node.access.acl
+        acl = self.acl
         if acl.rules is not None and not acl.allows(PUBLISH, conn.client_id, conn.username, topic):
             self._refuse(
                 packet, ReasonCode.NOT_AUTHORIZED, "acl_denied_publish", "denied by the ACL"
@@ -104,7 +111,7 @@ class Inbound:
         if packet.qos == 0:
             conn.msgs_in += 1
             conn.payload_in += len(packet.payload)
-            node.publisher.publish_qos0(session, packet, delayed)
+            self.publisher.publish_qos0(session, packet, delayed)
             return
         packet_id = packet.packet_id
         assert packet_id is not None
@@ -112,7 +119,7 @@ class Inbound:
             # A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
             # that store is durable, never store it twice. (A failed store removes the id.)
             publish_again(
-                node.publisher,
+                self.publisher,
                 session,
                 packet,
                 lambda error: self._acknowledge(error, 2, packet_id),
@@ -122,8 +129,8 @@ class Inbound:
         conn.msgs_in += 1
         conn.payload_in += len(packet.payload)
         self.pending += 1  # before publish: a failing store may call back at once
-        node.publisher.publish(session, packet, _Acknowledge(self, qos, packet_id), delayed)
-        if self.pending >= node.config.max_inbound_pending and not self._paused_reading:
+        self.publisher.publish(session, packet, _Acknowledge(self, qos, packet_id), delayed)
+        if self.pending >= config.max_inbound_pending and not self._paused_reading:
             self._paused_reading = True
             conn.hold_reading(PAUSED_BY_STORE)
 

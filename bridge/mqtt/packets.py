@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Final
 
 from bridge.fields import Fields
 
@@ -258,7 +258,7 @@ Packet = (
     | Auth
 )
 
-TYPE_NUMBERS: dict[type, int] = {
+TYPE_NUMBERS: Final[dict[type, int]] = {
     Connect: 1,
     Connack: 2,
     Publish: 3,

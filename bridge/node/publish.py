@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import DelayedTopic
@@ -540,7 +540,7 @@ RECHECK_AFTER = 1.0
 """Seconds after a peer's wake when the end of a caught-up reader's queue is read again: longer
 than the broker takes to put a confirmed message into its light queues."""
 
-_MESSAGES_IN = ("messages_in_qos0", "messages_in_qos1", "messages_in_qos2")
+_MESSAGES_IN: Final = ("messages_in_qos0", "messages_in_qos1", "messages_in_qos2")
 
 
 def _log_failure(_seq: int | None, error: BaseException | None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from bridge.mqtt.packets import Will
 from bridge.session import Session
@@ -20,14 +20,14 @@ DurableCallback = Callable[[int | None, BaseException | None], None]
 """Called once a message is durable (`seq`, None) or could not be stored (None, error)."""
 
 
-PAUSED_BY_STORE = 1
+PAUSED_BY_STORE: Final = 1
 """Reading paused: too many of the client's QoS 1/2 messages wait for the store."""
-PAUSED_BY_RATE = 2
+PAUSED_BY_RATE: Final = 2
 """Reading paused: the client sends faster than its publish rate limits."""
-PAUSED_BY_SUBSCRIBER = 4
+PAUSED_BY_SUBSCRIBER: Final = 4
 """Reading paused: a subscriber this client sends QoS 0 messages to has not read them yet
 (`bridge.node.qos0_flow`)."""
-PAUSED_FOR_TURN = 8
+PAUSED_FOR_TURN: Final = 8
 """Reading paused until the next loop turn: the client sent a full read's worth already."""
 
 

@@ -7,7 +7,6 @@ the exposition turns them into Prometheus families when it is scraped.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import Counter
 
 PACKET_TYPES = (
@@ -59,8 +58,15 @@ class LatencyHistogram:
         self.sum = 0.0
 
     def observe(self, seconds: float) -> None:
-        """Count one duration."""
-        self.counts[bisect_left(self.bounds, seconds)] += 1
+        """Count one duration (in the first bucket whose bound is not below it, as
+        `bisect_left` would find it: a compiled loop over a dozen bounds is cheaper than the
+        call, and this runs for every stored message)."""
+        i = 0
+        for bound in self.bounds:
+            if seconds <= bound:
+                break
+            i += 1
+        self.counts[i] += 1
         self.sum += seconds
 
     @property

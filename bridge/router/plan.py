@@ -21,7 +21,7 @@ group's round-robin, so a plan is made once per message.
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from bridge.router.queues import (
     CLIENT,
@@ -218,5 +218,5 @@ def _nobody(_client_id: str) -> bool:
     return False
 
 
-_NO_GROUPS = SharedSubscriptions(cache_size=0)
+_NO_GROUPS: Final = SharedSubscriptions(cache_size=0)
 """The (always empty) shared groups `DirectRoutes` plans with."""

@@ -15,14 +15,14 @@ Subscribers in a node's trie are ClientIds, or a peer node standing for its own 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-FILTER = "f"
-CLIENT = "c"
+FILTER: Final = "f"
+CLIENT: Final = "c"
 SHARED = "s"
 """The kind of a queue: the first character of its name."""
 
-PEER_PREFIX = "\x00"
+PEER_PREFIX: Final = "\x00"
 """Subscriber ids in a node's trie that stand for a peer node (no ClientId contains NUL)."""
 
 ANY_PEER = "*"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 from bridge.storage.base import Message, MetaUpdate
 
@@ -21,7 +22,7 @@ TYPE_MESSAGE = 1
 TYPE_META = 2
 VERSION = 1
 
-MAX_BODY = 512 * 1024 * 1024
+MAX_BODY: Final = 512 * 1024 * 1024
 """Largest body accepted; a longer length field at recovery is treated as corruption."""
 
 SNAPSHOT_MAGIC = b"MBSN"
@@ -34,7 +35,7 @@ _MSG_FIXED = struct.Struct(">BBqBB")  # type, version, timestamp_ms, qos, flags
 _META_FIXED = struct.Struct(">BB")  # type, version
 _SNAP_FIXED = struct.Struct(">4sBQ")  # magic, version, position
 
-_FLAG_RETAIN = 0x01
+_FLAG_RETAIN: Final = 0x01
 _NO_VALUE = b"\x00"
 _HAS_VALUE = b"\x01"
 
@@ -71,8 +72,8 @@ def _frame(parts: list[bytes]) -> tuple[bytes, bytes]:
     return n.to_bytes(4, "big") + zlib.crc32(body).to_bytes(4, "big"), body
 
 
-_ZERO_U32 = b"\x00\x00\x00\x00"
-_MSG_TYPE_VERSION = bytes((TYPE_MESSAGE, VERSION))
+_ZERO_U32: Final = b"\x00\x00\x00\x00"
+_MSG_TYPE_VERSION: Final = bytes((TYPE_MESSAGE, VERSION))
 
 
 def encode_message(
