@@ -142,7 +142,7 @@ class Inbound:
         except ProtocolFault as fault:
             self.conn.close(f"PUBLISH: {fault}", reason_code=fault.reason)
             return False
-        limit = self.conn.node.config.max_message_properties
+        limit = self.config.max_message_properties
         if metadata_size(packet.properties) > limit:
             self._refuse(
                 packet,
@@ -173,12 +173,12 @@ class Inbound:
         conn = self.conn
         node = conn.node
         try:
-            delayed = parse_delayed(packet.topic, node.config.delayed_max_seconds)
+            delayed = parse_delayed(packet.topic, self.config.delayed_max_seconds)
         except DelayedTopicError as exc:
             reason, why = exc.reason, exc.why
         else:
             assert delayed is not None
-            pending = node.publisher.delayed
+            pending = self.publisher.delayed
             session = conn.session
             resend = (
                 packet.qos == 2 and session is not None and packet.packet_id in session.inbound_qos2
@@ -266,7 +266,7 @@ class Inbound:
         """One counted publish is answered: resume reading once half the pending ones are."""
         self.pending -= 1
         conn = self.conn
-        if self._paused_reading and self.pending <= conn.node.config.max_inbound_pending // 2:
+        if self._paused_reading and self.pending <= self.config.max_inbound_pending // 2:
             self._paused_reading = False
             conn.release_reading(PAUSED_BY_STORE)
 

@@ -170,15 +170,16 @@ class RecordCache:
             del entries[seqs[head]]
             self.bytes -= lens[head]
             head += 1
-        self._head = head
-        if head >= _COMPACT_MIN and 2 * head >= end:
-            self._cut_front()
+        self._move_head(head)
 
-    def _cut_front(self) -> None:
-        head = self._head
-        del self._seqs[:head]
-        del self._lens[:head]
-        self._head = 0
+    def _move_head(self, head: int) -> None:
+        """Everything before `head` is evicted; the lists lose that front once it is most of
+        them."""
+        if head >= _COMPACT_MIN and 2 * head >= len(self._seqs):
+            del self._seqs[:head]
+            del self._lens[:head]
+            head = 0
+        self._head = head
 
     def drop_from(self, seq: int) -> None:
         """Forget records at or after `seq` (rollback)."""
@@ -196,6 +197,4 @@ class RecordCache:
             self.entries.pop(seqs[head], None)
             self.bytes -= self._lens[head]
             head += 1
-        self._head = head
-        if head >= _COMPACT_MIN and 2 * head >= len(seqs):
-            self._cut_front()
+        self._move_head(head)
