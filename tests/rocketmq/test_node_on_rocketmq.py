@@ -23,6 +23,7 @@ from bridge.mqtt.packets import Publish, Pubrec, Subscribe, Subscription
 from bridge.node import Node, Unsettled
 from bridge.storage.base import Message
 from bridge.storage.rocketmq.store import RocketMQStore
+from bridge.storage.rocketmq.types import PullResult, PullStatus
 from notify.core import Notifier
 from notify.embedded import embedded_notifier
 from tests.integration.test_store_failure import open_connection
@@ -366,6 +367,49 @@ def test_a_read_that_finds_only_part_of_what_the_store_sent_pulls_the_rest(
             assert [s.offset for s in got.messages] == [1, 2]
             assert [s.message.payload for s in got.messages] == [b"m1", b"m2"]
             assert got.next_offset == 3
+        finally:
+            await store.close()
+
+    uvloop.run(main())
+
+
+def test_a_read_of_a_confirmed_message_not_yet_dispatched_pulls_again_without_a_held_pull(
+    rocketmq: LocalRocketMQ, tmp_path: Path
+) -> None:
+    """The broker confirms a send before it dispatches the message to its light queues. A read
+    in between finds nothing there yet. It must pull again shortly, not ask the broker to hold
+    the pull: a held pull whose wake-up came between the broker's read and its hold waits for
+    the broker's next check of held pulls, 5 s later (the tail of a backlog stalled that long in
+    a CI run). Here the broker's first three answers are replaced by the one it gives before the
+    dispatch."""
+
+    async def main() -> None:
+        store = RocketMQStore(
+            rocketmq.namesrv_addr, tmp_path / "s", namespace=_unique("d"), read_wait=1.0
+        )
+        await store.open()
+        try:
+            for i in range(2):
+                await store.append(Message("disp/x", b"d%d" % i, qos=1, key=f"d{i}"), ["q"])
+            (q,) = store.parts("q")
+            reader = store._reader
+            real_pull = reader.pull
+            holds: list[int] = []
+
+            async def not_dispatched_yet(*args: Any, **kwargs: Any) -> Any:
+                holds.append(kwargs.get("suspend_timeout_ms", 0))
+                result = await real_pull(*args, **kwargs)
+                if len(holds) <= 3:
+                    return PullResult(PullStatus.NO_NEW_MSG, 0, 0, 0)
+                return result
+
+            reader.pull = not_dispatched_yet  # type: ignore[method-assign]
+            got = await store.read(q, 0, 10)
+            assert [s.message.payload for s in got.messages] == [b"d0", b"d1"]
+            assert got.next_offset == 2
+            assert len(holds) == 4
+            assert holds == [0, 0, 0, 0], "a pull asked the broker to hold it"
+            assert store.end_offset(q) == 2
         finally:
             await store.close()
 

@@ -77,7 +77,7 @@ from bridge.storage.rocketmq.messages import (
 )
 from bridge.storage.rocketmq.meta import KIND_LMQS, KIND_STATS, KeyedRecords, StoreMeta
 from bridge.storage.rocketmq.queues import DEFAULT_MESSAGE_SIZE, LmqNames, QueueEnds
-from bridge.storage.rocketmq.reads import SharedReads
+from bridge.storage.rocketmq.reads import SharedReads, pull_dispatched
 from bridge.storage.rocketmq.sending import (
     DurableCallback,
     Send,
@@ -503,13 +503,19 @@ class RocketMQStore:
         name = self._names.remember(bridge_queue)
         known_end = self._ends.end(queue)
         # A message confirmed by SEND_OK reaches its LMQs a moment later (the broker dispatches
-        # asynchronously): if we know it is there, wait for it briefly instead of missing it.
-        wait_ms = int(self.read_wait * 1000) if offset < known_end else 0
+        # asynchronously): if we know it is there, wait for it briefly (reads.py) instead of
+        # missing it.
+        waits = offset < known_end
         self.stats["reads"] += 1
         try:
-            result = await self._reader.pull(
-                name, 0, offset, limit, suspend_timeout_ms=wait_ms, broker_name=group
-            )
+            if waits:
+                result = await pull_dispatched(
+                    lambda: self._reader.pull(name, 0, offset, limit, broker_name=group),
+                    offset,
+                    self.read_wait,
+                )
+            else:
+                result = await self._reader.pull(name, 0, offset, limit, broker_name=group)
         except RocketMQError as exc:
             raise StoreUnavailable(f"cannot read {bridge_queue!r} on {group}: {exc}") from exc
         if result.max_offset > 0:
@@ -525,14 +531,14 @@ class RocketMQStore:
             if not messages:
                 return ReadResult([], max(offset, result.next_offset))
             after = messages[-1].offset + 1
-            if after < known_end and len(messages) < limit and wait_ms:
+            if after < known_end and len(messages) < limit and waits:
                 # Found some, but not every one this store knows it sent: the rest is being
                 # dispatched. One more pull (waiting as above) returns them with these.
                 rest = await self._pull(queue, after, limit - len(messages))
                 if rest.messages and rest.messages[0].offset == after:
                     return ReadResult(messages + rest.messages, rest.next_offset)
             return ReadResult(messages, after)
-        if wait_ms and result.status is PullStatus.NO_NEW_MSG and result.max_offset <= offset:
+        if waits and result.status is PullStatus.NO_NEW_MSG and result.max_offset <= offset:
             # Waited for a message this store counted and none came: the count was one ahead
             # (a SEND_OK that arrived after a fetch had already counted its message).
             self._ends.correct(queue, result.max_offset, known_end)
