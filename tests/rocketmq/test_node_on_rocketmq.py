@@ -329,6 +329,26 @@ def test_message_a_backend_produces_into_rocketmq_reaches_mqtt_subscribers(
         assert client.drain(1, timeout=1.0) == []  # store 7's order went to nobody
 
 
+@contextlib.asynccontextmanager
+async def _store_holding(
+    rocketmq: LocalRocketMQ, tmp_path: Path, name: str, count: int, *, read_wait: float
+) -> AsyncIterator[tuple[RocketMQStore, str]]:
+    """An open store on the broker with `count` messages in one queue (payloads `name` + 0, 1,
+    ...), and the queue's part; closed after."""
+    store = RocketMQStore(
+        rocketmq.namesrv_addr, tmp_path / "s", namespace=_unique(name), read_wait=read_wait
+    )
+    await store.open()
+    try:
+        for i in range(count):
+            payload = f"{name}{i}".encode()
+            await store.append(Message(f"{name}/x", payload, qos=1, key=f"{name}{i}"), ["q"])
+        (q,) = store.parts("q")
+        yield store, q
+    finally:
+        await store.close()
+
+
 def test_a_read_that_finds_only_part_of_what_the_store_sent_pulls_the_rest(
     rocketmq: LocalRocketMQ, tmp_path: Path
 ) -> None:
@@ -339,14 +359,7 @@ def test_a_read_that_finds_only_part_of_what_the_store_sent_pulls_the_rest(
     (the pull then sees one of two, whatever the broker had dispatched)."""
 
     async def main() -> None:
-        store = RocketMQStore(
-            rocketmq.namesrv_addr, tmp_path / "s", namespace=_unique("p"), read_wait=0.5
-        )
-        await store.open()
-        try:
-            for i in range(3):
-                await store.append(Message("part/x", b"m%d" % i, qos=1, key=f"p{i}"), ["q"])
-            (q,) = store.parts("q")
+        async with _store_holding(rocketmq, tmp_path, "m", 3, read_wait=0.5) as (store, q):
             assert store.end_offset(q) == 3
             reader = store._reader
             real_pull = reader.pull
@@ -367,8 +380,6 @@ def test_a_read_that_finds_only_part_of_what_the_store_sent_pulls_the_rest(
             assert [s.offset for s in got.messages] == [1, 2]
             assert [s.message.payload for s in got.messages] == [b"m1", b"m2"]
             assert got.next_offset == 3
-        finally:
-            await store.close()
 
     uvloop.run(main())
 
@@ -384,14 +395,7 @@ def test_a_read_of_a_confirmed_message_not_yet_dispatched_pulls_again_without_a_
     dispatch."""
 
     async def main() -> None:
-        store = RocketMQStore(
-            rocketmq.namesrv_addr, tmp_path / "s", namespace=_unique("d"), read_wait=1.0
-        )
-        await store.open()
-        try:
-            for i in range(2):
-                await store.append(Message("disp/x", b"d%d" % i, qos=1, key=f"d{i}"), ["q"])
-            (q,) = store.parts("q")
+        async with _store_holding(rocketmq, tmp_path, "d", 2, read_wait=1.0) as (store, q):
             reader = store._reader
             real_pull = reader.pull
             holds: list[int] = []
@@ -410,8 +414,6 @@ def test_a_read_of_a_confirmed_message_not_yet_dispatched_pulls_again_without_a_
             assert len(holds) == 4
             assert holds == [0, 0, 0, 0], "a pull asked the broker to hold it"
             assert store.end_offset(q) == 2
-        finally:
-            await store.close()
 
     uvloop.run(main())
 
@@ -424,22 +426,14 @@ def test_a_queue_end_counted_one_ahead_is_set_back_by_a_read_that_found_nothing(
     reader is not left polling (and the backlog is not one too many)."""
 
     async def main() -> None:
-        store = RocketMQStore(
-            rocketmq.namesrv_addr, tmp_path / "s", namespace=_unique("e"), read_wait=0.2
-        )
-        await store.open()
-        try:
-            await store.append(Message("race/x", b"only", qos=1, key="r0"), ["q"])
-            (q,) = store.parts("q")
+        async with _store_holding(rocketmq, tmp_path, "e", 1, read_wait=0.2) as (store, q):
             assert await store.queue_end(q) == 1
             store.note_end(q, 2)  # as if the SEND_OK was counted on top of the fetch
             first = await store.read(q, 0, 10)
-            assert [s.message.payload for s in first.messages] == [b"only"]
+            assert [s.message.payload for s in first.messages] == [b"e0"]
             empty = await store.read(q, 1, 10)
             assert empty.messages == [] and empty.next_offset == 1
             assert store.end_offset(q) == 1
             assert store.backlog(q, 1)[0] == 0
-        finally:
-            await store.close()
 
     uvloop.run(main())

@@ -16,8 +16,9 @@ dispatches asynchronously. `pull_dispatched` waits for such a message by pulling
 short pauses, not with the broker's long poll. A held pull is woken by the message's arrival,
 but the broker registers it only after its own read found nothing, so an arrival between the two
 is missed, and the pull then waits for the broker's periodic check of held pulls: every 5 s with
-long polling on, whatever the pull's own time-out. Under a flood that held the tail of a
-backlog for seconds (a CI run of the stalled-subscriber test acknowledged 101 messages in 4 s).
+long polling on, whatever the pull's own time-out. Under a flood, that held the tail of a
+backlog for seconds: a CI run of the stalled-subscriber test acknowledged only 101 messages in
+4 s.
 """
 
 from __future__ import annotations
