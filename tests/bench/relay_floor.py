@@ -107,8 +107,9 @@ class Relay(asyncio.Protocol):
             payload = body[4 + topic_len :]
         else:
             payload = body[2 + topic_len :]
+        topic_field = body[0 : 2 + topic_len]
         for sub in self.topics.get(topic, ()):
-            head = body[0 : 2 + topic_len]
+            head = topic_field
             if qos:
                 sub.packet_id = sub.packet_id % 65535 + 1
                 head += sub.packet_id.to_bytes(2, "big")

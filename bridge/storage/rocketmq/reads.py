@@ -49,7 +49,7 @@ async def pull_dispatched(
     """`pull` (of a light queue from `offset`), again after short pauses while the broker answers
     that nothing is there yet (NO_NEW_MSG, its end not past `offset`), for up to `wait` seconds:
     for a message the store knows was confirmed, not yet dispatched (see above). The last answer
-    is returned; NO_NEW_MSG after `wait` means none came."""
+    is returned; NO_NEW_MSG after `wait` means none came. With `wait` 0 it is one pull."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     pause = DISPATCH_PAUSE_FIRST

@@ -508,14 +508,11 @@ class RocketMQStore:
         waits = offset < known_end
         self.stats["reads"] += 1
         try:
-            if waits:
-                result = await pull_dispatched(
-                    lambda: self._reader.pull(name, 0, offset, limit, broker_name=group),
-                    offset,
-                    self.read_wait,
-                )
-            else:
-                result = await self._reader.pull(name, 0, offset, limit, broker_name=group)
+            result = await pull_dispatched(
+                lambda: self._reader.pull(name, 0, offset, limit, broker_name=group),
+                offset,
+                self.read_wait if waits else 0.0,
+            )
         except RocketMQError as exc:
             raise StoreUnavailable(f"cannot read {bridge_queue!r} on {group}: {exc}") from exc
         if result.max_offset > 0:
