@@ -115,9 +115,11 @@ class Publisher:
         return peer_subscriber(peer) if peer else client_id
 
     def plan(self, message: Message) -> RoutePlan:
-        """Where `message` goes (advances the round-robin of matching shared groups). A QoS 0
-        message on a node without shared groups gets the plan remembered for its topic."""
-        if not message.qos and not self.shared:
+        """Where `message` goes (advances the round-robin of matching shared groups). On a node
+        without shared groups, the plan remembered for its topic (shared: never change it)."""
+        if not self.shared:
+            if message.qos:
+                return self.direct_routes.queued_plan(message.topic, self.trie)
             return self.direct_routes.plan(message.topic, self.trie, self.connections)
         return plan_route(
             message.topic,

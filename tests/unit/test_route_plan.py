@@ -231,6 +231,35 @@ def test_remembered_qos0_plans_equal_fresh_ones_after_any_changes(ops):
             assert sorted(remembered.peers) == sorted(fresh.peers)
 
 
+@settings(max_examples=500)
+@given(operations, st.sampled_from([1, 2]))
+@example([("subscribe", "a", "c1"), ("publish", "a", None), ("subscribe", "a", "c2"),
+          ("publish", "a", None), ("unsubscribe", "a", "c1"), ("publish", "a", None)],
+         1)  # fmt: skip
+@example([("subscribe", "a", "c1"), ("publish", "a", None), ("subscribe", "+", "c1"),
+          ("publish", "a", None)], 2)  # fmt: skip
+def test_remembered_qos1_and_qos2_plans_equal_fresh_ones_after_any_changes(ops, qos):
+    trie = SubscriptionTrie()
+    connected: ConnectionTable[object] = ConnectionTable()
+    routes = DirectRoutes(size=8)
+    no_groups = SharedSubscriptions()
+    for op, a, b in ops:
+        if op == "subscribe":
+            trie.subscribe(a, b, 1)
+        elif op == "unsubscribe":
+            trie.unsubscribe(a, b)
+        elif op == "connect":
+            connected[a] = object()
+        elif op == "disconnect":
+            connected.pop(a, None)
+        else:
+            remembered = routes.queued_plan(a, trie)
+            fresh = plan_route(a, qos, trie, no_groups, connected, connected.__contains__, str)
+            assert sorted(remembered.queues) == sorted(fresh.queues)
+            assert sorted(remembered.readers) == sorted(fresh.readers)
+            assert not (remembered.direct or remembered.peers or remembered.handed)
+
+
 def test_every_change_of_the_connection_table_moves_its_version():
     table: ConnectionTable[int] = ConnectionTable()
     versions = [table.version]
