@@ -36,6 +36,7 @@ COMPILED = [
     "bridge/node/congestion.py",
     "bridge/storage/message.py",
     "bridge/storage/records.py",
+    "bridge/storage/filelog/files.py",
     "bridge/storage/filelog/index.py",
     "bridge/storage/filelog/store.py",
     "bridge/storage/filelog/segments.py",

@@ -37,8 +37,9 @@ class Inbound:
     """The inbound message flow of one connection."""
 
     __slots__ = (
-        "_ack_gate", "_denied_topics", "_paused_reading", "acl", "config", "conn", "pending",
-        "publisher", "unreleased",
+        "_ack_gate", "_denied_topics", "_paused_reading", "acl", "config", "conn",
+        "max_pending", "max_topic_length", "max_topic_levels", "pending", "publisher",
+        "unreleased",
     )  # fmt: skip
 
     def __init__(self, conn: Link) -> None:
@@ -48,6 +49,11 @@ class Inbound:
         self.acl = node.access.acl
         self.config = node.config
         """The node's publisher, ACL and settings, read once: each lasts as long as the node."""
+        self.max_topic_length = self.config.max_topic_length
+        self.max_topic_levels = self.config.max_topic_levels
+        self.max_pending = self.config.max_inbound_pending
+        """The settings read per PUBLISH, as native ints (the settings are an interpreted
+        dataclass, fixed once the node runs)."""
         self.pending = 0
         """QoS 1/2 PUBLISHes handed to the node and not yet answered."""
         self.unreleased = 0
@@ -78,8 +84,8 @@ class Inbound:
                     reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 )
                 return
-        config = self.config  # Node.check_topic_limits, without a call into interpreted code
-        error = topic_limit_error(packet.topic, config.max_topic_length, config.max_topic_levels)
+        # Node.check_topic_limits, without a call into interpreted code
+        error = topic_limit_error(packet.topic, self.max_topic_length, self.max_topic_levels)
         if error:
             conn.close(
                 f"PUBLISH to {packet.topic[:64]!r}: {error}",
@@ -130,7 +136,7 @@ class Inbound:
         conn.payload_in += len(packet.payload)
         self.pending += 1  # before publish: a failing store may call back at once
         self.publisher.publish(session, packet, _Acknowledge(self, qos, packet_id), delayed)
-        if self.pending >= config.max_inbound_pending and not self._paused_reading:
+        if self.pending >= self.max_pending and not self._paused_reading:
             self._paused_reading = True
             conn.hold_reading(PAUSED_BY_STORE)
 
@@ -266,7 +272,7 @@ class Inbound:
         """One counted publish is answered: resume reading once half the pending ones are."""
         self.pending -= 1
         conn = self.conn
-        if self._paused_reading and self.pending <= self.config.max_inbound_pending // 2:
+        if self._paused_reading and self.pending <= self.max_pending // 2:
             self._paused_reading = False
             conn.release_reading(PAUSED_BY_STORE)
 

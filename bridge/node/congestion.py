@@ -17,7 +17,7 @@ the store instead (durable, bounded by the store's retention).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from bridge.node.roles import ClientLink
@@ -38,7 +38,10 @@ RELEASE_AT = 0.9
 class Congestion:
     """Which publishers' acknowledgements are held, and for which lagging subscribers."""
 
-    __slots__ = ("_holding", "config", "connections", "deliveries", "metrics", "store")
+    __slots__ = (
+        "_holding", "config", "connections", "deliveries", "max_bytes", "max_count", "metrics",
+        "store",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -50,6 +53,9 @@ class Congestion:
         deliveries: Mapping[str, Delivery],
     ) -> None:
         self.config = config
+        self.max_count = config.max_queued_messages
+        self.max_bytes = config.max_queued_bytes
+        """The limits, read once as native ints: this is checked for every stored message."""
         self.store = store
         self.metrics = metrics
         self.connections = connections
@@ -57,7 +63,7 @@ class Congestion:
         self._holding: dict[str, set[str]] = {}
         """Lagging subscriber's ClientId -> publishers whose acknowledgements wait for it."""
 
-    def stored(self, publisher: str, queues: Sequence[str], readers: Sequence[str]) -> None:
+    def stored(self, publisher: str, queues: list[str], readers: list[str]) -> None:
         """A QoS 1/2 message of `publisher` is durable on `queues` (each counted in its parts),
         read by `readers`: if one of them is connected here and too far behind, hold the
         publisher's acknowledgements (this one included: call this before acknowledging)."""
@@ -65,8 +71,8 @@ class Congestion:
         if conn is None or not readers:
             return
         deliveries = self.deliveries
-        max_count = self.config.max_queued_messages
-        max_bytes = self.config.max_queued_bytes
+        max_count = self.max_count
+        max_bytes = self.max_bytes
         for reader in readers:
             if reader == publisher:
                 continue  # never for its own backlog: it would wait on itself
@@ -79,7 +85,7 @@ class Congestion:
     def _hold_if_behind(
         self,
         cursors: Mapping[str, int],
-        queues: Sequence[str],
+        queues: list[str],
         max_count: int,
         max_bytes: int,
         reader: str,

@@ -57,8 +57,9 @@ Waiter = asyncio.Future[Any] | DurableCallback
 def _resolve(waiters: list[tuple[Waiter, int | None]], error: BaseException | None) -> None:
     """Complete every waiter of a commit: futures get the seq or the error, callbacks are
     called at once (no scheduling round trip: this is every QoS 1 acknowledgement)."""
+    future = asyncio.Future  # read once, not per waiter
     for waiter, result in waiters:
-        if isinstance(waiter, asyncio.Future):
+        if isinstance(waiter, future):
             if not waiter.done():
                 if error is None:
                     waiter.set_result(result)
@@ -337,9 +338,10 @@ class FileLogStore:
             header, body = encode_message(message, topic, offsets, meta)
         except (struct.error, OverflowError) as exc:
             raise ValueError(f"message field out of range: {exc}") from None
-        # Nothing has changed yet; from here on nothing can fail.
-        for name, q in zip(names, qlist, strict=True):
-            index.setdefault(name, q)
+        # Nothing has changed yet; from here on nothing can fail. (An index loop: compiled,
+        # `zip(..., strict=True)` is a generic call with a keyword, per message.)
+        for i in range(len(names)):
+            index.setdefault(names[i], qlist[i])
         length = len(header) + len(body)
         size = len(message.payload) + len(topic)
         seq = self._add_record(header, body)
