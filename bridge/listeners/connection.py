@@ -311,7 +311,7 @@ class Connection(asyncio.Protocol):
         self._out_size = 0
         data = out[0] if len(out) == 1 else b"".join(out)
         self.transport.write(data)
-        self.node.metrics.inc("bytes_out", len(data))
+        self.node.metrics.bytes_out += len(data)
 
     @property
     def inbound(self) -> Inbound:

@@ -394,7 +394,7 @@ class Delivery:
             if data is None:
                 return False
             conn.send_message(data, len(message.payload))
-            self.metrics.counters["messages_out_qos0"] += 1
+            self.metrics.messages_out_qos0 += 1
             return True
         if len(session.inflight) >= self.max_inflight:
             return None
@@ -426,5 +426,8 @@ class Delivery:
             conn.send(codec.encode(Pubrel(packet_id), conn.level))
             return True
         conn.send_message(data, len(message.payload), metered=not dup)
-        self.metrics.counters["messages_out_qos1" if qos == 1 else "messages_out_qos2"] += 1
+        if qos == 1:
+            self.metrics.messages_out_qos1 += 1
+        else:
+            self.metrics.messages_out_qos2 += 1
         return True

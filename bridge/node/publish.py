@@ -195,7 +195,7 @@ class Publisher:
                 sent += conn.send_droppable(own, size, publisher)
         if sent:
             metrics = self.metrics
-            metrics.counters["messages_out_qos0"] += sent
+            metrics.messages_out_qos0 += sent
             metrics.packets_out[3] += sent
 
     def deliver_qos0(self, message: Message) -> None:
@@ -218,7 +218,7 @@ class Publisher:
         )
         if packet.properties:
             message.properties = from_publish(packet.properties)
-        self.metrics.counters["messages_in_qos0"] += 1
+        self.metrics.messages_in_qos0 += 1
         if packet.retain:
             retained = self.retained
 
@@ -273,7 +273,7 @@ class Publisher:
             message.key = key
         if packet.properties:
             message.properties = from_publish(packet.properties)
-        self.metrics.counters[_MESSAGES_IN[qos]] += 1
+        self.metrics.received(qos)
         started = _clock()
         meta: list[MetaUpdate] | tuple[()] = ()
         if delayed is None and packet.retain:  # a delayed one's RETAIN acts once it is routed
@@ -541,8 +541,6 @@ class Publisher:
 RECHECK_AFTER = 1.0
 """Seconds after a peer's wake when the end of a caught-up reader's queue is read again: longer
 than the broker takes to put a confirmed message into its light queues."""
-
-_MESSAGES_IN: Final = ("messages_in_qos0", "messages_in_qos1", "messages_in_qos2")
 
 _clock: Final = time.perf_counter
 """Read once: compiled, `time.perf_counter()` looks the name up in the module every call."""

@@ -267,7 +267,7 @@ class Subscriptions:
                 data = conn.encode_message(message, 0, True, sub_ids=sub_ids)
                 if data is not None:
                     conn.send_message(data, len(message.payload))
-                    self.metrics.counters["messages_out_qos0"] += 1
+                    self.metrics.messages_out_qos0 += 1
                 continue
             properties = dict(message.properties)
             properties[RETAINED_DELIVERY] = str(qos)

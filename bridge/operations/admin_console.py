@@ -112,7 +112,6 @@ class ConsoleAPI(AdminPart):
     def _node_stats(self) -> dict[str, Any]:
         node = self.node
         metrics = node.metrics
-        counters = metrics.counters
         return {
             "stats": {
                 "connections": node.connected_count(),
@@ -120,10 +119,10 @@ class ConsoleAPI(AdminPart):
                 "subscriptions": node.subscription_count(),
                 "retained": node.retained_count(),
                 "inflight": sum(len(s.inflight) for s in node.sessions.values() if s.connected),
-                "messages_in": sum(counters[f"messages_in_qos{q}"] for q in range(3)),
-                "messages_out": sum(counters[f"messages_out_qos{q}"] for q in range(3)),
+                "messages_in": sum(metrics.get(f"messages_in_qos{q}") for q in range(3)),
+                "messages_out": sum(metrics.get(f"messages_out_qos{q}") for q in range(3)),
                 "bytes_in": metrics.bytes_in,
-                "bytes_out": counters["bytes_out"],
+                "bytes_out": metrics.bytes_out,
                 "store_latency_count": metrics.store_latency.count,
                 "store_latency_sum": metrics.store_latency.sum,
             }

@@ -134,7 +134,7 @@ class NodeCollector:
         yield packets_in
         yield packets_out
         yield _counter("bytes_received", "bytes received from MQTT clients", metrics.bytes_in)
-        yield _counter("bytes_sent", "bytes sent to MQTT clients", counters["bytes_out"])
+        yield _counter("bytes_sent", "bytes sent to MQTT clients", metrics.bytes_out)
 
         received = CounterMetricFamily(
             PREFIX + "messages_received", "PUBLISH messages accepted from clients, by QoS",
@@ -144,8 +144,8 @@ class NodeCollector:
             PREFIX + "messages_sent", "PUBLISH messages sent to clients, by QoS", labels=["qos"]
         )
         for qos in ("0", "1", "2"):
-            received.add_metric([qos], counters[f"messages_in_qos{qos}"])
-            sent.add_metric([qos], counters[f"messages_out_qos{qos}"])
+            received.add_metric([qos], metrics.get(f"messages_in_qos{qos}"))
+            sent.add_metric([qos], metrics.get(f"messages_out_qos{qos}"))
         yield received
         yield sent
 

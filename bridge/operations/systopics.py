@@ -105,8 +105,9 @@ class ClientFacts(Protocol):
 def statistics(node: Figures, started: float) -> dict[str, str]:
     """The current value of every statistic, as text."""
     counters = node.metrics.counters
-    received = sum(counters[f"messages_in_qos{q}"] for q in range(3))
-    sent = sum(counters[f"messages_out_qos{q}"] for q in range(3))
+    metrics = node.metrics
+    received = sum(metrics.get(f"messages_in_qos{q}") for q in range(3))
+    sent = sum(metrics.get(f"messages_out_qos{q}") for q in range(3))
     dropped = sum(v for k, v in counters.items() if k.startswith(("dropped_", "acl_denied_pub")))
     p99 = node.metrics.store_latency.quantile(0.99)
     return {
@@ -120,7 +121,7 @@ def statistics(node: Figures, started: float) -> dict[str, str]:
         "messages/sent": str(sent),
         "messages/dropped": str(dropped),
         "bytes/received": str(node.metrics.bytes_in),
-        "bytes/sent": str(counters["bytes_out"]),
+        "bytes/sent": str(metrics.bytes_out),
         "store/latency/p99": "" if p99 is None else f"{p99:g}",
     }
 
