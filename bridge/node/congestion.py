@@ -39,8 +39,8 @@ class Congestion:
     """Which publishers' acknowledgements are held, and for which lagging subscribers."""
 
     __slots__ = (
-        "_holding", "config", "connections", "deliveries", "max_bytes", "max_count", "metrics",
-        "store",
+        "_checked", "_holding", "config", "connections", "deliveries", "max_bytes", "max_count",
+        "metrics", "store",
     )  # fmt: skip
 
     def __init__(
@@ -62,11 +62,30 @@ class Congestion:
         self.deliveries = deliveries
         self._holding: dict[str, set[str]] = {}
         """Lagging subscriber's ClientId -> publishers whose acknowledgements wait for it."""
+        self._checked: tuple[int, str, list[str], list[str]] = (-1, "", [], [])
+        """The last check made in a commit's pass: (pass, publisher, queues, readers)."""
 
-    def stored(self, publisher: str, queues: list[str], readers: list[str]) -> None:
+    def stored(
+        self, publisher: str, queues: list[str], readers: list[str], commit_pass: int = -1
+    ) -> None:
         """A QoS 1/2 message of `publisher` is durable on `queues` (each counted in its parts),
         read by `readers`: if one of them is connected here and too far behind, hold the
-        publisher's acknowledgements (this one included: call this before acknowledging)."""
+        publisher's acknowledgements (this one included: call this before acknowledging).
+
+        `commit_pass`: the store's `commit_pass` while this commit's callbacks run (-1: none).
+        Within one pass the backlogs do not change, so the check made for the first message
+        of a publisher on the same (remembered) plan's queues answers for the others: each of
+        a commit's 20 messages of one publisher was checked alike."""
+        if commit_pass >= 0:
+            last = self._checked
+            if (
+                last[0] == commit_pass
+                and last[2] is queues
+                and last[3] is readers
+                and last[1] == publisher
+            ):
+                return
+            self._checked = (commit_pass, publisher, queues, readers)
         conn = self.connections.get(publisher)
         if conn is None or not readers:
             return

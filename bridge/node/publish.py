@@ -85,9 +85,8 @@ class Publisher:
         self.acl = acl
         """The ACL whose deny rules may keep a message from a broader subscription."""
         self.cluster: Cluster | None = None
-        self._refresh_limit = asyncio.Semaphore(32)
+        self._refresh_limit = asyncio.Semaphore(32)  # queue-end reads at once when re-read
         self._rechecks: dict[str, bool] = {}  # part -> woken again meanwhile (_recheck_end_later)
-        """Queue-end reads under way at once when ends are re-read (`refresh_queue_ends`)."""
         self.reachable: Callable[[str], bool] = connections.__contains__
         """Whether a shared-subscription member can take a message now."""
         self.direct_routes = DirectRoutes()
@@ -357,15 +356,14 @@ class Publisher:
         on_durable: DurableCallback,
         started: float = 0.0,
     ) -> None:
-        """Store a message on the queues of every matching subscription; once it is durable,
-        keep it as its topic's retained message if it is flagged so (its record is in `meta`),
-        wake the readers, then call `on_durable`. QoS 0 messages (wills) are delivered directly
-        and stored without queues. `started`: the `time.perf_counter()` the message came in
-        at, to record how long the store took (0: not recorded)."""
+        """Store a message on the queues of every matching subscription; once durable, keep it
+        as its topic's retained message if flagged so (its record is in `meta`), wake the
+        readers, then call `on_durable`. QoS 0 messages (wills) are delivered directly and
+        stored without queues. `started`: its `_clock()` on arrival (0: the store's time is
+        not recorded)."""
         plan = self.plan(message)
         self._send_now(message, plan)
-        readers = plan.readers
-        store = self.store
+        readers, store = plan.readers, self.store
         early = bool(readers) and message.qos < 2 and self.early_reads
         durable = _Durable(self, message, plan.queues, readers, early, on_durable, started)
         store.submit(message, plan.queues, meta=meta, callback=durable, early=early)
@@ -542,8 +540,7 @@ RECHECK_AFTER = 1.0
 """Seconds after a peer's wake when the end of a caught-up reader's queue is read again: longer
 than the broker takes to put a confirmed message into its light queues."""
 
-_clock: Final = time.perf_counter
-"""Read once: compiled, `time.perf_counter()` looks the name up in the module every call."""
+_clock: Final = time.perf_counter  # compiled, `time.perf_counter()` is a lookup per call
 
 
 def _log_failure(_seq: int | None, error: BaseException | None) -> None:
@@ -552,14 +549,12 @@ def _log_failure(_seq: int | None, error: BaseException | None) -> None:
         log.warning("QoS 0 message not stored: %s", error)
 
 
-def _timed(
-    on_durable: DurableCallback, histogram: LatencyHistogram, started: float
-) -> DurableCallback:
-    """`on_durable` recording first how long a successful store took since `started`."""
+def _timed(on_durable: DurableCallback, took: LatencyHistogram, started: float) -> DurableCallback:
+    """`on_durable` recording first in `took` how long a successful store took since `started`."""
 
     def timed(seq: int | None, error: BaseException | None) -> None:
         if error is None:
-            histogram.observe(time.perf_counter() - started)
+            took.observe(_clock() - started)
         on_durable(seq, error)
 
     return timed
@@ -597,7 +592,8 @@ class _Durable:
             if readers:
                 publisher.wake_readers(readers, self.queues, local=not self.early)
                 # Before the publisher is acknowledged: a lagging reader holds that ack.
-                publisher.congestion.stored(message.publisher, self.queues, readers)
+                commit_pass = getattr(publisher.store, "commit_pass", -1)
+                publisher.congestion.stored(message.publisher, self.queues, readers, commit_pass)
             if self.started:
                 publisher.metrics.store_latency.observe(_clock() - self.started)
         self.on_durable(seq, error)

@@ -347,6 +347,30 @@ def test_group_commit_batches_concurrent_appends(tmp_path: Path, run: Run[Any]) 
     run(body())
 
 
+def test_a_commits_callbacks_share_one_pass_with_every_message_of_it_visible(
+    tmp_path: Path, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path)
+        seen: list[tuple[int, tuple[int, int]]] = []
+
+        def callback(_seq: int | None, error: BaseException | None) -> None:
+            assert error is None
+            seen.append((store.commit_pass, store.backlog("q", 0)))
+
+        for i in range(3):  # one loop turn: one commit
+            store.submit(msg(i), ["q"], callback=callback)
+        await store.append(msg(3), ["q"])
+        store.submit(msg(4), ["q"], callback=callback)
+        await store.append(msg(5), ["q"])
+        first, second = seen[0][0], seen[3][0]
+        assert [p for p, _ in seen] == [first] * 3 + [second] and second > first
+        assert [count for _, (count, _) in seen] == [4, 4, 4, 6], "a pass sees its whole commit"
+        await store.close()
+
+    run(body())
+
+
 def test_write_failure_surfaces_and_rolls_back(
     tmp_path: Path, run: Run[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

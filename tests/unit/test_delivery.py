@@ -390,6 +390,49 @@ def test_a_subscriber_past_its_limit_holds_its_publishers_acks_until_it_catches_
     run(scenario())
 
 
+def test_a_commit_pass_checks_a_publishers_subscribers_once_per_plan_and_each_pass_anew(
+    tmp_path,
+):
+    async def scenario() -> None:
+        store = await open_store(tmp_path)
+        queue = filter_queue("t")
+        session = Session("slow", persistent=False, subscriptions={"t": 1})
+        session.start_queue(queue, 0)
+        for _ in range(12):
+            await put(store, "t", 1, [queue])
+        publisher = AckHoldingLink()
+        delivery = make_delivery(store, session, RecordingLink(), None)
+        congestion = Congestion(
+            config=Config(max_queued_messages=10),
+            store=store,
+            metrics=Metrics(),
+            connections={"pub": publisher},
+            deliveries={"slow": delivery},
+        )
+        queues, readers = [queue], ["slow"]
+        session.cursors[queue] = 12  # caught up
+        congestion.stored("pub", queues, readers, 1)
+        assert publisher.holds == set()
+        # Within a pass nothing moves; moving the cursor here shows the check is not redone
+        # for the same plan, and is redone for another plan or in the next pass.
+        session.cursors[queue] = 0
+        congestion.stored("pub", queues, readers, 1)
+        assert publisher.holds == set(), "the same pass and plan: checked once"
+        congestion.stored("pub", [queue], readers, 1)
+        assert publisher.holds == {"slow"}, "another plan's queues are checked"
+        congestion.gone(session)
+        assert publisher.holds == set()
+        congestion.stored("pub", queues, readers, 2)
+        assert publisher.holds == {"slow"}, "the next pass checks again"
+        congestion.gone(session)
+        congestion.stored("pub", queues, readers)
+        congestion.stored("pub", queues, readers)
+        assert publisher.holds == {"slow"}, "without a pass every message is checked"
+        await store.close()
+
+    run(scenario())
+
+
 def test_a_subscriber_that_leaves_releases_the_publishers_it_held(tmp_path):
     async def scenario() -> None:
         store = await open_store(tmp_path)

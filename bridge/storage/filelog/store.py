@@ -167,6 +167,9 @@ class FileLogStore:
         a failed write rolled back below what readers could already read (`submit`'s `early`):
         their readers must go back to that end, since the offsets from it on will be given to
         other messages."""
+        self.commit_pass = 0
+        """Moves before each commit's durability callbacks run. No message is added or made
+        visible during one pass: a backlog checked there reads the same for each callback."""
         self._undo: list[Undo] = []
         self._last_written: Segment | None = None
         self._flush_task: asyncio.Task[None] | None = None
@@ -338,8 +341,7 @@ class FileLogStore:
             header, body = encode_message(message, topic, offsets, meta)
         except (struct.error, OverflowError) as exc:
             raise ValueError(f"message field out of range: {exc}") from None
-        # Nothing has changed yet; from here on nothing can fail. (An index loop: compiled,
-        # `zip(..., strict=True)` is a generic call with a keyword, per message.)
+        # Nothing has changed yet; from here on nothing can fail. (Not zip: a call, compiled.)
         for i in range(len(names)):
             index.setdefault(names[i], qlist[i])
         length = len(header) + len(body)
@@ -480,6 +482,7 @@ class FileLogStore:
                 stats["committed_bytes"] += end - start
                 stats["last_commit_seconds"] = seconds
                 stats["last_commit_records"] = records
+                self.commit_pass += 1
                 _resolve(waiters, None)
                 self._maintenance.after_commit(self.retention_check_interval)
             if self._broken is not None:
