@@ -44,6 +44,7 @@ from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.deadlines import NONE
 from bridge.node.roles import PAUSED_BY_RATE, PAUSED_FOR_TURN
+from bridge.operations.metrics import Metrics
 from bridge.storage.base import Message
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class Connection(asyncio.Protocol):
         "_connecting", "_deadline", "_flush_handle", "_graceful", "_held", "_holds", "_inbound",
         "_keepalive_limit", "_last_rx", "_out", "_out_size", "_paused_writing", "_read_pauses",
         "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder",
-        "detached", "keepalive", "level", "listener", "loop", "max_packet_out",
+        "detached", "keepalive", "level", "listener", "loop", "max_packet_out", "metrics",
         "msgs_in", "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer",
         "receive_maximum", "session", "shared_encoding", "transport", "username", "v5", "will",
     )
@@ -79,6 +80,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, node: Node) -> None:
         self.node = node
+        self.metrics: Metrics = node.metrics  # per packet, not looked up on the (interpreted) node
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -127,8 +129,7 @@ class Connection(asyncio.Protocol):
         self.keepalive = 0
         """The keepalive granted, in seconds (0: none)."""
         self.connected_at = 0.0
-        # Metering (bridge.operations.metering collects and resets these): PUBLISH messages and
-        # payload bytes.
+        # Metering (`bridge.operations.metering` collects and resets these): PUBLISHes, payload.
         self.msgs_in = 0
         self.payload_in = 0
         self.msgs_out = 0
@@ -152,7 +153,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self._last_rx = self.loop.time()
-        self.node.metrics.bytes_in += len(data)
+        self.metrics.bytes_in += len(data)
         if len(data) >= READ_TURN and not self._read_pauses:
             self.hold_reading(PAUSED_FOR_TURN)
             self.loop.call_soon(self.release_reading, PAUSED_FOR_TURN)
@@ -167,7 +168,7 @@ class Connection(asyncio.Protocol):
             packets = exc.packets
         if self.pacer is not None:
             self.pacer.charge(packets, len(data))
-        packets_in = self.node.metrics.packets_in
+        packets_in = self.metrics.packets_in
         for packet in packets:
             if self.closed:
                 return
@@ -260,12 +261,11 @@ class Connection(asyncio.Protocol):
         """Queue bytes; everything queued in one loop iteration goes out in one write."""
         if self.closed:
             return
-        self.node.metrics.packets_out[data[0] >> 4] += 1
+        self.metrics.packets_out[data[0] >> 4] += 1
         self._queue(data)
 
     def send_message(self, data: bytes, payload_size: int, *, metered: bool = True) -> None:
-        """Queue an encoded PUBLISH and meter it (`metered=False` for a resend after a
-        reconnect, which is not metered twice)."""
+        """Queue an encoded PUBLISH and meter it (`metered=False`: a resend after a reconnect)."""
         if metered:
             self.msgs_out += 1
             self.payload_out += payload_size
@@ -311,7 +311,7 @@ class Connection(asyncio.Protocol):
         self._out_size = 0
         data = out[0] if len(out) == 1 else b"".join(out)
         self.transport.write(data)
-        self.node.metrics.bytes_out += len(data)
+        self.metrics.bytes_out += len(data)
 
     @property
     def inbound(self) -> Inbound:

@@ -85,7 +85,8 @@ def on_pubcomp(conn: Link, packet: Pubcomp) -> None:
 
 
 def _after_ack(conn: Link, session: Session) -> None:
-    conn.node.housekeeper.mark_offsets_dirty(session)
+    if session.persistent:  # (checked here too: a clean session's ack makes no call)
+        conn.node.housekeeper.mark_offsets_dirty(session)
     delivery = conn.node.deliveries.get(session.client_id)
     if delivery is not None and delivery.blocked_on_window:
         # Refill at once: the acknowledgements of one read wake one drain (`wake` runs once
