@@ -69,11 +69,37 @@ def _frame(parts: list[bytes]) -> tuple[bytes, bytes]:
     n = len(body)
     if n > MAX_BODY:
         raise ValueError(f"record of {n} bytes exceeds the limit of {MAX_BODY}")
-    return n.to_bytes(4, "big") + zlib.crc32(body).to_bytes(4, "big"), body
+    return n.to_bytes(4, "big") + _crc32(body).to_bytes(4, "big"), body
 
 
+_crc32: Final = zlib.crc32
 _ZERO_U32: Final = b"\x00\x00\x00\x00"
 _MSG_TYPE_VERSION: Final = bytes((TYPE_MESSAGE, VERSION))
+_SMALL: Final = 1024
+_U32_OF: Final = [n.to_bytes(4, "big") for n in range(_SMALL)]
+"""The 4-byte forms of the lengths most fields have: a list item, not a conversion (compiled,
+`int.to_bytes` makes a Python int and a bytes object each time)."""
+_QOS_FLAGS: Final = [bytes((qos, flags)) for qos in range(3) for flags in (0, _FLAG_RETAIN)]
+_PREFIXED: Final[dict[str, bytes]] = {}
+"""Strings that recur in records (client ids, the node id, queue names), encoded with their
+length in front; emptied when it holds `_PREFIXED_MAX`."""
+_PREFIXED_MAX: Final = 4096
+
+
+def _u32(n: int) -> bytes:
+    return _U32_OF[n] if 0 <= n < _SMALL else n.to_bytes(4, "big")
+
+
+def _prefixed(text: str) -> bytes:
+    """`text` in UTF-8 after its 4-byte length."""
+    known = _PREFIXED.get(text)
+    if known is None:
+        data = text.encode()
+        known = _u32(len(data)) + data
+        if len(_PREFIXED) >= _PREFIXED_MAX:
+            _PREFIXED.clear()
+        _PREFIXED[text] = known
+    return known
 
 
 def encode_message(
@@ -85,25 +111,23 @@ def encode_message(
     """Frame header and body of a MESSAGE record. `topic` is the message's UTF-8 topic.
 
     Built as one list joined once: this runs for every QoS 1/2 message. The integers are
-    written with `int.to_bytes`, which compiled code does without a call into `struct`; a field
-    out of its range raises OverflowError (as `struct.error` does for the other records).
+    written with `int.to_bytes` (compiled, no call into `struct`), small lengths and the
+    repeating strings taken ready-made; a field out of its range raises OverflowError (as
+    `struct.error` does for the other records).
     """
-    publisher = message.publisher.encode()
     key = message.key.encode()
-    node = message.node.encode()
     flags = _FLAG_RETAIN if message.retain else 0
+    qos = message.qos
     parts = [
         _MSG_TYPE_VERSION,
         message.timestamp_ms.to_bytes(8, "big", signed=True),
-        ((message.qos << 8) | flags).to_bytes(2, "big"),
-        len(topic).to_bytes(4, "big"),
+        _QOS_FLAGS[qos * 2 + flags] if 0 <= qos <= 2 else ((qos << 8) | flags).to_bytes(2, "big"),
+        _u32(len(topic)),
         topic,
-        len(publisher).to_bytes(4, "big"),
-        publisher,
-        len(key).to_bytes(4, "big"),
+        _prefixed(message.publisher),
+        _u32(len(key)),
         key,
-        len(node).to_bytes(4, "big"),
-        node,
+        _prefixed(message.node),
     ]
     props = message.properties
     if props:
@@ -114,11 +138,9 @@ def encode_message(
     else:
         parts.append(_ZERO_U32)
     if queue_offsets:
-        parts.append(len(queue_offsets).to_bytes(4, "big"))
+        parts.append(_u32(len(queue_offsets)))
         for name, offset in queue_offsets:
-            encoded = name.encode()
-            parts.append(len(encoded).to_bytes(4, "big"))
-            parts.append(encoded)
+            parts.append(_prefixed(name))
             parts.append(offset.to_bytes(8, "big"))
     else:
         parts.append(_ZERO_U32)
@@ -127,7 +149,7 @@ def encode_message(
     else:
         parts.append(_ZERO_U32)
     payload = message.payload
-    parts.append(len(payload).to_bytes(4, "big"))
+    parts.append(_u32(len(payload)))
     parts.append(payload)
     return _frame(parts)
 

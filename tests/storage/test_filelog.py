@@ -6,7 +6,9 @@ import asyncio
 import errno
 import logging
 import os
+import struct
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -675,3 +677,55 @@ def test_the_spark_source_reads_a_live_segment_up_to_its_records(
     end = run(body())
     assert segments(tmp_path)[0].stat().st_size > end
     assert scan_end(str(tmp_path), 0) == end
+
+
+def _reference_message_record(
+    message: Message, queues: list[tuple[str, int]], meta: list[MetaUpdate]
+) -> bytes:
+    """A MESSAGE record laid out field by field with `struct`, as docs/storage-format.md says."""
+
+    def text(value: str | bytes) -> bytes:
+        data = value.encode() if isinstance(value, str) else value
+        return struct.pack(">I", len(data)) + data
+
+    body = struct.pack(">BBqBB", 1, 1, message.timestamp_ms, message.qos, int(message.retain))
+    body += text(message.topic) + text(message.publisher) + text(message.key) + text(message.node)
+    body += struct.pack(">I", len(message.properties))
+    for name, value in message.properties.items():
+        body += text(name) + text(value)
+    body += struct.pack(">I", len(queues))
+    for name, offset in queues:
+        body += text(name) + struct.pack(">Q", offset)
+    body += struct.pack(">I", len(meta))
+    for update in meta:
+        body += text(update.kind) + text(update.key)
+        body += b"\x00" if update.value is None else b"\x01" + text(update.value)
+    body += text(message.payload)
+    return struct.pack(">II", len(body), zlib.crc32(body)) + body
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    topic=_text.filter(bool),
+    payload=st.binary(max_size=1500),
+    qos=st.integers(0, 2),
+    retain=st.booleans(),
+    publisher=_text,
+    key=_text,
+    node=st.sampled_from(["n1", "node-ä"]),
+    timestamp=st.integers(0, 2**62),
+    properties=st.dictionaries(_text, _text, max_size=2),
+    queues=st.lists(st.tuples(_text, st.integers(0, 2**63 - 1)), max_size=3),
+    meta=st.lists(
+        st.builds(MetaUpdate, _text, _text, st.none() | st.binary(max_size=20)), max_size=2
+    ),
+)
+def test_message_records_are_laid_out_as_the_format_says_with_repeating_strings_remembered(
+    topic, payload, qos, retain, publisher, key, node, timestamp, properties, queues, meta
+):
+    message = Message(topic, payload, qos, retain, publisher, key, timestamp, node)
+    message.properties = properties
+    expected = _reference_message_record(message, queues, meta)
+    for _ in range(2):  # the second time from the remembered encodings
+        header, body = encode_message(message, topic.encode(), queues, meta)
+        assert header + body == expected
