@@ -500,10 +500,9 @@ class Publisher:
 
     def wake_readers(self, reader_ids: list[str], queues: list[str], *, local: bool = True) -> None:
         """Wake the local readers (unless `local` is False: woken already), tell each peer among
-        them once that `queues` grew, and let housekeeping look at the backlog of offline
-        sessions."""
+        them once that `queues` grew, let housekeeping look at offline sessions' backlogs."""
         deliveries = self.deliveries
-        told: set[str] = set()
+        told: set[str] | None = None  # made for the first peer: most wakes have none
         ends: dict[str, int] | None = None
         for reader in reader_ids:
             delivery = deliveries.get(reader)
@@ -511,6 +510,8 @@ class Publisher:
                 if local:
                     delivery.wake()
             elif is_peer(reader):
+                if told is None:
+                    told = set()
                 if self.cluster is not None and reader not in told:
                     told.add(reader)
                     if ends is None:

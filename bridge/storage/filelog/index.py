@@ -7,10 +7,14 @@ from typing import Final
 
 from bridge.storage.base import Message
 
+_append: Final = array.append
+"""`array.append`, read once: compiled, `a.append(x)` looks the method up on every call."""
 HOLE: Final = -1
 """`seq` of an offset whose record was lost to corruption (read reports it as `lost`)."""
 
 _COMPACT_MIN = 4096
+_EVICT_AHEAD: Final = 32
+"""A full record cache evicts 1/32 of its entry bound at a time (32 of 1,024)."""
 
 
 class QueueIndex:
@@ -48,10 +52,10 @@ class QueueIndex:
         return self.base + len(self.seqs)
 
     def add(self, seq: int, length: int, size: int) -> None:
-        self.seqs.append(seq)
-        self.lens.append(length)
+        _append(self.seqs, seq)
+        _append(self.lens, length)
         self.total += size
-        self.cum.append(self.total)
+        _append(self.cum, self.total)
 
     def add_holes(self, count: int) -> None:
         for _ in range(count):
@@ -154,16 +158,19 @@ class RecordCache:
         self._lens.append(length)
         self.bytes += length
         if self.bytes > self.budget or len(self.entries) > self.max_entries:
-            self.evict(pinned_from)
+            self.evict(pinned_from, self.max_entries // _EVICT_AHEAD)
 
-    def evict(self, pinned_from: int) -> None:
+    def evict(self, pinned_from: int, ahead: int = 0) -> None:
+        """Evict the oldest records not pinned until within the bounds, and `ahead` entries
+        more (a full cache evicts a few at a time, not one per record added)."""
         seqs = self._seqs
         lens = self._lens
         entries = self.entries
         head = self._head
         end = len(seqs)
+        max_entries = self.max_entries - ahead
         while (
-            (self.bytes > self.budget or len(entries) > self.max_entries)
+            (self.bytes > self.budget or len(entries) > max_entries)
             and head < end
             and seqs[head] < pinned_from
         ):
