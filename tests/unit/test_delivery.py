@@ -354,23 +354,36 @@ class AckHoldingLink(RecordingLink):
         self.holds.discard(reason)
 
 
+async def lagging(
+    tmp_path, *, persistent: bool, backlog: int, limit: int, metrics: Metrics | None = None,
+    own: AckHoldingLink | None = None,
+) -> tuple[FileLogStore, str, Session, AckHoldingLink, Congestion]:  # fmt: skip
+    """A store whose queue "t" holds `backlog` messages its subscriber "slow" has not read, and
+    the congestion of a node whose limit is `limit` messages, with publisher "pub" (and "slow"
+    publishing too if `own`)."""
+    store = await open_store(tmp_path)
+    queue = filter_queue("t")
+    session = Session("slow", persistent=persistent, subscriptions={"t": 1})
+    session.start_queue(queue, 0)
+    for _ in range(backlog):
+        await put(store, "t", 1, [queue])
+    publisher = AckHoldingLink()
+    connections = {"pub": publisher} if own is None else {"pub": publisher, "slow": own}
+    congestion = Congestion(
+        config=Config(max_queued_messages=limit),
+        store=store,
+        metrics=metrics or Metrics(),
+        connections=connections,
+        deliveries={"slow": make_delivery(store, session, RecordingLink(), None)},
+    )
+    return store, queue, session, publisher, congestion
+
+
 def test_a_subscriber_past_its_limit_holds_its_publishers_acks_until_it_catches_up(tmp_path):
     async def scenario() -> None:
-        store = await open_store(tmp_path)
-        queue = filter_queue("t")
-        session = Session("slow", persistent=False, subscriptions={"t": 1})
-        session.start_queue(queue, 0)
-        for _ in range(12):
-            await put(store, "t", 1, [queue])
-        publisher, own = AckHoldingLink(), AckHoldingLink()
-        delivery = make_delivery(store, session, RecordingLink(), None)
-        metrics = Metrics()
-        congestion = Congestion(
-            config=Config(max_queued_messages=10),
-            store=store,
-            metrics=metrics,
-            connections={"pub": publisher, "slow": own},
-            deliveries={"slow": delivery},
+        metrics, own = Metrics(), AckHoldingLink()
+        store, queue, session, publisher, congestion = await lagging(
+            tmp_path, persistent=False, backlog=12, limit=10, metrics=metrics, own=own
         )
         congestion.stored("pub", [queue], ["slow", "elsewhere"])
         congestion.stored("slow", [queue], ["slow"])  # never for a client's own backlog
@@ -394,20 +407,8 @@ def test_a_commit_pass_checks_a_publishers_subscribers_once_per_plan_and_each_pa
     tmp_path,
 ):
     async def scenario() -> None:
-        store = await open_store(tmp_path)
-        queue = filter_queue("t")
-        session = Session("slow", persistent=False, subscriptions={"t": 1})
-        session.start_queue(queue, 0)
-        for _ in range(12):
-            await put(store, "t", 1, [queue])
-        publisher = AckHoldingLink()
-        delivery = make_delivery(store, session, RecordingLink(), None)
-        congestion = Congestion(
-            config=Config(max_queued_messages=10),
-            store=store,
-            metrics=Metrics(),
-            connections={"pub": publisher},
-            deliveries={"slow": delivery},
+        store, queue, session, publisher, congestion = await lagging(
+            tmp_path, persistent=False, backlog=12, limit=10
         )
         queues, readers = [queue], ["slow"]
         session.cursors[queue] = 12  # caught up
@@ -435,20 +436,8 @@ def test_a_commit_pass_checks_a_publishers_subscribers_once_per_plan_and_each_pa
 
 def test_a_subscriber_that_leaves_releases_the_publishers_it_held(tmp_path):
     async def scenario() -> None:
-        store = await open_store(tmp_path)
-        queue = filter_queue("t")
-        session = Session("slow", persistent=True, subscriptions={"t": 1})
-        session.start_queue(queue, 0)
-        for _ in range(5):
-            await put(store, "t", 1, [queue])
-        publisher = AckHoldingLink()
-        delivery = make_delivery(store, session, RecordingLink(), None)
-        congestion = Congestion(
-            config=Config(max_queued_messages=2),
-            store=store,
-            metrics=Metrics(),
-            connections={"pub": publisher},
-            deliveries={"slow": delivery},
+        store, queue, session, publisher, congestion = await lagging(
+            tmp_path, persistent=True, backlog=5, limit=2
         )
         congestion.stored("pub", [queue], ["slow"])
         assert publisher.holds == {"slow"}

@@ -8,6 +8,7 @@ a QoS 1/2 message is stored on, whom to wake, and one member per matching shared
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -204,6 +205,28 @@ operations = st.lists(
 )
 
 
+def published(
+    ops: list[tuple[str, str, str | None]], qos: int
+) -> Iterator[tuple[str, SubscriptionTrie, ConnectionTable[object]]]:
+    """Carry out `ops` (subscriptions at `qos`) on a trie and a connection table; at each
+    "publish", yield its topic with both as they are then."""
+    trie = SubscriptionTrie()
+    connected: ConnectionTable[object] = ConnectionTable()
+    for op, a, b in ops:
+        if op == "subscribe":
+            assert b is not None
+            trie.subscribe(a, b, qos)
+        elif op == "unsubscribe":
+            assert b is not None
+            trie.unsubscribe(a, b)
+        elif op == "connect":
+            connected[a] = object()
+        elif op == "disconnect":
+            connected.pop(a, None)
+        else:
+            yield a, trie, connected
+
+
 @settings(max_examples=500)
 @given(operations)
 @example([("subscribe", "a", "c1"), ("publish", "a", None), ("connect", "c1", None),
@@ -211,24 +234,12 @@ operations = st.lists(
 @example([("connect", "c1", None), ("connect", "c2", None), ("subscribe", "a", "c1"),
           ("publish", "a", None), ("subscribe", "+", "c2"), ("publish", "a", None)])  # fmt: skip
 def test_remembered_qos0_plans_equal_fresh_ones_after_any_changes(ops):
-    trie = SubscriptionTrie()
-    connected: ConnectionTable[object] = ConnectionTable()
     routes = DirectRoutes(size=8)
-    no_groups = SharedSubscriptions()
-    for op, a, b in ops:
-        if op == "subscribe":
-            trie.subscribe(a, b, 0)
-        elif op == "unsubscribe":
-            trie.unsubscribe(a, b)
-        elif op == "connect":
-            connected[a] = object()
-        elif op == "disconnect":
-            connected.pop(a, None)
-        else:
-            remembered = routes.plan(a, trie, connected)
-            fresh = plan_route(a, 0, trie, no_groups, connected, connected.__contains__, str)
-            assert sorted(remembered.direct) == sorted(fresh.direct)
-            assert sorted(remembered.peers) == sorted(fresh.peers)
+    for topic, trie, connected in published(ops, 0):
+        remembered = routes.plan(topic, trie, connected)
+        fresh = plan_route(topic, 0, trie, SharedSubscriptions(), connected, bool, str)
+        assert sorted(remembered.direct) == sorted(fresh.direct)
+        assert sorted(remembered.peers) == sorted(fresh.peers)
 
 
 @settings(max_examples=500)
@@ -239,25 +250,13 @@ def test_remembered_qos0_plans_equal_fresh_ones_after_any_changes(ops):
 @example([("subscribe", "a", "c1"), ("publish", "a", None), ("subscribe", "+", "c1"),
           ("publish", "a", None)], 2)  # fmt: skip
 def test_remembered_qos1_and_qos2_plans_equal_fresh_ones_after_any_changes(ops, qos):
-    trie = SubscriptionTrie()
-    connected: ConnectionTable[object] = ConnectionTable()
     routes = DirectRoutes(size=8)
-    no_groups = SharedSubscriptions()
-    for op, a, b in ops:
-        if op == "subscribe":
-            trie.subscribe(a, b, 1)
-        elif op == "unsubscribe":
-            trie.unsubscribe(a, b)
-        elif op == "connect":
-            connected[a] = object()
-        elif op == "disconnect":
-            connected.pop(a, None)
-        else:
-            remembered = routes.queued_plan(a, trie)
-            fresh = plan_route(a, qos, trie, no_groups, connected, connected.__contains__, str)
-            assert sorted(remembered.queues) == sorted(fresh.queues)
-            assert sorted(remembered.readers) == sorted(fresh.readers)
-            assert not (remembered.direct or remembered.peers or remembered.handed)
+    for topic, trie, connected in published(ops, 1):
+        remembered = routes.queued_plan(topic, trie)
+        fresh = plan_route(topic, qos, trie, SharedSubscriptions(), connected, bool, str)
+        assert sorted(remembered.queues) == sorted(fresh.queues)
+        assert sorted(remembered.readers) == sorted(fresh.readers)
+        assert not (remembered.direct or remembered.peers or remembered.handed)
 
 
 def test_every_change_of_the_connection_table_moves_its_version():
