@@ -29,6 +29,7 @@ from bridge.storage.metadata import metadata_size
 
 if TYPE_CHECKING:
     from bridge.listeners.link import Link
+    from bridge.session import Session
 
 log = logging.getLogger("bridge.connection")
 
@@ -122,14 +123,7 @@ class Inbound:
         packet_id = packet.packet_id
         assert packet_id is not None
         if packet.qos == 2 and packet_id in session.inbound_qos2:
-            # A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
-            # that store is durable, never store it twice. (A failed store removes the id.)
-            publish_again(
-                self.publisher,
-                session,
-                packet,
-                lambda error: self._acknowledge(error, 2, packet_id),
-            )
+            self._publish_again(session, packet, packet_id)
             return
         qos = packet.qos
         conn.msgs_in += 1
@@ -139,6 +133,14 @@ class Inbound:
         if self.pending >= self.max_pending and not self._paused_reading:
             self._paused_reading = True
             conn.hold_reading(PAUSED_BY_STORE)
+
+    def _publish_again(self, session: Session, packet: Publish, packet_id: int) -> None:
+        """A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
+        that store is durable, never store it twice (a failed store removes the id). A method
+        of its own: compiled, a lambda in `on_publish` made its closure on every PUBLISH."""
+        publish_again(
+            self.publisher, session, packet, lambda error: self._acknowledge(error, 2, packet_id)
+        )
 
     def _check_v5_properties(self, v5: Version5, packet: Publish) -> bool:
         """Resolve the PUBLISH's Topic Alias and check its payload against its Payload Format

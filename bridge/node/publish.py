@@ -206,9 +206,8 @@ class Publisher:
     def publish_qos0(
         self, session: Session, packet: Publish, delayed: DelayedTopic | None = None
     ) -> None:
-        """A QoS 0 PUBLISH from a client: deliver to online subscribers at once, store unawaited.
-        A `delayed` one (its topic read by the listener) is stored, not awaited, and delivered
-        when due."""
+        """A QoS 0 PUBLISH from a client: delivered to online subscribers at once, stored
+        unawaited. A `delayed` one (topic read by the listener) is stored, delivered when due."""
         if delayed is not None:
             self.publish(session, packet, _log_failure, delayed)
             return
@@ -219,15 +218,7 @@ class Publisher:
             message.properties = from_publish(packet.properties)
         self.metrics.messages_in_qos0 += 1
         if packet.retain:
-            retained = self.retained
-
-            def stored(_seq: int | None, error: BaseException | None) -> None:
-                if error is None:
-                    retained.apply(message)
-                else:
-                    log.warning("QoS 0 message not stored: %s", error)
-
-            self.store.submit(message, (), meta=retained.updates(message), callback=stored)
+            self._store_retained_qos0(message)
         elif self.config.store_qos0:
             try:
                 self.store.append_unqueued(message)
@@ -241,6 +232,19 @@ class Publisher:
                 message, self.direct_routes.plan(message.topic, self.trie, self.connections)
             )
 
+    def _store_retained_qos0(self, message: Message) -> None:
+        """Store a retained QoS 0 message unawaited, kept as retained once durable (a method:
+        a closure in `publish_qos0` made its environment for every message, compiled)."""
+        retained = self.retained
+
+        def stored(_seq: int | None, error: BaseException | None) -> None:
+            if error is None:
+                retained.apply(message)
+            else:
+                log.warning("QoS 0 message not stored: %s", error)
+
+        self.store.submit(message, (), meta=retained.updates(message), callback=stored)
+
     def publish(
         self,
         session: Session,
@@ -251,15 +255,12 @@ class Publisher:
     ) -> None:
         """A QoS 1/2 PUBLISH from a client (or, with `delayed`, the form of its `$delayed/...`
         topic, one of any QoS: stored to be routed when due, `bridge.node.delayed`).
-        `on_durable(seq, None)` is called once the message is durable (then the caller
-        acknowledges) or `on_durable(None, error)` if it could not be stored (then it must
-        not). For QoS 2, `session.inbound_qos2[packet id]` holds a future that completes (with
-        the error or None) at the same time, so a resent PUBLISH with that id is answered
-        without being stored again. `key`: the message's key when it is a resend that may have
-        been stored before under it (`bridge.node.qos2_in`).
-
-        Synchronous up to the store's submit, so calls made in packet order keep that order.
-        """
+        `on_durable(seq, None)` is called once it is durable (the caller acknowledges then), or
+        `on_durable(None, error)` if not stored (it must not). For QoS 2,
+        `session.inbound_qos2[packet id]` holds a future completed (error or None) at the same
+        time: a resend with that id is answered, not stored again. `key`: the key of a resend
+        that may have been stored under it (`bridge.node.qos2_in`). Synchronous up to the
+        store's submit: calls made in packet order keep that order."""
         qos = packet.qos
         message = self.stamper.stamp(
             packet.topic if delayed is None else delayed.topic,
@@ -294,8 +295,8 @@ class Publisher:
         on_durable: DurableCallback,
     ) -> tuple[list[MetaUpdate], DurableCallback]:
         """Hold a QoS 2 PUBLISH's id in the session until the store answers (a resend is not
-        stored twice; a persistent session's record of it goes in `meta`): (meta, the callback
-        settling the id, then calling `on_durable`). A method: QoS 1 makes no closure."""
+        stored twice; a persistent session's record goes in `meta`): (meta, a callback settling
+        the id, then calling `on_durable`). A method: QoS 1 makes no closure."""
         unsettled = Unsettled(message.topic, message.key)
         meta = list(meta)
         if session.persistent:
@@ -324,10 +325,9 @@ class Publisher:
     async def publish_internal(
         self, topic: str, payload: bytes, qos: int, retain: bool, publisher: str
     ) -> Message:
-        """Publish a message that comes from inside the broker (the admin API, `$SYS` statistics,
-        client events) as if a client had: routed to every matching subscription, kept as the
-        retained message if `retain`. Returns once it is durable (QoS 0: stored, not queued);
-        raises StoreUnavailable if it could not be stored."""
+        """Publish a message from inside the broker (admin API, `$SYS` statistics, client
+        events) as a client would: routed to every matching subscription, kept as retained if
+        `retain`. Returns once durable (QoS 0: stored, not queued), or raises StoreUnavailable."""
         message = self.stamper.stamp(topic, payload, qos, retain, publisher)
         meta = self.retained.updates(message) if retain else []
         await self.route(message, meta)
@@ -359,8 +359,7 @@ class Publisher:
         """Store a message on the queues of every matching subscription; once durable, keep it
         as its topic's retained message if flagged so (its record is in `meta`), wake the
         readers, then call `on_durable`. QoS 0 messages (wills) are delivered directly and
-        stored without queues. `started`: its `_clock()` on arrival (0: the store's time is
-        not recorded)."""
+        stored without queues. `started`: its `_clock()` on arrival (0: not timed)."""
         plan = self.plan(message)
         self._send_now(message, plan)
         readers, store = plan.readers, self.store
