@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         totals[n] = int(found.group(1))
         print(f"{args.scenario} {n:>8,} messages: {totals[n]:>16,} instructions")
     per = (totals[large] - totals[small]) / (large - small)
-    print(f"{args.scenario}: {per:,.0f} instructions per message (callgrind files in {out_dir})")
+    kept = f" (callgrind files in {out_dir})" if args.keep is not None else ""
+    print(f"{args.scenario}: {per:,.0f} instructions per message{kept}")
     if args.keep is None:
         shutil.rmtree(out_dir, ignore_errors=True)
     return 0
