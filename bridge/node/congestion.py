@@ -72,7 +72,7 @@ class Congestion:
         read by `readers`: if one of them is connected here and too far behind, hold the
         publisher's acknowledgements (this one included: call this before acknowledging).
 
-        `commit_pass`: the store's `commit_pass` while this commit's callbacks run (-1: none).
+        `commit_pass`: the store's `commit_pass` as these callbacks run (-1: one by one).
         Within one pass the backlogs do not change, so the check made for the first message
         of a publisher on the same (remembered) plan's queues answers for the others: each of
         a commit's 20 messages of one publisher was checked alike."""

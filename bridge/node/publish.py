@@ -592,7 +592,7 @@ class _Durable:
             if readers:
                 publisher.wake_readers(readers, self.queues, local=not self.early)
                 # Before the publisher is acknowledged: a lagging reader holds that ack.
-                commit_pass = getattr(publisher.store, "commit_pass", -1)
+                commit_pass = publisher.store.commit_pass
                 publisher.congestion.stored(message.publisher, self.queues, readers, commit_pass)
             if self.started:
                 publisher.metrics.store_latency.observe(_clock() - self.started)

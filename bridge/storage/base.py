@@ -60,6 +60,10 @@ class MessageStore(Protocol):
     write that takes back messages readers could read calls `on_rewind` (queue -> new end)."""
     read_early: bool
     on_rewind: Callable[[dict[str, int]], None] | None
+    commit_pass: int
+    """Moves before each group of durability callbacks that run with nothing added or made
+    visible between them (a commit's), so a backlog read in one of them reads the same in the
+    others; -1 if callbacks come one by one (a check is then made for each)."""
 
     async def open(self) -> None:
         """Recover and load the store; after this, `meta` and queue ends reflect durable data."""

@@ -47,31 +47,6 @@ class RecordError(ValueError):
 # --- encoding ------------------------------------------------------------------------------------
 
 
-def _put_bytes(parts: list[bytes], data: bytes) -> None:
-    parts.append(len(data).to_bytes(4, "big"))
-    parts.append(data)
-
-
-def _put_meta(parts: list[bytes], meta: Sequence[MetaUpdate]) -> None:
-    parts.append(len(meta).to_bytes(4, "big"))
-    for update in meta:
-        _put_bytes(parts, update.kind.encode())
-        _put_bytes(parts, update.key.encode())
-        if update.value is None:
-            parts.append(_NO_VALUE)
-        else:
-            parts.append(_HAS_VALUE)
-            _put_bytes(parts, update.value)
-
-
-def _frame(parts: list[bytes]) -> tuple[bytes, bytes]:
-    body = b"".join(parts)
-    n = len(body)
-    if n > MAX_BODY:
-        raise ValueError(f"record of {n} bytes exceeds the limit of {MAX_BODY}")
-    return n.to_bytes(4, "big") + _crc32(body).to_bytes(4, "big"), body
-
-
 _crc32: Final = zlib.crc32
 _ZERO_U32: Final = b"\x00\x00\x00\x00"
 _MSG_TYPE_VERSION: Final = bytes((TYPE_MESSAGE, VERSION))
@@ -100,6 +75,31 @@ def _prefixed(text: str) -> bytes:
             _PREFIXED.clear()
         _PREFIXED[text] = known
     return known
+
+
+def _put_bytes(parts: list[bytes], data: bytes) -> None:
+    parts.append(_u32(len(data)))
+    parts.append(data)
+
+
+def _put_meta(parts: list[bytes], meta: Sequence[MetaUpdate]) -> None:
+    parts.append(_u32(len(meta)))
+    for update in meta:
+        _put_bytes(parts, update.kind.encode())
+        _put_bytes(parts, update.key.encode())
+        if update.value is None:
+            parts.append(_NO_VALUE)
+        else:
+            parts.append(_HAS_VALUE)
+            _put_bytes(parts, update.value)
+
+
+def _frame(parts: list[bytes]) -> tuple[bytes, bytes]:
+    body = b"".join(parts)
+    n = len(body)
+    if n > MAX_BODY:
+        raise ValueError(f"record of {n} bytes exceeds the limit of {MAX_BODY}")
+    return n.to_bytes(4, "big") + _crc32(body).to_bytes(4, "big"), body
 
 
 def encode_message(
@@ -131,7 +131,7 @@ def encode_message(
     ]
     props = message.properties
     if props:
-        parts.append(len(props).to_bytes(4, "big"))
+        parts.append(_u32(len(props)))
         for name, value in props.items():
             _put_bytes(parts, name.encode())
             _put_bytes(parts, value.encode())

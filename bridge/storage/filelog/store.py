@@ -168,8 +168,7 @@ class FileLogStore:
         their readers must go back to that end, since the offsets from it on will be given to
         other messages."""
         self.commit_pass = 0
-        """Moves before each commit's durability callbacks run. No message is added or made
-        visible during one pass: a backlog checked there reads the same for each callback."""
+        """See `MessageStore.commit_pass`: moves before each commit's durability callbacks."""
         self._undo: list[Undo] = []
         self._last_written: Segment | None = None
         self._flush_task: asyncio.Task[None] | None = None

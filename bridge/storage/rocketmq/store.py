@@ -127,6 +127,7 @@ class RocketMQStore:
     read_early = False
     on_rewind: Callable[[dict[str, int]], None] | None = None
     exact_backlog_bytes = False
+    commit_pass = -1  # each send's callback comes on its own
 
     def __init__(
         self,
