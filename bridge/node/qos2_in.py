@@ -5,16 +5,23 @@ The first PUBLISH with an id is stored by `Publisher.publish`, which holds the i
 an `Unsettled` marker when a send to the store ended without an answer (RocketMQ: a timeout, or
 a crash between the marker and the send). A resend is acknowledged once the first store is
 durable; an unsettled one asks the store whether the message is there.
+
+A message found there was stored without this node learning so: no answer counted it in its
+queues' ends, and nothing woke their readers (its broker group's master may have died before
+answering, and no later message may ever come to that group's part of the queue). So the ends
+of every queue it may be on are read again from the store, and their readers woken.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bridge.mqtt.delayed import parse_delayed
 from bridge.mqtt.packets import Publish
+from bridge.router.plan import possible_queues
 from bridge.session import Session
 from bridge.state import KIND_QOS2_IN, Unsettled
 from bridge.storage.base import MetaUpdate, StoreUnavailable
@@ -26,6 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("bridge.node")
 
 Ack = Callable[[BaseException | None], None]
+
+REREAD_ATTEMPTS = 30
+REREAD_PAUSE = 1.0
+"""Seconds between reads of the ends that failed (a master's death: until its slave answers)."""
 
 
 def publish_again(publisher: Publisher, session: Session, packet: Publish, ack: Ack) -> None:
@@ -70,6 +81,7 @@ async def _settle(
         )
         session.hold_qos2_in(packet_id, None)
         ack(None)
+        publisher.spawn(_reread_ends(publisher, unsettled.topic))
     else:
         # Stored again under the same key: a reader that had a first copy the store lost track
         # of (a master that died before its slave had it) leaves this one out.
@@ -81,6 +93,35 @@ async def _settle(
             parse_delayed(packet.topic),
             key=unsettled.key,
         )
+
+
+async def _reread_ends(publisher: Publisher, topic: str) -> None:
+    """Read the ends of every part of every queue a message on `topic` may be on, until each
+    answered (or `REREAD_ATTEMPTS` rounds), and wake their readers here and on the peers."""
+    store = publisher.store
+    parts = [
+        p for q in possible_queues(topic, publisher.trie, publisher.shared) for p in store.parts(q)
+    ]
+    for _ in range(REREAD_ATTEMPTS):
+        ends: dict[str, int] = {}
+        failed: list[str] = []
+        for part in parts:
+            try:
+                ends[part] = await store.queue_end(part)
+            except StoreUnavailable:
+                failed.append(part)
+        if ends:
+            publisher.queues_grew(ends)
+        if not failed:
+            return
+        parts = failed
+        await asyncio.sleep(REREAD_PAUSE)
+    log.warning(
+        "ends of %d queue parts of %r not read again after a QoS 2 message was found stored: "
+        "their readers see it with the next message there",
+        len(parts),
+        topic,
+    )
 
 
 async def release(store: MessageStore, session: Session, packet_id: int) -> None:

@@ -35,7 +35,14 @@ from bridge.router.queues import (
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 
-__all__ = ["ConnectionTable", "DirectRoutes", "RoutePlan", "plan_route", "readers_of"]
+__all__ = [
+    "ConnectionTable",
+    "DirectRoutes",
+    "RoutePlan",
+    "plan_route",
+    "possible_queues",
+    "readers_of",
+]
 
 _T = TypeVar("_T")
 
@@ -120,6 +127,17 @@ def plan_route(
             queues.append(shared_queue(share_filter, member))
             readers.append(reader_of(member))
     return plan
+
+
+def possible_queues(topic: str, trie: SubscriptionTrie, shared: SharedSubscriptions) -> list[str]:
+    """Every queue `plan_route` could store a QoS 1/2 message on `topic` on now: one per matching
+    filter, and each member's queue of every matching shared group (the round-robin picks one,
+    which is not known afterwards). For re-reading the ends of where a message landed unseen."""
+    queues = [filter_queue(topic_filter) for topic_filter, _ in trie.match(topic)]
+    if shared:
+        for share_filter, group in shared.match(topic):
+            queues.extend(shared_queue(share_filter, member) for member in group.members)
+    return queues
 
 
 def readers_of(queue: str, trie: SubscriptionTrie, reader_of: Callable[[str], str]) -> list[str]:

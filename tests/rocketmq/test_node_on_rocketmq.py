@@ -238,6 +238,37 @@ def test_qos2_resend_after_an_unanswered_send_is_not_stored_twice(
     _run_node(rocketmq, tmp_path, scenario)
 
 
+def test_a_qos2_message_found_stored_after_an_unanswered_send_reaches_its_subscriber_once(
+    rocketmq: LocalRocketMQ, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As when a master dies after storing a message and before its answer left: the store
+    never counted it in its queue's end, and the resend's lookup finds it (on the slave). Its
+    subscriber must still be sent it, once, with no later message to push it along."""
+    topic = _unique("q2f")
+
+    async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
+        sub, sub_transport = await open_connection(node, "subscriber")
+        sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 2)])))
+        await asyncio.sleep(0.2)
+        pub, transport = await open_connection(node, "publisher")
+        real = store._pipeline._answered
+        monkeypatch.setattr(store._pipeline, "_answered", lambda send, response, error: None)
+        pub.data_received(codec.encode(Publish(f"{topic}/x", b"found", 2, packet_id=5)))
+        await _until(lambda: transport.closed, 10)
+        pub.connection_lost(None)
+        monkeypatch.setattr(store._pipeline, "_answered", real)
+        assert _publishes(sub_transport) == []
+
+        pub, transport = await open_connection(node, "publisher")
+        pub.data_received(codec.encode(Publish(f"{topic}/x", b"found", 2, dup=True, packet_id=5)))
+        await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
+        await _until(lambda: _publishes(sub_transport) != [], 10)
+        await asyncio.sleep(0.5)
+        assert [p.payload for p in _publishes(sub_transport)] == [b"found"]
+
+    _run_node(rocketmq, tmp_path, scenario)
+
+
 def test_qos2_resend_whose_first_send_never_arrived_is_stored(
     rocketmq: LocalRocketMQ, tmp_path: Path
 ) -> None:

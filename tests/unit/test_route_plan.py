@@ -14,7 +14,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bridge.mqtt.topics import topic_matches
-from bridge.router.plan import ConnectionTable, DirectRoutes, plan_route, readers_of
+from bridge.router.plan import (
+    ConnectionTable,
+    DirectRoutes,
+    plan_route,
+    possible_queues,
+    readers_of,
+)
 from bridge.router.queues import (
     client_queue,
     filter_queue,
@@ -139,6 +145,28 @@ def test_qos1_plan_queues_every_matching_filter_and_one_member_per_shared_group(
         picked.append(reader_of(member))
     expected_readers = Counter(s for f in matching_filters for s in table[f]) + Counter(picked)
     assert Counter(plan.readers) == expected_readers
+
+
+@settings(max_examples=300)
+@given(subscriptions, groups, topics, client_sets, st.integers(1, 2), st.integers(1, 4))
+def test_possible_queues_hold_every_queue_any_qos1_plan_picks(
+    subs, members, topic, connected, qos, rounds
+):
+    trie, table, shared, shares = build(subs, members)
+    possible = possible_queues(topic, trie, shared)
+    assert len(possible) == len(set(possible)), "each queue once"
+    for _ in range(rounds):  # each plan advances the groups' round-robins
+        plan = plan_route(
+            topic, qos, trie, shared, connected=connected, reachable=connected.__contains__,
+            reader_of=reader_of,
+        )  # fmt: skip
+        assert set(plan.queues) <= set(possible)
+    matching_filters = [f for f in table if topic_matches(f, topic)]
+    matching_groups = [s for s in shares if topic_matches(inner(s), topic)]
+    expected = [filter_queue(f) for f in matching_filters] + [
+        shared_queue(s, m) for s in matching_groups for m in shares[s]
+    ]
+    assert sorted(possible) == sorted(expected)
 
 
 def test_shared_group_members_take_turns():
