@@ -31,7 +31,9 @@ HOT_PATH = REPO / "tests" / "bench" / "hot_path.py"
 TIMEOUT_S = 1800
 
 
-def count(scenario: str, messages: int, out: Path, pythonpath: str | None) -> subprocess.Popen[str]:
+def count(
+    scenario: str, messages: int, out: Path, pythonpath: str | None, window: int | None
+) -> subprocess.Popen[str]:
     """hot_path.py for `messages` under callgrind, started (its file: `out`)."""
     env = dict(os.environ)
     python = [sys.executable]
@@ -42,6 +44,7 @@ def count(scenario: str, messages: int, out: Path, pythonpath: str | None) -> su
         "valgrind", "--tool=callgrind", "--cache-sim=no", f"--callgrind-out-file={out}",
         *python, str(HOT_PATH), "--rounds", "1", "--scenarios", scenario,
         "--count", str(messages), "--timeout", str(TIMEOUT_S // 2),
+        *(["--window", str(window)] if window else []),
     ]  # fmt: skip
     return subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -54,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--counts", default="5000,15000", help="two message counts, smaller first")
     ap.add_argument("--pythonpath", help="measure the bridge of this worktree")
     ap.add_argument("--keep", type=Path, help="keep the callgrind files in this directory")
+    ap.add_argument(
+        "--window",
+        type=int,
+        help="hot_path.py's messages in flight (its default: 20); a small one shows what each "
+        "commit and read costs besides its messages",
+    )
     args = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("valgrind not found: apt-get install valgrind", file=sys.stderr)
@@ -67,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.keep or Path(tempfile.mkdtemp(prefix="instructions-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = {
-        n: count(args.scenario, n, out_dir / f"callgrind.{n}", args.pythonpath)
+        n: count(args.scenario, n, out_dir / f"callgrind.{n}", args.pythonpath, args.window)
         for n in (small, large)
     }
     totals = {}
