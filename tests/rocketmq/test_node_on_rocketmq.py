@@ -210,28 +210,37 @@ def test_notify_reads_everything_and_says_so_when_the_broker_refuses_property_fi
     assert len(refused) == 1
 
 
+async def _resent_after_an_unanswered_send(
+    node: Node, store: RocketMQStore, monkeypatch: pytest.MonkeyPatch, topic: str, payload: bytes
+) -> Any:
+    """A QoS 2 subscriber of `topic/#`; a publisher's PUBLISH of `payload` to `topic/x` that the
+    broker stores but whose answer is lost (the send times out, the connection closes, no
+    PUBREC); then its resend (DUP), PUBRECed. Returns the subscriber's recording transport."""
+    sub, sub_transport = await open_connection(node, "subscriber")
+    sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 2)])))
+    await asyncio.sleep(0.2)
+    pub, transport = await open_connection(node, "publisher")
+    real = store._pipeline._answered
+    monkeypatch.setattr(store._pipeline, "_answered", lambda send, response, error: None)
+    pub.data_received(codec.encode(Publish(f"{topic}/x", payload, 2, packet_id=5)))
+    await _until(lambda: transport.closed, 10)
+    assert not any(isinstance(p, Pubrec) for p in transport.packets())
+    pub.connection_lost(None)
+    monkeypatch.setattr(store._pipeline, "_answered", real)
+
+    pub, transport = await open_connection(node, "publisher")
+    pub.data_received(codec.encode(Publish(f"{topic}/x", payload, 2, dup=True, packet_id=5)))
+    await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
+    return sub_transport
+
+
 def test_qos2_resend_after_an_unanswered_send_is_not_stored_twice(
     rocketmq: LocalRocketMQ, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topic = _unique("q2")
 
     async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
-        sub, _ = await open_connection(node, "subscriber")
-        sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 2)])))
-        await asyncio.sleep(0.2)
-        pub, transport = await open_connection(node, "publisher")
-        # The broker stores the message but its answer is lost: the send times out.
-        real = store._pipeline._answered
-        monkeypatch.setattr(store._pipeline, "_answered", lambda send, response, error: None)
-        pub.data_received(codec.encode(Publish(f"{topic}/x", b"once", 2, packet_id=5)))
-        await _until(lambda: transport.closed, 10)
-        assert not any(isinstance(p, Pubrec) for p in transport.packets())
-        pub.connection_lost(None)
-        monkeypatch.setattr(store._pipeline, "_answered", real)
-
-        pub, transport = await open_connection(node, "publisher")
-        pub.data_received(codec.encode(Publish(f"{topic}/x", b"once", 2, dup=True, packet_id=5)))
-        await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
+        await _resent_after_an_unanswered_send(node, store, monkeypatch, topic, b"once")
         (part,) = store.parts(f"f:{topic}/#")  # one broker group: one part
         assert await store.queue_end(part) == 1  # stored once, not twice
 
@@ -247,21 +256,9 @@ def test_a_qos2_message_found_stored_after_an_unanswered_send_reaches_its_subscr
     topic = _unique("q2f")
 
     async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
-        sub, sub_transport = await open_connection(node, "subscriber")
-        sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 2)])))
-        await asyncio.sleep(0.2)
-        pub, transport = await open_connection(node, "publisher")
-        real = store._pipeline._answered
-        monkeypatch.setattr(store._pipeline, "_answered", lambda send, response, error: None)
-        pub.data_received(codec.encode(Publish(f"{topic}/x", b"found", 2, packet_id=5)))
-        await _until(lambda: transport.closed, 10)
-        pub.connection_lost(None)
-        monkeypatch.setattr(store._pipeline, "_answered", real)
-        assert _publishes(sub_transport) == []
-
-        pub, transport = await open_connection(node, "publisher")
-        pub.data_received(codec.encode(Publish(f"{topic}/x", b"found", 2, dup=True, packet_id=5)))
-        await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
+        sub_transport = await _resent_after_an_unanswered_send(
+            node, store, monkeypatch, topic, b"found"
+        )
         await _until(lambda: _publishes(sub_transport) != [], 10)
         await asyncio.sleep(0.5)
         assert [p.payload for p in _publishes(sub_transport)] == [b"found"]
