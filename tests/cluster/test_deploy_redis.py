@@ -12,6 +12,7 @@ import contextlib
 import socket
 import socketserver
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -104,6 +105,48 @@ def test_acknowledged_writes_survive_kill_9_and_restart(tmp_path: Path, appendfs
             assert client.get("key:1999") == "1999"
             assert client.lrange("list", 0, -1) == [str(i) for i in range(100)]
         assert "DB loaded from append only file" in server.log_tail(lines=200)
+
+
+ZOMBIE_LEADER = """
+import ctypes, socket, threading, time
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+threading.Thread(target=time.sleep, args=(120,)).start()
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the other holds the socket
+"""
+
+
+@pytest.mark.parametrize("deploy", ["redis", "haproxy"])
+def test_a_process_counts_as_running_while_a_thread_holds_its_files_after_its_main_thread_ended(
+    deploy: str,
+) -> None:
+    """Killed, Redis's main thread turns zombie before a background thread in an fsync has
+    closed the process's files: `kill.sh` and `stop.sh` must wait for every thread, or the port
+    is still open when they return (a CI run of the kill -9 test above saw just that)."""
+    lib = SCRIPTS.parent / deploy / "lib.sh"
+
+    def alive(pid: int) -> bool:
+        check = subprocess.run(["bash", "-c", f'. "{lib}"; alive {pid}'], check=False)
+        return check.returncode == 0
+
+    def main_thread_state(pid: int) -> str:
+        ps = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+        return ps.stdout.strip()
+
+    with subprocess.Popen(
+        [sys.executable, "-c", ZOMBIE_LEADER], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            port = int(proc.stdout.readline())
+            wait_until(lambda: main_thread_state(proc.pid).startswith("Z") or None, 10, "a zombie")
+            assert _port_open(port)
+            assert alive(proc.pid)
+            proc.kill()
+            wait_until(lambda: not alive(proc.pid) or None, 10, "every thread gone")
+            assert not _port_open(port)
+        finally:
+            proc.kill()
 
 
 def test_start_fails_clearly_when_the_port_is_taken(tmp_path: Path) -> None:
