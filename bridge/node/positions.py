@@ -9,7 +9,6 @@ backlogs) works on parts as on any queue.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable
 
 from bridge.session import Session
@@ -123,13 +122,19 @@ def start_new_parts(store: MessageStore, session: Session) -> bool:
     return changed
 
 
-async def reread_ends(store: MessageStore, parts: Iterable[str], limit: asyncio.Semaphore) -> None:
+async def reread_ends(
+    store: MessageStore, parts: Iterable[str], limit: asyncio.Semaphore
+) -> list[str]:
     """Ask the store for the end of each of `parts` (at most `limit` at once); one it cannot
-    tell is left as it is known."""
+    tell is left as it is known. Returns those it could not tell."""
+    failed: list[str] = []
 
     async def reread(part: str) -> None:
         async with limit:
-            with contextlib.suppress(StoreUnavailable):
+            try:
                 await store.queue_end(part)
+            except StoreUnavailable:
+                failed.append(part)
 
     await asyncio.gather(*(reread(part) for part in parts))
+    return failed

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from bridge.mqtt.delayed import parse_delayed
 from bridge.mqtt.packets import Publish
+from bridge.node.positions import reread_ends
 from bridge.router.plan import possible_queues
 from bridge.session import Session
 from bridge.state import KIND_QOS2_IN, Unsettled
@@ -35,6 +36,7 @@ log = logging.getLogger("bridge.node")
 Ack = Callable[[BaseException | None], None]
 
 REREAD_ATTEMPTS = 30
+REREAD_AT_ONCE = 8
 REREAD_PAUSE = 1.0
 """Seconds between reads of the ends that failed (a master's death: until its slave answers)."""
 
@@ -102,14 +104,10 @@ async def _reread_ends(publisher: Publisher, topic: str) -> None:
     parts = [
         p for q in possible_queues(topic, publisher.trie, publisher.shared) for p in store.parts(q)
     ]
+    limit = asyncio.Semaphore(REREAD_AT_ONCE)
     for _ in range(REREAD_ATTEMPTS):
-        ends: dict[str, int] = {}
-        failed: list[str] = []
-        for part in parts:
-            try:
-                ends[part] = await store.queue_end(part)
-            except StoreUnavailable:
-                failed.append(part)
+        failed = await reread_ends(store, parts, limit)
+        ends = {part: store.end_offset(part) for part in parts if part not in failed}
         if ends:
             publisher.queues_grew(ends)
         if not failed:
