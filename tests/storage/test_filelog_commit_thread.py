@@ -103,3 +103,32 @@ def test_a_batch_that_needs_no_sync_is_written_on_the_loop_while_the_disk_is_slo
         await store.close()
 
     run(body())
+
+
+def test_a_commit_on_the_loop_runs_as_a_callback_without_a_task(
+    tmp_path: Path, run: Run[Any], disk: Disk
+) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path, inline_commit_seconds=0.002)
+        before = asyncio.all_tasks()
+        waiters = [store.submit(msg(i), ["q"]) for i in range(3)]
+        assert asyncio.all_tasks() == before  # the commit is scheduled, no task made for it
+        seqs = [await w for w in waiters if w is not None]
+        assert len(seqs) == 3 and seqs == sorted(seqs)
+        assert disk.threads == [threading.get_ident()]  # one commit, on the loop
+        await store.close()
+
+    run(body())
+
+
+def test_close_waits_for_a_commit_that_is_only_scheduled(tmp_path: Path, run: Run[Any]) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path)
+        waiter = store.submit(msg(0), ["q"])
+        await store.close()  # before the commit's callback ran
+        assert waiter is not None and waiter.done() and waiter.exception() is None
+        again = await opened(tmp_path)
+        assert [s.message.payload for s in await read_all(again, "q")] == [msg(0).payload]
+        await again.close()
+
+    run(body())

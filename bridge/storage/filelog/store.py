@@ -42,38 +42,22 @@ from bridge.storage.filelog.index import QueueIndex, RecordCache
 from bridge.storage.filelog.maintenance import SNAPSHOT_NAME, LogMaintenance
 from bridge.storage.filelog.reading import LogReader
 from bridge.storage.filelog.segments import SegmentLog
-from bridge.storage.filelog.undo import Undo, apply_meta, take_back
+from bridge.storage.filelog.undo import (
+    Batch,
+    DurableCallback,
+    Undo,
+    Waiter,
+    apply_meta,
+    made_durable,
+    resolve,
+    take_back,
+)
 from bridge.storage.records import encode_message, encode_meta
 
 log = logging.getLogger("bridge.storage")
 
 COMMIT_AVERAGE_WEIGHT: Final = 0.2
 """Weight of the latest group commit in the running average of their durations."""
-
-DurableCallback = Callable[[int | None, BaseException | None], None]
-Waiter = asyncio.Future[Any] | DurableCallback
-
-
-def _resolve(waiters: list[tuple[Waiter, int | None]], error: BaseException | None) -> None:
-    """Complete every waiter of a commit: futures get the seq or the error, callbacks are
-    called at once (no scheduling round trip: this is every QoS 1 acknowledgement)."""
-    future = asyncio.Future  # read once, not per waiter
-    for waiter, result in waiters:
-        if isinstance(waiter, future):
-            if not waiter.done():
-                if error is None:
-                    waiter.set_result(result)
-                else:
-                    waiter.set_exception(error)
-        else:
-            try:
-                if error is None:
-                    waiter(result, None)
-                else:
-                    waiter(None, error)
-            except Exception:
-                log.exception("a durability callback failed")
-
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -134,7 +118,7 @@ class FileLogStore:
         self.snapshot_every_bytes = snapshot_every_bytes
         self.inline_commit_seconds = inline_commit_seconds
         """A group commit runs on the event loop's thread while commits take at most this long
-        on average (0: always on the writer thread); see `_flusher`."""
+        on average (0: always on the writer thread); see `_flush_soon`."""
         self.preallocate_bytes = preallocate_bytes
         """Zeros written after the records whenever the active segment's file grows (never past
         `segment_bytes`), so that the commits after it overwrite them (`files.write_batch`);
@@ -171,6 +155,7 @@ class FileLogStore:
         """See `MessageStore.commit_pass`: moves before each commit's durability callbacks."""
         self._undo: list[Undo] = []
         self._last_written: Segment | None = None
+        self._flushing = False  # a commit is due or running (`_flush_soon`, `_flush_task`)
         self._flush_task: asyncio.Task[None] | None = None
         self._stats: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
         self._reader = LogReader(self._log, self._queues, self._cache, self._stats, self._run_io)
@@ -219,8 +204,11 @@ class FileLogStore:
             return
         self._state = _CLOSING
         try:
-            while self._flush_task is not None:
-                await asyncio.shield(self._flush_task)
+            while self._flushing:
+                if self._flush_task is not None:
+                    await asyncio.shield(self._flush_task)
+                else:
+                    await asyncio.sleep(0)
             await self._maintenance.settle()
             if self._broken is None:
                 await self._maintenance.snapshot()
@@ -363,19 +351,12 @@ class FileLogStore:
         return seq
 
     async def put_meta(self, updates: Sequence[MetaUpdate], *, durable: bool = True) -> None:
-        self._check_usable()
-        if not updates:
-            return
-        try:
-            header, body = encode_meta(updates)
-        except struct.error as exc:
-            raise ValueError(f"meta update out of range: {exc}") from None
-        seq = self._add_record(header, body)
-        self._undo.append((seq, [], apply_meta(self._meta, updates)))
         if durable:
-            waiter: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
-            self._waiters.append((waiter, None))
-            await waiter
+            await self.submit_meta(updates)
+            return
+        self._check_usable()
+        if updates:
+            self._add_meta(updates)
 
     def submit_meta(self, updates: Sequence[MetaUpdate]) -> asyncio.Future[None]:
         """Apply keyed-record updates in memory now; the future completes once they are durable
@@ -384,17 +365,20 @@ class FileLogStore:
         self._check_usable()
         loop = self._loop or asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        if not updates:
+        if updates:
+            self._add_meta(updates)
+            self._waiters.append((waiter, None))
+        else:
             waiter.set_result(None)
-            return waiter
+        return waiter
+
+    def _add_meta(self, updates: Sequence[MetaUpdate]) -> None:
         try:
             header, body = encode_meta(updates)
         except struct.error as exc:
             raise ValueError(f"meta update out of range: {exc}") from None
         seq = self._add_record(header, body)
         self._undo.append((seq, [], apply_meta(self._meta, updates)))
-        self._waiters.append((waiter, None))
-        return waiter
 
     def _add_record(self, header: bytes, body: bytes) -> int:
         """Queue a framed record for the next group commit; returns its seq."""
@@ -409,8 +393,9 @@ class FileLogStore:
         parts.append(header)
         parts.append(body)
         self._pending_bytes += n
-        if self._flush_task is None:
-            self._flush_task = self._loop.create_task(self._flusher())  # type: ignore[union-attr]
+        if not self._flushing:
+            self._flushing = True
+            self._loop.call_soon(self._flush_soon, 2)  # type: ignore[union-attr]
         return seq
 
     def _barrier(self) -> asyncio.Future[Any]:
@@ -424,70 +409,90 @@ class FileLogStore:
             fut.set_result(None)
         return fut
 
-    async def _flusher(self) -> None:
+    def _flush_soon(self, yields: int) -> None:
+        """The group commit: a loop callback, not a task per commit (a fifth of a commit's round).
+        While records read early wait (`_early`) it first lets `yields` loop turns go: the readers
+        they woke send while it runs. A fast disk's write + fsync is quicker than a round trip to
+        the writer thread; a slow disk's goes there (`_slow_steps`) until the average of synced
+        commits is low again; a batch with no sync (QoS 0 for analytics) stays on the loop."""
+        while self._pending and self._broken is None:
+            if self._early and yields > 0:
+                self._loop.call_soon(self._flush_soon, yields - 1)  # type: ignore[union-attr]
+                return
+            self._early, yields = False, 2
+            need_sync = bool(self._waiters) or any(u[1] for u in self._undo)
+            inline = self.inline_commit_seconds
+            if inline <= 0 or (need_sync and self._commit_average > inline):
+                self._slow_commit(need_sync, None)
+                return
+            batch = self._take_batch()
+            try:
+                seconds, fsyncs = write_batch(
+                    batch[0], self.log_dir, self.fsync, _write_all, need_sync,
+                    self._last_written, self.preallocate_bytes, self.segment_bytes,
+                )  # fmt: skip
+            except Exception as exc:
+                self._slow_commit(need_sync, (batch[2], exc))
+                return
+            self._committed(batch, need_sync, seconds, fsyncs)
+        if self._broken is not None:
+            waiters, self._waiters, self._pending = self._waiters, [], []
+            resolve(waiters, StoreUnavailable(f"the store failed: {self._broken}"))
+        self._flushing = False
+
+    def _slow_commit(self, need_sync: bool, failed: tuple[int, BaseException] | None) -> None:
         loop = self._loop
         assert loop is not None
+        self._flush_task = loop.create_task(self._slow_steps(need_sync, failed))
+
+    async def _slow_steps(self, need_sync: bool, failed: tuple[int, BaseException] | None) -> None:
+        """A commit on the writer thread, or the rollback of a failed write; then the rest."""
         try:
-            while self._pending and self._broken is None:
-                if self._early:
-                    # Readers woken by records read early run first (`Delivery.wake` is a
-                    # call_soon made after this task's): their sends overlap this commit.
-                    self._early = False
-                    await asyncio.sleep(0)
-                    await asyncio.sleep(0)
-                chunks = [(seg, b"".join(parts)) for seg, parts in self._pending]
-                waiters = self._waiters
-                start, end, records = self._log.durable, self._log.pos, len(self._undo)
-                self._pending, self._waiters, self._pending_bytes = [], [], 0
-                self._inflight = waiters
-                need_sync = bool(waiters) or any(u[1] for u in self._undo[:records])
+            if failed is None:
+                batch = self._take_batch()
                 try:
-                    # A fast disk's write + fsync takes less than handing it to the writer
-                    # thread and back (two thread wake-ups and the GIL). A slow disk's would stall
-                    # every client of the loop: it goes to the writer thread, and comes back once
-                    # the average of synced commits (kept from both places) is low again. A batch
-                    # that needs no sync (QoS 0 for analytics) is a copy into the page cache: on
-                    # the loop, since a busy loop hands the thread the GIL only every few ms.
-                    batch = (
-                        chunks, self.log_dir, self.fsync, _write_all, need_sync,
-                        self._last_written, self.preallocate_bytes, self.segment_bytes,
+                    seconds, fsyncs = await self._loop.run_in_executor(  # type: ignore[union-attr]
+                        self._wexec, write_batch, batch[0], self.log_dir, self.fsync, _write_all,
+                        need_sync, self._last_written, self.preallocate_bytes, self.segment_bytes,
                     )  # fmt: skip
-                    inline = self.inline_commit_seconds
-                    if inline > 0 and (self._commit_average <= inline or not need_sync):
-                        seconds, fsyncs = write_batch(*batch)
-                    else:
-                        seconds, fsyncs = await loop.run_in_executor(
-                            self._wexec, write_batch, *batch
-                        )
                 except Exception as exc:
-                    await self._write_failed(start, exc)
-                    continue
-                if need_sync:
-                    self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
-                self._inflight = None
-                self._last_written = chunks[-1][0]
-                self._log.durable = end
-                undo = self._undo
-                for i in range(records):
-                    for q in undo[i][1]:
-                        q.durable += 1
-                        if q.visible < q.durable:
-                            q.visible = q.durable
-                del undo[:records]
-                self._cache.evict(end)
-                stats = self._stats
-                stats["commits"] += 1
-                stats["fsyncs"] += fsyncs
-                stats["committed_bytes"] += end - start
-                stats["last_commit_seconds"] = seconds
-                stats["last_commit_records"] = records
-                self.commit_pass += 1
-                _resolve(waiters, None)
-                self._maintenance.after_commit(self.retention_check_interval)
-            if self._broken is not None:
-                self._fail_pending(self._broken)
+                    failed = (batch[2], exc)
+                else:
+                    self._committed(batch, need_sync, seconds, fsyncs)
+            if failed is not None:
+                await self._write_failed(failed[0], failed[1])
+        except BaseException:
+            self._flushing = False
+            raise
         finally:
             self._flush_task = None
+        self._flush_soon(2)
+
+    def _take_batch(self) -> Batch:
+        chunks = [(seg, b"".join(parts)) for seg, parts in self._pending]
+        waiters = self._inflight = self._waiters
+        self._pending, self._waiters, self._pending_bytes = [], [], 0
+        return chunks, waiters, self._log.durable, self._log.pos, len(self._undo)
+
+    def _committed(self, batch: Batch, need_sync: bool, seconds: float, fsyncs: int) -> None:
+        """A batch is written (and synced): its records become durable, its waiters are told."""
+        chunks, waiters, start, end, records = batch
+        if need_sync:
+            self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
+        self._inflight = None
+        self._last_written = chunks[-1][0]
+        self._log.durable = end
+        made_durable(self._undo, records)
+        self._cache.evict(end)
+        stats = self._stats
+        stats["commits"] += 1
+        stats["fsyncs"] += fsyncs
+        stats["committed_bytes"] += end - start
+        stats["last_commit_seconds"] = seconds
+        stats["last_commit_records"] = records
+        self.commit_pass += 1
+        resolve(waiters, None)
+        self._maintenance.after_commit(self.retention_check_interval)
 
     async def _write_failed(self, start: int, exc: BaseException) -> None:
         """Undo everything from `start` on, in memory and on disk, and fail its waiters."""
@@ -517,11 +522,7 @@ class FileLogStore:
             log.critical("cannot roll the log back after a failed write: %s", exc2)
             self._broken = exc2
         # Waiters learn of the failure only once the rollback is done.
-        _resolve(waiters, StoreUnavailable(f"writing the log failed: {exc}"))
-
-    def _fail_pending(self, exc: BaseException) -> None:
-        waiters, self._waiters, self._pending = self._waiters, [], []
-        _resolve(waiters, StoreUnavailable(f"the store failed: {exc}"))
+        resolve(waiters, StoreUnavailable(f"writing the log failed: {exc}"))
 
     # --- reading ---------------------------------------------------------------------------------
 
