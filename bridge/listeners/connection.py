@@ -106,8 +106,7 @@ class Connection(asyncio.Protocol):
         """The protocol level the client speaks (3, 4 or 5; 4 until its CONNECT is read)."""
         self.shared_encoding = 4
         """Which QoS 0 PUBLISH encoded once per fan-out the client takes (see `ClientLink`)."""
-        self.max_packet_out = NO_LIMIT
-        """The largest packet the client accepts (its v5 Maximum Packet Size)."""
+        self.max_packet_out = NO_LIMIT  # the client's v5 Maximum Packet Size
         self._inbound: Inbound | None = None
         self.pacer: ReadPacer | None = None
         """The client's publish rate limits (None: unlimited, the one check the hot path makes)."""
@@ -126,8 +125,7 @@ class Connection(asyncio.Protocol):
         self.close_reason = ""
         self.listener = "tcp"
         """The kind of listener the client came through: tcp, tls, ws or wss."""
-        self.keepalive = 0
-        """The keepalive granted, in seconds (0: none)."""
+        self.keepalive = 0  # granted, in seconds (0: none)
         self.connected_at = 0.0
         # Metering (`bridge.operations.metering` collects and resets these): PUBLISHes, payload.
         self.msgs_in = 0
@@ -439,7 +437,9 @@ class Connection(asyncio.Protocol):
                 return
             kind = type(packet)
             if kind is Publish:  # the two packets of every QoS 1 message: called directly
-                self.inbound.on_publish(packet)
+                if self.inbound.on_publish(packet):
+                    self.msgs_in += 1
+                    self.payload_in += len(packet.payload)
                 return
             if kind is Puback:
                 outbound_acks.on_puback(self, packet)

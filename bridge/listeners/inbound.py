@@ -66,14 +66,16 @@ class Inbound:
 
     # -- PUBLISH ---------------------------------------------------------------------------------
 
-    def on_publish(self, packet: Publish) -> None:
+    def on_publish(self, packet: Publish) -> bool:
+        """Check a PUBLISH and hand it to the node; True if it was taken (the connection counts
+        it then: its own attributes, native there, where this module sees it as a `Link`)."""
         conn = self.conn
         session = conn.session
         assert session is not None
         v5 = conn.v5
         if v5 is not None:
             if packet.properties and not self._check_v5_properties(v5, packet):
-                return
+                return False
             if (
                 packet.qos
                 and self.pending + self.unreleased >= conn.receive_maximum
@@ -84,7 +86,7 @@ class Inbound:
                     "unacknowledged (MQTT-3.3.4-9)",
                     reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 )
-                return
+                return False
         # Node.check_topic_limits, without a call into interpreted code
         error = topic_limit_error(packet.topic, self.max_topic_length, self.max_topic_levels)
         if error:
@@ -92,14 +94,14 @@ class Inbound:
                 f"PUBLISH to {packet.topic[:64]!r}: {error}",
                 reason_code=ReasonCode.TOPIC_NAME_INVALID,
             )
-            return
+            return False
         topic = packet.topic  # for a delayed publish: its target, which the checks apply to
         delayed = None
         if topic.startswith("$"):
             if is_delayed(topic):
                 delayed = self._delayed_target(packet)
                 if delayed is None:
-                    return
+                    return False
                 topic = delayed.topic
             if topic.startswith("$SYS"):
                 self._refuse(
@@ -108,31 +110,28 @@ class Inbound:
                     "dropped_sys_publish",
                     "$SYS topics are the broker's",
                 )
-                return
+                return False
         acl = self.acl
         if acl.rules is not None and not acl.allows(PUBLISH, conn.client_id, conn.username, topic):
             self._refuse(
                 packet, ReasonCode.NOT_AUTHORIZED, "acl_denied_publish", "denied by the ACL"
             )
-            return
+            return False
         if packet.qos == 0:
-            conn.msgs_in += 1
-            conn.payload_in += len(packet.payload)
             self.publisher.publish_qos0(session, packet, delayed)
-            return
+            return True
         packet_id = packet.packet_id
         assert packet_id is not None
         if packet.qos == 2 and packet_id in session.inbound_qos2:
             self._publish_again(session, packet, packet_id)
-            return
+            return False
         qos = packet.qos
-        conn.msgs_in += 1
-        conn.payload_in += len(packet.payload)
         self.pending += 1  # before publish: a failing store may call back at once
         self.publisher.publish(session, packet, _Acknowledge(self, qos, packet_id), delayed)
         if self.pending >= self.max_pending and not self._paused_reading:
             self._paused_reading = True
             conn.hold_reading(PAUSED_BY_STORE)
+        return True
 
     def _publish_again(self, session: Session, packet: Publish, packet_id: int) -> None:
         """A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once

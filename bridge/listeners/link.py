@@ -28,8 +28,6 @@ class Link(Protocol):
     username: str | None
     closed: bool
     receive_maximum: int
-    msgs_in: int
-    payload_in: int
 
     @property
     def pacer(self) -> object:

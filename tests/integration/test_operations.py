@@ -175,7 +175,7 @@ def test_metrics_count_known_traffic_exactly(
     assert value("mqtt_bridge_bytes_sent_total") > 0
 
 
-def test_metering_counts_per_client_and_user_arrive_in_redis_exactly(
+def test_metering_counts_per_client_and_user_arrive_in_redis_exactly_without_refused_publishes(
     bridge_factory: Callable[..., BridgeProcess], redis_server: LocalRedis
 ) -> None:
     cluster = f"m{uuid.uuid4().hex[:8]}"
@@ -194,6 +194,8 @@ def test_metering_counts_per_client_and_user_arrive_in_redis_exactly(
         publisher = RawClient(node.port)
         publisher.send(Connect("meter-pub", username="acme", password=b"-"))
         assert publisher.recv().return_code == 0
+        # Refused ($SYS is the broker's), and PUBACKed all the same (3.1.1 cannot say no).
+        publisher.publish("$SYS/meter", b"refused, not metered", qos=1, packet_id=99)
         for index, payload in enumerate(payloads):
             publisher.publish("meter/t", payload, qos=index % 2, packet_id=index + 1)
         assert len(sub.drain(4, timeout=10)) == 4
