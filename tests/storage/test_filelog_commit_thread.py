@@ -132,3 +132,38 @@ def test_close_waits_for_a_commit_that_is_only_scheduled(tmp_path: Path, run: Ru
         await again.close()
 
     run(body())
+
+
+def test_an_error_in_a_commits_bookkeeping_does_not_stop_later_commits(
+    tmp_path: Path, run: Run[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path)
+        loop = asyncio.get_running_loop()
+        errors: list[BaseException] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context["exception"]))
+        maintenance = store._maintenance
+        real = maintenance.after_commit
+
+        def broken(interval: float) -> None:
+            maintenance.after_commit = real  # type: ignore[method-assign]
+            raise RuntimeError("a bug after the commit")
+
+        maintenance.after_commit = broken  # type: ignore[method-assign]
+        first = store.submit(msg(0), ["q"])
+        assert first is not None
+        assert await first >= 0  # durable: the error came after the waiters were told
+        for _ in range(100):
+            if errors:
+                break
+            await asyncio.sleep(0)
+        assert [str(e) for e in errors] == ["a bug after the commit"]
+        second = await asyncio.wait_for(store.append(msg(1), ["q"]), timeout=5)
+        assert second > 0  # the store commits again
+        assert [s.message.payload for s in await read_all(store, "q")] == [
+            msg(0).payload,
+            msg(1).payload,
+        ]
+        await store.close()
+
+    run(body())

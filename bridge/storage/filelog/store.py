@@ -56,8 +56,7 @@ from bridge.storage.records import encode_message, encode_meta
 
 log = logging.getLogger("bridge.storage")
 
-COMMIT_AVERAGE_WEIGHT: Final = 0.2
-"""Weight of the latest group commit in the running average of their durations."""
+COMMIT_AVERAGE_WEIGHT: Final = 0.2  # of the latest commit in the running average of durations
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -204,11 +203,9 @@ class FileLogStore:
             return
         self._state = _CLOSING
         try:
-            while self._flushing:
-                if self._flush_task is not None:
-                    await asyncio.shield(self._flush_task)
-                else:
-                    await asyncio.sleep(0)
+            while self._flushing:  # a commit due on the loop, or its slow steps in a task
+                task = self._flush_task
+                await (asyncio.shield(task) if task is not None else asyncio.sleep(0))
             await self._maintenance.settle()
             if self._broken is None:
                 await self._maintenance.snapshot()
@@ -412,38 +409,41 @@ class FileLogStore:
     def _flush_soon(self, yields: int) -> None:
         """The group commit: a loop callback, not a task per commit (a fifth of a commit's round).
         While records read early wait (`_early`) it first lets `yields` loop turns go: the readers
-        they woke send while it runs. A fast disk's write + fsync is quicker than a round trip to
-        the writer thread; a slow disk's goes there (`_slow_steps`) until the average of synced
-        commits is low again; a batch with no sync (QoS 0 for analytics) stays on the loop."""
-        while self._pending and self._broken is None:
-            if self._early and yields > 0:
-                self._loop.call_soon(self._flush_soon, yields - 1)  # type: ignore[union-attr]
-                return
-            self._early, yields = False, 2
-            need_sync = bool(self._waiters) or any(u[1] for u in self._undo)
-            inline = self.inline_commit_seconds
-            if inline <= 0 or (need_sync and self._commit_average > inline):
-                self._slow_commit(need_sync, None)
-                return
-            batch = self._take_batch()
-            try:
-                seconds, fsyncs = write_batch(
-                    batch[0], self.log_dir, self.fsync, _write_all, need_sync,
-                    self._last_written, self.preallocate_bytes, self.segment_bytes,
-                )  # fmt: skip
-            except Exception as exc:
-                self._slow_commit(need_sync, (batch[2], exc))
-                return
-            self._committed(batch, need_sync, seconds, fsyncs)
+        they woke send meanwhile. A fast disk's write + fsync beats a round trip to the writer
+        thread; a slow disk's goes there (`_slow_steps`) until the average of synced commits is
+        low again; a batch with no sync (QoS 0 for analytics) stays on the loop."""
+        try:
+            while self._pending and self._broken is None:
+                if self._early and yields > 0:
+                    self._loop.call_soon(self._flush_soon, yields - 1)  # type: ignore[union-attr]
+                    return
+                self._early, yields = False, 2
+                need_sync = bool(self._waiters) or any(u[1] for u in self._undo)
+                inline = self.inline_commit_seconds
+                if inline <= 0 or (need_sync and self._commit_average > inline):
+                    self._slow_commit(need_sync, None)
+                    return
+                batch = self._take_batch()
+                try:
+                    seconds, fsyncs = write_batch(
+                        batch[0], self.log_dir, self.fsync, _write_all, need_sync,
+                        self._last_written, self.preallocate_bytes, self.segment_bytes,
+                    )  # fmt: skip
+                except Exception as exc:
+                    self._slow_commit(need_sync, (batch[2], exc))
+                    return
+                self._committed(batch, need_sync, seconds, fsyncs)
+        except BaseException:
+            self._flushing = False  # a bug's exception: the next append commits again, no hang
+            raise
         if self._broken is not None:
             waiters, self._waiters, self._pending = self._waiters, [], []
             resolve(waiters, StoreUnavailable(f"the store failed: {self._broken}"))
         self._flushing = False
 
     def _slow_commit(self, need_sync: bool, failed: tuple[int, BaseException] | None) -> None:
-        loop = self._loop
-        assert loop is not None
-        self._flush_task = loop.create_task(self._slow_steps(need_sync, failed))
+        slow = self._slow_steps(need_sync, failed)
+        self._flush_task = self._loop.create_task(slow)  # type: ignore[union-attr]
 
     async def _slow_steps(self, need_sync: bool, failed: tuple[int, BaseException] | None) -> None:
         """A commit on the writer thread, or the rollback of a failed write; then the rest."""
