@@ -33,14 +33,9 @@ use_data_dir() {
     LOG_FILE="$DATA_DIR/haproxy.log"
 }
 
-# alive PID: a thread of the process has not exited. A zombie counts as gone: the init of a
-# container may reap orphans late, and `kill -0` succeeds on a zombie. But every thread is
-# looked at: a killed process's main thread turns zombie first, and another one (Redis's in an
-# fsync) can still hold the process's files, its listening socket among them, a moment longer.
-alive() {
-    local states
-    states=$(ps -L -o stat= -p "$1" 2>/dev/null) && grep -qv '^Z' <<<"$states"
-}
+# alive PID (deploy/process.sh): a thread of the process has not exited.
+# shellcheck source-path=SCRIPTDIR source=../process.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../process.sh"
 
 # master_pid: print the recorded master PID if that process is alive and still runs this
 # DATA_DIR's config (guards against a recycled PID); else print nothing.

@@ -32,14 +32,9 @@ check_port() {
     fi
 }
 
-# alive PID: a thread of the process has not exited. A zombie counts as gone: the init of a
-# container may reap orphans late, and `kill -0` succeeds on a zombie. But every thread is
-# looked at: a killed process's main thread turns zombie first, and another one (Redis's in an
-# fsync) can still hold the process's files, its listening socket among them, a moment longer.
-alive() {
-    local states
-    states=$(ps -L -o stat= -p "$1" 2>/dev/null) && grep -qv '^Z' <<<"$states"
-}
+# alive PID (deploy/process.sh): a thread of the process has not exited.
+# shellcheck source-path=SCRIPTDIR source=../process.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../process.sh"
 
 # recorded_pid: print the PID in redis.pid if that process is alive and still a Redis (guards
 # against a PID recycled since); else print nothing.
