@@ -167,3 +167,19 @@ def test_an_error_in_a_commits_bookkeeping_does_not_stop_later_commits(
         await store.close()
 
     run(body())
+
+
+def test_a_waiter_joining_a_batch_bound_for_the_writer_thread_is_told_only_after_a_sync(
+    tmp_path: Path, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        store = await opened(tmp_path, inline_commit_seconds=0.0)  # every commit on the thread
+        store.append_unqueued(msg(0))  # nobody waits for it: alone, no sync
+        await asyncio.sleep(0)  # the commit is handed to its task, which has not run yet
+        waiter = store.submit(msg(1), ["q"])
+        assert waiter is not None
+        await waiter
+        assert store.stats()["fsyncs"] >= 1  # acknowledged only once on disk
+        await store.close()
+
+    run(body())

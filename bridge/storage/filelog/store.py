@@ -418,21 +418,20 @@ class FileLogStore:
                     self._loop.call_soon(self._flush_soon, yields - 1)  # type: ignore[union-attr]
                     return
                 self._early, yields = False, 2
-                need_sync = bool(self._waiters) or any(u[1] for u in self._undo)
+                batch = self._take_batch()  # what is appended from here on is the next batch
                 inline = self.inline_commit_seconds
-                if inline <= 0 or (need_sync and self._commit_average > inline):
-                    self._slow_commit(need_sync, None)
+                if inline <= 0 or (batch[5] and self._commit_average > inline):
+                    self._slow_commit(batch, None)
                     return
-                batch = self._take_batch()
                 try:
                     seconds, fsyncs = write_batch(
-                        batch[0], self.log_dir, self.fsync, _write_all, need_sync,
+                        batch[0], self.log_dir, self.fsync, _write_all, batch[5],
                         self._last_written, self.preallocate_bytes, self.segment_bytes,
                     )  # fmt: skip
                 except Exception as exc:
-                    self._slow_commit(need_sync, (batch[2], exc))
+                    self._slow_commit(batch, exc)
                     return
-                self._committed(batch, need_sync, seconds, fsyncs)
+                self._committed(batch, seconds, fsyncs)
         except BaseException:
             self._flushing = False  # a bug's exception: the next append commits again, no hang
             raise
@@ -441,26 +440,26 @@ class FileLogStore:
             resolve(waiters, StoreUnavailable(f"the store failed: {self._broken}"))
         self._flushing = False
 
-    def _slow_commit(self, need_sync: bool, failed: tuple[int, BaseException] | None) -> None:
-        slow = self._slow_steps(need_sync, failed)
+    def _slow_commit(self, batch: Batch, error: BaseException | None) -> None:
+        slow = self._slow_steps(batch, error)
         self._flush_task = self._loop.create_task(slow)  # type: ignore[union-attr]
 
-    async def _slow_steps(self, need_sync: bool, failed: tuple[int, BaseException] | None) -> None:
-        """A commit on the writer thread, or the rollback of a failed write; then the rest."""
+    async def _slow_steps(self, batch: Batch, error: BaseException | None) -> None:
+        """A batch's commit on the writer thread, or the rollback of its failed write (`error`);
+        then the batches after it."""
         try:
-            if failed is None:
-                batch = self._take_batch()
+            if error is None:
                 try:
                     seconds, fsyncs = await self._loop.run_in_executor(  # type: ignore[union-attr]
                         self._wexec, write_batch, batch[0], self.log_dir, self.fsync, _write_all,
-                        need_sync, self._last_written, self.preallocate_bytes, self.segment_bytes,
+                        batch[5], self._last_written, self.preallocate_bytes, self.segment_bytes,
                     )  # fmt: skip
                 except Exception as exc:
-                    failed = (batch[2], exc)
+                    error = exc
                 else:
-                    self._committed(batch, need_sync, seconds, fsyncs)
-            if failed is not None:
-                await self._write_failed(failed[0], failed[1])
+                    self._committed(batch, seconds, fsyncs)
+            if error is not None:
+                await self._write_failed(batch[2], error)
         except BaseException:
             self._flushing = False
             raise
@@ -469,14 +468,15 @@ class FileLogStore:
         self._flush_soon(2)
 
     def _take_batch(self) -> Batch:
+        need_sync = bool(self._waiters) or any(u[1] for u in self._undo)
         chunks = [(seg, b"".join(parts)) for seg, parts in self._pending]
         waiters = self._inflight = self._waiters
         self._pending, self._waiters, self._pending_bytes = [], [], 0
-        return chunks, waiters, self._log.durable, self._log.pos, len(self._undo)
+        return chunks, waiters, self._log.durable, self._log.pos, len(self._undo), need_sync
 
-    def _committed(self, batch: Batch, need_sync: bool, seconds: float, fsyncs: int) -> None:
+    def _committed(self, batch: Batch, seconds: float, fsyncs: int) -> None:
         """A batch is written (and synced): its records become durable, its waiters are told."""
-        chunks, waiters, start, end, records = batch
+        chunks, waiters, start, end, records, need_sync = batch
         if need_sync:
             self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
         self._inflight = None

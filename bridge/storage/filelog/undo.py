@@ -28,9 +28,10 @@ MetaUndo = list[tuple[dict[str, bytes], str, Any]]
 Undo = tuple[int, list[QueueIndex], MetaUndo | None]
 DurableCallback = Callable[[int | None, BaseException | None], None]
 Waiter = asyncio.Future[Any] | DurableCallback
-Batch = tuple[list[tuple[Segment, bytes]], list[tuple[Waiter, int | None]], int, int, int]
-"""One group commit: each segment's joined records, the waiters, its start and end positions
-and its count of records (of undo entries)."""
+Batch = tuple[list[tuple[Segment, bytes]], list[tuple[Waiter, int | None]], int, int, int, bool]
+"""One group commit: each segment's joined records, the waiters, its start and end positions,
+its count of records (of undo entries) and whether it must be synced (someone waits for one of
+its records, or one is on a queue)."""
 
 
 def resolve(waiters: list[tuple[Waiter, int | None]], error: BaseException | None) -> None:
