@@ -122,16 +122,16 @@ _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 class Session:
     """The state the broker keeps for one ClientId, connected or not.
 
-    A node holds tens of thousands of idle sessions, and an empty dict is 80 bytes of each: the
-    tables most sessions never use (shared subscriptions, v5 options, inbound QoS 2, resend
-    marks) exist only once written. They read as read-only mappings and are written through
-    the methods beside them.
+    A node holds tens of thousands of idle sessions, and an empty dict is 64 bytes of each: the
+    tables an idle session does not use (subscriptions, messages in flight, shared
+    subscriptions, v5 options, inbound QoS 2, resend marks) exist only once written. They read
+    as read-only mappings and are written through the methods beside them.
     """
 
     __slots__ = (
-        "_inbound_qos2", "_options", "_qos2_sent", "_resend_below", "_shared", "client_id",
-        "connected", "cursors", "disconnected_at", "dropped_queue_full", "dropped_retention",
-        "expiry", "inflight", "persistent", "released", "subscriptions",
+        "_inbound_qos2", "_inflight", "_options", "_qos2_sent", "_resend_below", "_shared",
+        "_subscriptions", "client_id", "connected", "cursors", "disconnected_at",
+        "dropped_queue_full", "dropped_retention", "expiry", "persistent", "released",
     )  # fmt: skip
 
     def __init__(
@@ -147,8 +147,7 @@ class Session:
     ) -> None:
         self.client_id = client_id
         self.persistent = persistent
-        self.subscriptions: dict[str, int] = {} if subscriptions is None else subscriptions
-        """Non-shared topic filter -> granted QoS."""
+        self._subscriptions = subscriptions or None
         self._shared = shared or None
         self._options = options or None
         self.expiry = expiry
@@ -157,8 +156,7 @@ class Session:
         self.cursors: dict[str, int] = {}
         """Queue -> next offset to read."""
         self._resend_below: dict[str, int] | None = None
-        self.inflight: dict[int, Outbound] = {}
-        """Packet id -> outbound message, in send order."""
+        self._inflight: dict[int, Outbound] | None = None
         self.released: set[int] | None = None
         """Seqs of QoS 2 messages whose PUBREC arrived (PUBREL phase), durable when persistent;
         None until the first (an empty set is 216 bytes, and most sessions never see QoS 2)."""
@@ -171,6 +169,28 @@ class Session:
         self.dropped_retention = 0
 
     # -- the tables written only when used ----------------------------------------------------
+
+    @property
+    def subscriptions(self) -> Mapping[str, int]:
+        """Non-shared topic filter -> granted QoS."""
+        return self._subscriptions or _EMPTY
+
+    def set_subscription(self, topic_filter: str, qos: int) -> None:
+        if self._subscriptions is None:
+            self._subscriptions = {}
+        self._subscriptions[topic_filter] = qos
+
+    def drop_subscription(self, topic_filter: str) -> None:
+        if self._subscriptions is not None:
+            self._subscriptions.pop(topic_filter, None)
+            if not self._subscriptions:
+                self._subscriptions = None
+
+    @property
+    def inflight(self) -> Mapping[int, Outbound]:
+        """Packet id -> outbound message, in send order (written by `track`, the acknowledgements
+        and `drop_inflight`)."""
+        return self._inflight or _EMPTY
 
     @property
     def shared(self) -> Mapping[str, int]:
@@ -246,9 +266,11 @@ class Session:
     def committed(self, queue: str) -> int:
         """The lowest offset of `queue` not yet acknowledged: where a restart resumes."""
         lowest = self.cursors.get(queue, 0)
-        for out in self.inflight.values():
-            if out.queue == queue and out.offset < lowest:
-                lowest = out.offset
+        inflight = self._inflight
+        if inflight is not None:
+            for out in inflight.values():
+                if out.queue == queue and out.offset < lowest:
+                    lowest = out.offset
         return lowest
 
     def start_queue(self, queue: str, end_offset: int) -> None:
@@ -264,23 +286,42 @@ class Session:
 
     def window_free(self, max_inflight: int) -> int:
         """How many more QoS>0 messages may be sent now."""
-        return max_inflight - len(self.inflight)
+        inflight = self._inflight
+        return max_inflight if inflight is None else max_inflight - len(inflight)
+
+    def in_flight(self, packet_id: int) -> bool:
+        """Whether a message with this packet id awaits its acknowledgement."""
+        inflight = self._inflight
+        return inflight is not None and packet_id in inflight
 
     def track(self, out: Outbound) -> None:
-        """Record a QoS>0 message as sent."""
-        self.inflight[out.packet_id] = out
+        """Record a QoS>0 message as sent. (The table, once made, stays: a busy subscriber's
+        window empties and fills again many times a second.)"""
+        inflight = self._inflight
+        if inflight is None:
+            inflight = self._inflight = {}
+        inflight[out.packet_id] = out
+
+    def drop_inflight(self, packet_id: int) -> Outbound | None:
+        """Forget the message in flight under `packet_id` (refused or no longer wanted)."""
+        inflight = self._inflight
+        return None if inflight is None else inflight.pop(packet_id, None)
 
     def on_puback(self, packet_id: int) -> Outbound | None:
         """PUBACK: the QoS 1 message is done. None if the id is unknown or not QoS 1."""
-        out = self.inflight.get(packet_id)
+        inflight = self._inflight
+        if inflight is None:
+            return None
+        out = inflight.get(packet_id)
         if out is None or out.qos != 1:
             return None
-        del self.inflight[packet_id]
+        del inflight[packet_id]
         return out
 
     def on_pubrec(self, packet_id: int) -> Outbound | None:
         """PUBREC: the QoS 2 message moves to the PUBREL phase (a repeated PUBREC is harmless)."""
-        out = self.inflight.get(packet_id)
+        inflight = self._inflight
+        out = None if inflight is None else inflight.get(packet_id)
         if out is None or out.qos != 2:
             return None
         out.phase = Phase.AWAITING_PUBCOMP
@@ -291,10 +332,13 @@ class Session:
 
     def on_pubcomp(self, packet_id: int) -> Outbound | None:
         """PUBCOMP: the QoS 2 message is done."""
-        out = self.inflight.get(packet_id)
+        inflight = self._inflight
+        if inflight is None:
+            return None
+        out = inflight.get(packet_id)
         if out is None or out.phase is not Phase.AWAITING_PUBCOMP:
             return None
-        del self.inflight[packet_id]
+        del inflight[packet_id]
         if self.released is not None:
             self.released.discard(out.seq)
         return out
@@ -324,15 +368,17 @@ class Session:
 
     def forget_inflight(self) -> list[Outbound]:
         """Drop everything in flight (clean session end); returns what was dropped."""
-        dropped = list(self.inflight.values())
-        self.inflight.clear()
-        return dropped
+        inflight, self._inflight = self._inflight, None
+        return [] if inflight is None else list(inflight.values())
 
     # -- persistence ---------------------------------------------------------------------------
 
     def encode_subscriptions(self) -> bytes:
         """The durable part that changes on SUBSCRIBE/UNSUBSCRIBE."""
-        record: dict[str, Any] = {"subs": self.subscriptions, "shared": self._shared or {}}
+        record: dict[str, Any] = {
+            "subs": self._subscriptions or {},
+            "shared": self._shared or {},
+        }
         if self.options:
             record["opt"] = {
                 f: [int(o.no_local), int(o.retain_as_published), o.identifier]

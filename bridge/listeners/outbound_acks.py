@@ -40,7 +40,7 @@ def on_pubrec(conn: Link, packet: Pubrec) -> None:
         # The client refused the message (MQTT-4.3.3-4): it is done, no PUBREL follows.
         out = session.inflight.get(packet.packet_id)
         if out is not None and out.qos == 2 and out.phase is Phase.AWAITING_ACK:
-            del session.inflight[packet.packet_id]
+            session.drop_inflight(packet.packet_id)
             _after_ack(conn, session)
         return
     out = session.on_pubrec(packet.packet_id)

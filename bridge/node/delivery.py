@@ -396,10 +396,10 @@ class Delivery:
             conn.send_message(data, len(message.payload))
             self.metrics.messages_out_qos0 += 1
             return True
-        if len(session.inflight) >= self.max_inflight:
+        if session.window_free(self.max_inflight) <= 0:
             return None
         packet_id = packet_id_for(stored.seq)
-        if packet_id in session.inflight:
+        if session.in_flight(packet_id):
             return None  # id collision with an older message still in flight: wait for it
         released = qos == 2 and session.was_released(stored.seq)
         dup = stored.offset < session.resend_below.get(queue, -1)

@@ -362,7 +362,7 @@ class SessionLifecycle:
                 continue
             await start_reading(self.store, session, filter_queue(topic_filter))
             self.subscriptions.add_subscription(client_id, topic_filter, presub.qos)
-            session.subscriptions[topic_filter] = presub.qos
+            session.set_subscription(topic_filter, presub.qos)
             self.metrics.inc("presubscriptions")
             changed = session.persistent
         return changed

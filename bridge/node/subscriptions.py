@@ -208,7 +208,7 @@ class Subscriptions:
                 self.add_shared(session.client_id, topic_filter, parsed, granted)
             else:
                 self.add_subscription(session.client_id, topic_filter, granted)
-                session.subscriptions[topic_filter] = granted
+                session.set_subscription(topic_filter, granted)
                 # Retain Handling: 0 send retained messages, 1 only for a new subscription, 2 never.
                 if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
                     retained_for.append((topic_filter, granted, identifier))
@@ -298,7 +298,7 @@ class Subscriptions:
             codes.append(ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
             session.drop_options(topic_filter)
             if topic_filter in session.subscriptions:
-                del session.subscriptions[topic_filter]
+                session.drop_subscription(topic_filter)
                 self.remove_subscription(session.client_id, topic_filter)
                 stop_reading(self.store, session, filter_queue(topic_filter))
             elif topic_filter in session.shared:
@@ -378,7 +378,7 @@ class Subscriptions:
         # What was handed over is this member's no more: not in flight, not to be read.
         for packet_id, out in list(session.inflight.items()):
             if out.queue == queue and out.offset < handed_to:
-                del session.inflight[packet_id]
+                session.drop_inflight(packet_id)
         if session.cursors.get(queue, 0) < handed_to:
             session.cursors[queue] = handed_to
         self.offsets_moved(session)

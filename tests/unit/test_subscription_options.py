@@ -22,7 +22,7 @@ TOPICS = ["a/b", "a/c", "b/b", "a"]
 def sessions(draw: Any) -> Session:
     session = Session("me", persistent=False)
     for topic_filter in draw(st.lists(st.sampled_from(FILTERS), unique=True)):
-        session.subscriptions[topic_filter] = draw(st.integers(0, 2))
+        session.set_subscription(topic_filter, draw(st.integers(0, 2)))
         option = SubOptions(draw(st.booleans()), draw(st.booleans()), draw(st.integers(0, 3)))
         if option != SubOptions():
             session.set_options(topic_filter, option)
