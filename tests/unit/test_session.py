@@ -106,17 +106,34 @@ def test_offline_since_survives_a_restore_so_expiry_counts_from_the_disconnect()
 
 def test_a_new_session_reads_its_unwritten_tables_as_empty_and_they_cannot_be_written_past():
     session = Session("idle", persistent=False)
-    for table in (session.shared, session.options, session.resend_below, session.inbound_qos2):
+    tables = (
+        session.subscriptions,
+        session.inflight,
+        session.shared,
+        session.options,
+        session.resend_below,
+        session.inbound_qos2,
+    )
+    for table in tables:
         assert len(table) == 0
         with pytest.raises(TypeError):
             table["x"] = 1  # type: ignore[index]  # only through the session's methods
-    # Nothing written, nothing kept (80 bytes of an idle connection's memory per table).
-    for name in ("_shared", "_options", "_resend_below", "_inbound_qos2"):
+    # Nothing written, nothing kept (64 bytes of an idle connection's memory per table).
+    for name in (
+        "_subscriptions", "_inflight", "_shared", "_options", "_resend_below", "_inbound_qos2"
+    ):  # fmt: skip
         assert getattr(session, name) is None
+    assert session.window_free(20) == 20 and not session.in_flight(1)
+    assert session.forget_inflight() == []
+    assert session.encode_subscriptions() == b'{"subs":{},"shared":{}}'
 
 
 def test_tables_written_through_the_session_read_back_and_empty_again_when_dropped():
     session = Session("dev", persistent=True)
+    session.set_subscription("a/#", 1)
+    session.set_subscription("b", 2)
+    session.drop_subscription("b")
+    session.drop_subscription("b")  # twice: nothing happens
     session.add_shared("$share/g/x", 1)
     session.set_options("a/#", SubOptions(no_local=True))
     session.set_resend_below("f:a/#", 5)
@@ -126,8 +143,11 @@ def test_tables_written_through_the_session_read_back_and_empty_again_when_dropp
     assert session.resend_below == {"f:a/#": 5}
     assert session.inbound_qos2 == {7: None}
     restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
+    assert restored.subscriptions == {"a/#": 1}
     assert restored.shared == {"$share/g/x": 1}
     assert restored.options == {"a/#": SubOptions(no_local=True)}
+    session.drop_subscription("a/#")
+    assert session._subscriptions is None  # the last one gone, the table goes too
     session.drop_shared("$share/g/x")
     session.drop_options("a/#")
     assert session.pop_resend_below("f:a/#") == 5
@@ -136,6 +156,19 @@ def test_tables_written_through_the_session_read_back_and_empty_again_when_dropp
     session.drop_qos2_in(7)  # twice: nothing happens
     assert not session.shared and not session.options
     assert not session.resend_below and not session.inbound_qos2
+
+
+def test_the_in_flight_table_is_made_by_the_first_send_and_the_window_checks_read_it():
+    session = Session("sub", persistent=False)
+    assert session.drop_inflight(3) is None and session.on_puback(3) is None
+    assert session.on_pubrec(3) is None and session.on_pubcomp(3) is None
+    session.track(outbound(3, "f:a", 0, 1))
+    session.track(outbound(4, "f:a", 1, 2))
+    assert session.window_free(20) == 18
+    assert session.in_flight(3) and session.in_flight(4) and not session.in_flight(5)
+    assert session.drop_inflight(3) is not None and not session.in_flight(3)
+    assert session.forget_inflight()[0].packet_id == 4
+    assert session.window_free(20) == 20 and session._inflight is None
 
 
 def test_first_copy_refuses_another_copy_of_a_key_sent_within_the_window_not_the_same_copy():
