@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from bridge.fields import Fields
 from bridge.router.queues import client_queue, filter_queue
@@ -118,6 +118,26 @@ class SubOptions:
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 """What a table that was never written reads as (see `Session`)."""
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _put(table: dict[K, V] | None, key: K, value: V) -> dict[K, V]:
+    """`table` (made if it was never written) with `key` set to `value`."""
+    if table is None:
+        table = {}
+    table[key] = value
+    return table
+
+
+def _without(table: dict[K, V] | None, key: K) -> dict[K, V] | None:
+    """`table` without `key`; None once nothing is left in it (it costs no memory then)."""
+    if table is not None:
+        table.pop(key, None)
+        if not table:
+            return None
+    return table
+
 
 class Session:
     """The state the broker keeps for one ClientId, connected or not.
@@ -176,15 +196,10 @@ class Session:
         return self._subscriptions or _EMPTY
 
     def set_subscription(self, topic_filter: str, qos: int) -> None:
-        if self._subscriptions is None:
-            self._subscriptions = {}
-        self._subscriptions[topic_filter] = qos
+        self._subscriptions = _put(self._subscriptions, topic_filter, qos)
 
     def drop_subscription(self, topic_filter: str) -> None:
-        if self._subscriptions is not None:
-            self._subscriptions.pop(topic_filter, None)
-            if not self._subscriptions:
-                self._subscriptions = None
+        self._subscriptions = _without(self._subscriptions, topic_filter)
 
     @property
     def inflight(self) -> Mapping[int, Outbound]:
@@ -198,15 +213,10 @@ class Session:
         return self._shared or _EMPTY
 
     def add_shared(self, share_filter: str, qos: int) -> None:
-        if self._shared is None:
-            self._shared = {}
-        self._shared[share_filter] = qos
+        self._shared = _put(self._shared, share_filter, qos)
 
     def drop_shared(self, share_filter: str) -> None:
-        if self._shared is not None:
-            self._shared.pop(share_filter, None)
-            if not self._shared:
-                self._shared = None
+        self._shared = _without(self._shared, share_filter)
 
     @property
     def options(self) -> Mapping[str, SubOptions]:
@@ -214,15 +224,10 @@ class Session:
         return self._options or _EMPTY
 
     def set_options(self, topic_filter: str, options: SubOptions) -> None:
-        if self._options is None:
-            self._options = {}
-        self._options[topic_filter] = options
+        self._options = _put(self._options, topic_filter, options)
 
     def drop_options(self, topic_filter: str) -> None:
-        if self._options is not None:
-            self._options.pop(topic_filter, None)
-            if not self._options:
-                self._options = None
+        self._options = _without(self._options, topic_filter)
 
     @property
     def resend_below(self) -> Mapping[str, int]:
@@ -234,9 +239,7 @@ class Session:
         self._resend_below = marks or None
 
     def set_resend_below(self, queue: str, offset: int) -> None:
-        if self._resend_below is None:
-            self._resend_below = {}
-        self._resend_below[queue] = offset
+        self._resend_below = _put(self._resend_below, queue, offset)
 
     def pop_resend_below(self, queue: str) -> int | None:
         return None if self._resend_below is None else self._resend_below.pop(queue, None)
@@ -247,9 +250,7 @@ class Session:
         return self._inbound_qos2 or _EMPTY
 
     def hold_qos2_in(self, packet_id: int, state: Any) -> None:
-        if self._inbound_qos2 is None:
-            self._inbound_qos2 = {}
-        self._inbound_qos2[packet_id] = state
+        self._inbound_qos2 = _put(self._inbound_qos2, packet_id, state)
 
     def drop_qos2_in(self, packet_id: int) -> None:
         if self._inbound_qos2 is not None:
