@@ -308,21 +308,22 @@ class Session:
         inflight = self._inflight
         return None if inflight is None else inflight.pop(packet_id, None)
 
+    def _sent(self, packet_id: int) -> Outbound | None:
+        """The message in flight under `packet_id`, if any."""
+        inflight = self._inflight
+        return None if inflight is None else inflight.get(packet_id)
+
     def on_puback(self, packet_id: int) -> Outbound | None:
         """PUBACK: the QoS 1 message is done. None if the id is unknown or not QoS 1."""
-        inflight = self._inflight
-        if inflight is None:
-            return None
-        out = inflight.get(packet_id)
+        out = self._sent(packet_id)
         if out is None or out.qos != 1:
             return None
-        del inflight[packet_id]
+        self.drop_inflight(packet_id)
         return out
 
     def on_pubrec(self, packet_id: int) -> Outbound | None:
         """PUBREC: the QoS 2 message moves to the PUBREL phase (a repeated PUBREC is harmless)."""
-        inflight = self._inflight
-        out = None if inflight is None else inflight.get(packet_id)
+        out = self._sent(packet_id)
         if out is None or out.qos != 2:
             return None
         out.phase = Phase.AWAITING_PUBCOMP
@@ -333,13 +334,10 @@ class Session:
 
     def on_pubcomp(self, packet_id: int) -> Outbound | None:
         """PUBCOMP: the QoS 2 message is done."""
-        inflight = self._inflight
-        if inflight is None:
-            return None
-        out = inflight.get(packet_id)
+        out = self._sent(packet_id)
         if out is None or out.phase is not Phase.AWAITING_PUBCOMP:
             return None
-        del inflight[packet_id]
+        self.drop_inflight(packet_id)
         if self.released is not None:
             self.released.discard(out.seq)
         return out
