@@ -9,6 +9,7 @@ import sys
 
 from bridge import __version__
 from bridge.config import ENV_PREFIX, SETTINGS, Config, ConfigError, load_config
+from bridge.redact import shown
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.print_config:
         for name in SETTINGS:
-            print(f"{name} = {getattr(config, name)!r}")
+            print(f"{name} = {shown(name, getattr(config, name))!r}")
         return 0
     from bridge.access.acl import AclError
     from bridge.access.auth import AuthConfigError

@@ -104,6 +104,8 @@ class Config:
     redis_timeout: float = 3.0
     redis_wait_replicas: int = 0
     cluster_name: str = "mqtt"
+    cluster_secret: str = ""
+    cluster_secret_file: str = ""
     peer_listen: str = "0.0.0.0:18830"
     peer_advertise: str = ""
     node_timeout: float = 6.0
@@ -237,6 +239,10 @@ SETTINGS: dict[str, str] = {
     "redis_timeout": "seconds a Redis command may take before it counts as failed",
     "redis_wait_replicas": "replicas that must confirm each registry write (WAIT); 1 with Sentinel",
     "cluster_name": "prefix of this cluster's Redis keys (several clusters may share a Redis)",
+    "cluster_secret": "the cluster's shared secret (at least 32 characters): peer links and "
+    "node-to-node admin calls prove it; prefer cluster_secret_file",
+    "cluster_secret_file": "file holding the cluster's shared secret (its first line; keep it "
+    "0600); `openssl rand -hex 32 > FILE` makes one",
     "peer_listen": "`HOST:PORT` for links from other nodes (port 0: any free port)",
     "peer_advertise": "`HOST:PORT` other nodes dial (default: peer_listen, hostname for 0.0.0.0)",
     "node_timeout": "seconds without a heartbeat before a node counts as dead",
