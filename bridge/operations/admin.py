@@ -134,7 +134,8 @@ class AdminAPI:
         cluster_secrets = read_cluster_secrets(
             self.config.cluster_secret, self.config.cluster_secret_file
         )
-        self.node_calls = NodeCalls(self.node.node_id, cluster_secrets)
+        # The node's id as the node takes it (`Node` reads the same), known before the node is.
+        self.node_calls = NodeCalls(self.config.resolved_node_id(), cluster_secrets)
         if self.config.metrics_public:
             self._public.add(API_PREFIX + "/metrics")
         max_payload = self.config.max_packet_size
