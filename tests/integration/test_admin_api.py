@@ -109,6 +109,19 @@ def test_openapi_document_describes_exactly_the_routes_of_the_application(api: A
     assert in_app == in_spec
     assert len(in_app) == len([r for r in ROUTES if r.prefix == API_PREFIX])
     public = {(r.method, API_PREFIX + r.path) for r in ROUTES if r.public}
+    node_callable = {
+        (r.method, API_PREFIX + re.sub(r"\{(\w+)(:[^}]*)?\}", r"{\1}", r.path))
+        for r in ROUTES
+        if r.node_calls
+    }
+    signed = {
+        (method.upper(), path)
+        for path, operations in spec["paths"].items()
+        for method, operation in operations.items()
+        if {"nodeSignature": []} in operation.get("security", [])
+    }
+    assert signed == node_callable  # other members call exactly these
+    assert ("GET", f"{API_PREFIX}/stats") in signed and ("GET", f"{API_PREFIX}/nodes") not in signed
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
             assert "200" in operation["responses"], (method, path)
