@@ -63,7 +63,6 @@ class AdminHost(Protocol):
 
     server: Served
     config: Config
-    token: str
     node_calls: NodeCalls
 
     @property

@@ -28,7 +28,7 @@ import pytest
 from bridge.config import Config, load_config
 from bridge.listeners.server import Server
 from bridge.operations.admin import API_PREFIX, ROUTES, AdminAPI
-from tests.integration.admin_http import TOKEN, AdminHttp, start_admin_node
+from tests.integration.admin_http import TOKEN, AdminHttp, node_call_headers, start_admin_node
 from tests.support.clients import RawClient
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
 
@@ -85,6 +85,16 @@ def test_unknown_routes_and_methods_answer_json_errors(api: AdminHttp) -> None:
     assert response.status == 404
     assert json.loads(response.read()) == {"error": "no such endpoint: /"}
     conn.close()
+
+
+def test_a_node_without_a_cluster_secret_refuses_every_node_call(api: AdminHttp) -> None:
+    signed = node_call_headers("GET", "/stats", "a", "b")
+    status, body, _ = api.request("GET", "/stats", token=None, headers=signed)
+    assert status == 401 and body["error"] == (
+        "node call refused: this node has no cluster secret: it accepts no node calls"
+    )
+    # With the operator's token beside it, it is still judged as a node call, and refused.
+    assert api.request("GET", "/stats", headers=signed)[0] == 401
 
 
 def test_openapi_document_describes_exactly_the_routes_of_the_application(api: AdminHttp) -> None:

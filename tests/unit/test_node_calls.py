@@ -3,10 +3,13 @@ accepts, and that each fault is refused with a message naming it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bridge.operations.node_calls import (
     CALLER_HEADER,
+    MAX_NONCES,
     NONCE_HEADER,
     SIGNATURE_HEADER,
     TARGET_HEADER,
@@ -39,14 +42,22 @@ def signed(
     return sign_call(key, method, path, body, caller, target, now, nonce)
 
 
-def verifier(*secrets: bytes, node_id: str = "b", **kw: float) -> NodeCallVerifier:
-    return NodeCallVerifier(node_id, admin_call_keys(secrets or (OLD,)), **kw)  # type: ignore[arg-type]
+def verifier(*secrets: bytes, node_id: str = "b", max_nonces: int = MAX_NONCES) -> NodeCallVerifier:
+    return NodeCallVerifier(node_id, admin_call_keys(secrets or (OLD,)), max_nonces=max_nonces)
 
 
-def refusal(check: NodeCallVerifier, headers: dict[str, str], **call: object) -> str:
-    args = {"method": "GET", "path_qs": PATH, "body": b"", "now": NOW, **call}
+def refusal(
+    check: NodeCallVerifier,
+    headers: dict[str, str],
+    *,
+    method: str = "GET",
+    path_qs: str = PATH,
+    body: bytes = b"",
+    now: float = NOW,
+) -> str:
+    """The message of the refusal of this call (it must be refused)."""
     with pytest.raises(NodeCallRefused) as caught:
-        check.verify(headers=headers, **args)  # type: ignore[arg-type]
+        check.verify(method, path_qs, body, headers, now)
     return str(caught.value)
 
 
@@ -96,7 +107,7 @@ def test_the_first_secret_signs() -> None:
     ],
     ids=["query", "path", "method", "body"],
 )
-def test_an_altered_request_is_refused(call: dict[str, object]) -> None:
+def test_an_altered_request_is_refused(call: dict[str, Any]) -> None:
     assert "wrong signature" in refusal(verifier(), signed(), **call)
 
 
