@@ -38,11 +38,13 @@ def signed(
     now: float = NOW,
     nonce: str | None = None,
 ) -> dict[str, str]:
+    """The headers node `caller` sends: a call signed with `secret` (defaults: a GET search)."""
     (key,) = admin_call_keys([secret])
     return sign_call(key, method, path, body, caller, target, now, nonce)
 
 
 def verifier(*secrets: bytes, node_id: str = "b", max_nonces: int = MAX_NONCES) -> NodeCallVerifier:
+    """Node `node_id`'s check of calls, accepting `secrets` (default: `OLD` alone)."""
     return NodeCallVerifier(node_id, admin_call_keys(secrets or (OLD,)), max_nonces=max_nonces)
 
 
