@@ -11,15 +11,17 @@ Handlers read the node's tables directly: they run on the node's event loop, so 
 consistent up to their next `await`, as for everything else the node does.
 
 In a cluster a client is inspected or kicked where its session lives. A node that does not hold
-it asks the registry which node owns it and forwards the request, with the same token, to that
-node's admin API (the address every node publishes in its heartbeat). A forwarded request carries
-`FORWARDED_HEADER` and is answered locally, never forwarded again.
+it asks the registry which node owns it and forwards the request to that node's admin API (the
+address every node publishes in its heartbeat). A forwarded request is a node call: signed with
+the cluster secret for that one node (`admin_node_calls`), never carrying the operator's token,
+accepted only on the routes marked `node_calls`, and answered locally, never forwarded again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import secrets
 import time
@@ -33,16 +35,17 @@ from aiohttp import web
 from yarl import URL
 
 from bridge import __version__
+from bridge.cluster.credential import read_cluster_secrets
 from bridge.cluster.redis_errors import redis_errors
 from bridge.config import parse_listen
 from bridge.operations.admin_access import AccessAPI
 from bridge.operations.admin_bans import BansAPI
 from bridge.operations.admin_console import ConsoleAPI
 from bridge.operations.admin_limits import LimitsAPI
+from bridge.operations.admin_node_calls import NodeCalls, forwarded_by
 from bridge.operations.admin_openapi import openapi_document
 from bridge.operations.admin_requests import (
     API_PREFIX,
-    FORWARDED_HEADER,
     ApiError,
     Route,
     advertised,
@@ -54,6 +57,7 @@ from bridge.operations.admin_requests import (
 )
 from bridge.operations.admin_topics import TopicsAPI
 from bridge.operations.metering import CLIENT, USER
+from bridge.operations.node_calls import WINDOW, is_node_call
 
 if TYPE_CHECKING:
     from bridge.listeners.connection import Connection
@@ -82,8 +86,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/nodes", "nodes"),
     Route("GET", "/connections/count", "connection_count"),
     Route("GET", "/clients", "list_clients"),
-    Route("GET", "/clients/{clientid:.+}", "get_client"),
-    Route("DELETE", "/clients/{clientid:.+}", "kick_client"),
+    Route("GET", "/clients/{clientid:.+}", "get_client", node_calls=True),
+    Route("DELETE", "/clients/{clientid:.+}", "kick_client", node_calls=True),
     Route("GET", "/subscriptions", "list_subscriptions", part="topics"),
     Route("GET", "/retained", "list_retained", part="topics"),
     Route("GET", "/retained/{topic:.*}", "get_retained", part="topics"),
@@ -97,9 +101,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/banned", "add_ban", part="bans"),
     Route("GET", "/banned/{kind}/{value:.+}", "get_ban", part="bans"),
     Route("DELETE", "/banned/{kind}/{value:.+}", "lift_ban", part="bans"),
-    Route("GET", "/stats", "stats", part="console"),
-    Route("GET", "/search/clients", "search_clients", part="console"),
-    Route("GET", "/search/subscriptions", "search_subscriptions", part="console"),
+    Route("GET", "/stats", "stats", part="console", node_calls=True),
+    Route("GET", "/search/clients", "search_clients", part="console", node_calls=True),
+    Route("GET", "/search/subscriptions", "search_subscriptions", part="console", node_calls=True),
     Route("GET", "/search/retained", "search_retained", part="console"),
     Route("GET", "/access/users", "users", part="access"),
     Route("GET", "/access/rules", "rules", part="access"),
@@ -125,6 +129,13 @@ class AdminAPI:
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self._public = {r.prefix + r.path for r in ROUTES if r.public}
+        self._node_callable: set[web.AbstractRoute] = set()
+        """The routes other members call (`Route.node_calls`), as the router matches them."""
+        cluster_secrets = read_cluster_secrets(
+            self.config.cluster_secret, self.config.cluster_secret_file
+        )
+        # The node's id as the node takes it (`Node` reads the same), known before the node is.
+        self.node_calls = NodeCalls(self.config.resolved_node_id(), cluster_secrets)
         if self.config.metrics_public:
             self._public.add(API_PREFIX + "/metrics")
         max_payload = self.config.max_packet_size
@@ -139,9 +150,11 @@ class AdminAPI:
         self.access = AccessAPI(self)
         for route in ROUTES:
             owner = getattr(self, route.part) if route.part else self
-            self.app.router.add_route(
+            added = self.app.router.add_route(
                 route.method, route.prefix + route.path, getattr(owner, route.handler)
             )
+            if route.node_calls:
+                self._node_callable.add(added)
 
     @property
     def node(self) -> Node:
@@ -186,7 +199,12 @@ class AdminAPI:
     ) -> web.StreamResponse:
         try:
             resource = request.match_info.route.resource
-            if resource is None or resource.canonical not in self._public:
+            canonical = resource.canonical if resource is not None else None
+            if is_node_call(request.headers):
+                # Another member's call: its signature, never a token, is what is checked.
+                accepted = request.match_info.route in self._node_callable
+                await self.node_calls.authenticate(request, accepted)
+            elif canonical not in self._public:
                 self._authorize(request)
             return await handler(request)
         except ApiError as exc:
@@ -433,7 +451,7 @@ class AdminAPI:
         if (
             cluster is None
             or client_id in self.node.connections
-            or FORWARDED_HEADER in request.headers
+            or forwarded_by(request) is not None
         ):
             return None
         owner = await self.registry_call(cluster.registry.owner(client_id))
@@ -455,8 +473,14 @@ class AdminAPI:
         address = alive[owner].get("admin")
         if not address:
             raise ApiError(503, f"node {owner} does not serve the admin API")
+        if not self.node_calls.can_call:
+            raise ApiError(
+                503,
+                f"client {client_id!r} is held by node {owner}, and this node has no "
+                "cluster secret to call it with",
+            )
         url = URL(f"http://{address}{API_PREFIX}/clients/{quote(client_id, safe='')}", encoded=True)
-        headers = {"Authorization": f"Bearer {self.token}", FORWARDED_HEADER: self.node.node_id}
+        headers = self.node_calls.signed_headers(request.method, url, owner)
         try:
             async with self._http.request(request.method, url, headers=headers) as response:
                 body = await response.read()
@@ -465,7 +489,9 @@ class AdminAPI:
             raise ApiError(503, f"node {owner} ({address}) did not answer: {exc!r}") from None
         if status == 401:
             raise ApiError(
-                503, f"node {owner} refused this node's token: set one admin_token on every node"
+                503,
+                f"node {owner} refused this node's call ({_error_of(body)}): every node needs "
+                f"the same cluster secret and clocks within {WINDOW:.0f} s of each other",
             )
         return web.Response(body=body, status=status, content_type="application/json")
 
@@ -485,6 +511,15 @@ def _http_error_message(request: web.Request, exc: web.HTTPException) -> str:
         return f"method {request.method} not allowed on {request.path} (allowed: {allowed})"
     text = exc.text or ""
     return text if text and not text.startswith(f"{exc.status}:") else exc.reason
+
+
+def _error_of(body: bytes) -> str:
+    """The `error` of a JSON error answer, or a note that there is none."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    return str(error) if error else "no error message"
 
 
 def _allow(exc: web.HTTPException) -> dict[str, str] | None:

@@ -3,10 +3,12 @@ the console's overview totals and its searches of clients and subscriptions (eac
 only the sessions it holds; the registry in Redis maps a ClientId to its node, nothing more).
 
 The node that is asked answers its own part directly and sends the same request (path and
-query), with the same token and `FORWARDED_HEADER`, to the admin API of every other alive member
-at once; a forwarded request is answered with that node's own part, never sent on. A member that
-is dead, serves no admin API or does not answer in time is reported with an `error` instead of
-its answer, so the caller still gets everyone else's.
+query) to the admin API of every other alive member at once, as a node call: signed with the
+cluster secret for that one member (`admin_node_calls`), never with the operator's token, which
+must not travel to an address read from Redis. A forwarded request is answered with that node's
+own part, never sent on. A member that is dead, serves no admin API, refuses the call or does
+not answer in time is reported with an `error` instead of its answer, so the caller still gets
+everyone else's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from bridge.operations.admin_requests import FORWARDED_HEADER, AdminHost
+from bridge.operations.admin_node_calls import forwarded_by
+from bridge.operations.admin_requests import AdminHost
 
 FANOUT_TIMEOUT = 3.0
 """Seconds to wait for each other node's answer."""
@@ -37,7 +40,7 @@ async def answer_for_every_node(
 ) -> web.Response:
     """The answer to `request` for the whole cluster: `merge` of every member's `local()`. A
     request forwarded by another node is answered with this node's `local()` alone."""
-    if FORWARDED_HEADER in request.headers:
+    if forwarded_by(request) is not None:
         return web.json_response(local())
     return web.json_response(merge(await ask_every_node(host, request, local)))
 
@@ -69,6 +72,8 @@ async def _ask(
 ) -> NodeAnswer:
     if not address:
         return _failed(node_id, True, "serves no admin API")
+    if not host.node_calls.can_call:
+        return _failed(node_id, True, "not asked: this node has no cluster secret to call it with")
     url = URL.build(
         scheme="http",
         authority=address,
@@ -76,7 +81,7 @@ async def _ask(
         query_string=request.rel_url.raw_query_string,
         encoded=True,
     )
-    headers = {"Authorization": f"Bearer {host.token}", FORWARDED_HEADER: host.node.node_id}
+    headers = host.node_calls.signed_headers("GET", url, node_id)
     try:
         async with http.get(url, headers=headers) as response:
             status = response.status

@@ -16,6 +16,7 @@ from bridge.operations.openapi_schema import (
     BAD_REQUEST,
     CLIENT_ID,
     LIMIT,
+    NODE_SIGNATURE,
     PREFIX,
     REGISTRY_DOWN,
     Schema,
@@ -257,6 +258,7 @@ PATHS: dict[str, dict[str, Schema]] = {
                 "503": REGISTRY_DOWN,
             },
             parameters=[CLIENT_ID],
+            node_calls=True,
         ),
         "delete": _operation(
             "kickClient",
@@ -269,6 +271,7 @@ PATHS: dict[str, dict[str, Schema]] = {
                 "503": REGISTRY_DOWN,
             },
             parameters=[CLIENT_ID],
+            node_calls=True,
         ),
     },
     "/subscriptions": {
@@ -384,10 +387,14 @@ def openapi_document(version: str) -> dict[str, Any]:
             PREFIX + path: operations for path, operations in {**PATHS, **CONSOLE_PATHS}.items()
         },
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "nodeSignature": NODE_SIGNATURE,
+            },
             "responses": {
                 "Unauthorized": {
-                    "description": "Missing or wrong bearer token.",
+                    "description": "Missing or wrong bearer token, or a refused node call "
+                    "(the message names the fault).",
                     "headers": {
                         "WWW-Authenticate": {"schema": {"type": "string"}, "required": True}
                     },

@@ -203,6 +203,7 @@ CONSOLE_PATHS: dict[str, dict[str, Schema]] = {
             "getStats",
             "Counts and counters of every cluster member, and their totals.",
             {"200": json_body(ref("Stats"), "The figures."), "503": REGISTRY_DOWN},
+            node_calls=True,
         )
     },
     "/search/clients": {
@@ -224,6 +225,7 @@ CONSOLE_PATHS: dict[str, dict[str, Schema]] = {
                 ),
                 LIMIT,
             ],
+            node_calls=True,
         )
     },
     "/search/subscriptions": {
@@ -241,6 +243,7 @@ CONSOLE_PATHS: dict[str, dict[str, Schema]] = {
                 _query("topic", "A topic name."),
                 LIMIT,
             ],
+            node_calls=True,
         )
     },
     "/search/retained": {

@@ -29,11 +29,10 @@ if TYPE_CHECKING:
 
     from bridge.config import Config
     from bridge.node import Node
+    from bridge.operations.admin_node_calls import NodeCalls
     from bridge.operations.served import Served
 
 API_PREFIX = "/api/v1"
-FORWARDED_HEADER = "X-Bridge-Forwarded-By"
-"""Set on a request one node forwards to another (the value is the forwarding node's id)."""
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 PUBLISH_FIELDS = ("topic", "payload", "payload_encoding", "qos", "retain")
@@ -45,7 +44,9 @@ class Route:
     (`public` ones do not; /metrics depends on `metrics_public`). The handler is a method of
     `AdminAPI` itself, or of the part of it named by `part` (an attribute of `AdminAPI`, e.g.
     "topics" for `bridge.operations.admin_topics.TopicsAPI`). Every route is under `API_PREFIX`
-    and described in the OpenAPI document, except the console's static files (prefix "")."""
+    and described in the OpenAPI document, except the console's static files (prefix "").
+    `node_calls`: other members call it (the admin fan-out), so it also accepts a call signed
+    with the cluster secret (`bridge.operations.node_calls`) instead of the token."""
 
     method: str
     path: str
@@ -53,6 +54,7 @@ class Route:
     public: bool = False
     part: str = ""
     prefix: str = API_PREFIX
+    node_calls: bool = False
 
 
 class AdminHost(Protocol):
@@ -61,7 +63,7 @@ class AdminHost(Protocol):
 
     server: Served
     config: Config
-    token: str
+    node_calls: NodeCalls
 
     @property
     def node(self) -> Node: ...

@@ -41,6 +41,17 @@ def error(description: str) -> Schema:
 
 
 UNAUTHORIZED = {"$ref": "#/components/responses/Unauthorized"}
+NODE_SIGNATURE: Schema = {
+    "type": "apiKey",
+    "in": "header",
+    "name": "X-Bridge-Signature",
+    "description": "A call from another cluster member (the admin fan-out), never an "
+    "operator's: HMAC-SHA-256, with a key derived from the cluster secret, over the method, the "
+    "path and query, the SHA-256 of the body, X-Bridge-Timestamp (Unix seconds, within 30 s), "
+    "X-Bridge-Nonce (used once), X-Bridge-Forwarded-By (the calling node) and X-Bridge-Target "
+    "(this node). A request carrying any of these headers is judged as a node call only.",
+}
+"""The security scheme of node-to-node calls (`bridge.operations.node_calls`)."""
 BAD_REQUEST = error("Bad input: an unknown or malformed parameter (the message says which).")
 REGISTRY_DOWN = error("The cluster registry (Redis) or the owning node cannot be reached.")
 
@@ -84,10 +95,13 @@ def operation(
     *,
     parameters: list[Schema] | None = None,
     public: bool = False,
+    node_calls: bool = False,
     request_body: Schema | None = None,
     description: str = "",
 ) -> Schema:
-    """An operation; every one may answer 400 (unknown parameters), and 401 unless public."""
+    """An operation; every one may answer 400 (unknown parameters), and 401 unless public.
+    `node_calls`: other cluster members call it too, authenticated by a node signature
+    (`NODE_SIGNATURE`) instead of the bearer token."""
     operation: Schema = {"operationId": operation_id, "summary": summary}
     if description:
         operation["description"] = description
@@ -100,6 +114,8 @@ def operation(
     if public:
         operation["security"] = []
     else:
+        if node_calls:
+            operation["security"] = [{"bearer": []}, {"nodeSignature": []}]
         responses = {**responses, "401": UNAUTHORIZED}
     operation["responses"] = responses
     return operation

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.admin_http import start_cluster_admin_node
+from tests.integration.admin_http import node_call_headers, start_cluster_admin_node
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
 
@@ -35,9 +35,13 @@ def test_stats_and_searches_asked_on_one_node_cover_every_member(
     assert per_node == {"a": 1, "b": 2}
     assert stats["totals"]["subscriptions"] == 3
     assert {n["id"]: n["self"] for n in stats["nodes"]} == {"a": True, "b": False}
-    # B answers a forwarded request for itself only (no second fan-out).
-    forwarded = api_b.request("GET", "/stats", headers={"X-Bridge-Forwarded-By": "a"})[1]
+    # B answers a call signed by node A for itself only (no second fan-out), without a token.
+    signed = node_call_headers("GET", "/stats", "a", "b")
+    forwarded = api_b.request("GET", "/stats", token=None, headers=signed)[1]
     assert forwarded == {"stats": {**forwarded["stats"], "sessions": 2}}
+    # An operator's request that merely claims to come from a node is not one.
+    status, refused = api_b.request("GET", "/stats", headers={"X-Bridge-Forwarded-By": "a"})[:2]
+    assert status == 401 and refused["error"].startswith("node call refused: node call without")
 
     found = api_a.get("/search/clients?q=dev-")[1]
     assert [(i["client_id"], i["node"]) for i in found["items"]] == [

@@ -1,6 +1,7 @@
 """The admin API tests' client and node starter (test_admin_*.py here, tests/cluster's
-test_admin_cluster.py): the fixed admin token, the packet size limit of the `admin_node` fixture
-(conftest.py), AdminHttp, a blocking JSON client of one node's admin API, and start_admin_node."""
+test_admin_cluster.py): the fixed admin token and cluster secret, the packet size limit of the
+`admin_node` fixture (conftest.py), AdminHttp, a blocking JSON client of one node's admin API,
+start_admin_node and start_cluster_admin_node."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from bridge.operations.admin import API_PREFIX
+from bridge.operations.node_calls import admin_call_keys, sign_call
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
 
 if TYPE_CHECKING:
     from tests.support.cluster import ClusterLauncher
 
 TOKEN = "admin-test-token-7f3a9c"
+CLUSTER_SECRET = "admin-tests-cluster-secret-5d1e08b2c4"
+"""The cluster secret of the nodes `start_cluster_admin_node` starts (they sign node calls)."""
 MAX_PACKET = 4096
 
 
@@ -87,6 +91,13 @@ class AdminHttp:
         return data
 
 
+def node_call_headers(method: str, path: str, caller: str, target: str) -> dict[str, str]:
+    """The headers of a call node `caller` signs with `CLUSTER_SECRET` for `method
+    API_PREFIX+path` (no body) on node `target`: what a member sends in the fan-out."""
+    (key,) = admin_call_keys([CLUSTER_SECRET.encode()])
+    return sign_call(key, method, API_PREFIX + path, b"", caller, target, time.time())
+
+
 def start_admin_node(
     bridge_factory: Callable[..., BridgeProcess], *settings: str
 ) -> tuple[BridgeProcess, AdminHttp]:
@@ -99,8 +110,15 @@ def start_admin_node(
 def start_cluster_admin_node(
     cluster: ClusterLauncher, node_id: str, *extra: str
 ) -> tuple[BridgeProcess, AdminHttp]:
-    """Node `node_id` of `cluster` with its admin API (token `TOKEN`) answering."""
+    """Node `node_id` of `cluster` with its admin API (token `TOKEN`, cluster secret
+    `CLUSTER_SECRET`) answering."""
     port = free_port()
-    node = cluster.start(node_id, f"admin_listen=127.0.0.1:{port}", f"admin_token={TOKEN}", *extra)
+    node = cluster.start(
+        node_id,
+        f"admin_listen=127.0.0.1:{port}",
+        f"admin_token={TOKEN}",
+        f"cluster_secret={CLUSTER_SECRET}",
+        *extra,
+    )
     wait_for_port(port, proc=node.proc)
     return node, AdminHttp(port)

@@ -28,7 +28,7 @@ import pytest
 from bridge.config import Config, load_config
 from bridge.listeners.server import Server
 from bridge.operations.admin import API_PREFIX, ROUTES, AdminAPI
-from tests.integration.admin_http import TOKEN, AdminHttp, start_admin_node
+from tests.integration.admin_http import TOKEN, AdminHttp, node_call_headers, start_admin_node
 from tests.support.clients import RawClient
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
 
@@ -87,6 +87,16 @@ def test_unknown_routes_and_methods_answer_json_errors(api: AdminHttp) -> None:
     conn.close()
 
 
+def test_a_node_without_a_cluster_secret_refuses_every_node_call(api: AdminHttp) -> None:
+    signed = node_call_headers("GET", "/stats", "a", "b")
+    status, body, _ = api.request("GET", "/stats", token=None, headers=signed)
+    assert status == 401 and body["error"] == (
+        "node call refused: this node has no cluster secret: it accepts no node calls"
+    )
+    # With the operator's token beside it, it is still judged as a node call, and refused.
+    assert api.request("GET", "/stats", headers=signed)[0] == 401
+
+
 def test_openapi_document_describes_exactly_the_routes_of_the_application(api: AdminHttp) -> None:
     status, spec = api.get("/openapi.json", token=None)
     assert status == 200 and spec["openapi"].startswith("3.1")
@@ -109,6 +119,19 @@ def test_openapi_document_describes_exactly_the_routes_of_the_application(api: A
     assert in_app == in_spec
     assert len(in_app) == len([r for r in ROUTES if r.prefix == API_PREFIX])
     public = {(r.method, API_PREFIX + r.path) for r in ROUTES if r.public}
+    node_callable = {
+        (r.method, API_PREFIX + re.sub(r"\{(\w+)(:[^}]*)?\}", r"{\1}", r.path))
+        for r in ROUTES
+        if r.node_calls
+    }
+    signed = {
+        (method.upper(), path)
+        for path, operations in spec["paths"].items()
+        for method, operation in operations.items()
+        if {"nodeSignature": []} in operation.get("security", [])
+    }
+    assert signed == node_callable  # other members call exactly these
+    assert ("GET", f"{API_PREFIX}/stats") in signed and ("GET", f"{API_PREFIX}/nodes") not in signed
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
             assert "200" in operation["responses"], (method, path)
