@@ -40,6 +40,7 @@ from bridge.cluster.redis_errors import redis_errors
 from bridge.config import parse_listen
 from bridge.operations.admin_access import AccessAPI
 from bridge.operations.admin_bans import BansAPI
+from bridge.operations.admin_bodies import publish_body_limit
 from bridge.operations.admin_console import ConsoleAPI
 from bridge.operations.admin_limits import LimitsAPI
 from bridge.operations.admin_node_calls import NodeCalls, forwarded_by
@@ -69,8 +70,6 @@ log = logging.getLogger("bridge.admin")
 
 FORWARD_TIMEOUT = 5.0
 TOKEN_FILE = "admin-token"
-BODY_ALLOWANCE = 64 * 1024
-"""Request bytes allowed beyond the largest (base64-encoded) payload: the JSON around it."""
 PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -135,13 +134,14 @@ class AdminAPI:
             self.config.cluster_secret, self.config.cluster_secret_file
         )
         # The node's id as the node takes it (`Node` reads the same), known before the node is.
-        self.node_calls = NodeCalls(self.config.resolved_node_id(), cluster_secrets)
+        self.node_calls = NodeCalls(
+            self.config.resolved_node_id(), cluster_secrets, self.config.admin_body_timeout
+        )
         if self.config.metrics_public:
             self._public.add(API_PREFIX + "/metrics")
-        max_payload = self.config.max_packet_size
         self.app = web.Application(
             middlewares=[self._errors_and_auth],
-            client_max_size=4 * -(-max_payload // 3) + BODY_ALLOWANCE,
+            client_max_size=publish_body_limit(self.config.max_packet_size),
         )
         self.topics = TopicsAPI(self)
         self.limits = LimitsAPI(self)

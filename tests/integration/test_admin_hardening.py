@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import http.client
 import json
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
-from tests.integration.admin_http import AdminHttp
+from tests.integration.admin_http import TOKEN, AdminHttp, start_admin_node
+from tests.support.processes import BridgeProcess
 
 pytestmark = pytest.mark.integration
 
@@ -61,3 +63,32 @@ def test_console_paths_that_leave_the_console_directory_get_404_and_no_file(
     # The console itself is still served, by its own names only.
     assert raw_get(api.port, "/console/index.html")[0] == 200
     assert raw_get(api.port, "/console/app.js")[0] == 200
+
+
+# -- request bodies ------------------------------------------------------------------------------
+
+
+def test_a_100000_deep_json_body_is_a_400_naming_the_nesting_not_a_500(
+    bridge_factory: Callable[..., BridgeProcess],
+) -> None:
+    # Default packet size: the publish body limit (~1.4 MB) lets the whole deep body in.
+    node, api = start_admin_node(bridge_factory, f"admin_token={TOKEN}")
+    deep_array = b"[" * 100_000 + b"]" * 100_000
+    status, data = api.post("/publish", deep_array)
+    assert (status, data) == (400, {"error": "request body: JSON nested deeper than 32 levels"})
+    deep_object = b'{"clientid": ' + b'{"a": ' * 8_000 + b"1" + b"}" * 8_001
+    for method, path in (("POST", "/banned"), ("PUT", "/limits")):
+        status, data, _ = api.request(method, path, deep_object)
+        assert (status, data) == (400, {"error": "request body: JSON nested deeper than 32 levels"})
+    # Brackets inside strings are text, not nesting: this body is refused for its topic only.
+    status, data = api.post("/publish", {"topic": "a/" + "[" * 5000, "payload": "{" * 1000})
+    assert status == 200 or "nested" not in data["error"], data
+    assert "Traceback" not in node.log_text()
+
+
+def test_an_oversized_body_is_a_413_naming_the_limit(api: AdminHttp) -> None:
+    big = json.dumps({"topic": "t", "payload": "x" * 200_000}).encode()
+    status, data = api.post("/publish", big)
+    assert status == 413 and data["error"].startswith("request body:"), data
+    status, data = api.post("/banned", {"clientid": "c" * 70_000, "seconds": 5})
+    assert status == 413 and "over the limit of 65536" in data["error"], data
