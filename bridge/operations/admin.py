@@ -43,6 +43,7 @@ from bridge.operations.admin_bans import BansAPI
 from bridge.operations.admin_bodies import publish_body_limit
 from bridge.operations.admin_console import ConsoleAPI
 from bridge.operations.admin_limits import LimitsAPI
+from bridge.operations.admin_listener import AdminSite, HeadDeadlines
 from bridge.operations.admin_node_calls import NodeCalls, forwarded_by
 from bridge.operations.admin_openapi import openapi_document
 from bridge.operations.admin_requests import (
@@ -128,6 +129,8 @@ class AdminAPI:
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self._public = {r.prefix + r.path for r in ROUTES if r.public}
+        self.head_deadlines = HeadDeadlines(self.config.admin_header_timeout)
+        """Each connection's time to send a request head (`bridge.operations.admin_listener`)."""
         self._node_callable: set[web.AbstractRoute] = set()
         """The routes other members call (`Route.node_calls`), as the router matches them."""
         cluster_secrets = read_cluster_secrets(
@@ -168,10 +171,14 @@ class AdminAPI:
             write_token_file(path, self.token)
             log.info("admin API token generated into %s (mode 0600)", path)
         host, port = parse_listen(self.config.admin_listen)
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            shutdown_timeout=2.0,
+            keepalive_timeout=self.config.admin_keepalive_timeout,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
+        await AdminSite(self._runner, host, port, self.head_deadlines).start()
         bound = self._runner.addresses[0][1] if self._runner.addresses else port
         self.advertise = advertised(self.config.admin_listen, bound)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
@@ -197,6 +204,7 @@ class AdminAPI:
     async def _errors_and_auth(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        self.head_deadlines.head_received(request.transport)
         try:
             resource = request.match_info.route.resource
             canonical = resource.canonical if resource is not None else None
@@ -217,6 +225,8 @@ class AdminAPI:
         except Exception:
             log.exception("admin API: %s %s failed", request.method, request.path)
             return error_response(500, "internal error (logged by the node)")
+        finally:
+            self.head_deadlines.answered(request.transport)
 
     def _authorize(self, request: web.Request) -> None:
         header = request.headers.get("Authorization", "")

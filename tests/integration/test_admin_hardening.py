@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
@@ -92,3 +95,93 @@ def test_an_oversized_body_is_a_413_naming_the_limit(api: AdminHttp) -> None:
     assert status == 413 and data["error"].startswith("request body:"), data
     status, data = api.post("/banned", {"clientid": "c" * 70_000, "seconds": 5})
     assert status == 413 and "over the limit of 65536" in data["error"], data
+
+
+# -- slow and idle connections -------------------------------------------------------------------
+
+HEADER_TIMEOUT = 0.5
+KEEPALIVE_TIMEOUT = 3.0
+
+
+@pytest.fixture
+def strict_api(bridge_factory: Callable[..., BridgeProcess]) -> AdminHttp:
+    """A node whose admin listener gives a request head 0.5 s and an idle connection 3 s."""
+    _node, api = start_admin_node(
+        bridge_factory,
+        f"admin_token={TOKEN}",
+        f"admin_header_timeout={HEADER_TIMEOUT}",
+        f"admin_keepalive_timeout={KEEPALIVE_TIMEOUT}",
+    )
+    return api
+
+
+def seconds_until_closed(sock: socket.socket, limit: float = 10.0) -> float:
+    """Block until the server closes `sock` (reading and dropping any answer); the wait."""
+    started = time.monotonic()
+    sock.settimeout(limit)
+    while sock.recv(4096):
+        pass
+    return time.monotonic() - started
+
+
+def test_half_a_request_line_is_closed_after_the_header_timeout(strict_api: AdminHttp) -> None:
+    with socket.create_connection(("127.0.0.1", strict_api.port)) as sock:
+        sock.sendall(b"GET /api/v1/health HT")
+        waited = seconds_until_closed(sock)
+    assert waited < HEADER_TIMEOUT + 1.0, waited
+
+
+def test_a_head_trickled_a_byte_at_a_time_is_closed_after_the_header_timeout(
+    strict_api: AdminHttp,
+) -> None:
+    head = b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", strict_api.port)) as sock:
+        for byte in head:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break  # closed (reset) by the node
+            # Wait for the close (or pace the next byte): the trickle must not keep it open.
+            readable, _, _ = select.select([sock], [], [], 0.1)
+            if readable and not sock.recv(4096):
+                break
+        waited = time.monotonic() - started
+    assert waited < HEADER_TIMEOUT + 1.0, waited
+
+
+def test_a_silent_connection_is_closed_after_the_header_timeout(strict_api: AdminHttp) -> None:
+    with socket.create_connection(("127.0.0.1", strict_api.port)) as sock:
+        waited = seconds_until_closed(sock)
+    assert waited < HEADER_TIMEOUT + 1.0, waited
+
+
+def test_an_idle_keep_alive_connection_is_kept_then_closed_after_the_keepalive_timeout(
+    strict_api: AdminHttp,
+) -> None:
+    with socket.create_connection(("127.0.0.1", strict_api.port)) as sock:
+        sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(10)
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            answer += sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200")
+        answered = time.monotonic()
+        while sock.recv(4096):
+            pass
+        idle = time.monotonic() - answered
+    # Idle between requests is the keep-alive's to limit, not the header timeout's.
+    assert KEEPALIVE_TIMEOUT - 0.5 <= idle < KEEPALIVE_TIMEOUT + 3, idle
+
+
+def test_requests_on_a_kept_connection_are_answered_within_the_timeouts(
+    strict_api: AdminHttp,
+) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", strict_api.port, timeout=10)
+    try:
+        for _ in range(3):
+            conn.request("GET", "/api/v1/health")
+            response = conn.getresponse()
+            assert response.status == 200 and json.loads(response.read())["status"] == "ok"
+    finally:
+        conn.close()
