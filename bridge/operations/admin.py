@@ -253,28 +253,40 @@ class AdminAPI:
         )
 
     async def readiness(self, request: web.Request) -> web.Response:
-        """Whether the node should get traffic: started, accepting, registry reachable."""
+        """Whether the node should get traffic: started, accepting, registry reachable. Anyone
+        may ask, so the answer names the component that is down (`"redis": "unavailable"`),
+        never its exception: that goes to the node's log."""
         query_params(request, ())
-        reason = await self._not_ready_reason()
-        body = {"status": "ready" if reason is None else "not ready", "node": self.node.node_id}
+        body: dict[str, Any] = {"status": "ready", "node": self.node.node_id}
+        reason = self._not_ready_reason()
+        cluster = self.server.cluster
+        if cluster is not None and reason is None:
+            redis_up = await self._registry_answers(cluster.registry.redis)
+            body["redis"] = "ok" if redis_up else "unavailable"
+            if not redis_up:
+                reason = "the cluster registry (Redis) is unavailable"
         if reason is not None:
-            return web.json_response({**body, "error": reason}, status=503)
+            return web.json_response({**body, "status": "not ready", "error": reason}, status=503)
         return web.json_response(body)
 
-    async def _not_ready_reason(self) -> str | None:
+    def _not_ready_reason(self) -> str | None:
         if not self.ready:
             return "the node is starting or shutting down"
         if not self.node.accepting:
             return "the node is shutting down (draining)"
         cluster = self.server.cluster
-        if cluster is not None:
-            if cluster.leaving:
-                return "the node is leaving the cluster"
-            try:
-                await self.registry_call(cluster.registry.redis.ping())
-            except ApiError as exc:
-                return exc.message
+        if cluster is not None and cluster.leaving:
+            return "the node is leaving the cluster"
         return None
+
+    async def _registry_answers(self, redis: Any) -> bool:
+        """Whether the registry's Redis answers a PING in time; why not is logged."""
+        try:
+            await asyncio.wait_for(redis.ping(), self.config.redis_timeout)
+        except redis_errors(OSError, TimeoutError) as exc:
+            log.warning("admin API: /ready: the cluster registry (Redis) did not answer: %r", exc)
+            return False
+        return True
 
     async def openapi(self, request: web.Request) -> web.Response:
         query_params(request, ())

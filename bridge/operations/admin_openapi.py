@@ -41,6 +41,11 @@ SCHEMAS: dict[str, Schema] = {
             "status": {"enum": ["ready", "not ready"]},
             "node": {"type": "string"},
             "error": {"type": "string", "description": "Why the node is not ready."},
+            "redis": {
+                "enum": ["ok", "unavailable"],
+                "description": "A cluster member's registry (Redis), when the node is otherwise "
+                "ready; why it is unavailable is in the node's log, not here.",
+            },
         },
         ["status", "node"],
     ),

@@ -7,17 +7,24 @@ its exception text. Every refusal is a 4xx JSON answer, and the node logs no tra
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import logging
 import select
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 from urllib.parse import quote
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from bridge.config import Config
+from bridge.operations.admin import API_PREFIX, AdminAPI
 from tests.integration.admin_http import TOKEN, AdminHttp, start_admin_node
 from tests.support.processes import BridgeProcess
 
@@ -185,3 +192,57 @@ def test_requests_on_a_kept_connection_are_answered_within_the_timeouts(
             assert response.status == 200 and json.loads(response.read())["status"] == "ok"
     finally:
         conn.close()
+
+
+# -- /ready --------------------------------------------------------------------------------------
+
+REDIS_SECRET = "redis://:hunter2@10.1.2.3:6379 refused (internal detail)"
+
+
+class _FailingRedis:
+    """A registry Redis whose PING fails with an exception that names internals."""
+
+    def __init__(self) -> None:
+        self.up = True
+
+    async def ping(self) -> bool:
+        if not self.up:
+            raise ConnectionRefusedError(REDIS_SECRET)
+        return True
+
+
+def test_ready_names_the_component_that_is_down_without_its_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """In process: a cluster member's /ready with its registry's Redis up, then down."""
+    redis = _FailingRedis()
+    cluster = SimpleNamespace(leaving=False, registry=SimpleNamespace(redis=redis))
+    served = SimpleNamespace(
+        config=Config(admin_token=TOKEN),
+        node=SimpleNamespace(node_id="n1", accepting=True),
+        cluster=cluster,
+    )
+    admin = AdminAPI(served)  # type: ignore[arg-type]
+    admin.ready = True
+
+    async def scenario() -> list[tuple[int, dict[str, Any]]]:
+        answers = []
+        async with TestClient(TestServer(admin.app)) as client:
+            for up in (True, False):
+                redis.up = up
+                response = await client.get(f"{API_PREFIX}/ready")
+                answers.append((response.status, await response.json()))
+        return answers
+
+    with caplog.at_level(logging.WARNING, logger="bridge.admin"):
+        (up_status, up_body), (down_status, down_body) = asyncio.run(scenario())
+    assert (up_status, up_body) == (200, {"status": "ready", "node": "n1", "redis": "ok"})
+    assert down_status == 503
+    assert down_body == {
+        "status": "not ready",
+        "node": "n1",
+        "redis": "unavailable",
+        "error": "the cluster registry (Redis) is unavailable",
+    }
+    assert "hunter2" not in json.dumps(down_body)
+    assert REDIS_SECRET in caplog.text  # the operator finds the cause in the log
