@@ -194,6 +194,21 @@ def test_requests_on_a_kept_connection_are_answered_within_the_timeouts(
         conn.close()
 
 
+# -- /metrics ------------------------------------------------------------------------------------
+
+
+def test_metrics_behind_the_token_when_not_public_and_open_when_public(
+    api: AdminHttp, strict_api: AdminHttp
+) -> None:
+    # `api`: metrics_public=false; `strict_api`: the default, metrics_public=true.
+    assert api.get("/metrics", token=None) == (401, {"error": "missing bearer token"})
+    assert api.get("/metrics", token="wrong")[0] == 401
+    status, text = api.get("/metrics")
+    assert status == 200 and "mqtt_bridge_" in text
+    status, text = strict_api.get("/metrics", token=None)
+    assert status == 200 and "mqtt_bridge_" in text
+
+
 # -- /ready --------------------------------------------------------------------------------------
 
 REDIS_SECRET = "redis://:hunter2@10.1.2.3:6379 refused (internal detail)"
