@@ -108,16 +108,19 @@ def test_an_oversized_body_is_a_413_naming_the_limit(api: AdminHttp) -> None:
 
 HEADER_TIMEOUT = 0.5
 KEEPALIVE_TIMEOUT = 3.0
+BODY_TIMEOUT = 0.5
 
 
 @pytest.fixture
 def strict_api(bridge_factory: Callable[..., BridgeProcess]) -> AdminHttp:
-    """A node whose admin listener gives a request head 0.5 s and an idle connection 3 s."""
+    """A node whose admin listener gives a request head 0.5 s, an idle connection 3 s and a
+    request body 0.5 s."""
     _node, api = start_admin_node(
         bridge_factory,
         f"admin_token={TOKEN}",
         f"admin_header_timeout={HEADER_TIMEOUT}",
         f"admin_keepalive_timeout={KEEPALIVE_TIMEOUT}",
+        f"admin_body_timeout={BODY_TIMEOUT}",
     )
     return api
 
@@ -192,6 +195,25 @@ def test_requests_on_a_kept_connection_are_answered_within_the_timeouts(
             assert response.status == 200 and json.loads(response.read())["status"] == "ok"
     finally:
         conn.close()
+
+
+def test_a_stalled_body_is_a_408_after_the_body_timeout(strict_api: AdminHttp) -> None:
+    head = (
+        f"POST /api/v1/banned HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", strict_api.port)) as sock:
+        sock.sendall(head.encode() + b'{"clientid": ')
+        sock.settimeout(10)
+        started = time.monotonic()
+        answer = sock.recv(4096)
+        waited = time.monotonic() - started
+        while answer and not answer.rstrip().endswith(b"}"):
+            answer += sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    body = json.loads(answer.partition(b"\r\n\r\n")[2])
+    assert body == {"error": f"request body: not received within {BODY_TIMEOUT:g} s"}
+    assert waited < BODY_TIMEOUT + 1.5, waited
 
 
 # -- /metrics ------------------------------------------------------------------------------------
