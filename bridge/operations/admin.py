@@ -43,7 +43,7 @@ from bridge.operations.admin_bans import BansAPI
 from bridge.operations.admin_bodies import publish_body_limit
 from bridge.operations.admin_console import ConsoleAPI
 from bridge.operations.admin_limits import LimitsAPI
-from bridge.operations.admin_listener import AdminSite, HeadDeadlines
+from bridge.operations.admin_listener import AdminConnections, AdminSite
 from bridge.operations.admin_node_calls import NodeCalls, forwarded_by
 from bridge.operations.admin_openapi import openapi_document
 from bridge.operations.admin_requests import (
@@ -129,8 +129,11 @@ class AdminAPI:
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self._public = {r.prefix + r.path for r in ROUTES if r.public}
-        self.head_deadlines = HeadDeadlines(self.config.admin_header_timeout)
-        """Each connection's time to send a request head (`bridge.operations.admin_listener`)."""
+        self.admin_connections = AdminConnections(
+            self.config.admin_header_timeout, self.config.admin_max_connections
+        )
+        """The listener's connections: how many, and each one's time to send a request head
+        (`bridge.operations.admin_listener`)."""
         self._node_callable: set[web.AbstractRoute] = set()
         """The routes other members call (`Route.node_calls`), as the router matches them."""
         cluster_secrets = read_cluster_secrets(
@@ -178,7 +181,7 @@ class AdminAPI:
             keepalive_timeout=self.config.admin_keepalive_timeout,
         )
         await self._runner.setup()
-        await AdminSite(self._runner, host, port, self.head_deadlines).start()
+        await AdminSite(self._runner, host, port, self.admin_connections).start()
         bound = self._runner.addresses[0][1] if self._runner.addresses else port
         self.advertise = advertised(self.config.admin_listen, bound)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
@@ -204,7 +207,7 @@ class AdminAPI:
     async def _errors_and_auth(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        self.head_deadlines.head_received(request.transport)
+        self.admin_connections.head_received(request.transport)
         try:
             resource = request.match_info.route.resource
             canonical = resource.canonical if resource is not None else None
@@ -226,7 +229,7 @@ class AdminAPI:
             log.exception("admin API: %s %s failed", request.method, request.path)
             return error_response(500, "internal error (logged by the node)")
         finally:
-            self.head_deadlines.answered(request.transport)
+            self.admin_connections.answered(request.transport)
 
     def _authorize(self, request: web.Request) -> None:
         header = request.headers.get("Authorization", "")

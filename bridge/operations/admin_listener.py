@@ -1,4 +1,5 @@
-"""The admin API's listener: how long a connection may take to say what it wants.
+"""The admin API's listener: how long a connection may take to say what it wants, and how many
+connections may be open at once.
 
 aiohttp closes a connection idle between requests after its keep-alive timeout
 (`admin_keepalive_timeout`), but it has no limit on the time a request's line and headers may
@@ -8,32 +9,54 @@ parser state) for as long as it likes, and a few thousand such clients hold the 
 `AdminSite` listens like aiohttp's `TCPSite`, with each connection's protocol wrapped in
 `_HeadDeadline`: a connection has `admin_header_timeout` seconds to deliver a complete request
 head, counted from the moment it connects and from the first byte of each later request. The
-head is complete when the request reaches the application, which tells `HeadDeadlines` so
+head is complete when the request reaches the application, which tells `AdminConnections` so
 (`head_received`) from its first middleware; bytes that arrive while a request is handled are
 its body (bounded by `admin_body_timeout`, `bridge.operations.admin_bodies`). A connection past
 its deadline is closed without an answer, as a reverse proxy's header timeout does.
+
+At most `admin_max_connections` connections are open at once; one more is closed as soon as it
+is accepted. Every socket is a file descriptor of the node's process, the same that the MQTT
+listeners accept with: without a cap, a stranger opening admin connections faster than the
+header timeout closes them could exhaust them and keep devices out. With it, a flood costs the
+admin API its availability for as long as it lasts, never the MQTT side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, cast
 
 from aiohttp import web
 
+from bridge.access.ratelimit import LogThrottle
+
 log = logging.getLogger("bridge.admin")
 
+REFUSAL_LOG_INTERVAL = 10.0
+"""Seconds between log lines about connections refused for `admin_max_connections`."""
 
-class HeadDeadlines:
-    """The listener's open connections by transport, each with its head deadline; the admin
-    application reports when a request's head arrived and when it was answered."""
 
-    def __init__(self, timeout: float) -> None:
+class AdminConnections:
+    """The listener's open connections by transport (at most `max_open`), each with its head
+    deadline of `timeout` seconds; the admin application reports when a request's head arrived
+    and when it was answered."""
+
+    def __init__(self, timeout: float, max_open: int) -> None:
         self.timeout = timeout
+        self.max_open = max_open
         self.closed = 0
         """Connections closed for sending no complete request head in time, since start."""
+        self.refused = 0
+        """Connections closed on arrival because `max_open` were open, since start."""
         self._open: dict[Any, _HeadDeadline] = {}
+        self._throttle = LogThrottle(REFUSAL_LOG_INTERVAL)
+
+    @property
+    def full(self) -> bool:
+        """Whether `max_open` connections are open."""
+        return len(self._open) >= self.max_open
 
     def head_received(self, transport: Any) -> None:
         """A request's head from `transport` reached the application: its deadline is met."""
@@ -50,39 +73,61 @@ class HeadDeadlines:
     def _add(self, transport: Any, connection: _HeadDeadline) -> None:
         self._open[transport] = connection
 
+    def _refuse(self) -> None:
+        self.refused += 1
+        log_it, suppressed = self._throttle.note(time.monotonic())
+        if log_it:
+            log.warning(
+                "admin API: refused a connection: admin_max_connections=%d are open "
+                "(%d more refused since the last line)",
+                self.max_open,
+                suppressed,
+            )
+
     def _remove(self, transport: Any) -> None:
         self._open.pop(transport, None)
 
 
 class _HeadDeadline(asyncio.Protocol):
-    """aiohttp's protocol for one connection, with a deadline for each request head."""
+    """aiohttp's protocol for one connection, with a deadline for each request head; a
+    connection refused for the cap is closed here and never reaches aiohttp."""
 
-    def __init__(self, inner: asyncio.Protocol, deadlines: HeadDeadlines) -> None:
+    def __init__(self, inner: asyncio.Protocol, connections: AdminConnections) -> None:
         self._inner = inner
-        self._deadlines = deadlines
+        self._connections = connections
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._in_request = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._connections.full:
+            # Never handed to aiohttp: no handler, no parser, the descriptor freed at once.
+            self._connections._refuse()
+            transport.close()
+            return
         # A stream transport (uvloop's are not asyncio.Transport subclasses, only alike).
         self._transport = cast("asyncio.Transport", transport)
-        self._deadlines._add(self._transport, self)
+        self._connections._add(self._transport, self)
         self._arm()  # a new connection must send its first request in time, too
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        if self._transport is None:
+            return  # refused
         if not self._in_request and self._timer is None:
             self._arm()
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
+        if self._transport is None:
+            return None
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        if self._transport is not None:
-            self._deadlines._remove(self._transport)
+        if self._transport is None:
+            return  # refused: aiohttp never saw it
+        self._connections._remove(self._transport)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -100,7 +145,7 @@ class _HeadDeadline(asyncio.Protocol):
 
     def _arm(self) -> None:
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._deadlines.timeout, self._expired)
+        self._timer = loop.call_later(self._connections.timeout, self._expired)
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -112,25 +157,26 @@ class _HeadDeadline(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        self._deadlines.closed += 1
+        self._connections.closed += 1
         log.debug(
             "admin API: closed %s: no complete request head within %g s",
             transport.get_extra_info("peername"),
-            self._deadlines.timeout,
+            self._connections.timeout,
         )
         transport.close()
 
 
 class AdminSite(web.BaseSite):
-    """A TCP listener of an `AppRunner` whose connections get `deadlines` (see the module)."""
+    """A TCP listener of an `AppRunner`; `connections` counts its connections and times each
+    one's request heads (see the module)."""
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, deadlines: HeadDeadlines
+        self, runner: web.BaseRunner, host: str, port: int, connections: AdminConnections
     ) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
-        self._deadlines = deadlines
+        self._connections = connections
 
     @property
     def name(self) -> str:
@@ -142,10 +188,10 @@ class AdminSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
-        deadlines = self._deadlines
+        connections = self._connections
 
         def protocol() -> asyncio.Protocol:
-            return _HeadDeadline(server(), deadlines)
+            return _HeadDeadline(server(), connections)
 
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(

@@ -216,6 +216,45 @@ def test_a_stalled_body_is_a_408_after_the_body_timeout(strict_api: AdminHttp) -
     assert waited < BODY_TIMEOUT + 1.5, waited
 
 
+def answered_on(sock: socket.socket) -> bytes:
+    """GET /health on an open connection, kept alive; the answer's head and body."""
+    sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.settimeout(10)
+    answer = b""
+    while not answer.rstrip().endswith(b"}"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def test_connections_past_admin_max_connections_are_closed_on_arrival(
+    bridge_factory: Callable[..., BridgeProcess],
+) -> None:
+    node, api = start_admin_node(bridge_factory, f"admin_token={TOKEN}", "admin_max_connections=2")
+    with (
+        socket.create_connection(("127.0.0.1", api.port)) as first,
+        socket.create_connection(("127.0.0.1", api.port)) as second,
+    ):
+        # Both answered: both are open on the node and count against the cap.
+        assert answered_on(first).startswith(b"HTTP/1.1 200")
+        assert answered_on(second).startswith(b"HTTP/1.1 200")
+        with socket.create_connection(("127.0.0.1", api.port)) as third:
+            assert seconds_until_closed(third) < 2.0  # closed at once, long before 10 s
+        node.wait_for_log("admin API: refused a connection: admin_max_connections=2 are open")
+    # The two closed: the node takes connections again (once it has seen them go).
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.create_connection(("127.0.0.1", api.port)) as again:
+            try:
+                if answered_on(again).startswith(b"HTTP/1.1 200"):
+                    break
+            except ConnectionError:  # refused: reset or closed under the request
+                pass
+        assert time.monotonic() < deadline, "the node took no connection after the two closed"
+
+
 # -- /metrics ------------------------------------------------------------------------------------
 
 
