@@ -5,7 +5,9 @@ An aiohttp application on its own listener (`admin_listen`), JSON in and out; `R
 of endpoints and `bridge.operations.admin_openapi` describes each of them. Every request except the
 probes, the OpenAPI document and the console's static files (/console/, `admin_console`) needs
 `Authorization: Bearer <admin_token>` (/metrics too unless `metrics_public`). Every failure is
-answered `{"error": "<message>"}` with its status, never an HTML page or a traceback.
+answered `{"error": "<message>"}` with its status, never an HTML page or a traceback. What a
+stranger can make the listener hold is bounded: connections and the time each has to send a
+request head (`admin_listener`), request bodies in size, time and JSON nesting (`admin_bodies`).
 
 Handlers read the node's tables directly: they run on the node's event loop, so what they read is
 consistent up to their next `await`, as for everything else the node does.
