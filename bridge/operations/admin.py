@@ -45,7 +45,7 @@ from bridge.operations.admin_bans import BansAPI
 from bridge.operations.admin_bodies import publish_body_limit
 from bridge.operations.admin_console import ConsoleAPI
 from bridge.operations.admin_limits import LimitsAPI
-from bridge.operations.admin_listener import AdminConnections, AdminSite
+from bridge.operations.admin_listener import HTTP_LOG, AdminConnections, AdminSite
 from bridge.operations.admin_node_calls import NodeCalls, forwarded_by
 from bridge.operations.admin_openapi import openapi_document
 from bridge.operations.admin_requests import (
@@ -181,6 +181,7 @@ class AdminAPI:
             access_log=None,
             shutdown_timeout=2.0,
             keepalive_timeout=self.config.admin_keepalive_timeout,
+            logger=HTTP_LOG,
         )
         await self._runner.setup()
         await AdminSite(self._runner, host, port, self.admin_connections).start()

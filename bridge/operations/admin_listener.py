@@ -19,6 +19,11 @@ is accepted. Every socket is a file descriptor of the node's process, the same t
 listeners accept with: without a cap, a stranger opening admin connections faster than the
 header timeout closes them could exhaust them and keep devices out. With it, a flood costs the
 admin API its availability for as long as it lasts, never the MQTT side.
+
+A request aiohttp cannot parse (not HTTP, a bad header, a line over 8 KiB) it answers 400 itself,
+before the application sees it, and logs with a traceback: anyone could fill the node's log.
+Its log (`HTTP_LOG`) goes through `_MalformedRequests`, which makes that one line without a
+traceback, at most once per `REFUSAL_LOG_INTERVAL`; anything else aiohttp logs is left whole.
 """
 
 from __future__ import annotations
@@ -29,13 +34,52 @@ import time
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from bridge.access.ratelimit import LogThrottle
 
 log = logging.getLogger("bridge.admin")
 
 REFUSAL_LOG_INTERVAL = 10.0
-"""Seconds between log lines about connections refused for `admin_max_connections`."""
+"""Seconds between log lines about connections refused for `admin_max_connections`, and about
+malformed requests."""
+MAX_FAULT_TEXT = 200
+"""Characters of a parser's fault kept in the log line (it quotes the request's bytes)."""
+
+
+class _MalformedRequests(logging.Filter):
+    """Rewrites aiohttp's record of a request it could not parse into one line naming the
+    fault, without the traceback, and drops those past one per `REFUSAL_LOG_INTERVAL`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._throttle = LogThrottle(REFUSAL_LOG_INTERVAL)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether to log `record` (rewritten if it is about a malformed request)."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        log_it, suppressed = self._throttle.note(time.monotonic())
+        if not log_it:
+            return False
+        fault = " ".join(str(exc.message).split())[:MAX_FAULT_TEXT]
+        remote = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        record.msg = (
+            "admin API: answered 400 to a malformed request from %s: %r (%d more since the last "
+            "line)"
+        )
+        record.args = (remote, fault, suppressed)
+        record.exc_info = None
+        record.exc_text = None
+        if record.levelno > logging.WARNING:  # aiohttp's ERROR; what it logs at debug stays so
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+HTTP_LOG = logging.getLogger("bridge.admin.http")
+"""aiohttp's own log of the admin listener (`AppRunner(logger=...)`)."""
+HTTP_LOG.addFilter(_MalformedRequests())
 
 
 class AdminConnections:

@@ -255,6 +255,24 @@ def test_connections_past_admin_max_connections_are_closed_on_arrival(
         assert time.monotonic() < deadline, "the node took no connection after the two closed"
 
 
+def test_malformed_requests_get_400_and_one_log_line_without_a_traceback(
+    admin_node: tuple[BridgeProcess, AdminHttp],
+) -> None:
+    node, api = admin_node
+    for raw in (
+        b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nNot A Header\r\n\r\n",
+        b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 TLS to a plain port\r\n\r\n",
+    ):
+        with socket.create_connection(("127.0.0.1", api.port)) as sock:
+            sock.sendall(raw)
+            sock.settimeout(10)
+            answer = sock.recv(4096)
+        assert answer.split(b" ", 2)[1] == b"400", answer[:200]
+    log = node.wait_for_log("admin API: answered 400 to a malformed request from 127.0.0.1")
+    assert "Traceback" not in log and "Error handling request" not in log
+
+
 # -- /metrics ------------------------------------------------------------------------------------
 
 
