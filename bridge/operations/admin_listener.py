@@ -180,6 +180,11 @@ class _HeadDeadline(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._inner.resume_writing()
 
+    @property
+    def waiting_for_head(self) -> bool:
+        """Whether the clock of a request head runs (it is closed when it runs out)."""
+        return self._timer is not None
+
     def head_received(self) -> None:
         self._disarm()
         self._in_request = True
