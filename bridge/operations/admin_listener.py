@@ -114,10 +114,13 @@ class AdminConnections:
         if connection is not None:
             connection.answered()
 
-    def _add(self, transport: Any, connection: _HeadDeadline) -> None:
+    def track(self, transport: Any, connection: _HeadDeadline) -> None:
+        """A connection was accepted (there was room for it)."""
         self._open[transport] = connection
 
-    def _refuse(self) -> None:
+    def note_refused(self) -> None:
+        """A connection was closed on arrival because the listener was full: counted, and
+        logged at most once per `REFUSAL_LOG_INTERVAL`."""
         self.refused += 1
         log_it, suppressed = self._throttle.note(time.monotonic())
         if log_it:
@@ -128,7 +131,17 @@ class AdminConnections:
                 suppressed,
             )
 
-    def _remove(self, transport: Any) -> None:
+    def note_expired(self, transport: Any) -> None:
+        """The connection of `transport` was closed for its request head's deadline."""
+        self.closed += 1
+        log.debug(
+            "admin API: closed %s: no complete request head within %g s",
+            transport.get_extra_info("peername"),
+            self.timeout,
+        )
+
+    def untrack(self, transport: Any) -> None:
+        """A tracked connection is gone."""
         self._open.pop(transport, None)
 
 
@@ -146,12 +159,12 @@ class _HeadDeadline(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._connections.full:
             # Never handed to aiohttp: no handler, no parser, the descriptor freed at once.
-            self._connections._refuse()
+            self._connections.note_refused()
             transport.close()
             return
         # A stream transport (uvloop's are not asyncio.Transport subclasses, only alike).
         self._transport = cast("asyncio.Transport", transport)
-        self._connections._add(self._transport, self)
+        self._connections.track(self._transport, self)
         self._arm()  # a new connection must send its first request in time, too
         self._inner.connection_made(transport)
 
@@ -171,7 +184,7 @@ class _HeadDeadline(asyncio.Protocol):
         self._disarm()
         if self._transport is None:
             return  # refused: aiohttp never saw it
-        self._connections._remove(self._transport)
+        self._connections.untrack(self._transport)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -206,12 +219,7 @@ class _HeadDeadline(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        self._connections.closed += 1
-        log.debug(
-            "admin API: closed %s: no complete request head within %g s",
-            transport.get_extra_info("peername"),
-            self._connections.timeout,
-        )
+        self._connections.note_expired(transport)
         transport.close()
 
 
