@@ -52,6 +52,10 @@ class Config:
     admin_listen: str = ""
     admin_token: str = ""
     metrics_public: bool = True
+    admin_header_timeout: float = 10.0
+    admin_keepalive_timeout: float = 60.0
+    admin_body_timeout: float = 30.0
+    admin_max_connections: int = 100
     sys_interval: float = 10.0
     client_events: bool = True
     client_events_qos: int = 1
@@ -159,6 +163,12 @@ SETTINGS: dict[str, str] = {
     "admin_listen": "admin HTTP API `HOST:PORT` (empty: off); keep it on a private network",
     "admin_token": "bearer token of the admin API (empty: one is generated into data_dir)",
     "metrics_public": "serve /metrics on the admin listener without the token (for Prometheus)",
+    "admin_header_timeout": "seconds an admin API connection has to send a request's line and "
+    "headers, from connecting or from its first byte after an answer; then it is closed",
+    "admin_keepalive_timeout": "seconds an idle admin API connection is kept open between requests",
+    "admin_body_timeout": "seconds an admin API request's body may take to arrive (then 408)",
+    "admin_max_connections": "admin API connections open at once; one more is closed on arrival "
+    "(bounds the sockets strangers can hold, so they cannot starve the MQTT listeners)",
     "sys_interval": "seconds between `$SYS/brokers/<node>/...` statistics (0: off)",
     "client_events": "publish `$SYS/brokers/<node>/clients/<id>/connected|disconnected` events",
     "client_events_qos": "QoS of the client events (1: stored, so persistent subscribers get all)",
@@ -370,6 +380,14 @@ def _validate_operations(config: Config) -> None:
         raise ConfigError(f"presubscribe: {exc}") from None
     if config.admin_listen:
         parse_listen(config.admin_listen)
+    for name in ("admin_header_timeout", "admin_keepalive_timeout", "admin_body_timeout"):
+        value = getattr(config, name)
+        if not 0 < value <= 3600:  # also refuses nan
+            raise ConfigError(f"{name}: 0 < seconds <= 3600, got {value}")
+    if config.admin_max_connections < 1:
+        raise ConfigError(
+            f"admin_max_connections: must be at least 1, got {config.admin_max_connections}"
+        )
     if config.client_events_qos not in (0, 1, 2):
         raise ConfigError("client_events_qos: must be 0, 1 or 2")
     for name in (

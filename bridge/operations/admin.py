@@ -5,7 +5,9 @@ An aiohttp application on its own listener (`admin_listen`), JSON in and out; `R
 of endpoints and `bridge.operations.admin_openapi` describes each of them. Every request except the
 probes, the OpenAPI document and the console's static files (/console/, `admin_console`) needs
 `Authorization: Bearer <admin_token>` (/metrics too unless `metrics_public`). Every failure is
-answered `{"error": "<message>"}` with its status, never an HTML page or a traceback.
+answered `{"error": "<message>"}` with its status, never an HTML page or a traceback. What a
+stranger can make the listener hold is bounded: connections and the time each has to send a
+request head (`admin_listener`), request bodies in size, time and JSON nesting (`admin_bodies`).
 
 Handlers read the node's tables directly: they run on the node's event loop, so what they read is
 consistent up to their next `await`, as for everything else the node does.
@@ -40,8 +42,10 @@ from bridge.cluster.redis_errors import redis_errors
 from bridge.config import parse_listen
 from bridge.operations.admin_access import AccessAPI
 from bridge.operations.admin_bans import BansAPI
+from bridge.operations.admin_bodies import publish_body_limit
 from bridge.operations.admin_console import ConsoleAPI
 from bridge.operations.admin_limits import LimitsAPI
+from bridge.operations.admin_listener import HTTP_LOG, AdminConnections, AdminSite
 from bridge.operations.admin_node_calls import NodeCalls, forwarded_by
 from bridge.operations.admin_openapi import openapi_document
 from bridge.operations.admin_requests import (
@@ -69,8 +73,6 @@ log = logging.getLogger("bridge.admin")
 
 FORWARD_TIMEOUT = 5.0
 TOKEN_FILE = "admin-token"
-BODY_ALLOWANCE = 64 * 1024
-"""Request bytes allowed beyond the largest (base64-encoded) payload: the JSON around it."""
 PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -129,19 +131,25 @@ class AdminAPI:
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self._public = {r.prefix + r.path for r in ROUTES if r.public}
+        self.admin_connections = AdminConnections(
+            self.config.admin_header_timeout, self.config.admin_max_connections
+        )
+        """The listener's connections: how many, and each one's time to send a request head
+        (`bridge.operations.admin_listener`)."""
         self._node_callable: set[web.AbstractRoute] = set()
         """The routes other members call (`Route.node_calls`), as the router matches them."""
         cluster_secrets = read_cluster_secrets(
             self.config.cluster_secret, self.config.cluster_secret_file
         )
         # The node's id as the node takes it (`Node` reads the same), known before the node is.
-        self.node_calls = NodeCalls(self.config.resolved_node_id(), cluster_secrets)
+        self.node_calls = NodeCalls(
+            self.config.resolved_node_id(), cluster_secrets, self.config.admin_body_timeout
+        )
         if self.config.metrics_public:
             self._public.add(API_PREFIX + "/metrics")
-        max_payload = self.config.max_packet_size
         self.app = web.Application(
             middlewares=[self._errors_and_auth],
-            client_max_size=4 * -(-max_payload // 3) + BODY_ALLOWANCE,
+            client_max_size=publish_body_limit(self.config.max_packet_size),
         )
         self.topics = TopicsAPI(self)
         self.limits = LimitsAPI(self)
@@ -168,10 +176,15 @@ class AdminAPI:
             write_token_file(path, self.token)
             log.info("admin API token generated into %s (mode 0600)", path)
         host, port = parse_listen(self.config.admin_listen)
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            shutdown_timeout=2.0,
+            keepalive_timeout=self.config.admin_keepalive_timeout,
+            logger=HTTP_LOG,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
+        await AdminSite(self._runner, host, port, self.admin_connections).start()
         bound = self._runner.addresses[0][1] if self._runner.addresses else port
         self.advertise = advertised(self.config.admin_listen, bound)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
@@ -197,6 +210,7 @@ class AdminAPI:
     async def _errors_and_auth(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        self.admin_connections.head_received(request.transport)
         try:
             resource = request.match_info.route.resource
             canonical = resource.canonical if resource is not None else None
@@ -217,6 +231,8 @@ class AdminAPI:
         except Exception:
             log.exception("admin API: %s %s failed", request.method, request.path)
             return error_response(500, "internal error (logged by the node)")
+        finally:
+            self.admin_connections.answered(request.transport)
 
     def _authorize(self, request: web.Request) -> None:
         header = request.headers.get("Authorization", "")
@@ -243,28 +259,40 @@ class AdminAPI:
         )
 
     async def readiness(self, request: web.Request) -> web.Response:
-        """Whether the node should get traffic: started, accepting, registry reachable."""
+        """Whether the node should get traffic: started, accepting, registry reachable. Anyone
+        may ask, so the answer names the component that is down (`"redis": "unavailable"`),
+        never its exception: that goes to the node's log."""
         query_params(request, ())
-        reason = await self._not_ready_reason()
-        body = {"status": "ready" if reason is None else "not ready", "node": self.node.node_id}
+        body: dict[str, Any] = {"status": "ready", "node": self.node.node_id}
+        reason = self._not_ready_reason()
+        cluster = self.server.cluster
+        if cluster is not None and reason is None:
+            redis_up = await self._registry_answers(cluster.registry.redis)
+            body["redis"] = "ok" if redis_up else "unavailable"
+            if not redis_up:
+                reason = "the cluster registry (Redis) is unavailable"
         if reason is not None:
-            return web.json_response({**body, "error": reason}, status=503)
+            return web.json_response({**body, "status": "not ready", "error": reason}, status=503)
         return web.json_response(body)
 
-    async def _not_ready_reason(self) -> str | None:
+    def _not_ready_reason(self) -> str | None:
         if not self.ready:
             return "the node is starting or shutting down"
         if not self.node.accepting:
             return "the node is shutting down (draining)"
         cluster = self.server.cluster
-        if cluster is not None:
-            if cluster.leaving:
-                return "the node is leaving the cluster"
-            try:
-                await self.registry_call(cluster.registry.redis.ping())
-            except ApiError as exc:
-                return exc.message
+        if cluster is not None and cluster.leaving:
+            return "the node is leaving the cluster"
         return None
+
+    async def _registry_answers(self, redis: Any) -> bool:
+        """Whether the registry's Redis answers a PING in time; why not is logged."""
+        try:
+            await asyncio.wait_for(redis.ping(), self.config.redis_timeout)
+        except redis_errors(OSError, TimeoutError) as exc:
+            log.warning("admin API: /ready: the cluster registry (Redis) did not answer: %r", exc)
+            return False
+        return True
 
     async def openapi(self, request: web.Request) -> web.Response:
         query_params(request, ())

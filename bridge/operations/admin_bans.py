@@ -8,7 +8,6 @@ connected clients it names; the request parsing is `bridge.access.bans.parse_ban
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,7 @@ from aiohttp import web
 
 from bridge.access.banlist import BanListUnavailable
 from bridge.access.bans import KINDS, BanError, canonical_value, parse_ban_request
+from bridge.operations.admin_bodies import read_json
 from bridge.operations.admin_requests import (
     AdminPart,
     ApiError,
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from bridge.access.banlist import BanList
 
 log = logging.getLogger("bridge.admin")
+
+MAX_BODY = 64 * 1024
+"""A ban request is a few fields; a body larger than this is not one."""
 
 
 class BansAPI(AdminPart):
@@ -54,11 +57,7 @@ class BansAPI(AdminPart):
     async def add_ban(self, request: web.Request) -> web.Response:
         """Ban a ClientId, user name or address for `seconds` (201; 200 if it replaced one)."""
         query_params(request, ())
-        body = await request.read()
-        try:
-            data = json.loads(body)
-        except ValueError:
-            raise ApiError(400, "body is not a JSON object") from None
+        data = await read_json(request, MAX_BODY, self.config.admin_body_timeout, object_only=True)
         try:
             ban = parse_ban_request(data, self.bans.clock())
         except BanError as exc:

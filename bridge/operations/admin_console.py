@@ -2,7 +2,8 @@
 its static files under /console/ and the API endpoints it needs beyond the node-local ones.
 
 The console is plain HTML, CSS and JavaScript modules (`bridge/operations/console/`), served as
-they are: no build step, no library. Its files are public (they hold nothing but code); every
+they are: no build step, no library, and only the files the directory held at start-up
+(`bridge.operations.console_files`). Its files are public (they hold nothing but code); every
 answer with data comes from /api/v1 and needs the admin token, which the page asks for and keeps
 in the browser's sessionStorage.
 
@@ -26,6 +27,7 @@ from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_name
 from bridge.operations.admin_fanout import NodeAnswer, answer_for_every_node
 from bridge.operations.admin_requests import (
+    AdminHost,
     AdminPart,
     ApiError,
     keyset_page,
@@ -33,17 +35,12 @@ from bridge.operations.admin_requests import (
     query_params,
     valid_filter,
 )
+from bridge.operations.console_files import ConsoleFiles
 
 if TYPE_CHECKING:
     from bridge.session import Session
 
 CONSOLE_DIR = Path(__file__).with_name("console")
-CONTENT_TYPES = {
-    ".html": "text/html",
-    ".js": "text/javascript",
-    ".css": "text/css",
-    ".svg": "image/svg+xml",
-}
 # The console's own files only: no inline scripts or styles, no other origin, never framed.
 SECURITY_HEADERS = {
     "Cache-Control": "no-cache",
@@ -74,6 +71,10 @@ total is the largest count any node reports)."""
 class ConsoleAPI(AdminPart):
     """The console's static files and its cluster-wide overview and searches."""
 
+    def __init__(self, api: AdminHost, console_dir: Path = CONSOLE_DIR) -> None:
+        super().__init__(api)
+        self.files = ConsoleFiles(console_dir)
+
     # -- static files ----------------------------------------------------------------------------
 
     async def to_console(self, request: web.Request) -> web.Response:
@@ -82,10 +83,23 @@ class ConsoleAPI(AdminPart):
         return web.Response(status=308, headers={"Location": "/console/"})
 
     async def index(self, request: web.Request) -> web.Response:
-        return _static("index.html")
+        """The console's page."""
+        return self._static("index.html")
 
     async def static_file(self, request: web.Request) -> web.Response:
-        return _static(request.match_info["file"])
+        """One of the console's files, looked up by name in the allow-list built at start-up."""
+        return self._static(request.match_info["file"])
+
+    def _static(self, name: str) -> web.Response:
+        found = self.files.get(name)
+        if found is None:
+            raise ApiError(404, f"no such console file: {name!r}")
+        return web.Response(
+            body=found.body,
+            content_type=found.content_type,
+            charset="utf-8",
+            headers=SECURITY_HEADERS,
+        )
 
     # -- overview --------------------------------------------------------------------------------
 
@@ -245,20 +259,6 @@ class ConsoleAPI(AdminPart):
         page, next_after = keyset_page(topics, params.get("after"), limit)
         items = [_retained_preview(retained[topic], preview) for topic in page]
         return web.json_response({"items": items, "next": next_after, "total": len(topics)})
-
-
-def _static(name: str) -> web.Response:
-    path = CONSOLE_DIR / name
-    content_type = CONTENT_TYPES.get(path.suffix)
-    # `name` is one path segment (the route allows no '/'); hidden files and other kinds stay out.
-    if content_type is None or name.startswith(".") or not path.is_file():
-        raise ApiError(404, f"no such console file: {name!r}")
-    return web.Response(
-        body=path.read_bytes(),
-        content_type=content_type,
-        charset="utf-8",
-        headers=SECURITY_HEADERS,
-    )
 
 
 def _node_entry(answer: NodeAnswer, key: str) -> dict[str, Any]:

@@ -10,7 +10,6 @@ A value that breaks a limit's rules gets 400 naming the limit; an override that 
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from aiohttp import web
 
 from bridge.access.limits import LimitsUnavailable
 from bridge.access.ratelimit import LimitError, parse_changes
+from bridge.operations.admin_bodies import read_json
 from bridge.operations.admin_requests import AdminPart, ApiError, query_params
 
 if TYPE_CHECKING:
@@ -43,13 +43,7 @@ class LimitsAPI(AdminPart):
     async def put_limits(self, request: web.Request) -> web.Response:
         """Override the named limits (null: back to the default), cluster-wide."""
         query_params(request, ())
-        body = await request.read()
-        if len(body) > MAX_BODY:
-            raise ApiError(413, f"body over {MAX_BODY} bytes")
-        try:
-            data = json.loads(body)
-        except ValueError:
-            raise ApiError(400, "body is not JSON") from None
+        data = await read_json(request, MAX_BODY, self.config.admin_body_timeout, object_only=False)
         try:
             changes = parse_changes(data)
         except LimitError as exc:

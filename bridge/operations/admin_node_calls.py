@@ -18,6 +18,7 @@ from aiohttp import web
 from yarl import URL
 
 from bridge.access.ratelimit import LogThrottle
+from bridge.operations.admin_bodies import read_body
 from bridge.operations.admin_requests import ApiError
 from bridge.operations.node_calls import (
     CALLER_HEADER,
@@ -34,14 +35,19 @@ NODE_CALLER: web.RequestKey[str] = web.RequestKey("node_caller", str)
 REFUSAL_LOG_INTERVAL = 10.0
 """Seconds between log lines about refused node calls (the others are counted, not logged)."""
 CHALLENGE = 'BridgeNodeSignature realm="mqtt-bridge"'
+NODE_CALL_BODY = 1024
+"""The largest body read to check a node call's signature: the calls the fan-out makes carry
+none, and the body is read before the caller is known."""
 
 
 class NodeCalls:
     """Signs this node's calls to other members and authenticates theirs, with the keys derived
-    from the cluster secrets (none: this node neither makes nor accepts node calls)."""
+    from the cluster secrets (none: this node neither makes nor accepts node calls). A call's
+    body must arrive within `body_timeout` seconds."""
 
-    def __init__(self, node_id: str, cluster_secrets: Sequence[bytes]) -> None:
+    def __init__(self, node_id: str, cluster_secrets: Sequence[bytes], body_timeout: float) -> None:
         self.node_id = node_id
+        self.body_timeout = body_timeout
         self.keys = admin_call_keys(cluster_secrets)
         self.verifier = NodeCallVerifier(node_id, self.keys)
         self.refused = 0
@@ -65,7 +71,7 @@ class NodeCalls:
         try:
             if not accepted_here:
                 raise NodeCallRefused(f"{request.method} {request.path} does not accept node calls")
-            body = await request.read()
+            body = await read_body(request, NODE_CALL_BODY, self.body_timeout)
             caller = self.verifier.verify(
                 request.method, request.raw_path, body, request.headers, time.time()
             )

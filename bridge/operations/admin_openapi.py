@@ -41,6 +41,11 @@ SCHEMAS: dict[str, Schema] = {
             "status": {"enum": ["ready", "not ready"]},
             "node": {"type": "string"},
             "error": {"type": "string", "description": "Why the node is not ready."},
+            "redis": {
+                "enum": ["ok", "unavailable"],
+                "description": "A cluster member's registry (Redis), when the node is otherwise "
+                "ready; why it is unavailable is in the node's log, not here.",
+            },
         },
         ["status", "node"],
     ),
@@ -358,7 +363,11 @@ PATHS: dict[str, dict[str, Schema]] = {
             "Publish a message as a client would; answered once it is stored.",
             {
                 "200": _json(_ref("PublishResult"), "Stored and routed."),
-                "400": _error("Not a JSON object, an unknown field or a bad value."),
+                "400": _error(
+                    "Not a JSON object, nested deeper than 32 levels, an unknown field or a bad "
+                    "value."
+                ),
+                "408": _error("The body did not arrive within admin_body_timeout."),
                 "413": _error("The payload or the body is larger than max_packet_size allows."),
                 "503": _error("The store is unavailable or the node is shutting down."),
             },

@@ -90,7 +90,12 @@ BANS_PATHS: dict[str, dict[str, Schema]] = {
             {
                 "200": json_body(ref("Ban"), "Replaced a ban of the same kind and value."),
                 "201": json_body(ref("Ban"), "Banned."),
-                "400": error("Not a JSON object, an unknown field, a bad address or seconds."),
+                "400": error(
+                    "Not a JSON object, nested deeper than 32 levels, an unknown field, a bad "
+                    "address or seconds."
+                ),
+                "408": error("The body did not arrive within admin_body_timeout."),
+                "413": error("The body is larger than 64 KiB."),
                 "503": _UNSTORED,
             },
             request_body={

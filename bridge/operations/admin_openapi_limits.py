@@ -83,8 +83,12 @@ LIMITS_PATHS: dict[str, dict[str, Schema]] = {
             "restarts of the nodes and of Redis.",
             {
                 "200": _STATE,
-                "400": error("Not JSON, an unknown limit or a value that breaks its rules."),
-                "413": error("The body is too large."),
+                "400": error(
+                    "Not JSON, nested deeper than 32 levels, an unknown limit or a value that "
+                    "breaks its rules."
+                ),
+                "408": error("The body did not arrive within admin_body_timeout."),
+                "413": error("The body is larger than 64 KiB."),
                 "503": _UNSTORED,
             },
             request_body={

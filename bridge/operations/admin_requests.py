@@ -1,7 +1,8 @@
 """The admin API's request parsing and small helpers, free of the node: the POST /publish body,
 query parameters and keyset pagination, cursors, filters, payload rendering, the token file.
 
-Everything here raises `ApiError` (status and message) for bad input; `bridge.operations.admin`
+Request bodies are read and decoded in `bridge.operations.admin_bodies`. Everything here raises
+`ApiError` (status and message) for bad input; `bridge.operations.admin`
 turns it into the JSON answer.
 """
 
@@ -115,14 +116,10 @@ class PublishRequest:
 
 
 def parse_publish(
-    body: bytes, check_topic_limits: Callable[[str], str | None], max_payload: int
+    data: Any, check_topic_limits: Callable[[str], str | None], max_payload: int
 ) -> PublishRequest:
-    """Validate a POST /publish body strictly; raises ApiError (400, 413 for a payload over
-    `max_payload` bytes) naming the first fault."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        data = None
+    """Validate a POST /publish body (decoded JSON, `bridge.operations.admin_bodies`) strictly;
+    raises ApiError (400, 413 for a payload over `max_payload` bytes) naming the first fault."""
     if not isinstance(data, dict):
         raise ApiError(400, "body is not a JSON object")
     unknown = sorted(set(data) - set(PUBLISH_FIELDS))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from bridge.mqtt.topics import parse_shared, topic_matches
+from bridge.operations.admin_bodies import publish_body_limit, read_json
 from bridge.operations.admin_requests import (
     AdminPart,
     ApiError,
@@ -101,9 +102,13 @@ class TopicsAPI(AdminPart):
         """Publish as if a client had: routed, stored (answered once durable), maybe retained."""
         query_params(request, ())
         node = self.node
-        wanted = parse_publish(
-            await request.read(), node.check_topic_limits, self.config.max_packet_size
+        body = await read_json(
+            request,
+            publish_body_limit(self.config.max_packet_size),
+            self.config.admin_body_timeout,
+            object_only=True,
         )
+        wanted = parse_publish(body, node.check_topic_limits, self.config.max_packet_size)
         if not node.accepting:
             raise ApiError(503, "the node is shutting down")
         try:

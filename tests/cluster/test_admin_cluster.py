@@ -41,7 +41,8 @@ def test_nodes_lists_both_members_and_counts_connections_cluster_wide(
         assert counts["node"] == 1
         nodes = api_a.wait_for("/nodes", lambda d: connections_of(d, "b") == 2)
         assert connections_of(nodes, "a") in (0, 1)  # as of A's last heartbeat
-    assert api_b.get("/ready", token=None) == (200, {"status": "ready", "node": "b"})
+    ready = {"status": "ready", "node": "b", "redis": "ok"}
+    assert api_b.get("/ready", token=None) == (200, ready)
 
 
 def test_a_client_on_node_b_is_inspected_and_kicked_through_node_a(
