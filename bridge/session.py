@@ -151,7 +151,7 @@ class Session:
     __slots__ = (
         "_inbound_qos2", "_inflight", "_options", "_qos2_sent", "_resend_below", "_shared",
         "_subscriptions", "client_id", "connected", "cursors", "disconnected_at",
-        "dropped_queue_full", "dropped_retention", "expiry", "persistent", "released",
+        "dropped_queue_full", "dropped_retention", "expiry", "owner", "persistent", "released",
     )  # fmt: skip
 
     def __init__(
@@ -164,9 +164,12 @@ class Session:
         expiry: float | None = None,
         connected: bool = False,
         disconnected_at: float = 0.0,
+        owner: str | None = None,
     ) -> None:
         self.client_id = client_id
         self.persistent = persistent
+        self.owner = owner
+        """The identity the session is bound to (`bridge.access.ownership`); None: unbound."""
         self._subscriptions = subscriptions or None
         self._shared = shared or None
         self._options = options or None
@@ -373,7 +376,8 @@ class Session:
     # -- persistence ---------------------------------------------------------------------------
 
     def encode_subscriptions(self) -> bytes:
-        """The durable part that changes on SUBSCRIBE/UNSUBSCRIBE."""
+        """The durable part that changes on SUBSCRIBE/UNSUBSCRIBE (with the identity the
+        session is bound to, which changes only when an unbound session gets one)."""
         record: dict[str, Any] = {
             "subs": self._subscriptions or {},
             "shared": self._shared or {},
@@ -385,6 +389,8 @@ class Session:
             }
         if self.expiry is not None:
             record["exp"] = self.expiry
+        if self.owner is not None:
+            record["own"] = self.owner
         return json.dumps(record, separators=(",", ":")).encode()
 
     def encode_offsets(self) -> bytes:
@@ -416,6 +422,7 @@ class Session:
                 for k, v in subs.get("opt", {}).items()
             },
             expiry=float(subs["exp"]) if subs.get("exp") is not None else None,
+            owner=str(subs["own"]) if subs.get("own") is not None else None,
         )
         if offsets:
             data = json.loads(offsets)

@@ -180,3 +180,16 @@ def test_first_copy_refuses_another_copy_of_a_key_sent_within_the_window_not_the
     assert session.first_copy("k3", 12, window=2)  # k1 leaves the window
     assert session.first_copy("k1", 99, window=2)
     assert session.first_copy("k4", 13, window=0) and session.first_copy("k4", 14, window=0)
+
+
+def test_the_identity_a_session_belongs_to_survives_a_restore():
+    session = Session("c", persistent=True, owner="user:alice")
+    assert Session.restore("c", session.encode_subscriptions(), None).owner == "user:alice"
+    anonymous = Session("c", persistent=True, owner="anonymous")
+    assert Session.restore("c", anonymous.encode_subscriptions(), None).owner == "anonymous"
+
+
+def test_a_session_record_without_an_identity_restores_unbound():
+    # Written with authentication off, or by a version before sessions were bound.
+    assert Session.restore("c", b'{"subs":{"a/#":1},"shared":{}}', None).owner is None
+    assert b"own" not in Session("c", persistent=True).encode_subscriptions()
