@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from bridge.access.ownership import identity_of, refusal
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connack, Connect, Disconnect
 from bridge.mqtt.properties import PropertyId
@@ -38,7 +39,14 @@ from bridge.state import (
     Unsettled,
     will_of,
 )
-from bridge.storage.base import Message, MessageStore, MetaUpdate, StaleOwner, StoreUnavailable
+from bridge.storage.base import (
+    Message,
+    MessageStore,
+    MetaUpdate,
+    SessionBound,
+    StaleOwner,
+    StoreUnavailable,
+)
 
 if TYPE_CHECKING:
     from bridge.access import AccessControl
@@ -176,8 +184,16 @@ class SessionLifecycle:
                     conn, ReasonCode.TOPIC_NAME_INVALID, f"will topic rejected: {error}", level
                 )
                 return None
-        admitted, username = await self.admission.admit(conn, packet, client_id)
+        admitted, username, client_id = await self.admission.admit(conn, packet, client_id)
         if not admitted:
+            return None
+        identity = identity_of(username, self.access.authenticating)
+        here = self.sessions.get(client_id)
+        owner = None if here is None or self._expired(here) else here.owner
+        why = refusal(owner, identity)
+        if why is not None:
+            assert owner is not None
+            self.admission.refuse_not_owner(conn, client_id, owner, why, level)
             return None
         expiry, keepalive, said = self.admission.negotiate(packet)
         # 3.1.1: clean session 1 = nothing kept; 5.0: the session lives `expiry` seconds.
@@ -188,7 +204,7 @@ class SessionLifecycle:
         handed_over = False
         if self.cluster is not None:
             outcome = await self._take_over_in_cluster(
-                conn, client_id, packet.clean_session, persistent
+                conn, client_id, packet.clean_session, persistent, identity
             )
             if outcome is None:
                 return None
@@ -213,7 +229,7 @@ class SessionLifecycle:
             self.wills.cancel(client_id)
 
         session, session_present, updates = self._open_session(
-            client_id, packet.clean_session, persistent, handed_over, level >= 5
+            client_id, packet.clean_session, persistent, handed_over, level >= 5, identity
         )
         session.expiry = expiry
         self.sessions[client_id] = session
@@ -309,29 +325,44 @@ class SessionLifecycle:
                 )
             )
 
+    def _expired(self, session: Session) -> bool:
+        """Whether an offline persistent session's expiry passed (housekeeping may not have
+        discarded it yet)."""
+        if not session.persistent or session.connected:
+            return False
+        limit = self.config.session_expiry_seconds if session.expiry is None else session.expiry
+        return time.time() - session.disconnected_at >= limit
+
     def _open_session(
-        self, client_id: str, clean: bool, persistent: bool, handed_over: bool, v5: bool
+        self,
+        client_id: str,
+        clean: bool,
+        persistent: bool,
+        handed_over: bool,
+        v5: bool,
+        owner: str | None,
     ) -> tuple[Session, bool, list[MetaUpdate]]:
-        """The session a CONNECT gets, whether it was present, and the records to write."""
+        """The session a CONNECT by `owner` (an identity, `bridge.access.ownership`) gets,
+        whether it was present, and the records to write."""
         session = self.sessions.get(client_id)
         updates: list[MetaUpdate] = []
-        if session is not None and session.persistent and not session.connected:
-            limit = self.config.session_expiry_seconds if session.expiry is None else session.expiry
-            if time.time() - session.disconnected_at >= limit:
-                # Expired, though housekeeping has not discarded it yet: not present.
-                self.wills.publish_now(client_id)
-                self.discard(session, updates)
-                session = None
+        if session is not None and self._expired(session):
+            # Expired, though housekeeping has not discarded it yet: not present.
+            self.wills.publish_now(client_id)
+            self.discard(session, updates)
+            session = None
         if clean:
             if session is not None:
                 self.discard(session, updates)
-            session = Session(client_id=client_id, persistent=persistent)
+            session = Session(client_id=client_id, persistent=persistent, owner=owner)
             if persistent:
                 updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
             return session, False, updates
         if session is not None and (session.persistent or v5):
             # 5.0 resumes a session that is still there, whatever its expiry (MQTT-3.1.2-4).
-            if persistent and (handed_over or not session.persistent):
+            bound_now = session.owner is None and owner is not None
+            session.owner = session.owner or owner  # an unbound session is its resumer's
+            if persistent and (handed_over or not session.persistent or bound_now):
                 # Durable under our ownership now (from another node, or newly persistent).
                 session.persistent = True
                 updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
@@ -343,7 +374,7 @@ class SessionLifecycle:
             return session, True, updates
         if session is not None:
             self.discard(session, updates)
-        session = Session(client_id=client_id, persistent=persistent)
+        session = Session(client_id=client_id, persistent=persistent, owner=owner)
         if persistent:
             updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
         return session, False, updates
@@ -370,16 +401,21 @@ class SessionLifecycle:
     # -- the ClientId across the cluster -----------------------------------------------------
 
     async def _take_over_in_cluster(
-        self, conn: ClientLink, client_id: str, clean: bool, persistent: bool
+        self, conn: ClientLink, client_id: str, clean: bool, persistent: bool, identity: str | None
     ) -> bool | None:
         """Own the ClientId cluster-wide: claim it in the registry (the atomic step, recording
-        whether the session outlives the connection), have the node that held it close the old
-        connection and hand over the session, publish the old connection's will. `clean`: the
-        client starts afresh. True if a session came from another node, None if refused."""
+        whether the session outlives the connection and checking and recording the `identity`
+        it belongs to), have the node that held it close the old connection and hand over the
+        session, publish the old connection's will. `clean`: the client starts afresh. True if
+        a session came from another node, None if refused."""
         assert self.cluster is not None
         cluster = self.cluster
         try:
-            claim = await cluster.registry.claim(client_id, not persistent)
+            claim = await cluster.registry.claim(client_id, not persistent, identity=identity)
+        except SessionBound as exc:
+            why = refusal(exc.owner, identity) or "the session belongs to another identity"
+            self.admission.refuse_not_owner(conn, client_id, exc.owner, why, conn.level)
+            return None
         except StoreUnavailable as exc:
             self.admission.refuse(
                 conn, ReasonCode.SERVER_UNAVAILABLE, f"registry unavailable: {exc}", conn.level
