@@ -193,8 +193,8 @@ class Admission:
         self, conn: ClientLink, packet: Connect, client_id: str
     ) -> tuple[bool, str | None, str]:
         """Authenticate and check the will against the ACL: whether the client is admitted, the
-        user name it acts as (None: anonymous) and the ClientId it gets. Refused clients are
-        answered here."""
+        user name it acts as (None: anonymous) and the ClientId it gets (its user name under
+        `use_username_as_clientid`). Refused clients are answered here."""
         level = packet.protocol_level
         if conn.auth_method is not None:
             # Enhanced authentication (MQTT 5.0 AUTH) already proved who the client is.
@@ -214,8 +214,27 @@ class Admission:
                 level,
             )
             return False, None, client_id
+        if self.config.use_username_as_clientid:
+            if username is None:
+                self.refuse(
+                    conn,
+                    ReasonCode.NOT_AUTHORIZED,
+                    "use_username_as_clientid: a client without a user name is refused",
+                    level,
+                )
+                return False, None, client_id
+            if "\x00" in username or len(username.encode()) > self.config.max_topic_length:
+                self.refuse(
+                    conn,
+                    ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                    "use_username_as_clientid: the user name cannot be a ClientId",
+                    level,
+                )
+                return False, None, client_id
+            client_id = username
         ban = None
-        if username != packet.username:  # a certificate's or enhanced authentication's user
+        if username != packet.username or client_id != packet.client_id:
+            # a certificate's or enhanced authentication's user, or a ClientId set here
             ban = self.bans.ban_of(client_id, username, conn.peer)
         if ban is None and packet.client_id:  # an assigned ClientId is new every time
             ban = await self.bans.connected(client_id)  # flapping?

@@ -259,7 +259,7 @@ class SessionLifecycle:
         if conn.closed or conn.session is not session:
             return None
         if level >= 5:
-            if not packet.client_id:
+            if client_id != packet.client_id:  # assigned, or the user name (MQTT-3.2.2-16)
                 said[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = client_id
             conn.start_v5(packet.properties, said, session_present)
         else:

@@ -1,7 +1,8 @@
 """A session belongs to the identity that made it, on a real bridge process with a password file
 and an ACL: another user with its ClientId is refused (3.1.1 return code 5, 5.0 reason 0x87),
 gets nothing, and neither resumes the session nor kicks the owner's connection; the owner still
-gets what was queued for her; the binding survives a restart and ends with the session."""
+gets what was queued for her; the binding survives a restart and ends with the session; and
+`use_username_as_clientid` gives each user the ClientId of its name."""
 
 from __future__ import annotations
 
@@ -197,3 +198,27 @@ def test_a_client_id_is_free_for_another_user_once_its_session_ended(
     assert connack.return_code == 0
     alice5.disconnect()
     assert _connects_within(lambda: as_mallory("rental-car")) == 0
+
+
+def test_use_username_as_clientid_gives_each_user_the_client_id_of_its_name(
+    tmp_path: Path, bridge_factory: Callable[..., BridgeProcess]
+) -> None:
+    node = _secured(tmp_path, bridge_factory, "use_username_as_clientid=true")
+    alice, connack = connect_5(node.port, "whatever-she-sends", "alice", clean=True)
+    assert connack.return_code == 0
+    assert connack.properties[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] == "alice"
+    assert alice.subscribe("alice/#", 1) == [0x01]
+    alice.disconnect()
+
+    # mallory sending "alice" gets the ClientId "mallory": she neither takes nor disturbs alice's.
+    mallory, connack = connect_311(node.port, "alice", "mallory", clean=False)
+    assert (connack.return_code, connack.session_present) == (0, False)
+    mallory.disconnect()
+    alice, connack = connect_311(node.port, "another-id", "alice", clean=False)
+    assert (connack.return_code, connack.session_present) == (0, True)
+    alice.disconnect()
+
+    anonymous, connack = connect_311(node.port, "anon", None)
+    assert connack.return_code == 5
+    assert_closed_with_nothing_delivered(anonymous)
+    assert "use_username_as_clientid: a client without a user name is refused" in node.log_text()
