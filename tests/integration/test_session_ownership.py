@@ -12,82 +12,29 @@ from pathlib import Path
 
 import pytest
 
-from bridge.access.auth import hash_password
-from bridge.mqtt.packets import Connack, Connect, Pingreq, Pingresp, Publish
+from bridge.mqtt.packets import Pingreq, Pingresp, Publish
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
-from tests.support.clients import RawClient
-from tests.support.mqtt5 import RawClient5
+from tests.support.identities import (
+    access_settings,
+    assert_closed_with_nothing_delivered,
+    connect_5,
+    connect_311,
+    publish_to_alice,
+)
 from tests.support.processes import BridgeProcess
 
 pytestmark = pytest.mark.integration
 
-# alice reads and writes her own topics; mallory may write to alice's (a backend that pays her)
-# but reads only her own.
-ACL = """\
-allow user:alice    all        alice/#
-allow user:mallory  publish    alice/#
-allow user:mallory  subscribe  mallory/#
-"""
-
-USERS = {"alice": "alice-pw", "mallory": "mallory-pw"}
-
 
 def _secured(tmp_path: Path, factory: Callable[..., BridgeProcess], *extra: str) -> BridgeProcess:
-    passwd = tmp_path / "passwd"
-    passwd.write_text("".join(f"{u}:{hash_password(p, n=2**10)}\n" for u, p in USERS.items()))
-    passwd.chmod(0o600)
-    acl = tmp_path / "acl.conf"
-    acl.write_text(ACL)
-    return factory(f"password_file={passwd}", f"acl_file={acl}", *extra)
+    return factory(*access_settings(tmp_path), *extra)
 
 
 @pytest.fixture
 def node(tmp_path: Path, bridge_factory: Callable[..., BridgeProcess]) -> BridgeProcess:
-    """A bridge with the password file and ACL above; anonymous clients refused."""
+    """A bridge with alice's and mallory's password file and ACL; anonymous clients refused."""
     return _secured(tmp_path, bridge_factory, "allow_anonymous=false")
-
-
-def connect_311(
-    port: int, client_id: str, user: str | None, clean: bool = True
-) -> tuple[RawClient, Connack]:
-    """CONNECT at 3.1.1 as `user` (its password from USERS); the client and its CONNACK."""
-    client = RawClient(port)
-    password = USERS[user].encode() if user is not None else None
-    client.send(Connect(client_id, clean, username=user, password=password))
-    connack = client.recv()
-    assert isinstance(connack, Connack), connack
-    return client, connack
-
-
-def connect_5(
-    port: int, client_id: str, user: str, clean: bool = True, expiry: int = 3600
-) -> tuple[RawClient5, Connack]:
-    """CONNECT at 5.0 as `user` with a Session Expiry Interval; the client and its CONNACK."""
-    client = RawClient5(port)
-    connack = client.connect(
-        client_id,
-        clean,
-        properties={PropertyId.SESSION_EXPIRY_INTERVAL: expiry},
-        username=user,
-        password=USERS[user].encode(),
-    )
-    return client, connack
-
-
-def assert_closed_with_nothing_delivered(client: RawClient) -> None:
-    """After its CONNACK, the connection is closed and no packet came (no message leaked)."""
-    with pytest.raises(ConnectionError):
-        packet = client.recv()
-        raise AssertionError(f"a refused client got {packet}")
-
-
-def publish_to_alice(port: int, payload: bytes) -> None:
-    """mallory, as the ACL lets her, publishes `payload` at QoS 1 to alice/bank (PUBACKed)."""
-    pub, connack = connect_311(port, "mallory-backend", "mallory")
-    assert connack.return_code == 0
-    pub.publish("alice/bank", payload, qos=1, packet_id=1)
-    pub.disconnect()
 
 
 def test_another_user_with_the_client_id_of_a_311_session_is_refused_and_the_owner_gets_her_message(
