@@ -90,7 +90,8 @@ class Admission:
         max_connections), or None when it does."""
         self.topic_fault = topic_fault
         """What is wrong with a topic under the configured limits (None: nothing)."""
-        self._not_owner_log = LogThrottle(_NOT_OWNER_LOG_INTERVAL)
+        self.not_owner_log = LogThrottle(_NOT_OWNER_LOG_INTERVAL)
+        """Paces the log lines about CONNECTs refused for another identity's session."""
 
     async def paced(self, conn: ClientLink, packet: Connect) -> bool:
         """Wait for the CONNECT's turn under the node's `connection_rate`; False once refused
@@ -307,7 +308,7 @@ class Admission:
         (3.1.1: 5). Logged at most once per `_NOT_OWNER_LOG_INTERVAL` (an intruder retrying
         must not flood the log), counted every time."""
         self.metrics.inc("connections_refused_not_owner")
-        log_it, suppressed = self._not_owner_log.note(time.monotonic())
+        log_it, suppressed = self.not_owner_log.note(time.monotonic())
         if log_it:
             more = f" ({suppressed} more such refusals since the last line)" if suppressed else ""
             log.warning(

@@ -188,7 +188,10 @@ class SessionLifecycle:
         if not admitted:
             return None
         identity = identity_of(username, self.access.authenticating)
-        here = self.sessions.get(client_id)
+        # In a cluster the registry's claim decides, atomically; the tables here may hold a copy
+        # that another node has taken since. On one node nothing awaits between here and the
+        # tables' update, so two CONNECTs cannot both pass.
+        here = self.sessions.get(client_id) if self.cluster is None else None
         owner = None if here is None or self._expired(here) else here.owner
         why = refusal(owner, identity)
         if why is not None:

@@ -116,6 +116,22 @@ def test_the_binding_survives_a_restart_of_the_node(node: BridgeProcess) -> None
     alice.disconnect()
 
 
+def test_a_session_made_anonymously_is_refused_to_a_user_and_kept_for_anonymous_clients(
+    tmp_path: Path, bridge_factory: Callable[..., BridgeProcess]
+) -> None:
+    node = _secured(tmp_path, bridge_factory, "allow_anonymous=true")
+    anonymous, connack = connect_311(node.port, "lobby-panel", None, clean=False)
+    assert connack.return_code == 0
+    anonymous.disconnect()
+    alice, connack = connect_311(node.port, "lobby-panel", "alice", clean=False)
+    assert connack.return_code == 5
+    assert_closed_with_nothing_delivered(alice)
+    anonymous, connack = connect_311(node.port, "lobby-panel", None, clean=False)
+    assert (connack.return_code, connack.session_present) == (0, True)
+    anonymous.disconnect()
+    assert "its session belongs to anonymous" in node.log_text()
+
+
 def _connects_within(attempt: Callable[[], int], timeout: float = 10.0) -> int:
     """Retry `attempt` (a CONNECT's return code) until it is accepted or `timeout` passes: a
     session ends just after its client leaves, or once its expiry passes."""
