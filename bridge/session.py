@@ -373,6 +373,14 @@ class Session:
         inflight, self._inflight = self._inflight, None
         return [] if inflight is None else list(inflight.values())
 
+    def expired(self, now: float, default_expiry: float) -> bool:
+        """Whether the session is an offline persistent one whose expiry passed by `now`: its
+        own interval (MQTT 5.0), else `default_expiry` (a 3.1.1 session)."""
+        if not self.persistent or self.connected:
+            return False
+        limit = default_expiry if self.expiry is None else self.expiry
+        return now - self.disconnected_at >= limit
+
     # -- persistence ---------------------------------------------------------------------------
 
     def encode_subscriptions(self) -> bytes:

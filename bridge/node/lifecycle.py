@@ -192,7 +192,11 @@ class SessionLifecycle:
         # that another node has taken since. On one node nothing awaits between here and the
         # tables' update, so two CONNECTs cannot both pass.
         here = self.sessions.get(client_id) if self.cluster is None else None
-        owner = None if here is None or self._expired(here) else here.owner
+        owner = (
+            None
+            if here is None or here.expired(time.time(), self.config.session_expiry_seconds)
+            else here.owner
+        )
         why = refusal(owner, identity)
         if why is not None:
             assert owner is not None
@@ -328,14 +332,6 @@ class SessionLifecycle:
                 )
             )
 
-    def _expired(self, session: Session) -> bool:
-        """Whether an offline persistent session's expiry passed (housekeeping may not have
-        discarded it yet)."""
-        if not session.persistent or session.connected:
-            return False
-        limit = self.config.session_expiry_seconds if session.expiry is None else session.expiry
-        return time.time() - session.disconnected_at >= limit
-
     def _open_session(
         self,
         client_id: str,
@@ -349,7 +345,7 @@ class SessionLifecycle:
         whether it was present, and the records to write."""
         session = self.sessions.get(client_id)
         updates: list[MetaUpdate] = []
-        if session is not None and self._expired(session):
+        if session is not None and session.expired(time.time(), self.config.session_expiry_seconds):
             # Expired, though housekeeping has not discarded it yet: not present.
             self.wills.publish_now(client_id)
             self.discard(session, updates)

@@ -193,3 +193,14 @@ def test_a_session_record_without_an_identity_restores_unbound():
     # Written with authentication off, or by a version before sessions were bound.
     assert Session.restore("c", b'{"subs":{"a/#":1},"shared":{}}', None).owner is None
     assert b"own" not in Session("c", persistent=True).encode_subscriptions()
+
+
+def test_only_an_offline_persistent_session_expires_after_its_own_interval_or_the_default():
+    session = Session("c", persistent=True, disconnected_at=1000.0)
+    assert not session.expired(1059.0, default_expiry=60.0)
+    assert session.expired(1060.0, default_expiry=60.0)
+    session.expiry = 5.0  # a 5.0 session's own interval wins
+    assert session.expired(1005.0, default_expiry=60.0)
+    session.connected = True
+    assert not session.expired(9999.0, default_expiry=60.0)
+    assert not Session("c", persistent=False).expired(9999.0, default_expiry=60.0)
