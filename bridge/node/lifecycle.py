@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from bridge.cluster.cluster import Cluster
     from bridge.cluster.registry import Claim
     from bridge.config import Config
-    from bridge.mqtt.packets import Will
     from bridge.node.delivery import Delivery
     from bridge.node.housekeeping import Housekeeper
     from bridge.operations.metering import Meter
@@ -486,15 +485,24 @@ class SessionLifecycle:
                 log.warning("client %s: owned by another node now; dropped here", client_id)
                 self.cluster.handed_to(ANY_PEER, self.release(client_id))
 
-    async def end_in_registry(self, client_id: str) -> None:
-        """The session is gone here: remove the ClientId's entry from the registry."""
+    async def end_in_registry(self, client_id: str, retry_in: float = 1.0) -> None:
+        """The session is gone here: remove the ClientId's entry from the registry. While Redis
+        cannot be reached, tried again later (the wait doubling up to a minute): an entry left
+        behind would keep the ClientId bound to the identity it had."""
         assert self.cluster is not None
         if client_id in self.sessions:
             return  # reconnected meanwhile
         try:
             await self.cluster.registry.end_session(client_id)
+        except StaleOwner:
+            return  # another node owns the ClientId now: the entry is its own
         except StoreUnavailable as exc:
-            log.debug("client %s: registry entry not deleted: %s", client_id, exc)
+            log.info("client %s: registry entry not deleted yet: %s", client_id, exc)
+            self.spawn(self._end_in_registry_later(client_id, retry_in))
+
+    async def _end_in_registry_later(self, client_id: str, wait: float) -> None:
+        await asyncio.sleep(wait)
+        await self.end_in_registry(client_id, min(wait * 2, 60.0))
 
     # -- the end of a connection ---------------------------------------------------------------
 
@@ -581,10 +589,6 @@ class SessionLifecycle:
             log.warning("records not written, store unavailable: %s", exc)
 
     # -- wills ---------------------------------------------------------------------------------
-
-    def will_message(self, client_id: str, will: Will) -> Message:
-        """The message a will becomes when it is published."""
-        return self.wills.message(client_id, will)
 
     async def publish_will(
         self, client_id: str, message: Message, *, clear_online: bool = True
