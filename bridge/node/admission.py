@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.access.acl import PUBLISH
 from bridge.access.auth import AuthResult
-from bridge.access.ownership import describe
+from bridge.access.ownership import describe, refusal
 from bridge.access.ratelimit import LogThrottle
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import is_delayed
@@ -302,23 +302,25 @@ class Admission:
         self.refuse(conn, ReasonCode.BANNED, reason, level)
 
     def refuse_not_owner(
-        self, conn: Refusable, client_id: str, owner: str, reason: str, level: int
+        self, conn: Refusable, client_id: str, owner: str, identity: str, level: int
     ) -> None:
-        """Refuse a CONNECT whose ClientId's session belongs to another identity: CONNACK 0x87
-        (3.1.1: 5). Logged at most once per `_NOT_OWNER_LOG_INTERVAL` (an intruder retrying
-        must not flood the log), counted every time."""
+        """Refuse a CONNECT by `identity` whose ClientId's session belongs to `owner`: CONNACK
+        0x87 (3.1.1: 5), the reason string naming only the refused identity. Logged at most
+        once per `_NOT_OWNER_LOG_INTERVAL` (an intruder retrying must not flood the log),
+        counted every time."""
         self.metrics.inc("connections_refused_not_owner")
         log_it, suppressed = self.not_owner_log.note(time.monotonic())
         if log_it:
             more = f" ({suppressed} more such refusals since the last line)" if suppressed else ""
             log.warning(
-                "client %r from %s refused: its session belongs to %s; %s%s",
+                "client %r from %s refused: its session belongs to %s, not to %s%s",
                 client_id,
                 conn.peer,
                 describe(owner),
-                reason,
+                describe(identity),
                 more,
             )
+        reason = refusal(owner, identity) or "the ClientId's session belongs to another identity"
         self.refuse(conn, ReasonCode.NOT_AUTHORIZED, reason, level, log_it=False)
 
     def refuse(

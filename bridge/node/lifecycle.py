@@ -196,10 +196,9 @@ class SessionLifecycle:
             if here is None or here.expired(time.time(), self.config.session_expiry_seconds)
             else here.owner
         )
-        why = refusal(owner, identity)
-        if why is not None:
-            assert owner is not None
-            self.admission.refuse_not_owner(conn, client_id, owner, why, level)
+        if refusal(owner, identity) is not None:
+            assert owner is not None and identity is not None
+            self.admission.refuse_not_owner(conn, client_id, owner, identity, level)
             return None
         expiry, keepalive, said = self.admission.negotiate(packet)
         # 3.1.1: clean session 1 = nothing kept; 5.0: the session lives `expiry` seconds.
@@ -411,8 +410,8 @@ class SessionLifecycle:
         try:
             claim = await cluster.registry.claim(client_id, not persistent, identity=identity)
         except SessionBound as exc:
-            why = refusal(exc.owner, identity) or "the session belongs to another identity"
-            self.admission.refuse_not_owner(conn, client_id, exc.owner, why, conn.level)
+            assert identity is not None  # only a claim naming an identity is refused for one
+            self.admission.refuse_not_owner(conn, client_id, exc.owner, identity, conn.level)
             return None
         except StoreUnavailable as exc:
             self.admission.refuse(

@@ -52,7 +52,7 @@ def test_a_session_made_on_one_node_is_refused_to_another_user_on_another_node(
         mallory, connack = connect_311(b.port, "alice-phone", "mallory", clean=clean)
         assert (connack.return_code, connack.session_present) == (5, False)
         assert_closed_with_nothing_delivered(mallory)
-    b.wait_for_log("its session belongs to user 'alice'")
+    b.wait_for_log("its session belongs to user 'alice', not to user 'mallory'")
 
     alice, connack = connect_311(b.port, "alice-phone", "alice", clean=False)
     assert (connack.return_code, connack.session_present) == (0, True)

@@ -417,7 +417,8 @@ def test_a_certificate_identity_owns_its_connection_and_another_certificate_is_r
         owner.sendall(codec.encode(Pingreq()))
         decoder.feed(owner.recv(4096))
         assert [type(p) for p in decoder.packets()] == [Pingresp]
-    assert "its session belongs to user 'device-7'" in listeners.node.log_text()
+    refusal = "its session belongs to user 'device-7', not to user 'device-8'"
+    assert refusal in listeners.node.log_text()
 
 
 # -- configuration and HTTP faults ---------------------------------------------------------------

@@ -58,13 +58,14 @@ def admission() -> Admission:
 def test_the_refusal_is_0x87_at_5_and_return_code_5_at_311_and_closes() -> None:
     gate = admission()
     v5, v311 = RefusedLink(), RefusedLink()
-    gate.refuse_not_owner(v5, "phone", "user:alice", "not yours", 5)
-    gate.refuse_not_owner(v311, "phone", "user:alice", "not yours", 4)
+    gate.refuse_not_owner(v5, "phone", "user:alice", "user:mallory", 5)
+    gate.refuse_not_owner(v311, "phone", "user:alice", "user:mallory", 4)
     connack = v5.connack(5)
     assert connack.return_code == ReasonCode.NOT_AUTHORIZED
-    assert connack.properties[PropertyId.REASON_STRING] == "not yours"
+    reason = connack.properties[PropertyId.REASON_STRING]
+    assert "user 'mallory'" in reason and "alice" not in reason
     assert v311.connack(4).return_code == 5
-    assert v5.closed_for == v311.closed_for == "not yours"
+    assert v5.closed_for == v311.closed_for == reason
     assert gate.metrics.snapshot()["connections_refused_not_owner"] == 2
 
 
@@ -74,12 +75,12 @@ def test_refusals_are_logged_once_per_interval_with_the_count_left_out_and_escap
     gate = admission()
     with caplog.at_level(logging.WARNING, logger="bridge.node"):
         for _ in range(5):
-            gate.refuse_not_owner(RefusedLink(), "ph\none", "user:al\x1bice", "not yours", 4)
+            gate.refuse_not_owner(RefusedLink(), "ph\none", "user:al\x1bice", "anonymous", 4)
     lines = [r.getMessage() for r in caplog.records if "belongs to" in r.getMessage()]
     assert len(lines) == 1
-    assert "'ph\\none'" in lines[0] and "user 'al\\x1bice'" in lines[0]
+    assert "'ph\\none'" in lines[0] and "user 'al\\x1bice', not to anonymous" in lines[0]
     assert gate.metrics.snapshot()["connections_refused_not_owner"] == 5
     gate.not_owner_log.last -= 60  # as if the interval had passed
     with caplog.at_level(logging.WARNING, logger="bridge.node"):
-        gate.refuse_not_owner(RefusedLink(), "phone", "user:alice", "not yours", 4)
+        gate.refuse_not_owner(RefusedLink(), "phone", "user:alice", "anonymous", 4)
     assert "(4 more such refusals since the last line)" in caplog.records[-1].getMessage()
