@@ -151,7 +151,8 @@ class Session:
     __slots__ = (
         "_inbound_qos2", "_inflight", "_options", "_qos2_sent", "_resend_below", "_shared",
         "_subscriptions", "client_id", "connected", "cursors", "disconnected_at",
-        "dropped_queue_full", "dropped_retention", "expiry", "owner", "persistent", "released",
+        "dropped_queue_full", "dropped_retention", "expiry", "owner", "persistent", "reads_cleared",
+        "released",
     )  # fmt: skip
 
     def __init__(
@@ -170,6 +171,9 @@ class Session:
         self.persistent = persistent
         self.owner = owner
         """The identity the session is bound to (`bridge.access.ownership`); None: unbound."""
+        self.reads_cleared = -1
+        """The ACL rules' generation under which all its filters were last found granted, so
+        its deliveries need no check (`bridge.access.reads`); -1: not yet looked at."""
         self._subscriptions = subscriptions or None
         self._shared = shared or None
         self._options = options or None
