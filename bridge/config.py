@@ -87,6 +87,7 @@ class Config:
     max_keepalive: int = 0
     connect_timeout: float = 10.0
     allow_zero_length_clientid: bool = True
+    use_username_as_clientid: bool = False
     max_connections: int = 0
     connection_rate: float = 0.0
     connection_rate_wait: float = 5.0
@@ -219,6 +220,8 @@ SETTINGS: dict[str, str] = {
     "max_keepalive": "largest keepalive granted, in seconds (0: whatever the client asks)",
     "connect_timeout": "seconds a new connection has to send CONNECT",
     "allow_zero_length_clientid": "accept an empty ClientId with clean session (an id is assigned)",
+    "use_username_as_clientid": "the ClientId is the client's user name, whatever it sent (as "
+    "Mosquitto's option; 5.0 clients get it as Assigned Client Identifier); no user name: refused",
     "max_connections": "client sockets this node holds (0: unlimited); a CONNECT beyond gets "
     "CONNACK 0x97 (3.1.1: 3); changeable at run time (`PUT /api/v1/limits`)",
     "connection_rate": "new connections a second this node takes (0: unlimited); more CONNECTs "

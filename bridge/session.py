@@ -151,7 +151,8 @@ class Session:
     __slots__ = (
         "_inbound_qos2", "_inflight", "_options", "_qos2_sent", "_resend_below", "_shared",
         "_subscriptions", "client_id", "connected", "cursors", "disconnected_at",
-        "dropped_queue_full", "dropped_retention", "expiry", "persistent", "released",
+        "dropped_queue_full", "dropped_retention", "expiry", "owner", "persistent", "reads_cleared",
+        "released",
     )  # fmt: skip
 
     def __init__(
@@ -164,9 +165,15 @@ class Session:
         expiry: float | None = None,
         connected: bool = False,
         disconnected_at: float = 0.0,
+        owner: str | None = None,
     ) -> None:
         self.client_id = client_id
         self.persistent = persistent
+        self.owner = owner
+        """The identity the session is bound to (`bridge.access.ownership`); None: unbound."""
+        self.reads_cleared = -1
+        """The ACL rules' generation under which all its filters were last found granted, so
+        its deliveries need no check (`bridge.access.reads`); -1: not yet looked at."""
         self._subscriptions = subscriptions or None
         self._shared = shared or None
         self._options = options or None
@@ -370,10 +377,19 @@ class Session:
         inflight, self._inflight = self._inflight, None
         return [] if inflight is None else list(inflight.values())
 
+    def expired(self, now: float, default_expiry: float) -> bool:
+        """Whether the session is an offline persistent one whose expiry passed by `now`: its
+        own interval (MQTT 5.0), else `default_expiry` (a 3.1.1 session)."""
+        if not self.persistent or self.connected:
+            return False
+        limit = default_expiry if self.expiry is None else self.expiry
+        return now - self.disconnected_at >= limit
+
     # -- persistence ---------------------------------------------------------------------------
 
     def encode_subscriptions(self) -> bytes:
-        """The durable part that changes on SUBSCRIBE/UNSUBSCRIBE."""
+        """The durable part that changes on SUBSCRIBE/UNSUBSCRIBE (with the identity the
+        session is bound to, which changes only when an unbound session gets one)."""
         record: dict[str, Any] = {
             "subs": self._subscriptions or {},
             "shared": self._shared or {},
@@ -385,6 +401,8 @@ class Session:
             }
         if self.expiry is not None:
             record["exp"] = self.expiry
+        if self.owner is not None:
+            record["own"] = self.owner
         return json.dumps(record, separators=(",", ":")).encode()
 
     def encode_offsets(self) -> bytes:
@@ -416,6 +434,7 @@ class Session:
                 for k, v in subs.get("opt", {}).items()
             },
             expiry=float(subs["exp"]) if subs.get("exp") is not None else None,
+            owner=str(subs["own"]) if subs.get("own") is not None else None,
         )
         if offsets:
             data = json.loads(offsets)

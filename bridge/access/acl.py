@@ -220,6 +220,9 @@ class Acl:
         )
         self.cache_hits = 0
         self.cache_misses = 0
+        self.generation = 0
+        """Counts the rule sets put in force (`replace`): a verdict reached under the rules
+        of one generation holds until the next (`bridge.access.reads`)."""
 
     @property
     def enabled(self) -> bool:
@@ -229,6 +232,7 @@ class Acl:
     def replace(self, rules: list[Rule] | None) -> None:
         """Put new rules in force and forget every cached decision."""
         self.rules = rules
+        self.generation += 1
         self._cache.clear()
 
     def allows(self, action: str, client_id: str, username: str | None, topic: str) -> bool:

@@ -3,9 +3,10 @@ messages and node membership.
 
 Keys (prefix `P` = config `cluster_name`):
 
-* ``P:c:{ClientId}`` hash: ``node``, ``epoch``, ``clean``, ``online`` (the connection record
-  with its will, absent while offline), ``subs`` and ``off`` (a persistent session's
-  subscriptions and offsets), ``q2:{packet id}`` (inbound QoS 2 markers).
+* ``P:c:{ClientId}`` hash: ``node``, ``epoch``, ``clean``, ``who`` (the identity the session
+  belongs to, `bridge.access.ownership`), ``online`` (the connection record with its will,
+  absent while offline), ``subs`` and ``off`` (a persistent session's subscriptions and
+  offsets), ``q2:{packet id}`` (inbound QoS 2 markers).
 * ``P:owned:{node}`` set of the ClientIds a node owns (read when the node dies).
 * ``P:epoch`` counter: every change of owner takes the next value, cluster-wide.
 * ``P:retained`` hash: topic -> retained message.
@@ -40,7 +41,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from bridge.state import KIND_OFFSETS, KIND_ONLINE, KIND_QOS2_IN, KIND_RETAINED, KIND_SESSION
-from bridge.storage.base import MetaUpdate, StaleOwner, StoreUnavailable
+from bridge.storage.base import MetaUpdate, SessionBound, StaleOwner, StoreUnavailable
 
 log = logging.getLogger("bridge.cluster")
 
@@ -51,6 +52,11 @@ _KIND_OF_FIELD = {v: k for k, v in _FIELD_OF_KIND.items()}
 _CLAIM = """
 local prev = redis.call('HGET', KEYS[1], 'node')
 if ARGV[4] ~= '' and prev ~= ARGV[4] then return false end
+if ARGV[6] ~= '' then
+  local who = redis.call('HGET', KEYS[1], 'who')
+  if who and who ~= ARGV[6] then return {0, who} end
+  if not who then redis.call('HSET', KEYS[1], 'who', ARGV[6]) end
+end
 local epoch = redis.call('INCR', KEYS[2])
 local before = redis.call('HGETALL', KEYS[1])
 redis.call('HSET', KEYS[1], 'node', ARGV[2], 'epoch', epoch)
@@ -341,17 +347,31 @@ class RedisRegistry:
     # -- ownership ---------------------------------------------------------------------------------
 
     async def claim(
-        self, client_id: str, clean: bool | None, *, only_from: str = ""
+        self,
+        client_id: str,
+        clean: bool | None,
+        *,
+        only_from: str = "",
+        identity: str | None = None,
     ) -> Claim | None:
         """Take the client over (atomically, at the next epoch), recording its clean-session
         flag (None: keep it). With `only_from`, only if that node owns it now (adopting a dead
-        node's sessions); None if it does not."""
+        node's sessions); None if it does not. With `identity`, only if the session is
+        unbound (then bound to it) or bound to it; raises SessionBound, changing nothing, if
+        it belongs to another."""
         flag = "" if clean is None else "1" if clean else "0"
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 await self._claim(
                     keys=[self.client_key(client_id), f"{self.prefix}:epoch"],
-                    args=[f"{self.prefix}:owned:", self.node_id, flag, only_from, client_id],
+                    args=[
+                        f"{self.prefix}:owned:",
+                        self.node_id,
+                        flag,
+                        only_from,
+                        client_id,
+                        identity or "",
+                    ],
                     client=pipe,
                 )
                 if self.wait_replicas:
@@ -365,9 +385,12 @@ class RedisRegistry:
         if result is None:
             return None
         epoch, flat = int(result[0]), result[1]
+        if epoch == 0:  # epochs count from 1: the claim was refused for the owner `flat`
+            raise SessionBound(flat.decode())
         records = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
         previous = records.pop("node", b"").decode()
         records.pop("epoch", None)
+        records.pop("who", None)
         was_clean = records.pop("clean", b"0") == b"1"
         self.epochs[client_id] = epoch
         return Claim(epoch, previous, records, was_clean)

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from bridge.access.reads import may_read
 from bridge.listeners import outbound_acks
 from bridge.listeners.enhanced_auth import METHODS, Authentication
 from bridge.listeners.inbound import Inbound
@@ -376,11 +377,10 @@ class Connection(asyncio.Protocol):
         return data
 
     def may_read(self, topic: str) -> bool:
-        """Whether a message on `topic` may be delivered to this client: a deny rule narrower
-        than one of its subscriptions leaves such topics out (asked only when a deny rule on
-        subscribing applies to the client; decisions are cached)."""
-        acl, client_id, username = self.node.access.acl, self.client_id, self.username
-        if not acl.filters_reads(client_id, username) or acl.may_read(client_id, username, topic):
+        """Whether a message on `topic` may be delivered to this client under the ACL's rules
+        on reading (`bridge.access.reads`: checked topic by topic only for a client a deny rule
+        applies to or whose filters the rules no longer all grant; decisions are cached)."""
+        if may_read(self.node.access.acl, self.session, self.username, topic):
             return True
         self.node.metrics.inc("acl_filtered_deliveries")
         return False

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.access.acl import PUBLISH
 from bridge.access.auth import AuthResult
+from bridge.access.ownership import describe, refusal
+from bridge.access.ratelimit import LogThrottle
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import is_delayed
 from bridge.mqtt.packets import Connack, Connect
@@ -37,6 +40,9 @@ log = logging.getLogger("bridge.node")
 
 _SUPPORTED = frozenset({("MQIsdp", 3), ("MQTT", 4), ("MQTT", 5)})
 """(protocol name, level) pairs a client may connect with."""
+
+_NOT_OWNER_LOG_INTERVAL = 10.0
+"""Seconds between log lines about CONNECTs refused for another identity's session."""
 
 _AUTH_REASONS = {
     AuthResult.BAD_CREDENTIALS: ReasonCode.BAD_USER_NAME_OR_PASSWORD,
@@ -84,6 +90,8 @@ class Admission:
         max_connections), or None when it does."""
         self.topic_fault = topic_fault
         """What is wrong with a topic under the configured limits (None: nothing)."""
+        self.not_owner_log = LogThrottle(_NOT_OWNER_LOG_INTERVAL)
+        """Paces the log lines about CONNECTs refused for another identity's session."""
 
     async def paced(self, conn: ClientLink, packet: Connect) -> bool:
         """Wait for the CONNECT's turn under the node's `connection_rate`; False once refused
@@ -184,9 +192,10 @@ class Admission:
 
     async def admit(
         self, conn: ClientLink, packet: Connect, client_id: str
-    ) -> tuple[bool, str | None]:
-        """Authenticate and check the will against the ACL: whether the client is admitted, and
-        the user name it acts as (None: anonymous). Refused clients are answered here."""
+    ) -> tuple[bool, str | None, str]:
+        """Authenticate and check the will against the ACL: whether the client is admitted, the
+        user name it acts as (None: anonymous) and the ClientId it gets (its user name under
+        `use_username_as_clientid`). Refused clients are answered here."""
         level = packet.protocol_level
         if conn.auth_method is not None:
             # Enhanced authentication (MQTT 5.0 AUTH) already proved who the client is.
@@ -196,7 +205,7 @@ class Admission:
                 client_id, packet.username, packet.password, conn.cert_cn
             )
         if conn.closed:
-            return False, None
+            return False, None, client_id
         if result is not AuthResult.ACCEPTED:
             self.metrics.inc("auth_failures")
             self.refuse(
@@ -205,16 +214,35 @@ class Admission:
                 f"authentication failed ({result.name}) for user {packet.username!r}",
                 level,
             )
-            return False, None
+            return False, None, client_id
+        if self.config.use_username_as_clientid:
+            if username is None:
+                self.refuse(
+                    conn,
+                    ReasonCode.NOT_AUTHORIZED,
+                    "use_username_as_clientid: a client without a user name is refused",
+                    level,
+                )
+                return False, None, client_id
+            if "\x00" in username or len(username.encode()) > self.config.max_topic_length:
+                self.refuse(
+                    conn,
+                    ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                    "use_username_as_clientid: the user name cannot be a ClientId",
+                    level,
+                )
+                return False, None, client_id
+            client_id = username
         ban = None
-        if username != packet.username:  # a certificate's or enhanced authentication's user
+        if username != packet.username or client_id != packet.client_id:
+            # a certificate's or enhanced authentication's user, or a ClientId set here
             ban = self.bans.ban_of(client_id, username, conn.peer)
         if ban is None and packet.client_id:  # an assigned ClientId is new every time
             ban = await self.bans.connected(client_id)  # flapping?
         if ban is not None:
             if not conn.closed:
                 self.refuse_banned(conn, client_id, ban, level)
-            return False, None
+            return False, None, client_id
         will = packet.will
         if will is not None and metadata_size(will.properties) > self.config.max_message_properties:
             self.refuse(
@@ -224,7 +252,7 @@ class Admission:
                 f"{self.config.max_message_properties} bytes",
                 level,
             )
-            return False, None
+            return False, None, client_id
         if will is not None and (is_delayed(will.topic) or will.topic.startswith("$SYS")):
             # What a client may not publish, its will may not either; a will is delayed by its
             # Will Delay Interval (v5), never by a `$delayed/` topic.
@@ -234,7 +262,7 @@ class Admission:
                 f"will topic {will.topic[:64]!r} is reserved (a `$delayed/` or `$SYS` topic)",
                 level,
             )
-            return False, None
+            return False, None, client_id
         if packet.will is not None and not self.access.acl.allows(
             PUBLISH, client_id, username, packet.will.topic
         ):
@@ -245,8 +273,8 @@ class Admission:
                 f"ACL denies publishing the will topic {packet.will.topic!r}",
                 level,
             )
-            return False, None
-        return True, username
+            return False, None, client_id
+        return True, username, client_id
 
     def negotiate(self, packet: Connect) -> tuple[float | None, int, dict[int, Any]]:
         """What a CONNECT is granted: session expiry (None: a 3.1.1 session), keepalive, and
@@ -273,10 +301,35 @@ class Admission:
         reason = f"ClientId {client_id!r} banned by {ban.kind} {ban.value!r}{why}"
         self.refuse(conn, ReasonCode.BANNED, reason, level)
 
-    def refuse(self, conn: Refusable, code: int, reason: str, level: int = 4) -> None:
+    def refuse_not_owner(
+        self, conn: Refusable, client_id: str, owner: str, identity: str, level: int
+    ) -> None:
+        """Refuse a CONNECT by `identity` whose ClientId's session belongs to `owner`: CONNACK
+        0x87 (3.1.1: 5), the reason string naming only the refused identity. Logged at most
+        once per `_NOT_OWNER_LOG_INTERVAL` (an intruder retrying must not flood the log),
+        counted every time."""
+        self.metrics.inc("connections_refused_not_owner")
+        log_it, suppressed = self.not_owner_log.note(time.monotonic())
+        if log_it:
+            more = f" ({suppressed} more such refusals since the last line)" if suppressed else ""
+            log.warning(
+                "client %r from %s refused: its session belongs to %s, not to %s%s",
+                client_id,
+                conn.peer,
+                describe(owner),
+                describe(identity),
+                more,
+            )
+        reason = refusal(owner, identity) or "the ClientId's session belongs to another identity"
+        self.refuse(conn, ReasonCode.NOT_AUTHORIZED, reason, level, log_it=False)
+
+    def refuse(
+        self, conn: Refusable, code: int, reason: str, level: int = 4, *, log_it: bool = True
+    ) -> None:
         """Answer CONNACK with a refusal (`code`, a 5.0 reason code; a 3.1.1 client gets the
-        return code closest to it), log and count it, close."""
-        log.warning("client %r from %s refused: %s", conn.client_id or "", conn.peer, reason)
+        return code closest to it), log (unless the caller did) and count it, close."""
+        if log_it:
+            log.warning("client %r from %s refused: %s", conn.client_id or "", conn.peer, reason)
         self.metrics.inc("connections_refused")
         if level >= 5:
             props: dict[int, Any] = {PropertyId.REASON_STRING: reason[:200]}

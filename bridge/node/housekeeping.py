@@ -187,13 +187,7 @@ class Housekeeper:
         """Discard persistent sessions offline longer than their expiry interval (their own,
         MQTT 5.0, or `session_expiry_seconds`)."""
         limit = self.config.session_expiry_seconds
-        expired = [
-            s
-            for s in self.sessions.values()
-            if s.persistent
-            and not s.connected
-            and now - s.disconnected_at >= (limit if s.expiry is None else s.expiry)
-        ]
+        expired = [s for s in self.sessions.values() if s.expired(now, limit)]
         if not expired:
             return
         for session in expired:

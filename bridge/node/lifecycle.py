@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from bridge.access.ownership import identity_of, refusal
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connack, Connect, Disconnect
 from bridge.mqtt.properties import PropertyId
@@ -38,7 +39,14 @@ from bridge.state import (
     Unsettled,
     will_of,
 )
-from bridge.storage.base import Message, MessageStore, MetaUpdate, StaleOwner, StoreUnavailable
+from bridge.storage.base import (
+    Message,
+    MessageStore,
+    MetaUpdate,
+    SessionBound,
+    StaleOwner,
+    StoreUnavailable,
+)
 
 if TYPE_CHECKING:
     from bridge.access import AccessControl
@@ -47,7 +55,6 @@ if TYPE_CHECKING:
     from bridge.cluster.cluster import Cluster
     from bridge.cluster.registry import Claim
     from bridge.config import Config
-    from bridge.mqtt.packets import Will
     from bridge.node.delivery import Delivery
     from bridge.node.housekeeping import Housekeeper
     from bridge.operations.metering import Meter
@@ -176,8 +183,22 @@ class SessionLifecycle:
                     conn, ReasonCode.TOPIC_NAME_INVALID, f"will topic rejected: {error}", level
                 )
                 return None
-        admitted, username = await self.admission.admit(conn, packet, client_id)
+        admitted, username, client_id = await self.admission.admit(conn, packet, client_id)
         if not admitted:
+            return None
+        identity = identity_of(username, self.access.authenticating)
+        # In a cluster the registry's claim decides, atomically; the tables here may hold a copy
+        # that another node has taken since. On one node nothing awaits between here and the
+        # tables' update, so two CONNECTs cannot both pass.
+        here = self.sessions.get(client_id) if self.cluster is None else None
+        owner = (
+            None
+            if here is None or here.expired(time.time(), self.config.session_expiry_seconds)
+            else here.owner
+        )
+        if refusal(owner, identity) is not None:
+            assert owner is not None and identity is not None
+            self.admission.refuse_not_owner(conn, client_id, owner, identity, level)
             return None
         expiry, keepalive, said = self.admission.negotiate(packet)
         # 3.1.1: clean session 1 = nothing kept; 5.0: the session lives `expiry` seconds.
@@ -188,7 +209,7 @@ class SessionLifecycle:
         handed_over = False
         if self.cluster is not None:
             outcome = await self._take_over_in_cluster(
-                conn, client_id, packet.clean_session, persistent
+                conn, client_id, packet.clean_session, persistent, identity
             )
             if outcome is None:
                 return None
@@ -213,9 +234,10 @@ class SessionLifecycle:
             self.wills.cancel(client_id)
 
         session, session_present, updates = self._open_session(
-            client_id, packet.clean_session, persistent, handed_over, level >= 5
+            client_id, packet.clean_session, persistent, handed_over, level >= 5, identity
         )
         session.expiry = expiry
+        session.reads_cleared = -1  # its filters are judged anew for this login's user name
         self.sessions[client_id] = session
         session.connected = True
         conn.session = session
@@ -243,7 +265,7 @@ class SessionLifecycle:
         if conn.closed or conn.session is not session:
             return None
         if level >= 5:
-            if not packet.client_id:
+            if client_id != packet.client_id:  # assigned, or the user name (MQTT-3.2.2-16)
                 said[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = client_id
             conn.start_v5(packet.properties, said, session_present)
         else:
@@ -310,28 +332,35 @@ class SessionLifecycle:
             )
 
     def _open_session(
-        self, client_id: str, clean: bool, persistent: bool, handed_over: bool, v5: bool
+        self,
+        client_id: str,
+        clean: bool,
+        persistent: bool,
+        handed_over: bool,
+        v5: bool,
+        owner: str | None,
     ) -> tuple[Session, bool, list[MetaUpdate]]:
-        """The session a CONNECT gets, whether it was present, and the records to write."""
+        """The session a CONNECT by `owner` (an identity, `bridge.access.ownership`) gets,
+        whether it was present, and the records to write."""
         session = self.sessions.get(client_id)
         updates: list[MetaUpdate] = []
-        if session is not None and session.persistent and not session.connected:
-            limit = self.config.session_expiry_seconds if session.expiry is None else session.expiry
-            if time.time() - session.disconnected_at >= limit:
-                # Expired, though housekeeping has not discarded it yet: not present.
-                self.wills.publish_now(client_id)
-                self.discard(session, updates)
-                session = None
+        if session is not None and session.expired(time.time(), self.config.session_expiry_seconds):
+            # Expired, though housekeeping has not discarded it yet: not present.
+            self.wills.publish_now(client_id)
+            self.discard(session, updates)
+            session = None
         if clean:
             if session is not None:
                 self.discard(session, updates)
-            session = Session(client_id=client_id, persistent=persistent)
+            session = Session(client_id=client_id, persistent=persistent, owner=owner)
             if persistent:
                 updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
             return session, False, updates
         if session is not None and (session.persistent or v5):
             # 5.0 resumes a session that is still there, whatever its expiry (MQTT-3.1.2-4).
-            if persistent and (handed_over or not session.persistent):
+            bound_now = session.owner is None and owner is not None
+            session.owner = session.owner or owner  # an unbound session is its resumer's
+            if persistent and (handed_over or not session.persistent or bound_now):
                 # Durable under our ownership now (from another node, or newly persistent).
                 session.persistent = True
                 updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
@@ -343,7 +372,7 @@ class SessionLifecycle:
             return session, True, updates
         if session is not None:
             self.discard(session, updates)
-        session = Session(client_id=client_id, persistent=persistent)
+        session = Session(client_id=client_id, persistent=persistent, owner=owner)
         if persistent:
             updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
         return session, False, updates
@@ -370,16 +399,21 @@ class SessionLifecycle:
     # -- the ClientId across the cluster -----------------------------------------------------
 
     async def _take_over_in_cluster(
-        self, conn: ClientLink, client_id: str, clean: bool, persistent: bool
+        self, conn: ClientLink, client_id: str, clean: bool, persistent: bool, identity: str | None
     ) -> bool | None:
         """Own the ClientId cluster-wide: claim it in the registry (the atomic step, recording
-        whether the session outlives the connection), have the node that held it close the old
-        connection and hand over the session, publish the old connection's will. `clean`: the
-        client starts afresh. True if a session came from another node, None if refused."""
+        whether the session outlives the connection and checking and recording the `identity`
+        it belongs to), have the node that held it close the old connection and hand over the
+        session, publish the old connection's will. `clean`: the client starts afresh. True if
+        a session came from another node, None if refused."""
         assert self.cluster is not None
         cluster = self.cluster
         try:
-            claim = await cluster.registry.claim(client_id, not persistent)
+            claim = await cluster.registry.claim(client_id, not persistent, identity=identity)
+        except SessionBound as exc:
+            assert identity is not None  # only a claim naming an identity is refused for one
+            self.admission.refuse_not_owner(conn, client_id, exc.owner, identity, conn.level)
+            return None
         except StoreUnavailable as exc:
             self.admission.refuse(
                 conn, ReasonCode.SERVER_UNAVAILABLE, f"registry unavailable: {exc}", conn.level
@@ -451,15 +485,24 @@ class SessionLifecycle:
                 log.warning("client %s: owned by another node now; dropped here", client_id)
                 self.cluster.handed_to(ANY_PEER, self.release(client_id))
 
-    async def end_in_registry(self, client_id: str) -> None:
-        """The session is gone here: remove the ClientId's entry from the registry."""
+    async def end_in_registry(self, client_id: str, retry_in: float = 1.0) -> None:
+        """The session is gone here: remove the ClientId's entry from the registry. While Redis
+        cannot be reached, tried again later (the wait doubling up to a minute): an entry left
+        behind would keep the ClientId bound to the identity it had."""
         assert self.cluster is not None
         if client_id in self.sessions:
             return  # reconnected meanwhile
         try:
             await self.cluster.registry.end_session(client_id)
+        except StaleOwner:
+            return  # another node owns the ClientId now: the entry is its own
         except StoreUnavailable as exc:
-            log.debug("client %s: registry entry not deleted: %s", client_id, exc)
+            log.info("client %s: registry entry not deleted yet: %s", client_id, exc)
+            self.spawn(self._end_in_registry_later(client_id, retry_in))
+
+    async def _end_in_registry_later(self, client_id: str, wait: float) -> None:
+        await asyncio.sleep(wait)
+        await self.end_in_registry(client_id, min(wait * 2, 60.0))
 
     # -- the end of a connection ---------------------------------------------------------------
 
@@ -546,10 +589,6 @@ class SessionLifecycle:
             log.warning("records not written, store unavailable: %s", exc)
 
     # -- wills ---------------------------------------------------------------------------------
-
-    def will_message(self, client_id: str, will: Will) -> Message:
-        """The message a will becomes when it is published."""
-        return self.wills.message(client_id, will)
 
     async def publish_will(
         self, client_id: str, message: Message, *, clear_online: bool = True

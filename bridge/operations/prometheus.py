@@ -58,6 +58,7 @@ _SPECIAL = {
     "acl_denied_publish",
     "acl_denied_subscribe",
     "acl_denied_will",
+    "connections_refused_not_owner",
     "auth_failures",
     *BAN_COUNTERS,
     *LIMIT_COUNTERS,
@@ -164,6 +165,9 @@ class NodeCollector:
         yield denied
         yield _counter("auth_failures", "CONNECTs refused by authentication",
                        counters["auth_failures"])  # fmt: skip
+        yield _counter("connections_refused_not_owner",
+                       "CONNECTs refused because the ClientId's session is another identity's",
+                       counters["connections_refused_not_owner"])  # fmt: skip
         for name, doc in BAN_COUNTERS.items():
             yield _counter(name, doc, counters[name])
         for name, doc in LIMIT_COUNTERS.items():

@@ -44,6 +44,15 @@ class StaleOwner(StoreUnavailable):
         self.clients = clients
 
 
+class SessionBound(Exception):
+    """A claim of a ClientId was refused: its session (or live connection) belongs to another
+    identity, `owner` (`bridge.access.ownership`); nothing was changed."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__("the ClientId's session belongs to another identity")
+        self.owner = owner
+
+
 class MessageStore(Protocol):
     """The storage backend of a bridge. See the module docstring for the promises."""
 

@@ -1,5 +1,6 @@
 """The Redis registry's Lua against a real Redis: ownership moves only by claim, writes of a
-stale owner are refused, a dead node's clients are adopted only from it, membership expires."""
+stale owner are refused, a dead node's clients are adopted only from it, a claim by another
+identity than the session's is refused and changes nothing, membership expires."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from bridge.cluster.registry import RedisRegistry, redis_client
 from bridge.state import KIND_OFFSETS, KIND_ONLINE, KIND_RETAINED, KIND_SESSION
-from bridge.storage.base import MetaUpdate, StaleOwner
+from bridge.storage.base import MetaUpdate, SessionBound, StaleOwner
 from tests.support.redis import LocalRedis
 
 
@@ -125,5 +126,47 @@ def test_retained_messages_are_shared_and_membership_expires(redis_server: Local
         await b.mark_dead()
         alive, dead = await a.members()
         assert alive == {} and sorted(dead) == ["a", "b"]
+
+    run(redis_server, scenario)
+
+
+def test_a_claim_by_another_identity_is_refused_and_changes_nothing_until_the_session_ends(
+    redis_server: LocalRedis,
+) -> None:
+    async def scenario(registry_of: Callable[[str], RedisRegistry]) -> None:
+        a, b = registry_of("a"), registry_of("b")
+        first = await a.claim("phone", False, identity="user:alice")
+        assert first is not None
+        await a.put_meta([MetaUpdate(KIND_SESSION, "phone", b'{"subs":{"alice/#":1}}')])
+        with pytest.raises(SessionBound) as refused:
+            await b.claim("phone", True, identity="user:mallory")
+        assert refused.value.owner == "user:alice"
+        assert "phone" not in b.epochs
+        # Nothing moved: a still owns it at its epoch and may write.
+        await a.put_meta([MetaUpdate(KIND_OFFSETS, "phone", b"kept")])
+        again = await b.claim("phone", False, identity="user:alice")
+        assert again is not None and again.previous_node == "a"
+        assert again.records["off"] == b"kept" and "who" not in again.records
+        # Adopting a dead node's session (no identity) keeps the binding.
+        adopted = await a.claim("phone", None, only_from="b")
+        assert adopted is not None
+        with pytest.raises(SessionBound):
+            await b.claim("phone", False, identity="anonymous")
+        await a.end_session("phone")
+        free = await b.claim("phone", True, identity="user:mallory")
+        assert free is not None and free.previous_node == ""
+
+    run(redis_server, scenario)
+
+
+def test_a_session_claimed_without_an_identity_is_bound_by_the_first_claim_with_one(
+    redis_server: LocalRedis,
+) -> None:
+    async def scenario(registry_of: Callable[[str], RedisRegistry]) -> None:
+        a, b = registry_of("a"), registry_of("b")
+        assert await a.claim("legacy", False) is not None
+        assert await b.claim("legacy", False, identity="user:alice") is not None
+        with pytest.raises(SessionBound):
+            await a.claim("legacy", False, identity="user:mallory")
 
     run(redis_server, scenario)

@@ -29,7 +29,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
-from bridge.mqtt.packets import Connack, ConnackCode, Connect
+from bridge.mqtt.packets import Connack, ConnackCode, Connect, Pingreq, Pingresp
 from tests.support.processes import REPO, BridgeProcess, free_port, free_ports, wait_for_port
 
 pytestmark = pytest.mark.integration
@@ -41,8 +41,8 @@ TIMEOUT = 10.0
 
 @dataclass(frozen=True)
 class Certs:
-    """PEM files: `ca` signs the server and `device` (CN device-7); `rogue` (also CN device-7)
-    comes from another CA the bridge does not trust."""
+    """PEM files: `ca` signs the server, `device` (CN device-7) and `neighbour` (CN device-8);
+    `rogue` (also CN device-7) comes from another CA the bridge does not trust."""
 
     ca: Path
     server: Path
@@ -51,6 +51,8 @@ class Certs:
     device_key: Path
     rogue: Path
     rogue_key: Path
+    neighbour: Path
+    neighbour_key: Path
 
 
 def _name(cn: str) -> x509.Name:
@@ -153,7 +155,10 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     )
     device = _write(directory, "device", _leaf("device-7", ca, ExtendedKeyUsageOID.CLIENT_AUTH))
     rogue = _write(directory, "rogue", _leaf("device-7", other_ca, ExtendedKeyUsageOID.CLIENT_AUTH))
-    return Certs(ca_path, *server, *device, *rogue)
+    neighbour = _write(
+        directory, "neighbour", _leaf("device-8", ca, ExtendedKeyUsageOID.CLIENT_AUTH)
+    )
+    return Certs(ca_path, *server, *device, *rogue, *neighbour)
 
 
 # -- a bridge with every listener ----------------------------------------------------------------
@@ -387,6 +392,33 @@ def test_certificate_cn_is_the_user_name_and_a_tls_client_without_one_gets_conna
     assert tls_connect(tls_port, certs, device, "with-cert").return_code == ConnackCode.ACCEPTED
     connack = tls_connect(tls_port, certs, None, "no-cert")
     assert connack.return_code == ConnackCode.NOT_AUTHORIZED
+
+
+def test_a_certificate_identity_owns_its_connection_and_another_certificate_is_refused(
+    bridge_factory, certs
+):
+    listeners = start_bridge(
+        bridge_factory,
+        certs,
+        "tls_client_cert=optional",
+        "tls_cn_as_username=true",
+        "allow_anonymous=false",
+    )
+    tls_port = listeners.ports["tls"]
+    with tls_socket(tls_port, certs, (certs.device, certs.device_key)) as owner:
+        owner.sendall(codec.encode(Connect("press-3")))
+        decoder = Decoder()
+        decoder.feed(owner.recv(4096))
+        (connack,) = decoder.packets()
+        assert connack.return_code == ConnackCode.ACCEPTED
+        neighbour = (certs.neighbour, certs.neighbour_key)
+        refused = tls_connect(tls_port, certs, neighbour, "press-3")
+        assert refused.return_code == ConnackCode.NOT_AUTHORIZED
+        owner.sendall(codec.encode(Pingreq()))
+        decoder.feed(owner.recv(4096))
+        assert [type(p) for p in decoder.packets()] == [Pingresp]
+    refusal = "its session belongs to user 'device-7', not to user 'device-8'"
+    assert refusal in listeners.node.log_text()
 
 
 # -- configuration and HTTP faults ---------------------------------------------------------------

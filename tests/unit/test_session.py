@@ -180,3 +180,27 @@ def test_first_copy_refuses_another_copy_of_a_key_sent_within_the_window_not_the
     assert session.first_copy("k3", 12, window=2)  # k1 leaves the window
     assert session.first_copy("k1", 99, window=2)
     assert session.first_copy("k4", 13, window=0) and session.first_copy("k4", 14, window=0)
+
+
+def test_the_identity_a_session_belongs_to_survives_a_restore():
+    session = Session("c", persistent=True, owner="user:alice")
+    assert Session.restore("c", session.encode_subscriptions(), None).owner == "user:alice"
+    anonymous = Session("c", persistent=True, owner="anonymous")
+    assert Session.restore("c", anonymous.encode_subscriptions(), None).owner == "anonymous"
+
+
+def test_a_session_record_without_an_identity_restores_unbound():
+    # Written with authentication off, or by a version before sessions were bound.
+    assert Session.restore("c", b'{"subs":{"a/#":1},"shared":{}}', None).owner is None
+    assert b"own" not in Session("c", persistent=True).encode_subscriptions()
+
+
+def test_only_an_offline_persistent_session_expires_after_its_own_interval_or_the_default():
+    session = Session("c", persistent=True, disconnected_at=1000.0)
+    assert not session.expired(1059.0, default_expiry=60.0)
+    assert session.expired(1060.0, default_expiry=60.0)
+    session.expiry = 5.0  # a 5.0 session's own interval wins
+    assert session.expired(1005.0, default_expiry=60.0)
+    session.connected = True
+    assert not session.expired(9999.0, default_expiry=60.0)
+    assert not Session("c", persistent=False).expired(9999.0, default_expiry=60.0)
