@@ -146,12 +146,11 @@ class Handshake:
                 if frame is None:
                     return None
                 if self.state is HandshakeState.AWAIT_HELLO:
-                    self._on_hello(frame)
+                    event = self._on_hello(frame)
                 else:
-                    self._on_proof(frame)
-                if self.state is HandshakeState.AUTHENTICATED:
-                    assert self.peer_hello is not None
-                    return PeerAuthenticated(self.peer_hello.node_id, self.peer_hello.boot_id)
+                    event = self._on_proof(frame)
+                if event is not None:
+                    return event
         except HandshakeError:
             self.state = HandshakeState.FAILED
             raise
@@ -197,7 +196,12 @@ class Handshake:
         except PeerProtocolError as exc:
             raise HandshakeError(f"not a handshake frame: {exc}") from None
 
-    def _on_hello(self, frame: Frame) -> None:
+    def _authenticated(self) -> PeerAuthenticated:
+        assert self.peer_hello is not None
+        self.state = HandshakeState.AUTHENTICATED
+        return PeerAuthenticated(self.peer_hello.node_id, self.peer_hello.boot_id)
+
+    def _on_hello(self, frame: Frame) -> PeerAuthenticated | None:
         if not isinstance(frame, Hello):
             raise HandshakeError(f"expected Hello, got {type(frame).__name__}")
         own = self.own_hello
@@ -211,13 +215,13 @@ class Handshake:
             raise HandshakeError(f"dialed {self.expected_peer} but {frame.node_id} answered")
         self.peer_hello = frame
         if not self.keys:
-            self.state = HandshakeState.AUTHENTICATED
-            return
+            return self._authenticated()
         if self.role is Role.DIALER:
             self._outbox += encode(Proof(self._mac(self.keys[0], Role.DIALER)))
         self.state = HandshakeState.AWAIT_PROOF
+        return None
 
-    def _on_proof(self, frame: Frame) -> None:
+    def _on_proof(self, frame: Frame) -> PeerAuthenticated:
         if not isinstance(frame, Proof):
             raise HandshakeError(f"expected Proof, got {type(frame).__name__}")
         peer_role = self.role.other
@@ -225,7 +229,7 @@ class Handshake:
         matches = [hmac.compare_digest(frame.mac, self._mac(k, peer_role)) for k in self.keys]
         if not any(matches):
             raise HandshakeError("wrong proof of the cluster secret")
-        self.state = HandshakeState.AUTHENTICATED
+        return self._authenticated()
 
     def _mac(self, key: bytes, prover: Role) -> bytes:
         assert self.peer_hello is not None
