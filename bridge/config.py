@@ -245,8 +245,9 @@ SETTINGS: dict[str, str] = {
     "cluster_name": "prefix of this cluster's Redis keys (several clusters may share a Redis)",
     "cluster_secret": "the cluster's shared secret (at least 32 characters): peer links and "
     "node-to-node admin calls prove it; prefer cluster_secret_file",
-    "cluster_secret_file": "file holding the cluster's shared secret (its first line; keep it "
-    "0600); `openssl rand -hex 32 > FILE` makes one",
+    "cluster_secret_file": "file holding the cluster's secrets, one a line: the first proves this "
+    "node, every line is accepted (rotation); keep it 0600; `openssl rand -hex 32 > FILE` makes "
+    "one",
     "peer_listen": "`HOST:PORT` for links from other nodes (port 0: any free port)",
     "peer_advertise": "`HOST:PORT` other nodes dial (default: peer_listen, hostname for 0.0.0.0)",
     "peer_tls_certfile": "PEM certificate this node presents on peer links (mutual TLS; with "

@@ -17,7 +17,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.cluster.credential import PEER_LINK, derive_key, read_cluster_secrets
+from bridge.cluster.credential import (
+    PEER_LINK,
+    CredentialError,
+    derive_key,
+    read_cluster_secrets,
+)
 from bridge.config import Config
 
 log = logging.getLogger("bridge.cluster")
@@ -75,6 +80,20 @@ class PeerAuth:
     def tls(self) -> bool:
         """Whether peer links run over mutual TLS."""
         return self.server_ssl is not None
+
+    def reload_keys(self, config: Config) -> None:
+        """Re-read `cluster_secret_file` (SIGHUP): links started from now on prove and accept
+        the secrets it holds now, so a secret is rotated without a restart. A file that cannot
+        be used keeps the keys in force (logged)."""
+        if not config.cluster_secret_file:
+            return
+        try:
+            secrets = read_cluster_secrets("", config.cluster_secret_file)
+        except CredentialError as exc:
+            log.error("%s; the peer-link keys in force are kept", exc)
+            return
+        self.keys = tuple(derive_key(secret, PEER_LINK) for secret in secrets)
+        log.info("reloaded the cluster secret file: %d secrets accepted", len(self.keys))
 
 
 def peer_auth(config: Config) -> PeerAuth:

@@ -270,6 +270,8 @@ class Server:
             log.error("%s", error)
         if not errors:
             log.info("reloaded the password and ACL files")
+        if self.cluster is not None:
+            self.cluster.auth.reload_keys(self.config)
 
     async def shutdown(self) -> None:
         """Stop accepting, close clients, flush and close the store."""
