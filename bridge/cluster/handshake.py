@@ -93,7 +93,11 @@ class PeerAuthenticated:
 def proof_mac(key: bytes, prover: Role, dialer: Hello, acceptor: Hello) -> bytes:
     """The MAC the `prover` sends: HMAC-SHA-256 over the prover's role and both `Hello`s as
     encoded on the wire (length-prefixed fields, so no two transcripts share bytes)."""
-    message = b"".join((_PROOF_CONTEXT, prover.value, encode(dialer), encode(acceptor)))
+    return _mac_over(key, prover, encode(dialer) + encode(acceptor))
+
+
+def _mac_over(key: bytes, prover: Role, hellos: bytes) -> bytes:
+    message = b"".join((_PROOF_CONTEXT, prover.value, hellos))
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
@@ -120,9 +124,12 @@ class Handshake:
         """The node id a dialer dialed ("" for the acceptor: any member may dial in)."""
         self.own_hello = Hello(VERSION, node_id, boot_id, nonce)
         self.peer_hello: Hello | None = None
+        self._hellos = b""
+        """Both `Hello`s as the MAC covers them, dialer's first (set with `peer_hello`)."""
         self.state = HandshakeState.AWAIT_HELLO
         self._buffer = bytearray()
-        self._outbox = bytearray(encode(self.own_hello))
+        self._own_bytes = encode(self.own_hello)
+        self._outbox = bytearray(self._own_bytes)
 
     # -- the sans-IO surface -----------------------------------------------------------------------
 
@@ -214,6 +221,11 @@ class Handshake:
         if self.expected_peer and frame.node_id != self.expected_peer:
             raise HandshakeError(f"dialed {self.expected_peer} but {frame.node_id} answered")
         self.peer_hello = frame
+        peer_bytes = encode(frame)
+        if self.role is Role.DIALER:
+            self._hellos = self._own_bytes + peer_bytes
+        else:
+            self._hellos = peer_bytes + self._own_bytes
         if not self.keys:
             return self._authenticated()
         if self.role is Role.DIALER:
@@ -232,7 +244,5 @@ class Handshake:
         return self._authenticated()
 
     def _mac(self, key: bytes, prover: Role) -> bytes:
-        assert self.peer_hello is not None
-        if self.role is Role.DIALER:
-            return proof_mac(key, prover, self.own_hello, self.peer_hello)
-        return proof_mac(key, prover, self.peer_hello, self.own_hello)
+        assert self._hellos
+        return _mac_over(key, prover, self._hellos)
