@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 from bridge.cluster import wire
 from bridge.cluster.announce import Announcer
 from bridge.cluster.peer_auth import peer_auth
-from bridge.cluster.peers import PeerLink, advertise_address, dial
+from bridge.cluster.peers import PeerLink, advertise_address, dial, listen
 from bridge.cluster.registry import RedisRegistry
 from bridge.cluster.releases import Releases
 from bridge.cluster.takeover import (
@@ -121,18 +121,7 @@ class Cluster:
         id left in the registry, then keep membership and links up."""
         loop = asyncio.get_running_loop()
         host, port = parse_listen(self.config.peer_listen)
-        factory: Callable[[], Any] = lambda: PeerLink(self)  # noqa: E731
-        tls = self.auth.server_ssl
-        if tls is not None and self.accept_tls is not None:
-            factory, tls = self.accept_tls(factory), None
-        self._server = await loop.create_server(
-            factory,
-            host,
-            port,
-            reuse_address=True,
-            ssl=tls,
-            ssl_handshake_timeout=self.auth.handshake_timeout if tls is not None else None,
-        )
+        self._server = await listen(self, host, port, self.accept_tls)
         bound = self._server.sockets[0].getsockname()
         self.advertise = self.config.peer_advertise or advertise_address(host, bound[1])
         log.info("peer links on %s:%s, advertised as %s", bound[0], bound[1], self.advertise)

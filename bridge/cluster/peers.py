@@ -22,7 +22,8 @@ import socket
 import ssl
 import time
 from collections import Counter
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from bridge.cluster.handshake import (
     NONCE_BYTES,
@@ -292,6 +293,29 @@ class PeerLink(asyncio.Protocol):
         silent = time.monotonic() - self.last_heard
         if silent > DEAD_AFTER:
             self.close(f"nothing heard for {silent:.1f} s")
+
+
+async def listen(
+    cluster: LinkOwner,
+    host: str,
+    port: int,
+    accept_tls: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
+) -> asyncio.base_events.Server:
+    """Accept links from peers on `host:port`, over TLS when the cluster's `PeerAuth` has it:
+    through `accept_tls` if given (it wraps the protocol factory so that failed TLS handshakes
+    are seen), else the event loop's own TLS."""
+    factory: Callable[[], Any] = lambda: PeerLink(cluster)  # noqa: E731
+    tls = cluster.auth.server_ssl
+    if tls is not None and accept_tls is not None:
+        factory, tls = accept_tls(factory), None
+    return await asyncio.get_running_loop().create_server(
+        factory,
+        host,
+        port,
+        reuse_address=True,
+        ssl=tls,
+        ssl_handshake_timeout=cluster.auth.handshake_timeout if tls is not None else None,
+    )
 
 
 async def dial(cluster: LinkOwner, peer_id: str, address: str) -> None:
