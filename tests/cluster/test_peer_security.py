@@ -118,8 +118,11 @@ def victim_cluster(
 
 
 def registry_boot(redis_server: LocalRedis, cluster: ClusterLauncher, node_id: str) -> str:
-    info = redis_server.client().hget(f"{cluster.name}:nodeinfo", node_id)
-    return str(json.loads(info)["boot"])
+    redis = redis_server.client()
+    try:
+        return str(json.loads(redis.hget(f"{cluster.name}:nodeinfo", node_id))["boot"])
+    finally:
+        redis.close()
 
 
 def test_intruders_on_the_peer_port_get_nothing_inject_nothing_kick_nobody_and_are_logged(
@@ -178,6 +181,10 @@ def test_intruders_on_the_peer_port_get_nothing_inject_nothing_kick_nobody_and_a
         attack("a frame of 67108864 bytes before the handshake", big)
         got = [m.payload for m in watcher.drain(100, timeout=1.0)]
         assert b"injected" not in got
+        with paho_client(b.port) as late:  # a retained value would reach a new subscriber
+            late.client.subscribe("$SYS/broker/version", 0)
+            retained = [m.payload for m in late.drain(5, timeout=1.0)]
+        assert b"injected" not in retained
         assert not lost.is_set(), "the victim was disconnected"
         assert victim.client.is_connected()
     log = b.log_text()
@@ -190,25 +197,25 @@ def test_a_release_from_a_member_that_does_not_own_the_client_is_refused(
     cluster: ClusterLauncher, redis_server: LocalRedis
 ) -> None:
     b = cluster.start("b")
-    redis = redis_server.client()
-    # A member of the cluster (it holds the secret and heartbeats) that never took the client.
-    now_ms = int(redis.time()[0]) * 1000
-    redis.zadd(f"{cluster.name}:nodes", {"0-rogue": now_ms + 30_000})
-    info = {"peer": "127.0.0.1:1", "boot": "r1", "role": "notify", "features": []}
-    redis.hset(f"{cluster.name}:nodeinfo", "0-rogue", json.dumps(info))
-    lost = threading.Event()
-    with paho_client(b.port, client_id="victim", clean_session=False) as victim:
-        victim.client.on_disconnect = lambda *_args: lost.set()
-        epoch = int(redis.hget(f"{cluster.name}:c:victim", "epoch"))
-        intruder = Intruder(cluster.peer_ports["b"])
-        key = derive_key(cluster.secret.encode(), PEER_LINK)
-        intruder.handshake_as("0-rogue", "r1", key)
-        b.wait_for_log("peer link to 0-rogue up")
-        intruder.send(encode(wire.Release(7, "victim", epoch)))
-        b.wait_for_log("refused Release of client victim from node 0-rogue")
-        frames, _closed = intruder.received(timeout=1.0)
-        assert "Released" in frames  # answered "nothing held here", so the asker does not hang
-        assert not lost.wait(0.5) and victim.client.is_connected()
+    with contextlib.closing(redis_server.client()) as redis:
+        # A member of the cluster (it holds the secret and heartbeats) that never took the client.
+        now_ms = int(redis.time()[0]) * 1000
+        redis.zadd(f"{cluster.name}:nodes", {"0-rogue": now_ms + 30_000})
+        info = {"peer": "127.0.0.1:1", "boot": "r1", "role": "notify", "features": []}
+        redis.hset(f"{cluster.name}:nodeinfo", "0-rogue", json.dumps(info))
+        lost = threading.Event()
+        with paho_client(b.port, client_id="victim", clean_session=False) as victim:
+            victim.client.on_disconnect = lambda *_args: lost.set()
+            epoch = int(redis.hget(f"{cluster.name}:c:victim", "epoch"))
+            intruder = Intruder(cluster.peer_ports["b"])
+            key = derive_key(cluster.secret.encode(), PEER_LINK)
+            intruder.handshake_as("0-rogue", "r1", key)
+            b.wait_for_log("peer link to 0-rogue up")
+            intruder.send(encode(wire.Release(7, "victim", epoch)))
+            b.wait_for_log("refused Release of client victim from node 0-rogue")
+            frames, _closed = intruder.received(timeout=1.0)
+            assert "Released" in frames  # answered "nothing held here": the asker does not hang
+            assert not lost.wait(0.5) and victim.client.is_connected()
     assert "the registry names b as the client's owner" in b.log_text()
 
 
