@@ -119,7 +119,7 @@ class PeerLink(asyncio.Protocol):
         self._admission: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment] - uvloop's is no asyncio.Transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
         peer = transport.get_extra_info("peername")
         if peer:
             self.remote = f"{peer[0]}:{peer[1]}"
