@@ -4,7 +4,9 @@ client go (`Release`), the old one answers with the session's last state (`Relea
 The asking side waits at most `takeover_timeout` and falls back on the registry's copy of the
 session. The answering side believes no peer on its word: it lets the client go only if the
 registry names the asking node as the client's owner (`bridge.cluster.trust.release_refusal`);
-otherwise it logs the refusal and answers that it holds nothing.
+otherwise it logs the refusal and answers that it holds nothing. If the registry shows that a
+third node took the client since this node held it, this node lets the client go all the same
+(as when its own writes are refused), without handing its state to the asker.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from redis.exceptions import RedisError
+
 from bridge.cluster import wire
 from bridge.cluster.trust import release_refusal
+from bridge.storage.base import StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.cluster.host import ClusterHost
@@ -81,18 +86,28 @@ class Releases:
 
     async def answer(self, link: PeerLink, frame: wire.Release) -> None:
         """Let a client go to the peer that took it over, if the registry agrees it did."""
-        peer = link.peer_id
-        refusal = await release_refusal(self.registry, peer, frame.client_id, frame.epoch)
+        peer, client_id = link.peer_id, frame.client_id
+        try:
+            owner, current = await self.registry.owner_epoch(client_id)
+        except (RedisError, OSError, StoreUnavailable) as exc:
+            owner, current = "", 0
+            refusal = f"the registry cannot be read to check it ({exc})"
+        else:
+            refusal = release_refusal(owner, current, peer, frame.epoch)
         if refusal:
             log.warning(
                 "refused Release of client %s from node %s (epoch %d): %s",
-                frame.client_id,
+                client_id,
                 peer,
                 frame.epoch,
                 refusal,
             )
             self.node.metrics.inc("peer_releases_refused")
             state = b""
+            held = self.registry.epochs.get(client_id)
+            if owner and owner != self.registry.node_id and held is not None and current > held:
+                self.registry.disown(client_id)  # a third node took it: not ours either
+                self.node.lost_ownership([client_id])
         else:
             state = self.node.release_session(frame.client_id, frame.epoch)
             self.handed_to(peer, state)

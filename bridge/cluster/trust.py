@@ -19,11 +19,9 @@ from redis.exceptions import RedisError
 
 from bridge.cluster.peer_auth import PeerAuth, certificate_names
 from bridge.cluster.peers import PING_INTERVAL
-from bridge.storage.base import StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.cluster.peers import PeerLink
-    from bridge.cluster.registry import RedisRegistry
 
 LIVE_LINK_SILENCE = 3 * PING_INTERVAL
 """A link that carried something this recently is alive (each side pings every `PING_INTERVAL`
@@ -84,14 +82,10 @@ async def admit_link(cluster: Admitting, link: PeerLink, now: float) -> str:
     return link_refusal(info, cluster.links.get(link.peer_id), link.peer_boot, now)
 
 
-async def release_refusal(registry: RedisRegistry, peer: str, client_id: str, epoch: int) -> str:
-    """Why `peer`'s request to release `client_id` at `epoch` is not honoured ("" if it is):
-    the registry must name `peer` as the client's owner, at `epoch` or a later epoch (it took
-    the client again since)."""
-    try:
-        owner, current = await registry.owner_epoch(client_id)
-    except (RedisError, OSError, StoreUnavailable) as exc:
-        return f"the registry cannot be read to check it ({exc})"
+def release_refusal(owner: str, current: int, peer: str, epoch: int) -> str:
+    """Why `peer`'s request to release a client at `epoch` is not honoured ("" if it is), given
+    the registry's `owner` of the client and the `current` epoch it took it at: the registry
+    must name `peer`, at `epoch` or a later epoch (it took the client again since)."""
     if owner != peer:
         return f"the registry names {owner or 'no node'} as the client's owner"
     if current < epoch:

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from bridge.cluster import wire
 from bridge.cluster.peer_auth import PeerAuth, RefusalLog, certificate_names, peer_auth
+from bridge.cluster.releases import Releases
 from bridge.cluster.trust import LIVE_LINK_SILENCE, admit_link, link_refusal, release_refusal
 from bridge.config import Config
 
@@ -105,14 +107,6 @@ def test_certificate_names_are_the_common_name_and_dns_alt_names() -> None:
     assert certificate_names(None) == set()
 
 
-class FakeRegistry:
-    def __init__(self, owner: str, epoch: int) -> None:
-        self.owner, self.epoch = owner, epoch
-
-    async def owner_epoch(self, client_id: str) -> tuple[str, int]:
-        return self.owner, self.epoch
-
-
 @pytest.mark.parametrize(
     ("owner", "epoch", "asked_at", "refused"),
     [
@@ -126,7 +120,7 @@ class FakeRegistry:
 def test_a_release_is_honoured_only_from_the_registrys_owner(
     owner: str, epoch: int, asked_at: int, refused: str
 ) -> None:
-    refusal = asyncio.run(release_refusal(FakeRegistry(owner, epoch), "n2", "c", asked_at))  # type: ignore[arg-type]
+    refusal = release_refusal(owner, epoch, "n2", asked_at)
     assert (refusal == "") if not refused else (refused in refusal)
 
 
@@ -157,3 +151,74 @@ def test_sighup_rereads_the_secret_file_and_a_bad_file_keeps_the_keys(tmp_path: 
     secret_file.write_text("short\n")
     auth.reload_keys(config)
     assert len(auth.keys) == 2
+
+
+class ReleaseRegistry:
+    def __init__(self, owner: str, epoch: int, held: dict[str, int]) -> None:
+        self.node_id = "a"
+        self.owner, self.epoch = owner, epoch
+        self.epochs = held
+
+    async def owner_epoch(self, client_id: str) -> tuple[str, int]:
+        return self.owner, self.epoch
+
+    def disown(self, client_id: str) -> None:
+        self.epochs.pop(client_id, None)
+
+
+class ReleaseNode:
+    def __init__(self) -> None:
+        self.released: list[str] = []
+        self.lost: list[str] = []
+        self.metrics = Counter()
+
+    def release_session(self, client_id: str, epoch: int | None = None) -> bytes:
+        self.released.append(client_id)
+        return b'{"subs":"{}","off":"{}"}'
+
+    def lost_ownership(self, client_ids: list[str]) -> None:
+        self.lost += client_ids
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def inc(self, name: str, amount: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + amount
+
+
+class SentLink:
+    def __init__(self, peer_id: str) -> None:
+        self.peer_id = peer_id
+        self.sent: list[Any] = []
+
+    def send(self, frame: Any) -> None:
+        self.sent.append(frame)
+
+
+def answer(owner: str, epoch: int, held: dict[str, int], asker: str = "b") -> tuple[Any, ...]:
+    registry, node, link = ReleaseRegistry(owner, epoch, held), ReleaseNode(), SentLink(asker)
+    handed: list[tuple[str, bytes]] = []
+    releases = Releases({}, registry, node, lambda p, s: handed.append((p, s)), 1.0)  # type: ignore[arg-type]
+    asyncio.run(releases.answer(link, wire.Release(1, "c", 5)))  # type: ignore[arg-type]
+    return node, link.sent, handed
+
+
+def test_the_registrys_owner_gets_the_client_and_its_state() -> None:
+    node, sent, handed = answer("b", 5, {"c": 4})
+    assert node.released == ["c"] and handed == [("b", b'{"subs":"{}","off":"{}"}')]
+    assert sent == [wire.Released(1, "c", b'{"subs":"{}","off":"{}"}')]
+
+
+def test_a_release_asked_by_another_node_than_the_owner_hands_nothing_over() -> None:
+    node, sent, handed = answer("a", 4, {"c": 4})  # this node still owns it
+    assert node.released == [] and node.lost == [] and handed == []
+    assert sent == [wire.Released(1, "c", b"")]
+    assert node.metrics.counts == {"peer_releases_refused": 1}
+
+
+def test_a_client_a_third_node_took_since_is_let_go_but_not_handed_to_the_asker() -> None:
+    node, sent, handed = answer("c3", 6, {"c": 4})
+    assert node.lost == ["c"] and node.released == [] and handed == []
+    assert sent == [wire.Released(1, "c", b"")]
