@@ -104,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from bridge.access.acl import AclError
     from bridge.access.auth import AuthConfigError
+    from bridge.cluster.peer_auth import PeerTLSConfigError
     from bridge.listeners.server import Server
     from bridge.listeners.tls import TLSConfigError
 
     try:
         Server.check(config)
-    except (AuthConfigError, AclError, TLSConfigError) as exc:
+    except (AuthConfigError, AclError, TLSConfigError, PeerTLSConfigError) as exc:
         print(f"mqtt-bridge: configuration error: {exc}", file=sys.stderr)
         return 2
     return run_server(config, "bridge")

@@ -113,6 +113,10 @@ class Config:
     cluster_secret_file: str = ""
     peer_listen: str = "0.0.0.0:18830"
     peer_advertise: str = ""
+    peer_tls_certfile: str = ""
+    peer_tls_keyfile: str = ""
+    peer_tls_cafile: str = ""
+    peer_handshake_timeout: float = 5.0
     node_timeout: float = 6.0
     takeover_timeout: float = 3.0
     interest_grace: float = 5.0
@@ -254,10 +258,16 @@ SETTINGS: dict[str, str] = {
     "cluster_name": "prefix of this cluster's Redis keys (several clusters may share a Redis)",
     "cluster_secret": "the cluster's shared secret (at least 32 characters): peer links and "
     "node-to-node admin calls prove it; prefer cluster_secret_file",
-    "cluster_secret_file": "file holding the cluster's shared secret (its first line; keep it "
-    "0600); `openssl rand -hex 32 > FILE` makes one",
+    "cluster_secret_file": "file holding the cluster's secrets, one a line: the first proves this "
+    "node, every line is accepted (rotation); keep it 0600; `openssl rand -hex 32 > FILE` makes "
+    "one",
     "peer_listen": "`HOST:PORT` for links from other nodes (port 0: any free port)",
     "peer_advertise": "`HOST:PORT` other nodes dial (default: peer_listen, hostname for 0.0.0.0)",
+    "peer_tls_certfile": "PEM certificate this node presents on peer links (mutual TLS; with "
+    "peer_tls_keyfile and peer_tls_cafile)",
+    "peer_tls_keyfile": "PEM private key of peer_tls_certfile",
+    "peer_tls_cafile": "PEM cluster CA that every peer's certificate must chain to",
+    "peer_handshake_timeout": "seconds a peer link may take to authenticate before it is closed",
     "node_timeout": "seconds without a heartbeat before a node counts as dead",
     "takeover_timeout": "seconds to wait for the old node to release a ClientId taken over",
     "interest_grace": "seconds a node keeps advertising a filter after its last local subscriber",
@@ -441,6 +451,31 @@ def _validate_limits(config: Config) -> None:
         )
 
 
+def _validate_peer_security(config: Config) -> None:
+    """A cluster member authenticates its peer links: with the cluster secret, mutual TLS, or
+    both. Without either, anyone who reaches the peer port would own the cluster."""
+    from bridge.cluster.credential import CredentialError, read_cluster_secrets
+
+    try:
+        secrets = read_cluster_secrets(config.cluster_secret, config.cluster_secret_file)
+    except CredentialError as exc:
+        raise ConfigError(str(exc)) from None
+    tls = (config.peer_tls_certfile, config.peer_tls_keyfile, config.peer_tls_cafile)
+    if any(tls) and not all(tls):
+        raise ConfigError(
+            "peer_tls_certfile/peer_tls_keyfile/peer_tls_cafile: set all three (each end of a "
+            "peer link presents its certificate and verifies the other's against the CA)"
+        )
+    if not secrets and not all(tls):
+        raise ConfigError(
+            "cluster_secret_file: a cluster member needs the cluster's secret "
+            "(cluster_secret_file or cluster_secret) or peer TLS (peer_tls_certfile, "
+            "peer_tls_keyfile, peer_tls_cafile) to authenticate its peer links"
+        )
+    if config.peer_handshake_timeout > 60:
+        raise ConfigError("peer_handshake_timeout: at most 60 seconds")
+
+
 def validate(config: Config) -> None:
     """Raise ConfigError for values that cannot work."""
     if not config.listen:
@@ -475,7 +510,8 @@ def validate(config: Config) -> None:
         parse_listen(config.peer_listen)
         if config.peer_advertise:
             parse_listen(config.peer_advertise)
-        for name in ("redis_timeout", "node_timeout", "takeover_timeout"):
+        _validate_peer_security(config)
+        for name in ("redis_timeout", "node_timeout", "takeover_timeout", "peer_handshake_timeout"):
             if getattr(config, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
     if config.rocketmq_send_timeout <= 0:

@@ -52,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     config.notify = True
+    from bridge.cluster.peer_auth import PeerTLSConfigError, peer_auth
+
+    try:
+        peer_auth(config)
+    except PeerTLSConfigError as exc:
+        print(f"notify: configuration error: {exc}", file=sys.stderr)
+        return 2
     return run_server(config, "notify", serve_mqtt=False)
 
 

@@ -25,20 +25,24 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
 from bridge.cluster import wire
 from bridge.cluster.announce import Announcer
-from bridge.cluster.peers import PeerLink, advertise_address, dial
+from bridge.cluster.peer_auth import peer_auth
+from bridge.cluster.peers import PeerLink, advertise_address, dial, listen
 from bridge.cluster.registry import RedisRegistry
+from bridge.cluster.releases import Releases
 from bridge.cluster.takeover import (
     HandedInterest,
     handed_filters,
     take_over_node,
     try_take_over,
 )
+from bridge.cluster.trust import admit_link
 from bridge.config import Config, parse_listen
 from bridge.mqtt.topics import parse_shared
 from bridge.router.queues import ANY_PEER, peer_subscriber
@@ -69,6 +73,11 @@ class Cluster:
         self.config = config
         self.node_id = node.node_id
         self.boot_id = uuid.uuid4().hex[:12]
+        self.auth = peer_auth(config)
+        """The keys and TLS contexts peer links authenticate with (`bridge.cluster.peer_auth`)."""
+        self.accept_tls: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None
+        """Set by the server with peer TLS: wraps the peer listener's protocol factory so that
+        failed TLS handshakes are counted and logged (`bridge.listeners.tls.TLSAcceptor`)."""
         self.links: dict[str, PeerLink] = {}
         self.members: dict[str, dict[str, Any]] = {}
         self.started_at = time.time()
@@ -88,11 +97,12 @@ class Cluster:
         self.handed = HandedInterest(self._add_filters, self._remove_filters, config)
         self._synced: set[str] = set()
         """Peers whose interest replay ended on their current link."""
-        self._requests: dict[int, tuple[str, asyncio.Future[bytes | None]]] = {}
-        """Release request id -> (peer asked, its answer)."""
+        self.releases = Releases(
+            self.links, registry, node, self.handed_to, config.takeover_timeout
+        )
+        """ClientIds moving between this node and its peers (`Release`, `Released`)."""
         self.announcer = Announcer(self.links, node.refresh_queue_ends, node.spawn)
         """Tells peers what this node stored for their readers (and covers for their silence)."""
-        self._next_request = 1
         self._server: asyncio.base_events.Server | None = None
         self._membership: asyncio.Task[None] | None = None
         self._keeper: asyncio.Task[None] | None = None
@@ -111,9 +121,7 @@ class Cluster:
         id left in the registry, then keep membership and links up."""
         loop = asyncio.get_running_loop()
         host, port = parse_listen(self.config.peer_listen)
-        self._server = await loop.create_server(
-            lambda: PeerLink(self), host, port, reuse_address=True
-        )
+        self._server = await listen(self, host, port, self.accept_tls)
         bound = self._server.sockets[0].getsockname()
         self.advertise = self.config.peer_advertise or advertise_address(host, bound[1])
         log.info("peer links on %s:%s, advertised as %s", bound[0], bound[1], self.advertise)
@@ -267,6 +275,12 @@ class Cluster:
             if task.done():
                 del self._dialers[node_id]
 
+    async def refresh_members(self) -> dict[str, dict[str, Any]]:
+        """Re-read the live members now (a peer dialing in may be newer than `members`)."""
+        alive = (await self.registry.members())[0]
+        self._update_members(alive)
+        return alive
+
     def should_dial(self, node_id: str) -> bool:
         return not self.leaving and node_id in self.members
 
@@ -287,8 +301,18 @@ class Cluster:
 
     # -- links -----------------------------------------------------------------------------------
 
+    async def admit(self, link: PeerLink) -> str:
+        """Whether an authenticated peer may hold `link` ("" if so; `bridge.cluster.trust`)."""
+        return await admit_link(self, link, time.monotonic())
+
+    def link_refused(self, address: str, reason: str) -> None:
+        """A link from `address` was refused before it came up: counted and logged (throttled)."""
+        self.auth.refusals.refuse(address, reason)
+        self.node.metrics.inc("peer_links_refused")
+
     def link_up(self, link: PeerLink) -> None:
-        """A link finished its Hello: replace an older link to that peer and replay interest."""
+        """A link was authenticated and admitted: replace an older link to that peer (of its
+        previous boot, `admit_link` saw to that) and replay interest."""
         old = self.links.get(link.peer_id)
         if old is not None and old is not link:
             old.up = False  # its loss must not unregister the new link
@@ -323,10 +347,7 @@ class Cluster:
             self.stats["links_down"] += 1
             if not self.leaving:
                 self.announcer.refresh_soon()  # it may have stored messages it did not announce
-        for request, (peer, future) in list(self._requests.items()):
-            if peer == link.peer_id and not future.done():
-                future.set_result(None)  # not answered: the caller uses the registry's copy
-                del self._requests[request]
+        self.releases.link_lost(link.peer_id)
 
     def on_frame(self, link: PeerLink, frame: wire.Frame) -> None:
         """A frame from an up link."""
@@ -357,13 +378,9 @@ class Cluster:
         elif isinstance(frame, wire.Retained):
             node.retained_from_peer(frame.topic, frame.record)
         elif isinstance(frame, wire.Release):
-            state = node.release_session(frame.client_id, frame.epoch)
-            self.handed_to(peer, state)
-            link.send(wire.Released(frame.request, frame.client_id, state))
+            node.spawn(self.releases.answer(link, frame))
         elif isinstance(frame, wire.Released):
-            pending = self._requests.pop(frame.request, None)
-            if pending is not None and not pending[1].done():
-                pending[1].set_result(frame.state)
+            self.releases.answered(frame)
         elif isinstance(frame, wire.NodeGone):
             if frame.node_id == peer:
                 self._leaving.add(peer)  # it drains: take over its sessions without waiting
@@ -577,20 +594,5 @@ class Cluster:
     # -- takeover --------------------------------------------------------------------------------
 
     async def request_release(self, peer: str, client_id: str, epoch: int) -> bytes | None:
-        """Ask the node that held the client to let it go; its last session state (JSON), b""
-        if it had none, None if it could not be asked (no link, no answer in time)."""
-        link = self.links.get(peer)
-        if link is None:
-            return None
-        request = self._next_request
-        self._next_request += 1
-        future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
-        self._requests[request] = (peer, future)
-        link.send(wire.Release(request, client_id, epoch))
-        try:
-            return await asyncio.wait_for(future, self.config.takeover_timeout)
-        except TimeoutError:
-            log.warning("client %s: node %s did not release it in time", client_id, peer)
-            return None
-        finally:
-            self._requests.pop(request, None)
+        """Ask the node that held the client to let it go (`Releases.request`)."""
+        return await self.releases.request(peer, client_id, epoch)

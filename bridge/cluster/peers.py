@@ -1,25 +1,40 @@
 """Peer links: one long TCP connection per pair of nodes, carrying `bridge.cluster.wire` frames.
 
-The node with the smaller id dials, the other accepts, so a pair never holds two links. Each side
-sends `Hello` first; once both have, the link is up and its `LinkOwner` (the `Cluster`) replays its
-interest. Each side pings when it has sent nothing for `PING_INTERVAL`; a link the peer has been
-silent on for `DEAD_AFTER` is closed (a peer that froze, a cable pulled without a RST). The dialing
-side reconnects with backoff.
+The node with the smaller id dials, the other accepts, so a pair never holds two links. A link
+starts with the handshake of `bridge.cluster.handshake`: both sides prove the cluster secret
+(over mutual TLS when `peer_tls_*` are set) before any other frame is read, within
+`peer_handshake_timeout`, in frames of a few KiB at most. The authenticated peer is then admitted
+or refused by its `LinkOwner` (the `Cluster`: a live member of the registry, at the boot the
+registry shows, not replacing a live link); every refused link is logged with its remote address
+(`PeerAuth.refusals`). Once admitted the link is up and the `LinkOwner` replays its interest.
+
+Each side pings when it has sent nothing for `PING_INTERVAL`; a link the peer has been silent on
+for `DEAD_AFTER` is closed (a peer that froze, a cable pulled without a RST). The dialing side
+reconnects with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import socket
+import ssl
 import time
 from collections import Counter
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from bridge.cluster.handshake import (
+    NONCE_BYTES,
+    Handshake,
+    HandshakeError,
+    PeerAuthenticated,
+    Role,
+)
+from bridge.cluster.peer_auth import PeerAuth
 from bridge.cluster.wire import (
-    VERSION,
     Frame,
-    Hello,
     PeerDecoder,
     PeerProtocolError,
     Ping,
@@ -44,9 +59,19 @@ class LinkOwner(Protocol):
 
     node_id: str
     boot_id: str
+    auth: PeerAuth
+
+    async def admit(self, link: PeerLink) -> str:
+        """Whether the peer that authenticated on `link` (its `peer_id`, `peer_boot`) may hold
+        a link: "" if so, else why not (the link is then refused)."""
+        ...
+
+    def link_refused(self, address: str, reason: str) -> None:
+        """A link from `address` was refused before it came up (counted, logged)."""
+        ...
 
     def link_up(self, link: PeerLink) -> None:
-        """The link finished its Hello."""
+        """The link finished its handshake and was admitted."""
         ...
 
     def link_down(self, link: PeerLink) -> None:
@@ -67,7 +92,7 @@ class LinkOwner(Protocol):
 
 
 class PeerLink(asyncio.Protocol):
-    """One link to a peer node: frames in, frames out, liveness."""
+    """One link to a peer node: the handshake, then frames in, frames out, liveness."""
 
     def __init__(self, cluster: LinkOwner, expected_peer: str = "") -> None:
         self.cluster = cluster
@@ -86,10 +111,31 @@ class PeerLink(asyncio.Protocol):
         self.dropped = 0
         self._dropped_logged = 0
         self._drop_logged_at = 0.0
+        self.remote = "?"
+        """The remote address, for the log lines of a link that has no peer id yet."""
+        self.handshake: Handshake | None = None
+        """Until the link is up: the handshake, which alone reads what arrives."""
+        self._deadline: asyncio.TimerHandle | None = None
+        self._admission: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment] - uvloop's is no asyncio.Transport
-        self.send(Hello(VERSION, self.cluster.node_id, self.cluster.boot_id))
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.remote = f"{peer[0]}:{peer[1]}"
+        cluster = self.cluster
+        self.handshake = Handshake(
+            Role.DIALER if self.expected_peer else Role.ACCEPTOR,
+            cluster.node_id,
+            cluster.boot_id,
+            cluster.auth.keys,
+            secrets.token_bytes(NONCE_BYTES),
+            expected_peer=self.expected_peer,
+        )
+        self._deadline = asyncio.get_running_loop().call_later(
+            cluster.auth.handshake_timeout, self._handshake_expired
+        )
+        self._write_handshake()
 
     def send(self, frame: Frame) -> None:
         """Write a frame (dropped if the link is closed: its peer re-syncs on the next link)."""
@@ -122,14 +168,20 @@ class PeerLink(asyncio.Protocol):
         return True
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
         self.last_heard = time.monotonic()
+        if self.handshake is not None:
+            self._handshake_data(data)
+        else:
+            self._frames(data)
+
+    def _frames(self, data: bytes) -> None:
         self.decoder.receive_data(data)
         try:
             while (frame := self.decoder.next_frame()) is not None:
                 self.frames_in[type(frame).__name__] += 1
-                if not self.up:
-                    self._hello(frame)
-                elif isinstance(frame, Ping):
+                if isinstance(frame, Ping):
                     self.send(Pong())
                 elif not isinstance(frame, Pong):
                     self.cluster.on_frame(self, frame)
@@ -138,23 +190,66 @@ class PeerLink(asyncio.Protocol):
         except PeerProtocolError as exc:
             self.close(f"protocol error: {exc}")
 
-    def _hello(self, frame: Frame) -> None:
-        if not isinstance(frame, Hello):
-            self.close(f"expected Hello, got {type(frame).__name__}")
+    # -- the handshake ---------------------------------------------------------------------------
+
+    def _handshake_data(self, data: bytes) -> None:
+        handshake = self.handshake
+        assert handshake is not None
+        handshake.receive_data(data)
+        try:
+            event = handshake.next_event()
+        except HandshakeError as exc:
+            self.refuse(str(exc))
             return
-        if frame.version != VERSION:
-            self.close(f"peer speaks protocol version {frame.version}, this node {VERSION}")
+        self._write_handshake()
+        if event is not None:
+            self._admission = asyncio.get_running_loop().create_task(self._admit(event))
+
+    def _write_handshake(self) -> None:
+        if self.handshake is not None and self.transport is not None:
+            data = self.handshake.data_to_send()
+            if data:
+                self.last_sent = time.monotonic()
+                self.transport.write(data)
+
+    async def _admit(self, event: PeerAuthenticated) -> None:
+        self.peer_id, self.peer_boot = event.node_id, event.boot_id
+        try:
+            reason = await self.cluster.admit(self)
+        except Exception as exc:  # an admission fault refuses the link, never kills the loop
+            log.exception("admitting peer %s failed", event.node_id)
+            reason = f"admission failed: {exc}"
+        if self.closed:
             return
-        if frame.node_id == self.cluster.node_id:
-            self.close("a link to this node itself (two nodes share a node_id?)")
+        if reason:
+            self.refuse(f"authenticated as {event.node_id} (boot {event.boot_id}) but {reason}")
             return
-        if self.expected_peer and frame.node_id != self.expected_peer:
-            self.close(f"dialed {self.expected_peer} but {frame.node_id} answered")
-            return
-        self.peer_id = frame.node_id
-        self.peer_boot = frame.boot_id
+        handshake = self.handshake
+        assert handshake is not None
+        rest = handshake.admit()
+        self._write_handshake()
+        self.handshake = None
+        if self._deadline is not None:
+            self._deadline.cancel()
         self.up = True
         self.cluster.link_up(self)
+        if rest and not self.closed:
+            self._frames(rest)
+
+    def _handshake_expired(self) -> None:
+        if self.handshake is not None and not self.closed:
+            timeout = self.cluster.auth.handshake_timeout
+            self.refuse(f"no authenticated handshake within {timeout:g} s")
+
+    def refuse(self, reason: str) -> None:
+        """Close a link that has not come up, reporting it as refused (`LinkOwner.link_refused`)."""
+        if self.closed:
+            return
+        self.cluster.link_refused(self.remote, reason)
+        self.peer_id = ""  # a refused dial is no reconnection: the dialer keeps backing off
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
 
     def close(self, reason: str) -> None:
         """Close the link, logging why."""
@@ -166,6 +261,13 @@ class PeerLink(asyncio.Protocol):
             self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if self._admission is not None and not self._admission.done():
+            self._admission.cancel()
+        if not self.closed and self.handshake is not None:
+            self.closed = True
+            self.cluster.link_refused(self.remote, "closed by the peer during the handshake")
         if not self.closed and self.peer_id:
             log.warning("peer link to %s lost: %s", self.peer_id, exc or "closed by the peer")
         self.closed = True
@@ -193,18 +295,50 @@ class PeerLink(asyncio.Protocol):
             self.close(f"nothing heard for {silent:.1f} s")
 
 
+async def listen(
+    cluster: LinkOwner,
+    host: str,
+    port: int,
+    accept_tls: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
+) -> asyncio.base_events.Server:
+    """Accept links from peers on `host:port`, over TLS when the cluster's `PeerAuth` has it:
+    through `accept_tls` if given (it wraps the protocol factory so that failed TLS handshakes
+    are seen), else the event loop's own TLS."""
+    factory: Callable[[], Any] = lambda: PeerLink(cluster)  # noqa: E731
+    tls = cluster.auth.server_ssl
+    if tls is not None and accept_tls is not None:
+        factory, tls = accept_tls(factory), None
+    return await asyncio.get_running_loop().create_server(
+        factory,
+        host,
+        port,
+        reuse_address=True,
+        ssl=tls,
+        ssl_handshake_timeout=cluster.auth.handshake_timeout if tls is not None else None,
+    )
+
+
 async def dial(cluster: LinkOwner, peer_id: str, address: str) -> None:
     """Keep a link to `peer_id` up while it is a live member: connect, wait until the link is
     lost, reconnect with backoff. Ends when the cluster no longer lists the peer as alive."""
     backoff = BACKOFF_FIRST
     loop = asyncio.get_running_loop()
+    auth = cluster.auth
     while cluster.should_dial(peer_id):
         host, _, port = address.rpartition(":")
         try:
             _transport, link = await asyncio.wait_for(
-                loop.create_connection(lambda: PeerLink(cluster, peer_id), host, int(port)),
+                loop.create_connection(
+                    lambda: PeerLink(cluster, peer_id),
+                    host,
+                    int(port),
+                    ssl=auth.client_ssl,
+                    ssl_handshake_timeout=auth.handshake_timeout if auth.tls else None,
+                ),
                 timeout=DEAD_AFTER,
             )
+        except ssl.SSLError as exc:
+            log.warning("peer %s at %s: TLS handshake failed: %s", peer_id, address, exc)
         except (OSError, TimeoutError) as exc:
             log.debug("peer %s at %s: cannot connect: %s", peer_id, address, exc)
         else:

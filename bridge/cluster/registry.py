@@ -406,6 +406,11 @@ class RedisRegistry:
         value = await self.redis.hget(self.client_key(client_id), "node")
         return value.decode() if value else ""
 
+    async def owner_epoch(self, client_id: str) -> tuple[str, int]:
+        """The node that owns the client now and the epoch it took it at (("", 0): nobody)."""
+        node, epoch = await self.redis.hmget(self.client_key(client_id), ["node", "epoch"])
+        return (node.decode() if node else "", int(epoch) if epoch else 0)
+
     async def retained(self) -> dict[str, bytes]:
         """Every retained message (re-read after a partition heals)."""
         raw = await self.redis.hgetall(f"{self.prefix}:retained")

@@ -11,10 +11,11 @@ A frame on the wire is::
 and its fields are, in the order the frame's class declares them: ``u8``, ``u64`` (8 bytes, big
 endian), ``str`` and ``bytes`` (u32 length, then UTF-8 or raw bytes), ``strs`` (u32 count, then
 that many ``str``), ``u64s`` (u32 count, then that many ``u64``) and ``pairs`` (u32 count, then
-that many ``str`` name, ``str`` value). A link starts with `Hello` from both sides; a peer that
-speaks another `VERSION` is refused with a clear error. New frame types get new type numbers; an
-unknown type is a protocol error, so a version bump is needed only when an old node could misread
-a frame.
+that many ``str`` name, ``str`` value). A link starts with the handshake of
+`bridge.cluster.handshake` (`Hello` from both sides, then a `Proof` of the cluster secret from
+each); a peer that speaks another `VERSION` is refused with a clear error. New frame types get new
+type numbers; an unknown type is a protocol error, so a version bump is needed only when an old
+node could misread a frame.
 
 Frames an earlier version does not know are optional `FEATURES`: a node advertises the ones it
 understands in its registry info, and a peer sends them only to a node that advertised them
@@ -34,8 +35,9 @@ from typing import Any, ClassVar, Final
 
 from bridge.storage.base import Message
 
-VERSION = 1
-"""The peer protocol version this code speaks (sent in `Hello`)."""
+VERSION = 2
+"""The peer protocol version this code speaks (sent in `Hello`). 2: the authenticated handshake
+(`Hello` carries a nonce, `Proof` follows)."""
 
 FEATURE_METADATA: Final = "meta"
 """The node understands `ForwardMeta` and `DeliverMeta`."""
@@ -64,14 +66,26 @@ class Frame:
 
 @dataclass(frozen=True, slots=True)
 class Hello(Frame):
-    """First frame of each side: protocol version, node id, and a boot id that changes on every
-    start (so a peer can tell a restarted node from a reconnected link)."""
+    """First frame of each side: protocol version, node id, a boot id that changes on every
+    start (so a peer can tell a restarted node from a reconnected link) and a fresh random
+    nonce the other side's `Proof` must cover (so no proof can be replayed)."""
 
     TYPE = 1
-    SCHEMA = ("u64", "str", "str")
+    SCHEMA = ("u64", "str", "str", "bytes")
     version: int
     node_id: str
     boot_id: str
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Proof(Frame):
+    """Second frame of each side: an HMAC of both `Hello`s and the sender's role, keyed with the
+    cluster secret (`bridge.cluster.handshake.proof_mac`)."""
+
+    TYPE = 20
+    SCHEMA = ("bytes",)
+    mac: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +280,7 @@ FRAME_TYPES: dict[int, type[Frame]] = {
     cls.TYPE: cls
     for cls in (
         Hello,
+        Proof,
         SyncBegin,
         SyncEnd,
         AddFilters,

@@ -93,6 +93,18 @@ class Server:
             from bridge.cluster.cluster import Cluster
 
             self.cluster = Cluster(self.node, registry, config, holds_sessions=serve_mqtt)
+            server_ssl = self.cluster.auth.server_ssl
+            if server_ssl is not None:
+                from bridge.listeners.tls import TLSAcceptor
+
+                # Failed TLS handshakes on the peer port are counted and logged like those of
+                # the MQTT listeners (the event loop alone would not say a word).
+                self.cluster.accept_tls = TLSAcceptor(
+                    server_ssl,
+                    handshake_timeout=config.peer_handshake_timeout,
+                    log_interval=config.tls_failure_log_interval,
+                    metrics=self.node.metrics,
+                ).factory
             self.node.join(self.cluster)
         self.listeners: list[asyncio.base_events.Server] = []
         self._stop = asyncio.Event()
@@ -230,6 +242,10 @@ class Server:
 
         AccessControl(config)
         server_context(config)
+        if config.clustered:
+            from bridge.cluster.peer_auth import peer_auth
+
+            peer_auth(config)  # PeerTLSConfigError for a bad peer certificate, key or CA
 
     def request_stop(self) -> None:
         """Begin an orderly shutdown (signal handlers call this)."""
@@ -254,6 +270,8 @@ class Server:
             log.error("%s", error)
         if not errors:
             log.info("reloaded the password and ACL files")
+        if self.cluster is not None:
+            self.cluster.auth.reload_keys(self.config)
 
     async def shutdown(self) -> None:
         """Stop accepting, close clients, flush and close the store."""

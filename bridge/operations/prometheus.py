@@ -42,6 +42,10 @@ LIMIT_COUNTERS = {
     "tls_handshake_failures": "failed TLS handshakes (not TLS, untrusted certificate, timeout)",
     "tls_handshakes_abandoned": "TLS connections closed by the client before their handshake",
     "websocket_origin_refused": "WebSocket upgrades refused for their Origin (HTTP 403)",
+    "peer_links_refused": "peer links refused before they came up (no or wrong proof of the "
+    "cluster secret, not a live member, handshake too slow or too large)",
+    "peer_releases_refused": "Release requests from peers the registry does not name as the "
+    "client's owner",
 }
 """Counters of the limits and listeners' guards, always exported (0 until one applies)."""
 

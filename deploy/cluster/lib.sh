@@ -4,6 +4,8 @@
 #   CLUSTER_PEER_BASE  18830   node i's peer links on CLUSTER_PEER_BASE + i
 #   CLUSTER_REDIS_PORT 16379
 #   PYTHON             <repo>/.venv/bin/python
+#   CLUSTER_SECRET_FILE $CLUSTER_DIR/cluster.secret  the secret every node proves on its peer
+#                      links; made (mode 0600) on first start, kept across restarts
 #   RMQ_GROUPS, RMQ_SLAVES and the other ROCKETMQ_* settings reach deploy/rocketmq/start.sh
 #   unchanged (deploy/rocketmq/env.sh): RMQ_GROUPS=2 RMQ_SLAVES=1 start.sh 3 runs two broker
 #   groups with a slave each.
@@ -16,13 +18,25 @@ CLUSTER_DIR="$(realpath -m "$CLUSTER_DIR")"
 : "${CLUSTER_REDIS_PORT:=16379}"
 : "${PYTHON:=$REPO/.venv/bin/python}"
 RMQ_NAMESRV="127.0.0.1:${ROCKETMQ_NAMESRV_PORT:-19876}"
+: "${CLUSTER_SECRET_FILE:=$CLUSTER_DIR/cluster.secret}"
 
 die() { echo "cluster: $*" >&2; exit 1; }
 mqtt_port() { echo $((CLUSTER_PORT + $1)); }
 
+# The cluster secret: 32 random bytes in hex, readable by this user only. Made once; every node
+# (and anything else joining the cluster, such as `python -m notify`) reads the same file.
+ensure_secret() {
+    [ -s "$CLUSTER_SECRET_FILE" ] && return
+    mkdir -p "$(dirname "$CLUSTER_SECRET_FILE")"
+    (umask 077 && "$PYTHON" -c 'import secrets; print(secrets.token_hex(32))' >"$CLUSTER_SECRET_FILE.tmp")
+    mv "$CLUSTER_SECRET_FILE.tmp" "$CLUSTER_SECRET_FILE"
+    echo "cluster: made the cluster secret $CLUSTER_SECRET_FILE (mode 0600)"
+}
+
 start_node() {
     local i=$1 dir="$CLUSTER_DIR/node$1"
     mkdir -p "$dir"
+    ensure_secret
     if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
         echo "cluster: node$i already running (pid $(cat "$dir/pid"))"
         return
@@ -32,6 +46,7 @@ start_node() {
         --set node_id="node$i" --set store=rocketmq --set rocketmq_namesrv="$RMQ_NAMESRV" \
         --set redis_url="redis://127.0.0.1:$CLUSTER_REDIS_PORT/0" \
         --set peer_listen="127.0.0.1:$((CLUSTER_PEER_BASE + i))" \
+        --set cluster_secret_file="$CLUSTER_SECRET_FILE" \
         >>"$dir/bridge.log" 2>&1) &
     echo $! >"$dir/pid"
     local deadline=$((SECONDS + 60))

@@ -7,6 +7,7 @@ tests sharing the session's Redis and RocketMQ never see each other's sessions o
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -34,6 +35,8 @@ class ClusterLauncher:
     ) -> None:
         self.bridge_factory = bridge_factory
         self.name = f"t{uuid.uuid4().hex[:8]}"
+        self.secret = secrets.token_hex(32)
+        """The cluster secret every node of this launcher proves on its peer links."""
         self.namesrv = namesrv
         self.redis_settings = redis_settings
         self.nodes: dict[str, BridgeProcess] = {}
@@ -48,6 +51,7 @@ class ClusterLauncher:
             f"cluster_name={self.name}",
             f"node_id={node_id}",
             f"peer_listen=127.0.0.1:{peer_port}",
+            f"cluster_secret={self.secret}",
             *self.redis_settings,
             *FAST,
             *extra,

@@ -3,6 +3,7 @@
     proxy = TcpProxy(target_port).start()   # listens on proxy.port, forwards to target_port
     proxy.frames["Forward"]                   # peer-link frames seen, by type (both directions)
     proxy.cut(); ...; proxy.heal()            # drop all connections, refuse new ones; then allow
+    proxy.sent[0]                             # the first bytes each connection's client sent
     TcpProxy(target_port, delay=0.2)          # every byte arrives 0.2 s late (a slow network)
 
 It runs its own event loop in a thread, so a test can use it between real node processes.
@@ -18,6 +19,9 @@ from collections import Counter
 from bridge.cluster.wire import PeerDecoder, PeerProtocolError
 from tests.support.processes import free_port
 
+CAPTURE = 4096
+"""Bytes of each connection's client side kept in `TcpProxy.sent`."""
+
 
 class TcpProxy:
     """Forwards 127.0.0.1:`port` to 127.0.0.1:`target_port`; counts peer-link frames."""
@@ -27,6 +31,8 @@ class TcpProxy:
         self.delay = delay
         self.port = port or free_port()
         self.frames: Counter[str] = Counter()
+        self.sent: list[bytearray] = []
+        """Per connection, the first `CAPTURE` bytes its client sent (a handshake transcript)."""
         self._lock = threading.Lock()
         self._cut = False
         self._loop = asyncio.new_event_loop()
@@ -80,14 +86,23 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers.update((writer, up_writer))
+        capture = bytearray()
+        self.sent.append(capture)
         await asyncio.gather(
-            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+            self._pipe(reader, up_writer, capture),
+            self._pipe(up_reader, writer),
+            return_exceptions=True,
         )
         for w in (writer, up_writer):
             self._writers.discard(w)
             w.transport.abort()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        capture: bytearray | None = None,
+    ) -> None:
         decoder = PeerDecoder()
         counting = True
         while True:
@@ -95,6 +110,8 @@ class TcpProxy:
             if not data or self._cut:
                 writer.transport.abort()
                 return
+            if capture is not None and len(capture) < CAPTURE:
+                capture += data[: CAPTURE - len(capture)]
             if counting:
                 decoder.receive_data(data)
                 try:

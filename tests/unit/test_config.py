@@ -99,3 +99,41 @@ def test_cli_print_config_shows_overrides():
     assert result.returncode == 0
     assert "listen = ['127.0.0.1:1999']" in result.stdout
     assert "data_dir = '/tmp/x'" in result.stdout
+
+
+CLUSTER = {"MQTT_BRIDGE_STORE": "rocketmq", "MQTT_BRIDGE_REDIS_URL": "redis://127.0.0.1:6379/0"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({}, "cluster_secret_file: a cluster member needs the cluster's secret"),
+        ({"MQTT_BRIDGE_CLUSTER_SECRET": "short"}, "cluster_secret: the cluster secret must be"),
+        (
+            {"MQTT_BRIDGE_PEER_TLS_CERTFILE": "node.pem"},
+            "peer_tls_certfile/peer_tls_keyfile/peer_tls_cafile: set all three",
+        ),
+        (
+            {"MQTT_BRIDGE_CLUSTER_SECRET": "s" * 32, "MQTT_BRIDGE_PEER_HANDSHAKE_TIMEOUT": "0"},
+            "peer_handshake_timeout: must be positive",
+        ),
+    ],
+)
+def test_a_cluster_member_must_authenticate_its_peer_links(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={**CLUSTER, **extra})
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"MQTT_BRIDGE_CLUSTER_SECRET": "s" * 32},
+        {
+            "MQTT_BRIDGE_PEER_TLS_CERTFILE": "node.pem",
+            "MQTT_BRIDGE_PEER_TLS_KEYFILE": "node.key",
+            "MQTT_BRIDGE_PEER_TLS_CAFILE": "ca.pem",
+        },
+    ],
+)
+def test_a_secret_or_peer_tls_is_enough_for_a_cluster_member(extra):
+    assert load_config(env={**CLUSTER, **extra}).clustered

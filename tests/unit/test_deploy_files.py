@@ -196,8 +196,15 @@ def services() -> dict[str, dict[str, Any]]:
     return result
 
 
+USER_SET = "u" * 64
+"""What `interpolate` puts for ${VAR:?message}: a value the user must set (compose refuses to
+start without it), such as the cluster secret."""
+
+
 def interpolate(value: str) -> str:
-    """Compose's ${VAR:-default} / ${VAR-default} with VAR unset: the default."""
+    """Compose's ${VAR:-default} / ${VAR-default} with VAR unset: the default;
+    ${VAR:?message}: `USER_SET`."""
+    value = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:\?[^}]*\}", USER_SET, value)
     return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
 
 
@@ -294,6 +301,13 @@ def test_each_bridge_environment_is_a_valid_cluster_configuration():
             pytest.fail(f"{name}: {exc}", pytrace=False)
         assert config.clustered and config.store == "rocketmq", name
         assert config.admin_listen, f"{name}: the image's HEALTHCHECK needs admin_listen"
+
+
+def test_every_bridge_needs_the_cluster_secret_from_the_user_and_no_default():
+    raw = {name: services()[name].get("environment") or {} for name in bridges()}
+    for name, env in raw.items():
+        value = str(env.get("MQTT_BRIDGE_CLUSTER_SECRET", ""))
+        assert value.startswith("${MQTT_BRIDGE_CLUSTER_SECRET:?"), f"{name}: {value!r}"
 
 
 def test_the_sentinels_watch_the_master_name_the_bridges_ask_for():

@@ -27,13 +27,14 @@ from tests.unit.metadata_strategies import stored_metadata
 
 
 def test_hello_has_the_documented_layout() -> None:
-    data = encode(Hello(1, "n1", "b"))
+    data = encode(Hello(2, "n1", "b", b"\x07"))
     assert data == (
-        b"\x00\x00\x00\x14"  # length of type + fields
+        b"\x00\x00\x00\x19"  # length of type + fields
         b"\x01"  # Hello
-        b"\x00\x00\x00\x00\x00\x00\x00\x01"  # version
+        b"\x00\x00\x00\x00\x00\x00\x00\x02"  # version
         b"\x00\x00\x00\x02n1"
         b"\x00\x00\x00\x01b"
+        b"\x00\x00\x00\x01\x07"  # nonce
     )
 
 
@@ -43,7 +44,7 @@ def test_a_frame_without_fields_is_its_type_byte() -> None:
 
 def test_frames_split_anywhere_decode_the_same() -> None:
     frames = [
-        Hello(wire.VERSION, "node-a", "boot"),
+        Hello(wire.VERSION, "node-a", "boot", b"n" * 32),
         AddFilters(("a/+/c", "x/#", "ünï/çødé")),
         Forward("a/b/c", b"\x00payload", 1),
         Grew(("f:a/#",), (2**40,)),

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import re
+import secrets
 import shlex
 import subprocess
 import time
@@ -65,8 +67,14 @@ class BenchCluster:
         self.lb: LocalHAProxy | None = None
         self.nodes: dict[str, Broker] = {}
         self.start_s: dict[str, float] = {}
+        self.secret_file = workdir / "cluster.secret"
+        """The cluster secret the nodes prove on their peer links (made by `start`, 0600)."""
 
     def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32) + "\n")
         t0 = time.monotonic()
         self.redis.start()
         self.start_s["redis"] = time.monotonic() - t0
@@ -91,6 +99,7 @@ class BenchCluster:
             f"cluster_name={CLUSTER_NAME}",
             f"node_id={node_id}",
             "peer_listen=127.0.0.1:0",
+            f"cluster_secret_file={self.secret_file}",
         ]
         cmd = [
             venv_python(),
