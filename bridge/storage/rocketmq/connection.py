@@ -6,6 +6,11 @@ with `BrokerUnavailable` at once. Frames written in one event-loop turn leave in
 write at the end of that turn (a pipelined burst of sends costs one system call, not one each).
 The client's `ConnectionPool` (pool.py) keeps one per NameServer and broker;
 `bridge.storage.rocketmq.remoting` re-exports both.
+
+A connection may be TLS (an `ssl.SSLContext` given to `open`) and may sign every request it
+encodes (a `RequestSigner`, acl.py): both are per connection so that the pool hands every
+NameServer and broker connection the same ones. Frames the caller encodes itself
+(`send_frame_nowait`) are signed by their encoder (`SendFrames`).
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import asyncio
 import itertools
 import logging
 import random
+import ssl
 from collections.abc import Callable, Mapping
 
+from bridge.storage.rocketmq.acl import RequestSigner, authentication_hint
 from bridge.storage.rocketmq.wire import (
     DEFAULT_MAX_FRAME_SIZE,
     FLAG_ONEWAY,
@@ -36,6 +43,7 @@ __all__ = [
     "RemotingError",
     "RemotingTimeout",
     "RocketMQError",
+    "refusal_message",
     "require_success",
 ]
 
@@ -65,19 +73,37 @@ class RocketMQError(Exception):
     """Base class of this client's errors."""
 
 
+def refusal_message(code: int, remark: str | None, *, addr: str = "", request: int = 0) -> str:
+    """How an error answer reads in a log or an error: the answer itself, and for a broker
+    that refused our credentials the setting to fix first ("rocketmq_secret_key: the broker
+    refused the signature (...)")."""
+    try:
+        name = ResponseCode(code).name
+    except ValueError:
+        name = str(code)
+    answer = f"{addr} answered {name} ({code}) to request {request}: {remark or ''}"
+    hint = authentication_hint(remark or "") if code == ResponseCode.NO_PERMISSION else None
+    if hint is None:
+        return answer
+    setting, summary = hint
+    return f"rocketmq_{setting}: {summary} ({answer})"
+
+
 class RemotingError(RocketMQError):
-    """The server answered with an error code (`code`, a `ResponseCode` value) and `remark`."""
+    """The server answered with an error code (`code`, a `ResponseCode` value) and `remark`.
+
+    `authentication_refused` is true when the broker refused the request's credentials (none,
+    an unknown user, a wrong signature); the message then starts with the setting to fix."""
 
     def __init__(self, code: int, remark: str | None, *, addr: str = "", request: int = 0) -> None:
         self.code = code
         self.remark = remark or ""
         self.addr = addr
         self.request = request
-        try:
-            name = ResponseCode(code).name
-        except ValueError:
-            name = str(code)
-        super().__init__(f"{addr} answered {name} ({code}) to request {request}: {self.remark}")
+        self.authentication_refused = (
+            code == ResponseCode.NO_PERMISSION and authentication_hint(self.remark) is not None
+        )
+        super().__init__(refusal_message(code, self.remark, addr=addr, request=request))
 
 
 def require_success(response: RemotingCommand, request: int) -> None:
@@ -133,8 +159,16 @@ class RemotingConnection:
 
     _opaques = itertools.count(random.randrange(1 << 20))
 
-    def __init__(self, addr: str, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(
+        self,
+        addr: str,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        signer: RequestSigner | None = None,
+    ) -> None:
         self.addr = addr
+        self.signer = signer
+        """Signs every request this connection encodes (None: requests go unsigned)."""
         self._decoder = FrameDecoder(max_frame_size)
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._callbacks: dict[int, ResponseCallback] = {}
@@ -153,14 +187,27 @@ class RemotingConnection:
         *,
         connect_timeout: float = 3.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        ssl_context: ssl.SSLContext | None = None,
+        signer: RequestSigner | None = None,
     ) -> RemotingConnection:
-        """Connect to `addr` ("host:port"); BrokerUnavailable if that fails or times out."""
+        """Connect to `addr` ("host:port"), over TLS with `ssl_context` (the TLS handshake is
+        part of the connect and its timeout); BrokerUnavailable if that fails or times out."""
         host, _, port = addr.rpartition(":")
-        conn = cls(addr, max_frame_size=max_frame_size)
+        conn = cls(addr, max_frame_size=max_frame_size, signer=signer)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout):
-                await loop.create_connection(lambda: _Protocol(conn), host.strip("[]"), int(port))
+                await loop.create_connection(
+                    lambda: _Protocol(conn), host.strip("[]"), int(port), ssl=ssl_context
+                )
+        except ssl.SSLError as exc:
+            # A certificate that does not verify, or a server that does not speak TLS: the
+            # same answer on every retry, so say which setting to look at.
+            raise BrokerUnavailable(
+                f"cannot connect to {addr}: TLS handshake failed ({exc}); check "
+                "rocketmq_tls_cafile / rocketmq_tls_verify_hostname and that the server has TLS on",
+                maybe_delivered=False,
+            ) from exc
         except (OSError, TimeoutError, ValueError) as exc:
             raise BrokerUnavailable(
                 f"cannot connect to {addr}: {exc!r}", maybe_delivered=False
@@ -202,7 +249,7 @@ class RemotingConnection:
                 RemotingCommand(
                     code=code,
                     opaque=opaque,
-                    ext_fields=dict(ext_fields or {}),
+                    ext_fields=self._fields(ext_fields, body),
                     body=body,
                     serialize_type=_header_type(code),
                 )
@@ -233,7 +280,7 @@ class RemotingConnection:
             RemotingCommand(
                 code=code,
                 opaque=opaque,
-                ext_fields=dict(ext_fields),
+                ext_fields=self._fields(ext_fields, body),
                 body=body,
                 serialize_type=_header_type(code),
             )
@@ -293,7 +340,7 @@ class RemotingConnection:
                 code=code,
                 opaque=opaque,
                 flag=FLAG_ONEWAY,
-                ext_fields=dict(ext_fields or {}),
+                ext_fields=self._fields(ext_fields, body),
                 body=body,
             )
         )
@@ -307,6 +354,12 @@ class RemotingConnection:
         await self._closed_event.wait()
 
     # -- internals
+
+    def _fields(self, ext_fields: Mapping[str, str] | None, body: bytes) -> dict[str, str]:
+        """A copy of the request's fields, signed when this connection signs."""
+        if self.signer is None:
+            return dict(ext_fields or {})
+        return self.signer.signed(ext_fields, body)
 
     async def _write(self, cmd: RemotingCommand) -> None:
         if self._closed is not None:
