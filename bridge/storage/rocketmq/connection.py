@@ -92,18 +92,23 @@ def refusal_message(code: int, remark: str | None, *, addr: str = "", request: i
 class RemotingError(RocketMQError):
     """The server answered with an error code (`code`, a `ResponseCode` value) and `remark`.
 
-    `authentication_refused` is true when the broker refused the request's credentials (none,
-    an unknown user, a wrong signature); the message then starts with the setting to fix."""
+    When the broker refused the request's credentials (none, an unknown user, a wrong
+    signature), `refused_credential` says which to fix ("access_key" or "secret_key") and the
+    message starts with the setting's name; otherwise it is None."""
 
     def __init__(self, code: int, remark: str | None, *, addr: str = "", request: int = 0) -> None:
         self.code = code
         self.remark = remark or ""
         self.addr = addr
         self.request = request
-        self.authentication_refused = (
-            code == ResponseCode.NO_PERMISSION and authentication_hint(self.remark) is not None
-        )
+        hint = authentication_hint(self.remark) if code == ResponseCode.NO_PERMISSION else None
+        self.refused_credential = hint[0] if hint is not None else None
         super().__init__(refusal_message(code, self.remark, addr=addr, request=request))
+
+    @property
+    def authentication_refused(self) -> bool:
+        """Whether the broker refused the request's credentials (see `refused_credential`)."""
+        return self.refused_credential is not None
 
 
 def require_success(response: RemotingCommand, request: int) -> None:
@@ -170,6 +175,10 @@ class RemotingConnection:
         self.signer = signer
         """Signs every request this connection encodes (None: requests go unsigned)."""
         self._decoder = FrameDecoder(max_frame_size)
+        self._answered = False
+        """Whether the server ever sent a byte (a TLS-only server closes a plain-text client's
+        connection without one)."""
+        self._tls = False
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._callbacks: dict[int, ResponseCallback] = {}
         self._transport: asyncio.Transport | None = None
@@ -194,6 +203,7 @@ class RemotingConnection:
         part of the connect and its timeout); BrokerUnavailable if that fails or times out."""
         host, _, port = addr.rpartition(":")
         conn = cls(addr, max_frame_size=max_frame_size, signer=signer)
+        conn._tls = ssl_context is not None
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout):
@@ -374,6 +384,7 @@ class RemotingConnection:
         self._queue_frame(encode_command(cmd))
 
     def _data_received(self, data: bytes) -> None:
+        self._answered = True
         try:
             commands = self._decoder.feed(data)
         except RemotingProtocolError as exc:
@@ -406,6 +417,8 @@ class RemotingConnection:
 
     def _connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc!r}" if exc else ""
+        if not self._answered and not self._tls and self._closed is None:
+            reason += " (closed before any answer: a TLS-only server? see rocketmq_tls)"
         self._fail(BrokerUnavailable(f"connection to {self.addr} lost{reason}"))
 
     def _fail(self, error: BrokerUnavailable) -> None:
