@@ -58,6 +58,10 @@ its CPU per message); it answers in its own configured type (JSON by default), w
 form would turn into nulls."""
 
 
+TLS_CLOSE_TIMEOUT = 1.0
+"""Seconds `close` waits for a TLS connection's goodbye before dropping the socket."""
+
+
 def _header_type(code: int) -> SerializeType:
     return SerializeType.ROCKETMQ if code in BINARY_HEADER_REQUESTS else SerializeType.JSON
 
@@ -179,6 +183,8 @@ class RemotingConnection:
         """Whether the server ever sent a byte (a TLS-only server closes a plain-text client's
         connection without one)."""
         self._tls = False
+        self._lost = asyncio.Event()
+        """Set when the transport reports the connection gone (`connection_lost`)."""
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._callbacks: dict[int, ResponseCallback] = {}
         self._transport: asyncio.Transport | None = None
@@ -356,12 +362,24 @@ class RemotingConnection:
         )
 
     async def close(self) -> None:
-        """Close the connection; pending requests fail with BrokerUnavailable."""
-        if self._transport is not None and not self.closed:
+        """Close the connection; pending requests fail with BrokerUnavailable. A TLS
+        connection is closed with the TLS goodbye (close_notify), waited for at most
+        `TLS_CLOSE_TIMEOUT` seconds before the socket is dropped."""
+        transport = self._transport
+        closing = transport is not None and not self.closed
+        if transport is not None and closing:
             self._send_outgoing()  # what was written before close() still goes out
-            self._transport.close()
+            transport.close()
         self._fail(BrokerUnavailable(f"connection to {self.addr} closed by the client"))
         await self._closed_event.wait()
+        if transport is not None and closing and self._tls:
+            # The TLS transport lives on until the goodbye is through; an event loop closed
+            # before that finds it still open.
+            try:
+                async with asyncio.timeout(TLS_CLOSE_TIMEOUT):
+                    await self._lost.wait()
+            except TimeoutError:
+                transport.abort()
 
     # -- internals
 
@@ -416,6 +434,7 @@ class RemotingConnection:
                 self._queue_frame(encode_command(reply))
 
     def _connection_lost(self, exc: Exception | None) -> None:
+        self._lost.set()
         reason = f": {exc!r}" if exc else ""
         if not self._answered and not self._tls and self._closed is None:
             reason += " (closed before any answer: a TLS-only server? see rocketmq_tls)"
