@@ -267,7 +267,7 @@ probe_env() {
     if [ "$ROCKETMQ_ACL" = 1 ]; then
         vars+=("ROCKETMQ_PROBE_ACCESS_KEY=$ROCKETMQ_ACL_USER" "ROCKETMQ_PROBE_SECRET_KEY=$ROCKETMQ_ACL_PASSWORD")
     fi
-    printf '%s\n' "${vars[@]}"
+    [ "${#vars[@]}" -eq 0 ] || printf '%s\n' "${vars[@]}"
 }
 
 # render TEMPLATE OUTPUT: replace @NAME@ placeholders; the broker ones come from the B_*
