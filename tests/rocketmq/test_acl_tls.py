@@ -195,3 +195,27 @@ def test_a_bridge_with_a_wrong_secret_key_stops_with_one_line_naming_the_setting
     assert "rocketmq_secret_key: the broker refused the signature" in output
     assert "Traceback" not in output
     assert "not-the-key" not in output
+
+
+def test_a_rotated_key_works_at_once_and_the_old_one_stops_when_its_user_is_deleted(
+    secured_rocketmq: LocalRocketMQ, tmp_path: Path
+) -> None:
+    """The rotation of docs/operations.md: a second user made with mqadmin (createUser, to
+    every broker of the cluster) is accepted at once; once deleted, its key is refused."""
+    mq = secured_rocketmq
+    user, secret = _unique("gw"), uuid.uuid4().hex
+    mq.admin("createUser", "-c", "DefaultCluster", "-u", user, "-p", secret, "-t", "Super")
+    assert (
+        _open_store(mq, tmp_path / "a", credentials=Credentials(user, secret), tls=mq.tls_options)
+        == ""
+    )
+    mq.admin("deleteUser", "-c", "DefaultCluster", "-u", user)
+    deadline = time.monotonic() + 90  # the broker's user cache refreshes every 60 s
+    while True:
+        message = _open_store(
+            mq, tmp_path / "b", credentials=Credentials(user, secret), tls=mq.tls_options
+        )
+        if message or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)  # polling the broker's cache: there is nothing to wait on
+    assert message.startswith("rocketmq_access_key: the broker knows no such user ("), message
