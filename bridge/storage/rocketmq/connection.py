@@ -86,11 +86,18 @@ def refusal_message(code: int, remark: str | None, *, addr: str = "", request: i
     except ValueError:
         name = str(code)
     answer = f"{addr} answered {name} ({code}) to request {request}: {remark or ''}"
-    hint = authentication_hint(remark or "") if code == ResponseCode.NO_PERMISSION else None
+    hint = _credential_hint(code, remark)
     if hint is None:
         return answer
     setting, summary = hint
     return f"rocketmq_{setting}: {summary} ({answer})"
+
+
+def _credential_hint(code: int, remark: str | None) -> tuple[str, str] | None:
+    """`authentication_hint` of a NO_PERMISSION answer; None for any other answer."""
+    if code != ResponseCode.NO_PERMISSION:
+        return None
+    return authentication_hint(remark or "")
 
 
 class RemotingError(RocketMQError):
@@ -105,7 +112,7 @@ class RemotingError(RocketMQError):
         self.remark = remark or ""
         self.addr = addr
         self.request = request
-        hint = authentication_hint(self.remark) if code == ResponseCode.NO_PERMISSION else None
+        hint = _credential_hint(code, self.remark)
         self.refused_credential = hint[0] if hint is not None else None
         super().__init__(refusal_message(code, self.remark, addr=addr, request=request))
 
@@ -174,6 +181,7 @@ class RemotingConnection:
         *,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         signer: RequestSigner | None = None,
+        tls: bool = False,
     ) -> None:
         self.addr = addr
         self.signer = signer
@@ -182,7 +190,7 @@ class RemotingConnection:
         self._answered = False
         """Whether the server ever sent a byte (a TLS-only server closes a plain-text client's
         connection without one)."""
-        self._tls = False
+        self._tls = tls
         self._lost = asyncio.Event()
         """Set when the transport reports the connection gone (`connection_lost`)."""
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
@@ -208,8 +216,7 @@ class RemotingConnection:
         """Connect to `addr` ("host:port"), over TLS with `ssl_context` (the TLS handshake is
         part of the connect and its timeout); BrokerUnavailable if that fails or times out."""
         host, _, port = addr.rpartition(":")
-        conn = cls(addr, max_frame_size=max_frame_size, signer=signer)
-        conn._tls = ssl_context is not None
+        conn = cls(addr, max_frame_size=max_frame_size, signer=signer, tls=ssl_context is not None)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout):
