@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from bridge.storage.base import StoreUnavailable
+from bridge.storage.base import Message, StoreUnavailable
 from bridge.storage.rocketmq import Credentials, RocketMQClient, TlsOptions
 from bridge.storage.rocketmq.remoting import BrokerUnavailable
 from bridge.storage.rocketmq.store import RocketMQStore
@@ -219,3 +219,44 @@ def test_a_rotated_key_works_at_once_and_the_old_one_stops_when_its_user_is_dele
             break
         time.sleep(1.0)  # polling the broker's cache: there is nothing to wait on
     assert message.startswith("rocketmq_access_key: the broker knows no such user ("), message
+
+
+def _store_error(mq: LocalRocketMQ, path: Path, credentials: Credentials) -> str:
+    """Open a store and append one message; the first StoreUnavailable message, "" if both
+    worked."""
+
+    async def main() -> str:
+        store = RocketMQStore(
+            mq.namesrv_addr, path, namespace=_unique("acl"), credentials=credentials,
+            tls=mq.tls_options, send_timeout=5.0,
+        )  # fmt: skip
+        try:
+            await store.open()
+        except StoreUnavailable as exc:
+            return str(exc)
+        try:
+            await store.append(Message(f"{_unique('t')}/a", b"x", qos=1, key=_unique("k")), ["q"])
+        except StoreUnavailable as exc:
+            return str(exc)
+        finally:
+            await store.close()
+        return ""
+
+    return asyncio.run(main())
+
+
+def test_a_normal_user_needs_the_acl_of_operations_md_and_without_it_is_told_so(
+    secured_rocketmq: LocalRocketMQ, tmp_path: Path
+) -> None:
+    """A Normal (not Super) user: refused by the broker's authorization until it has the ACL
+    docs/operations.md gives, then the store works."""
+    mq = secured_rocketmq
+    user, secret = _unique("normal"), uuid.uuid4().hex
+    mq.admin("createUser", "-c", "DefaultCluster", "-u", user, "-p", secret, "-t", "Normal")
+    message = _store_error(mq, tmp_path / "a", Credentials(user, secret))
+    assert "rocketmq_access_key: the broker's ACL does not allow this user (" in message, message
+    mq.admin(
+        "createAcl", "-c", "DefaultCluster", "-s", f"User:{user}", "-r", "Topic:*,Group:*",
+        "-a", "Pub,Sub,Create,Update,Get", "-d", "Allow",
+    )  # fmt: skip
+    assert _store_error(mq, tmp_path / "b", Credentials(user, secret)) == ""

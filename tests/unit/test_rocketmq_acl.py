@@ -157,6 +157,11 @@ def test_empty_credentials_are_refused() -> None:
         ("username cannot be null.", "rocketmq_access_key: the broker requires credentials"),
         ("User:bob is not found.", "rocketmq_access_key: the broker knows no such user"),
         ("User:bob is disabled.", "rocketmq_access_key: the broker has disabled this user"),
+        (
+            "User:bob has no permission to access Topic:factory from 127.0.0.1, no matched "
+            "policies.",
+            "rocketmq_access_key: the broker's ACL does not allow this user",
+        ),
     ],
 )
 def test_a_broker_refusing_credentials_is_an_error_that_starts_with_the_setting_to_fix(

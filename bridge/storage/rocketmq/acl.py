@@ -131,21 +131,24 @@ class RequestSigner:
         return self._signature(inner)
 
 
-# The broker's remarks (RocketMQ 5.3.3, DefaultAuthenticationHandler and
-# AbstractAuthenticationStrategy) and the setting each points at.
+# The broker's remarks (RocketMQ 5.3.3: DefaultAuthenticationHandler and
+# AbstractAuthenticationStrategy for authentication, AclAuthorizationHandler for authorization)
+# and the setting each points at.
 _REMARK_SETTINGS: Final = (
     ("check signature failed", "secret_key", "the broker refused the signature"),
     ("username cannot be null", "access_key", "the broker requires credentials"),
     ("is not found", "access_key", "the broker knows no such user"),
     ("is disabled", "access_key", "the broker has disabled this user"),
     ("authentication failed", "access_key", "the broker refused the credentials"),
+    ("has no permission to access", "access_key", "the broker's ACL does not allow this user"),
 )
 
 
 def authentication_hint(remark: str) -> tuple[str, str] | None:
     """For the remark of a NO_PERMISSION answer: ("access_key" or "secret_key", what went
-    wrong) when it is an authentication refusal; None for other refusals (a topic the user may
-    not use, a broker not taking writes)."""
+    wrong) when the broker refused the user (unknown, wrong signature, or not allowed by its
+    ACL to use that topic or group); None for other refusals (a broker or topic not taking
+    writes, which is about the broker, not the user)."""
     lowered = remark.lower()
     for needle, setting, summary in _REMARK_SETTINGS:
         if needle in lowered:
