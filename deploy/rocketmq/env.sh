@@ -36,9 +36,12 @@
 #   ROCKETMQ_TLS              0, or 1: NameServer and brokers speak TLS only
 #                             (tls.server.mode=enforcing), with a throw-away CA and a server
 #                             certificate for 127.0.0.1/localhost made at the first start in
-#                             $ROCKETMQ_DATA_DIR/tls/ (ca.pem is what clients trust); the
+#                             $ROCKETMQ_DATA_DIR/tls/ (ca.pem is what clients trust, and
+#                             client.pem/client.key a client certificate signed by it); the
 #                             brokers, admin.sh and probe.py connect over TLS too
 #   ROCKETMQ_TLS_MODE         enforcing | permissive (TLS and plain text both accepted)
+#   ROCKETMQ_TLS_CLIENT_AUTH  0, or 1 (with ROCKETMQ_TLS=1): the servers require a client
+#                             certificate signed by the CA (tls/client.pem, client.key are one)
 #
 # start.sh saves the ports/names it used in $ROCKETMQ_DATA_DIR/rocketmq.env; the other scripts
 # read that file for every variable that is not set, so `stop.sh`, `admin.sh`,
@@ -80,10 +83,13 @@ ROCKETMQ_LIB="$ROCKETMQ_CACHE_DIR/lib"
 : "${ROCKETMQ_ACL_USER:=rocketmq}"
 : "${ROCKETMQ_TLS:=0}"
 : "${ROCKETMQ_TLS_MODE:=enforcing}"
-case "$ROCKETMQ_ACL$ROCKETMQ_TLS" in
-    00 | 01 | 10 | 11) ;;
-    *) echo "ROCKETMQ_ACL and ROCKETMQ_TLS must be 0 or 1, not '$ROCKETMQ_ACL' / '$ROCKETMQ_TLS'" >&2; exit 2 ;;
-esac
+: "${ROCKETMQ_TLS_CLIENT_AUTH:=0}"
+for v in ROCKETMQ_ACL ROCKETMQ_TLS ROCKETMQ_TLS_CLIENT_AUTH; do
+    case "${!v}" in
+        0 | 1) ;;
+        *) echo "$v must be 0 or 1, not '${!v}'" >&2; exit 2 ;;
+    esac
+done
 case "$ROCKETMQ_TLS_MODE" in
     enforcing | permissive) ;;
     *) echo "ROCKETMQ_TLS_MODE must be enforcing or permissive, not '$ROCKETMQ_TLS_MODE'" >&2; exit 2 ;;
@@ -174,9 +180,19 @@ rmq_java_common() {
             "-Dtls.config.file=$RMQ_TLS_DIR/no-tls.properties"
             "-Dtls.server.certPath=$RMQ_TLS_DIR/server.pem"
             "-Dtls.server.keyPath=$RMQ_TLS_DIR/server.key"
-            -Dtls.server.need.client.auth=none
             -Dtls.client.authServer=true "-Dtls.client.trustCertPath=$RMQ_TLS_DIR/ca.pem"
         )
+        if [ "$ROCKETMQ_TLS_CLIENT_AUTH" = 1 ]; then
+            # Servers ask for a certificate signed by our CA; the JVMs' own clients show one.
+            RMQ_JAVA_ARGS+=(
+                -Dtls.server.need.client.auth=require -Dtls.server.authClient=true
+                "-Dtls.server.trustCertPath=$RMQ_TLS_DIR/ca.pem"
+                "-Dtls.client.certPath=$RMQ_TLS_DIR/client.pem"
+                "-Dtls.client.keyPath=$RMQ_TLS_DIR/client.key"
+            )
+        else
+            RMQ_JAVA_ARGS+=(-Dtls.server.need.client.auth=none)
+        fi
     fi
 }
 
@@ -200,7 +216,13 @@ make_tls_files() {
             "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" >server.ext
         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
             -extfile server.ext -out server.pem 2>/dev/null
-        rm -f server.csr server.ext ca.srl
+        openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out client.key 2>/dev/null
+        openssl req -new -key client.key -subj "/CN=mqtt-bridge test client" -out client.csr 2>/dev/null
+        printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+            "extendedKeyUsage=clientAuth" >client.ext
+        openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
+            -extfile client.ext -out client.pem 2>/dev/null
+        rm -f server.csr server.ext client.csr client.ext ca.srl
     ) || die "making the TLS files in $RMQ_TLS_DIR failed"
 }
 
@@ -252,7 +274,8 @@ prepare_dirs() {
             echo "# Written by deploy/rocketmq/start.sh; read by the other scripts for unset variables."
             for v in ROCKETMQ_NAMESRV_PORT ROCKETMQ_BROKER_PORT ROCKETMQ_CLUSTER ROCKETMQ_BROKER_NAME \
                 RMQ_GROUPS RMQ_SLAVES ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_VERSION \
-                ROCKETMQ_ACL ROCKETMQ_ACL_USER ROCKETMQ_ACL_PASSWORD ROCKETMQ_TLS ROCKETMQ_TLS_MODE; do
+                ROCKETMQ_ACL ROCKETMQ_ACL_USER ROCKETMQ_ACL_PASSWORD ROCKETMQ_TLS ROCKETMQ_TLS_MODE \
+                ROCKETMQ_TLS_CLIENT_AUTH; do
                 printf ': "${%s:=%s}"\n' "$v" "${!v}"
             done
         } >"$ROCKETMQ_DATA_DIR/rocketmq.env.tmp"
@@ -264,6 +287,9 @@ prepare_dirs() {
 probe_env() {
     local vars=()
     [ "$ROCKETMQ_TLS" = 1 ] && vars+=("ROCKETMQ_PROBE_CAFILE=$RMQ_TLS_DIR/ca.pem")
+    if [ "$ROCKETMQ_TLS" = 1 ] && [ "$ROCKETMQ_TLS_CLIENT_AUTH" = 1 ]; then
+        vars+=("ROCKETMQ_PROBE_CERTFILE=$RMQ_TLS_DIR/client.pem" "ROCKETMQ_PROBE_KEYFILE=$RMQ_TLS_DIR/client.key")
+    fi
     if [ "$ROCKETMQ_ACL" = 1 ]; then
         vars+=("ROCKETMQ_PROBE_ACCESS_KEY=$ROCKETMQ_ACL_USER" "ROCKETMQ_PROBE_SECRET_KEY=$ROCKETMQ_ACL_PASSWORD")
     fi

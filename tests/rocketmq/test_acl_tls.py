@@ -3,8 +3,9 @@ ROCKETMQ_ACL=1 and ROCKETMQ_TLS=1): the session's `secured_rocketmq`, shared wit
 contract suite's `rocketmq-acl-tls` backend, which proves that a store with the right
 credentials does everything a store does.
 
-Here: missing or wrong credentials, a client that does not speak TLS or does not trust the
-servers, each refused with an error naming the setting to fix, quickly; and the path from a
+Here: missing or wrong credentials, a client that does not speak TLS, does not trust the
+servers or has no client certificate (the servers require one), each refused quickly, with an
+error naming the setting to fix where there is one; and the path from a
 backend producing straight into RocketMQ (RocketMQ's own Java client, and ours) to a device
 subscribed through a bridge.
 """
@@ -134,15 +135,21 @@ def test_a_client_that_does_not_trust_the_servers_certificate_is_told_to_check_t
     assert "rocketmq_tls_cafile" in str(error)
 
 
+def test_a_client_without_the_client_certificate_the_servers_require_is_refused(
+    secured_rocketmq: LocalRocketMQ,
+) -> None:
+    mq = secured_rocketmq
+    assert mq.tls_client_auth
+    error = _first_call_error(mq, tls=TlsOptions(cafile=mq.tls_cafile))
+    assert "certificate" in str(error).lower(), error
+
+
 def _bridge_settings(mq: LocalRocketMQ) -> list[str]:
-    names = {
-        "MQTT_BRIDGE_ROCKETMQ_NAMESRV": "rocketmq_namesrv",
-        "MQTT_BRIDGE_ROCKETMQ_ACCESS_KEY": "rocketmq_access_key",
-        "MQTT_BRIDGE_ROCKETMQ_SECRET_KEY": "rocketmq_secret_key",
-        "MQTT_BRIDGE_ROCKETMQ_TLS": "rocketmq_tls",
-        "MQTT_BRIDGE_ROCKETMQ_TLS_CAFILE": "rocketmq_tls_cafile",
-    }
-    return [f"{names[k]}={v}" for k, v in mq.bridge_settings().items()]
+    """`--set` arguments of the instance's rocketmq_* settings."""
+    return [
+        f"{name.removeprefix('MQTT_BRIDGE_').lower()}={value}"
+        for name, value in mq.bridge_settings().items()
+    ]
 
 
 def test_a_message_a_backend_produces_into_a_secured_rocketmq_reaches_a_device_through_a_bridge(

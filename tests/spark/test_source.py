@@ -139,7 +139,8 @@ def test_offsets_and_timestamps_bound_a_batch_read(
 def test_a_batch_read_of_a_secured_rocketmq_signs_and_speaks_tls_and_names_a_wrong_secret_key(
     spark: SparkSession, secured_rocketmq: LocalRocketMQ
 ) -> None:
-    """Options accessKey, secretKey, tls, tlsCaFile: the driver (queues, offsets) and the
+    """Options accessKey, secretKey, tls, tlsCaFile, tlsCertFile/tlsKeyFile (the servers
+    require client certificates): the driver (queues, offsets) and the
     executors (pulls) use them; a wrong secretKey fails the query naming the option."""
     mq = secured_rocketmq
     top = unique("sec")
@@ -152,6 +153,8 @@ def test_a_batch_read_of_a_secured_rocketmq_signs_and_speaks_tls_and_names_a_wro
         "secretKey": mq.acl_password,
         "tls": "true",
         "tlsCaFile": mq.tls_cafile,
+        "tlsCertFile": mq.tls_client_cert[0],
+        "tlsKeyFile": mq.tls_client_cert[1],
     }
     rows = source(spark, mq.namesrv_addr, **options).load().collect()
     assert sorted((r.topic, bytes(r.payload)) for r in rows) == [

@@ -18,7 +18,7 @@ A secured instance (deploy/rocketmq's ROCKETMQ_ACL / ROCKETMQ_TLS): brokers that
 every request, NameServer and brokers that speak TLS only; `credentials` and `tls_options` are
 what a client needs to talk to it:
 
-    mq = LocalRocketMQ(tmp_path / "rocketmq", acl=True, tls=True).start()
+    mq = LocalRocketMQ(tmp_path / "rocketmq", acl=True, tls=True, tls_client_auth=True).start()
     RocketMQClient(mq.namesrv_addr, ..., credentials=mq.credentials, tls=mq.tls_options)
 
 `rocketmq_for_tests(data_dir)` is a context manager for a session fixture: it uses the external
@@ -125,11 +125,13 @@ class LocalRocketMQ:
         spare_groups: int = 0,
         acl: bool = False,
         tls: bool = False,
+        tls_client_auth: bool = False,
     ) -> None:
         """`groups` broker groups (broker-a, broker-b, ...), each a master and with `slaves=1`
         a slave. The free ports looked for cover them and `spare_groups` more, for add_group().
         `acl`: brokers authenticate (one super user, `credentials`); `tls`: TLS only, with a
-        throw-away CA (`tls_options`)."""
+        throw-away CA (`tls_options`); `tls_client_auth`: the servers also require a client
+        certificate (`tls_options` has one)."""
         if not 1 <= groups <= 26 or slaves not in (0, 1) or spare_groups < 0:
             raise ValueError(f"groups must be 1..26 and slaves 0 or 1, not {groups}, {slaves}")
         self.data_dir = Path(data_dir).resolve()
@@ -147,6 +149,7 @@ class LocalRocketMQ:
         self.acl_user = "rocketmq"
         self.acl_password = secrets.token_urlsafe(18) if acl else ""
         self.tls = tls
+        self.tls_client_auth = tls and tls_client_auth
         self._added: list[str] = []
         self._started = False
         # Never leave JVMs behind, even when a test run is interrupted (runs at exit too).
@@ -189,6 +192,14 @@ class LocalRocketMQ:
         return str(self.data_dir / "tls" / "ca.pem") if self.tls else ""
 
     @property
+    def tls_client_cert(self) -> tuple[str, str]:
+        """(certificate, key) files of a client certificate the servers accept ("" without
+        `tls_client_auth`)."""
+        if not self.tls_client_auth:
+            return "", ""
+        return str(self.data_dir / "tls" / "client.pem"), str(self.data_dir / "tls" / "client.key")
+
+    @property
     def credentials(self) -> Credentials | None:
         """The super user's credentials (None without ACL)."""
         return Credentials(self.acl_user, self.acl_password) if self.acl else None
@@ -196,7 +207,10 @@ class LocalRocketMQ:
     @property
     def tls_options(self) -> TlsOptions | None:
         """What a client needs to connect over TLS (None without TLS)."""
-        return TlsOptions(cafile=self.tls_cafile) if self.tls else None
+        if not self.tls:
+            return None
+        certfile, keyfile = self.tls_client_cert
+        return TlsOptions(cafile=self.tls_cafile, certfile=certfile, keyfile=keyfile)
 
     def bridge_settings(self) -> dict[str, str]:
         """The bridge's rocketmq_* settings (MQTT_BRIDGE_* environment) for this instance."""
@@ -207,6 +221,10 @@ class LocalRocketMQ:
         if self.tls:
             settings["MQTT_BRIDGE_ROCKETMQ_TLS"] = "true"
             settings["MQTT_BRIDGE_ROCKETMQ_TLS_CAFILE"] = self.tls_cafile
+        if self.tls_client_auth:
+            certfile, keyfile = self.tls_client_cert
+            settings["MQTT_BRIDGE_ROCKETMQ_TLS_CERTFILE"] = certfile
+            settings["MQTT_BRIDGE_ROCKETMQ_TLS_KEYFILE"] = keyfile
         return settings
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -298,7 +316,9 @@ class LocalRocketMQ:
 
     def registered_brokers(self) -> list[str]:
         """Broker addresses the NameServer lists (one request, no JVM)."""
-        return probe.brokers(self.namesrv_addr, cafile=self.tls_cafile)
+        return probe.brokers(
+            self.namesrv_addr, cafile=self.tls_cafile, client_cert=self.tls_client_cert
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         names = ["namesrv.out", "namesrv.log", "broker.out", "broker.log"]
@@ -351,6 +371,7 @@ class LocalRocketMQ:
             RMQ_SLAVES=str(self.slaves),
             ROCKETMQ_ACL="1" if self.acl else "0",
             ROCKETMQ_TLS="1" if self.tls else "0",
+            ROCKETMQ_TLS_CLIENT_AUTH="1" if self.tls_client_auth else "0",
             PYTHON=sys.executable,
         )
         if self.acl:
