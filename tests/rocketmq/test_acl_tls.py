@@ -141,7 +141,7 @@ def test_a_client_without_the_client_certificate_the_servers_require_is_refused(
     mq = secured_rocketmq
     assert mq.tls_client_auth
     error = _first_call_error(mq, tls=TlsOptions(cafile=mq.tls_cafile))
-    assert "certificate" in str(error).lower(), error
+    assert "the server requires a client certificate: rocketmq_tls_certfile" in str(error), error
 
 
 def _bridge_settings(mq: LocalRocketMQ) -> list[str]:

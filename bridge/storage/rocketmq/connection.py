@@ -445,6 +445,10 @@ class RemotingConnection:
         reason = f": {exc!r}" if exc else ""
         if not self._answered and not self._tls and self._closed is None:
             reason += " (closed before any answer: a TLS-only server? see rocketmq_tls)"
+        elif isinstance(exc, ssl.SSLError) and "CERTIFICATE_REQUIRED" in str(exc):
+            # TLS 1.3: the server's refusal of a missing client certificate arrives after the
+            # handshake, at the first read.
+            reason += " (the server requires a client certificate: rocketmq_tls_certfile)"
         self._fail(BrokerUnavailable(f"connection to {self.addr} lost{reason}"))
 
     def _fail(self, error: BrokerUnavailable) -> None:
