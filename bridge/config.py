@@ -45,6 +45,7 @@ class Config:
     rocketmq_send_timeout: float = 5.0
     rocketmq_access_key: str = ""
     rocketmq_secret_key: str = ""
+    rocketmq_secret_key_file: str = ""
     rocketmq_tls: bool = False
     rocketmq_tls_cafile: str = ""
     rocketmq_tls_certfile: str = ""
@@ -159,8 +160,10 @@ SETTINGS: dict[str, str] = {
     "rocketmq_send_timeout": "seconds to wait for SEND_OK before a publish is not acknowledged",
     "rocketmq_access_key": "RocketMQ user (AccessKey) every request is signed as, for brokers "
     "with authentication on (docs/operations.md); empty: unsigned",
-    "rocketmq_secret_key": "that user's SecretKey (password); a secret: prefer the "
-    "MQTT_BRIDGE_ROCKETMQ_SECRET_KEY environment variable, never logged",
+    "rocketmq_secret_key": "that user's SecretKey (password); a secret: prefer "
+    "rocketmq_secret_key_file or the environment variable; never logged",
+    "rocketmq_secret_key_file": "file holding rocketmq_secret_key (its first line that is not "
+    "blank or a `#` comment; keep it mode 600)",
     "rocketmq_tls": "connect to the NameServers and brokers over TLS",
     "rocketmq_tls_cafile": "PEM CA bundle the RocketMQ servers' certificates must chain to "
     "(empty: the system's CAs)",
@@ -447,12 +450,13 @@ def rocketmq_security(config: Config) -> tuple[Credentials | None, TlsOptions | 
     from bridge.storage.rocketmq import Credentials, TlsOptions, TlsOptionsError
 
     credentials = None
-    if config.rocketmq_access_key or config.rocketmq_secret_key:
+    secret_key = _rocketmq_secret_key(config)
+    if config.rocketmq_access_key or secret_key:
         if not config.rocketmq_access_key:
             raise ConfigError("rocketmq_access_key: rocketmq_secret_key is set, the user is not")
-        if not config.rocketmq_secret_key:
+        if not secret_key:
             raise ConfigError("rocketmq_secret_key: rocketmq_access_key is set, its key is not")
-        credentials = Credentials(config.rocketmq_access_key, config.rocketmq_secret_key)
+        credentials = Credentials(config.rocketmq_access_key, secret_key)
     tls = None
     files = ("rocketmq_tls_cafile", "rocketmq_tls_certfile", "rocketmq_tls_keyfile")
     if config.rocketmq_tls:
@@ -473,8 +477,30 @@ def rocketmq_security(config: Config) -> tuple[Credentials | None, TlsOptions | 
     return credentials, tls
 
 
+def _rocketmq_secret_key(config: Config) -> str:
+    """rocketmq_secret_key, or the secret read from rocketmq_secret_key_file."""
+    path = config.rocketmq_secret_key_file
+    if not path:
+        return config.rocketmq_secret_key
+    if config.rocketmq_secret_key:
+        raise ConfigError("rocketmq_secret_key and rocketmq_secret_key_file: set one, not both")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"rocketmq_secret_key_file: cannot read {path}: {exc}") from None
+    for line in text.splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            return line.strip()
+    raise ConfigError(f"rocketmq_secret_key_file: {path} holds no secret")
+
+
 def _validate_rocketmq_security(config: Config) -> None:
-    if config.store == "rocketmq" or config.rocketmq_access_key or config.rocketmq_tls:
+    if (
+        config.store == "rocketmq"
+        or config.rocketmq_access_key
+        or config.rocketmq_secret_key_file
+        or config.rocketmq_tls
+    ):
         rocketmq_security(config)
 
 

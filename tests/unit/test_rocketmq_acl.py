@@ -253,6 +253,22 @@ def test_unusable_rocketmq_security_settings_are_refused_naming_the_setting(
         validate(_config(**settings))
 
 
+def test_the_secret_key_can_come_from_a_file_and_not_from_both_places(tmp_path: Path) -> None:
+    key_file = tmp_path / "rocketmq.key"
+    key_file.write_text("# the gateway's RocketMQ key\n\n  s3cret  \n")
+    from_file = {"rocketmq_access_key": "gw", "rocketmq_secret_key_file": str(key_file)}
+    validate(_config(**from_file))
+    assert rocketmq_security(_config(**from_file))[0] == Credentials("gw", "s3cret")
+    with pytest.raises(ConfigError, match=r"^rocketmq_secret_key and rocketmq_secret_key_file"):
+        validate(_config(**from_file, rocketmq_secret_key="other"))
+    missing = {"rocketmq_access_key": "gw", "rocketmq_secret_key_file": str(tmp_path / "no")}
+    with pytest.raises(ConfigError, match=r"^rocketmq_secret_key_file: cannot read"):
+        validate(_config(**missing))
+    key_file.write_text("# nothing\n")
+    with pytest.raises(ConfigError, match=r"^rocketmq_secret_key_file: .* holds no secret"):
+        validate(_config(**from_file))
+
+
 def test_the_secret_key_is_masked_when_the_configuration_is_shown() -> None:
     assert shown("rocketmq_secret_key", "hunter2") == "***"
     assert shown("rocketmq_access_key", "gw") == "gw"
