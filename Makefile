@@ -76,6 +76,7 @@ lint: install
 		bridge/storage/rocketmq/messages.py bridge/storage/rocketmq/bytes.py \
 		bridge/storage/rocketmq/queues.py bridge/storage/rocketmq/reads.py \
 		bridge/storage/rocketmq/sendframe.py bridge/storage/rocketmq/groups.py \
+		bridge/storage/rocketmq/acl.py bridge/storage/rocketmq/tls.py \
 		bridge/storage/filelog/segments.py bridge/storage/filelog/undo.py \
 	bridge/storage/metadata.py bridge/node/outbound.py bridge/node/admission.py bridge/node/wills.py \
 	bridge/node/delayed.py bridge/storage/base.py bridge/storage/message.py bridge/fields.py \

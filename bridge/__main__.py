@@ -68,6 +68,7 @@ def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from bridge.listeners.server import Server
+    from bridge.storage.base import StoreUnavailable
 
     async def run() -> None:
         await Server(config, serve_mqtt=serve_mqtt).serve()
@@ -78,7 +79,9 @@ def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
         uvloop.run(run())
     except ImportError:  # pragma: no cover - uvloop is a dependency; fall back for odd platforms
         asyncio.run(run())
-    except OSError as exc:
+    except (OSError, StoreUnavailable) as exc:
+        # StoreUnavailable: the store cannot open (RocketMQ unreachable, credentials refused);
+        # its message names the cause and the setting, a traceback would add nothing.
         logging.getLogger(prog).error("cannot start: %s", exc)
         return 1
     except KeyboardInterrupt:

@@ -12,7 +12,10 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bridge.storage.rocketmq import Credentials, TlsOptions
 
 MiB = 1024 * 1024
 
@@ -40,6 +43,14 @@ class Config:
     rocketmq_namesrv: str = "127.0.0.1:19876"
     rocketmq_namespace: str = ""
     rocketmq_send_timeout: float = 5.0
+    rocketmq_access_key: str = ""
+    rocketmq_secret_key: str = ""
+    rocketmq_secret_key_file: str = ""
+    rocketmq_tls: bool = False
+    rocketmq_tls_cafile: str = ""
+    rocketmq_tls_certfile: str = ""
+    rocketmq_tls_keyfile: str = ""
+    rocketmq_tls_verify_hostname: bool = True
     notify: bool = True
     password_file: str = ""
     allow_anonymous: bool = True
@@ -156,6 +167,19 @@ SETTINGS: dict[str, str] = {
     "rocketmq_namesrv": "RocketMQ NameServer(s) `HOST:PORT`, `;`-separated (store=rocketmq)",
     "rocketmq_namespace": "prefix of this gateway's light queues, to share one RocketMQ cluster",
     "rocketmq_send_timeout": "seconds to wait for SEND_OK before a publish is not acknowledged",
+    "rocketmq_access_key": "RocketMQ user (AccessKey) every request is signed as, for brokers "
+    "with authentication on (docs/operations.md); empty: unsigned",
+    "rocketmq_secret_key": "that user's SecretKey (password); a secret: prefer "
+    "rocketmq_secret_key_file or the environment variable; never logged",
+    "rocketmq_secret_key_file": "file holding rocketmq_secret_key (its first line that is not "
+    "blank or a `#` comment; keep it mode 600)",
+    "rocketmq_tls": "connect to the NameServers and brokers over TLS",
+    "rocketmq_tls_cafile": "PEM CA bundle the RocketMQ servers' certificates must chain to "
+    "(empty: the system's CAs)",
+    "rocketmq_tls_certfile": "PEM client certificate for RocketMQ servers that ask for one",
+    "rocketmq_tls_keyfile": "PEM private key of rocketmq_tls_certfile",
+    "rocketmq_tls_verify_hostname": "check that a RocketMQ server's certificate names the "
+    "address connected to (brokers: the IP the NameServer lists)",
     "notify": "run notify inside this node (store=rocketmq); `false` when it runs on its own",
     "password_file": "file of `user:hash` lines (`python -m bridge.passwd`); empty: no auth",
     "allow_anonymous": "with auth on, accept CONNECT without user name (false: CONNACK 5)",
@@ -476,6 +500,66 @@ def _validate_peer_security(config: Config) -> None:
         raise ConfigError("peer_handshake_timeout: at most 60 seconds")
 
 
+def rocketmq_security(config: Config) -> tuple[Credentials | None, TlsOptions | None]:
+    """(Credentials or None, TlsOptions or None) of the RocketMQ client from the settings;
+    ConfigError names the setting that cannot work (credentials half given, an unusable file)."""
+    from bridge.storage.rocketmq import Credentials, TlsOptions, TlsOptionsError
+
+    credentials = None
+    secret_key = _rocketmq_secret_key(config)
+    if config.rocketmq_access_key or secret_key:
+        if not config.rocketmq_access_key:
+            raise ConfigError("rocketmq_access_key: rocketmq_secret_key is set, the user is not")
+        if not secret_key:
+            raise ConfigError("rocketmq_secret_key: rocketmq_access_key is set, its key is not")
+        credentials = Credentials(config.rocketmq_access_key, secret_key)
+    tls = None
+    files = ("rocketmq_tls_cafile", "rocketmq_tls_certfile", "rocketmq_tls_keyfile")
+    if config.rocketmq_tls:
+        tls = TlsOptions(
+            cafile=config.rocketmq_tls_cafile,
+            certfile=config.rocketmq_tls_certfile,
+            keyfile=config.rocketmq_tls_keyfile,
+            verify_hostname=config.rocketmq_tls_verify_hostname,
+        )
+        try:
+            tls.context()
+        except TlsOptionsError as exc:
+            raise ConfigError(f"rocketmq_tls_{exc}") from None
+    else:
+        for name in files:
+            if getattr(config, name):
+                raise ConfigError(f"{name}: set rocketmq_tls = true to use it")
+    return credentials, tls
+
+
+def _rocketmq_secret_key(config: Config) -> str:
+    """rocketmq_secret_key, or the secret read from rocketmq_secret_key_file."""
+    path = config.rocketmq_secret_key_file
+    if not path:
+        return config.rocketmq_secret_key
+    if config.rocketmq_secret_key:
+        raise ConfigError("rocketmq_secret_key and rocketmq_secret_key_file: set one, not both")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"rocketmq_secret_key_file: cannot read {path}: {exc}") from None
+    for line in text.splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            return line.strip()
+    raise ConfigError(f"rocketmq_secret_key_file: {path} holds no secret")
+
+
+def _validate_rocketmq_security(config: Config) -> None:
+    if (
+        config.store == "rocketmq"
+        or config.rocketmq_access_key
+        or config.rocketmq_secret_key_file
+        or config.rocketmq_tls
+    ):
+        rocketmq_security(config)
+
+
 def validate(config: Config) -> None:
     """Raise ConfigError for values that cannot work."""
     if not config.listen:
@@ -516,6 +600,7 @@ def validate(config: Config) -> None:
                 raise ConfigError(f"{name}: must be positive")
     if config.rocketmq_send_timeout <= 0:
         raise ConfigError("rocketmq_send_timeout: must be positive")
+    _validate_rocketmq_security(config)
     positive = (
         "segment_bytes",
         "retention_bytes",

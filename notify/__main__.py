@@ -5,6 +5,10 @@ subscription interest to it) but serves no MQTT clients and holds no sessions. I
 first-level RocketMQ topic in the notify consumer group and tells only the nodes that have readers
 of a light queue that the queue grew; messages produced straight into RocketMQ by backends are
 routed into the subscribers' light queues, as the embedded notify does.
+
+It reads the nodes' settings (file, `MQTT_BRIDGE_*` environment, `--set`), RocketMQ's included:
+with a secured RocketMQ it signs as `rocketmq_access_key` and connects over TLS with
+`rocketmq_tls*` like a node (docs/operations.md, "Securing a cluster: RocketMQ").
 """
 
 from __future__ import annotations

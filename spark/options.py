@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.topics import validate_topic_filter
-from bridge.storage.rocketmq import rocketmq_topic, tag_of
+from bridge.storage.rocketmq import (
+    Credentials,
+    TlsOptions,
+    TlsOptionsError,
+    rocketmq_topic,
+    tag_of,
+)
 
 EARLIEST = -2
 LATEST = -1
@@ -45,6 +51,14 @@ class SourceOptions:
     pull_batch: int
     consumer_group: str
     request_timeout: float
+    access_key: str = ""
+    """The RocketMQ user requests are signed as (a cluster with authentication on); "" none."""
+    secret_key: str = field(default="", repr=False)
+    tls: bool = False
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_verify_hostname: bool = True
 
     @property
     def tag_expression(self) -> str:
@@ -149,6 +163,27 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         request_timeout = float(timeout_text)
     except ValueError:
         raise OptionError(f"option requestTimeout: {timeout_text!r} is not a number") from None
+    access_key = _get(options, "accessKey") or ""
+    secret_key = _get(options, "secretKey") or ""
+    if bool(access_key) != bool(secret_key):
+        missing = "secretKey" if access_key else "accessKey"
+        raise OptionError(f"option {missing}: accessKey and secretKey go together")
+    tls = _bool(options, "tls", "false")
+    tls_files = {name: _get(options, name) or "" for name in _TLS_FILES}
+    if not tls:
+        for name, value in tls_files.items():
+            if value:
+                raise OptionError(f"option {name}: needs option tls=true")
+    else:
+        try:
+            TlsOptions(
+                cafile=tls_files["tlsCaFile"],
+                certfile=tls_files["tlsCertFile"],
+                keyfile=tls_files["tlsKeyFile"],
+            ).context()
+        except TlsOptionsError as exc:
+            option = next(name for name, f in _TLS_FILES.items() if f == exc.option)
+            raise OptionError(f"option {option}: {exc}") from None
     return SourceOptions(
         nameserver=nameserver,
         path=path,
@@ -168,4 +203,38 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         pull_batch=_int(options, "pullBatchSize", minimum=1) or 32,
         consumer_group=_get(options, "consumerGroup") or DEFAULT_GROUP,
         request_timeout=request_timeout,
+        access_key=access_key,
+        secret_key=secret_key,
+        tls=tls,
+        tls_ca_file=tls_files["tlsCaFile"],
+        tls_cert_file=tls_files["tlsCertFile"],
+        tls_key_file=tls_files["tlsKeyFile"],
+        tls_verify_hostname=_bool(options, "tlsVerifyHostname", "true"),
     )
+
+
+_TLS_FILES: Final = {"tlsCaFile": "cafile", "tlsCertFile": "certfile", "tlsKeyFile": "keyfile"}
+"""Option name -> `TlsOptions` field."""
+
+
+def _bool(options: Mapping[str, str], name: str, default: str) -> bool:
+    text = (_get(options, name) or default).strip().lower()
+    if text not in ("true", "false"):
+        raise OptionError(f"option {name}: true or false, got {text!r}")
+    return text == "true"
+
+
+def client_security(options: SourceOptions) -> tuple[Credentials | None, TlsOptions | None]:
+    """The RocketMQ client's credentials and TLS options from the source's options."""
+    credentials = (
+        Credentials(options.access_key, options.secret_key) if options.access_key else None
+    )
+    tls = None
+    if options.tls:
+        tls = TlsOptions(
+            cafile=options.tls_ca_file,
+            certfile=options.tls_cert_file,
+            keyfile=options.tls_key_file,
+            verify_hostname=options.tls_verify_hostname,
+        )
+    return credentials, tls

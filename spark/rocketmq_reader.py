@@ -32,7 +32,7 @@ from bridge.storage.rocketmq import (
     RocketMQClient,
     message_of,
 )
-from spark.options import EARLIEST, LATEST, SourceOptions
+from spark.options import EARLIEST, LATEST, SourceOptions, client_security
 from spark.rows import RowBatcher
 
 log = logging.getLogger("spark.rocketmq")
@@ -77,6 +77,7 @@ def from_json(data: dict[str, Any]) -> dict[QueueKey, int]:
 
 def _client(options: SourceOptions) -> RocketMQClient:
     assert options.nameserver
+    credentials, tls = client_security(options)
     return RocketMQClient(
         options.nameserver,
         client_id=f"spark-{os.getpid()}-{uuid.uuid4().hex[:8]}",
@@ -84,6 +85,8 @@ def _client(options: SourceOptions) -> RocketMQClient:
         consumer_group=options.consumer_group,
         request_timeout=options.request_timeout,
         retry_deadline=max(10.0, options.request_timeout * 2),
+        credentials=credentials,
+        tls=tls,
     )
 
 
@@ -94,6 +97,12 @@ def run_with_client(options: SourceOptions, work: Callable[[RocketMQClient], Awa
         client = _client(options)
         try:
             return await work(client)
+        except RemotingError as exc:
+            if exc.refused_credential is not None:
+                # The client's message names the bridge's setting; here the option is to fix.
+                option = "secretKey" if exc.refused_credential == "secret_key" else "accessKey"
+                raise RuntimeError(f"option {option}: {exc}") from exc
+            raise
         finally:
             await client.close()
 

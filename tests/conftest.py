@@ -39,6 +39,22 @@ def rocketmq(
 
 
 @pytest.fixture(scope="session")
+def secured_rocketmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
+    """One RocketMQ with authentication on and TLS only, client certificates required
+    (deploy/rocketmq's ROCKETMQ_ACL=1, ROCKETMQ_TLS=1, ROCKETMQ_TLS_CLIENT_AUTH=1) for the whole
+    session, started on first use; its `credentials` and `tls_options` are what a client needs.
+    Local even when $ROCKETMQ_NAMESRV is set."""
+    mq = LocalRocketMQ(
+        tmp_path_factory.mktemp("rocketmq-secured"), acl=True, tls=True, tls_client_auth=True
+    )
+    mq.start()
+    try:
+        yield mq
+    finally:
+        mq.stop(graceful=False)
+
+
+@pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
     """One redis-server (AOF on, loopback, a free port) for the whole session, started on
     first use by deploy/redis/start.sh. Never skipped: when Redis cannot start, the tests that

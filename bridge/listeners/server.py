@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.access import AccessControl
-from bridge.config import Config, parse_listen
+from bridge.config import Config, parse_listen, rocketmq_security
 from bridge.listeners.connection import Connection
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node import Node
@@ -49,6 +49,7 @@ def make_store(config: Config, session_meta: Any = None) -> MessageStore:
     if config.store == "rocketmq":
         from bridge.storage.rocketmq.store import RocketMQStore
 
+        credentials, tls = rocketmq_security(config)
         return RocketMQStore(
             config.rocketmq_namesrv,
             Path(config.data_dir),
@@ -57,6 +58,8 @@ def make_store(config: Config, session_meta: Any = None) -> MessageStore:
             send_timeout=config.rocketmq_send_timeout,
             fsync=config.fsync,
             session_meta=session_meta,
+            credentials=credentials,
+            tls=tls,
         )
     raise ValueError(f"unknown store {config.store!r}")
 

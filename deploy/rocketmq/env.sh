@@ -26,6 +26,22 @@
 #   ROCKETMQ_CACHE_DIR        ${XDG_CACHE_HOME:-$HOME/.cache}/mqtt-bridge/rocketmq-$ROCKETMQ_VERSION
 #   ROCKETMQ_NAMESRV_ADDR     127.0.0.1:$ROCKETMQ_NAMESRV_PORT (admin.sh against another NameServer)
 #   JAVA                      java binary (default: $JAVA_HOME/bin/java, else `java`)
+#   ROCKETMQ_ACL              0, or 1: brokers authenticate every request (ACL 2.0:
+#                             authenticationEnabled, authorizationEnabled) and know one super
+#                             user, ROCKETMQ_ACL_USER; admin.sh and probe.py sign as that user.
+#                             The NameServer of 5.3.3 does not authenticate.
+#   ROCKETMQ_ACL_USER         rocketmq (the AccessKey)
+#   ROCKETMQ_ACL_PASSWORD     its SecretKey; default: a random one made at the first start
+#                             (saved, mode 600, in $ROCKETMQ_DATA_DIR/rocketmq.env)
+#   ROCKETMQ_TLS              0, or 1: NameServer and brokers speak TLS only
+#                             (tls.server.mode=enforcing), with a throw-away CA and a server
+#                             certificate for 127.0.0.1/localhost made at the first start in
+#                             $ROCKETMQ_DATA_DIR/tls/ (ca.pem is what clients trust, and
+#                             client.pem/client.key a client certificate signed by it); the
+#                             brokers, admin.sh and probe.py connect over TLS too
+#   ROCKETMQ_TLS_MODE         enforcing | permissive (TLS and plain text both accepted)
+#   ROCKETMQ_TLS_CLIENT_AUTH  0, or 1 (with ROCKETMQ_TLS=1): the servers require a client
+#                             certificate signed by the CA (tls/client.pem, client.key are one)
 #
 # start.sh saves the ports/names it used in $ROCKETMQ_DATA_DIR/rocketmq.env; the other scripts
 # read that file for every variable that is not set, so `stop.sh`, `admin.sh`,
@@ -63,6 +79,25 @@ ROCKETMQ_LIB="$ROCKETMQ_CACHE_DIR/lib"
 : "${ROCKETMQ_START_TIMEOUT:=90}"
 : "${ROCKETMQ_STOP_TIMEOUT:=30}"
 : "${ROCKETMQ_NAMESRV_HEAP:=-Xms128m -Xmx256m}"
+: "${ROCKETMQ_ACL:=0}"
+: "${ROCKETMQ_ACL_USER:=rocketmq}"
+: "${ROCKETMQ_TLS:=0}"
+: "${ROCKETMQ_TLS_MODE:=enforcing}"
+: "${ROCKETMQ_TLS_CLIENT_AUTH:=0}"
+for v in ROCKETMQ_ACL ROCKETMQ_TLS ROCKETMQ_TLS_CLIENT_AUTH; do
+    case "${!v}" in
+        0 | 1) ;;
+        *) echo "$v must be 0 or 1, not '${!v}'" >&2; exit 2 ;;
+    esac
+done
+case "$ROCKETMQ_TLS_MODE" in
+    enforcing | permissive) ;;
+    *) echo "ROCKETMQ_TLS_MODE must be enforcing or permissive, not '$ROCKETMQ_TLS_MODE'" >&2; exit 2 ;;
+esac
+case "$ROCKETMQ_ACL_USER" in
+    "" | *[!A-Za-z0-9_.-]*) echo "ROCKETMQ_ACL_USER must be letters, digits, '_', '.' or '-'" >&2; exit 2 ;;
+esac
+RMQ_TLS_DIR="$ROCKETMQ_DATA_DIR/tls"
 if ! [[ "$RMQ_GROUPS" =~ ^[1-9][0-9]?$ ]] || [ "$RMQ_GROUPS" -gt 26 ]; then
     echo "RMQ_GROUPS must be 1..26, not '$RMQ_GROUPS'" >&2
     exit 2
@@ -135,6 +170,80 @@ rmq_java_common() {
         -Drocketmq.client.logUseSlf4j=true
         -cp "$ROCKETMQ_LIB/*"
     )
+    if [ "$ROCKETMQ_TLS" = 1 ]; then
+        # TlsSystemConfig (5.3.3): the server side of NameServer and broker, and (tls.enable)
+        # the client side of the broker's registration and of mqadmin, which checks the
+        # server's certificate against our CA. No tls.properties: a file at the default path
+        # (/etc/rocketmq/tls.properties) would override these.
+        RMQ_JAVA_ARGS+=(
+            "-Dtls.server.mode=$ROCKETMQ_TLS_MODE" -Dtls.enable=true -Dtls.test.mode.enable=false
+            "-Dtls.config.file=$RMQ_TLS_DIR/no-tls.properties"
+            "-Dtls.server.certPath=$RMQ_TLS_DIR/server.pem"
+            "-Dtls.server.keyPath=$RMQ_TLS_DIR/server.key"
+            -Dtls.client.authServer=true "-Dtls.client.trustCertPath=$RMQ_TLS_DIR/ca.pem"
+        )
+        if [ "$ROCKETMQ_TLS_CLIENT_AUTH" = 1 ]; then
+            # Servers ask for a certificate signed by our CA; the JVMs' own clients show one.
+            RMQ_JAVA_ARGS+=(
+                -Dtls.server.need.client.auth=require -Dtls.server.authClient=true
+                "-Dtls.server.trustCertPath=$RMQ_TLS_DIR/ca.pem"
+                "-Dtls.client.certPath=$RMQ_TLS_DIR/client.pem"
+                "-Dtls.client.keyPath=$RMQ_TLS_DIR/client.key"
+            )
+        else
+            RMQ_JAVA_ARGS+=(-Dtls.server.need.client.auth=none)
+        fi
+    fi
+}
+
+# make_tls_files: a throw-away CA and a server certificate (127.0.0.1, localhost) signed by it,
+# made once per data dir. Netty reads the server key only as PKCS#8 PEM (genpkey's format).
+make_tls_files() {
+    [ "$ROCKETMQ_TLS" = 1 ] || return 0
+    [ -s "$RMQ_TLS_DIR/server.pem" ] && return 0
+    command -v openssl >/dev/null || die "ROCKETMQ_TLS=1 needs openssl to make its certificates"
+    mkdir -p "$RMQ_TLS_DIR"
+    chmod 700 "$RMQ_TLS_DIR"
+    (
+        cd "$RMQ_TLS_DIR"
+        openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out ca.key 2>/dev/null
+        openssl req -x509 -new -key ca.key -days 30 -subj "/CN=mqtt-bridge test RocketMQ CA" \
+            -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+            -out ca.pem 2>/dev/null
+        openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out server.key 2>/dev/null
+        openssl req -new -key server.key -subj "/CN=127.0.0.1" -out server.csr 2>/dev/null
+        printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+            "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" >server.ext
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
+            -extfile server.ext -out server.pem 2>/dev/null
+        openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out client.key 2>/dev/null
+        openssl req -new -key client.key -subj "/CN=mqtt-bridge test client" -out client.csr 2>/dev/null
+        printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+            "extendedKeyUsage=clientAuth" >client.ext
+        openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
+            -extfile client.ext -out client.pem 2>/dev/null
+        rm -f server.csr server.ext client.csr client.ext ca.srl
+    ) || die "making the TLS files in $RMQ_TLS_DIR failed"
+}
+
+# acl_conf: the broker settings of ROCKETMQ_ACL=1 (AuthConfig keys, 5.3.3), appended to a
+# rendered broker conf. The user is created as a SUPER user on the broker's first start (in its
+# store's config/users RocksDB) and is also what the broker's own client (registration,
+# slave to master) signs with.
+acl_conf() {
+    [ "$ROCKETMQ_ACL" = 1 ] || return 0
+    cat <<CONF
+
+## Authentication and authorization (ROCKETMQ_ACL=1, written by deploy/rocketmq/env.sh).
+authenticationEnabled=true
+authenticationProvider=org.apache.rocketmq.auth.authentication.provider.DefaultAuthenticationProvider
+authenticationMetadataProvider=org.apache.rocketmq.auth.authentication.provider.LocalAuthenticationMetadataProvider
+initAuthenticationUser={"username":"$ROCKETMQ_ACL_USER","password":"$ROCKETMQ_ACL_PASSWORD"}
+innerClientAuthenticationCredentials={"accessKey":"$ROCKETMQ_ACL_USER","secretKey":"$ROCKETMQ_ACL_PASSWORD"}
+authorizationEnabled=true
+authorizationProvider=org.apache.rocketmq.auth.authorization.provider.DefaultAuthorizationProvider
+authorizationMetadataProvider=org.apache.rocketmq.auth.authorization.provider.LocalAuthorizationMetadataProvider
+CONF
 }
 
 die() {
@@ -151,13 +260,40 @@ need_jars() {
 prepare_dirs() {
     mkdir -p "$RMQ_HOME/conf" "$RMQ_CONF" "$RMQ_LOGS" "$RMQ_STORE" "$ROCKETMQ_DATA_DIR/namesrv"
     cp "$ROCKETMQ_DEPLOY_DIR"/logback/*.xml "$RMQ_HOME/conf/"
-    {
-        echo "# Written by deploy/rocketmq/start.sh; read by the other scripts for unset variables."
-        for v in ROCKETMQ_NAMESRV_PORT ROCKETMQ_BROKER_PORT ROCKETMQ_CLUSTER ROCKETMQ_BROKER_NAME \
-            RMQ_GROUPS RMQ_SLAVES ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_VERSION; do
-            printf ': "${%s:=%s}"\n' "$v" "${!v}"
-        done
-    } >"$ROCKETMQ_DATA_DIR/rocketmq.env"
+    if [ "$ROCKETMQ_ACL" = 1 ] && [ -z "${ROCKETMQ_ACL_PASSWORD:-}" ]; then
+        ROCKETMQ_ACL_PASSWORD=$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')
+    fi
+    : "${ROCKETMQ_ACL_PASSWORD:=}"
+    case "$ROCKETMQ_ACL_PASSWORD" in
+        *[\"\\]* | *[[:space:]]*) die "ROCKETMQ_ACL_PASSWORD must not hold quotes, backslashes or spaces" ;;
+    esac
+    make_tls_files
+    (
+        umask 077  # the ACL password is in it
+        {
+            echo "# Written by deploy/rocketmq/start.sh; read by the other scripts for unset variables."
+            for v in ROCKETMQ_NAMESRV_PORT ROCKETMQ_BROKER_PORT ROCKETMQ_CLUSTER ROCKETMQ_BROKER_NAME \
+                RMQ_GROUPS RMQ_SLAVES ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_VERSION \
+                ROCKETMQ_ACL ROCKETMQ_ACL_USER ROCKETMQ_ACL_PASSWORD ROCKETMQ_TLS ROCKETMQ_TLS_MODE \
+                ROCKETMQ_TLS_CLIENT_AUTH; do
+                printf ': "${%s:=%s}"\n' "$v" "${!v}"
+            done
+        } >"$ROCKETMQ_DATA_DIR/rocketmq.env.tmp"
+        mv "$ROCKETMQ_DATA_DIR/rocketmq.env.tmp" "$ROCKETMQ_DATA_DIR/rocketmq.env"
+    )
+}
+
+# probe_env: what probe.py needs to reach a secured instance (TLS CA, ACL user), as env vars.
+probe_env() {
+    local vars=()
+    [ "$ROCKETMQ_TLS" = 1 ] && vars+=("ROCKETMQ_PROBE_CAFILE=$RMQ_TLS_DIR/ca.pem")
+    if [ "$ROCKETMQ_TLS" = 1 ] && [ "$ROCKETMQ_TLS_CLIENT_AUTH" = 1 ]; then
+        vars+=("ROCKETMQ_PROBE_CERTFILE=$RMQ_TLS_DIR/client.pem" "ROCKETMQ_PROBE_KEYFILE=$RMQ_TLS_DIR/client.key")
+    fi
+    if [ "$ROCKETMQ_ACL" = 1 ]; then
+        vars+=("ROCKETMQ_PROBE_ACCESS_KEY=$ROCKETMQ_ACL_USER" "ROCKETMQ_PROBE_SECRET_KEY=$ROCKETMQ_ACL_PASSWORD")
+    fi
+    [ "${#vars[@]}" -eq 0 ] || printf '%s\n' "${vars[@]}"
 }
 
 # render TEMPLATE OUTPUT: replace @NAME@ placeholders; the broker ones come from the B_*
@@ -398,6 +534,7 @@ launch_broker() {
     done
     mkdir -p "$B_STORE" "$B_LOG_DIR"
     render "$ROCKETMQ_DEPLOY_DIR/broker.conf" "$B_CONF"
+    (umask 077 && acl_conf >>"$B_CONF")
     rmq_java_common rmq.broker.logback.xml "$B_LOG_DIR"
     # shellcheck disable=SC2206
     RMQ_JAVA_ARGS=($ROCKETMQ_BROKER_HEAP "${RMQ_JAVA_ARGS[@]}")
@@ -465,6 +602,16 @@ run_admin() {
     mkdir -p "$RMQ_LOGS" "$RMQ_HOME/conf"
     [ -f "$RMQ_HOME/conf/rmq.tools.logback.xml" ] || cp "$ROCKETMQ_DEPLOY_DIR/logback/rmq.tools.logback.xml" "$RMQ_HOME/conf/"
     if [ "$has_n" = 0 ] && [ $# -gt 0 ] && [ "$1" != help ]; then set -- "$@" -n "$ROCKETMQ_NAMESRV_ADDR"; fi
+    # mqadmin signs its requests as the user in $ROCKETMQ_HOME/conf/tools.yml (AclUtils); the
+    # file is removed without ACL so that a data dir restarted without it signs with nothing
+    # stale.
+    if [ "$ROCKETMQ_ACL" = 1 ]; then
+        (umask 077 && printf 'accessKey: %s\nsecretKey: %s\n' "$ROCKETMQ_ACL_USER" \
+            "${ROCKETMQ_ACL_PASSWORD:?ROCKETMQ_ACL_PASSWORD is not set: start.sh sets it}" \
+            >"$RMQ_HOME/conf/tools.yml")
+    else
+        rm -f "$RMQ_HOME/conf/tools.yml"
+    fi
     out=$("$JAVA" "${RMQ_JAVA_ARGS[@]}" $ROCKETMQ_JAVA_OPTS "$ADMIN_MAIN" "$@" 2>&1) || status=$?
     printf '%s\n' "$out"
     if [ "$status" -eq 0 ] && grep -qE '^(org\.apache\.rocketmq|java\.|io\.netty)[A-Za-z0-9_.$]*(Exception|Error)\b|^Caused by: |^The sub command .* not exist' <<<"$out"; then
@@ -476,7 +623,9 @@ run_admin() {
 # wait_registered: until the NameServer lists the selected broker (select_broker; probe.py
 # nudges it to register at once instead of its first periodic registration 10 s after start).
 wait_registered() {
-    if ! "${PYTHON:-python3}" "$ROCKETMQ_DEPLOY_DIR/probe.py" wait-registered \
+    local secured=()
+    mapfile -t secured < <(probe_env)
+    if ! env "${secured[@]}" "${PYTHON:-python3}" "$ROCKETMQ_DEPLOY_DIR/probe.py" wait-registered \
         "$RMQ_LOCAL_NAMESRV" "$B_ADDR" "$ROCKETMQ_START_TIMEOUT"; then
         log_tail "$B_OUT" "$B_LOG_DIR/broker.log" "$RMQ_LOGS/namesrv.log"
         die "$B_ROLE $B_ADDR did not register with the NameServer $RMQ_LOCAL_NAMESRV"

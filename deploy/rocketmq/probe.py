@@ -14,12 +14,25 @@ Starting a JVM for `mqadmin clusterList` costs 2-4 s of CPU; these checks need o
 
 Wire format (RemotingCommand): int32 frame length, int32 (serialize type << 24 | header
 length), JSON header, body. Exit status 0 = success, 1 = failure (reason on stderr).
+
+A secured instance (env.sh's ROCKETMQ_TLS / ROCKETMQ_ACL; `probe_env` sets these):
+  ROCKETMQ_PROBE_CAFILE       connect over TLS, trusting this CA
+  ROCKETMQ_PROBE_CERTFILE     ... showing this client certificate (and ROCKETMQ_PROBE_KEYFILE)
+  ROCKETMQ_PROBE_ACCESS_KEY   sign requests as this user (AccessKey) ...
+  ROCKETMQ_PROBE_SECRET_KEY   ... with this SecretKey: HMAC-SHA1 over the extFields values in
+                              key order and the body, Base64 (what bridge/storage/rocketmq/acl.py
+                              does; this file stays stdlib-only and importable on its own)
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
+import os
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -30,8 +43,49 @@ SUCCESS = 0
 PERM_READ_WRITE = 6
 
 
-def request(addr: str, code: int, body: bytes = b"", timeout: float = 3.0) -> tuple[int, bytes]:
-    """Send one request to host:port; return (response code, response body)."""
+def _ext_fields(body: bytes) -> dict[str, str]:
+    access_key = os.environ.get("ROCKETMQ_PROBE_ACCESS_KEY", "")
+    secret_key = os.environ.get("ROCKETMQ_PROBE_SECRET_KEY", "")
+    if not access_key:
+        return {}
+    fields = {"AccessKey": access_key}
+    content = "".join(fields[k] for k in sorted(fields)).encode() + body
+    digest = hmac.new(secret_key.encode(), content, hashlib.sha1).digest()
+    fields["Signature"] = base64.b64encode(digest).decode()
+    return fields
+
+
+def _connect(
+    host: str, port: int, timeout: float, cafile: str | None, client_cert: tuple[str, str] | None
+) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=timeout)
+    if cafile is None:
+        cafile = os.environ.get("ROCKETMQ_PROBE_CAFILE", "")
+    if not cafile:
+        return sock
+    context = ssl.create_default_context(cafile=cafile)
+    if client_cert is None:
+        client_cert = (
+            os.environ.get("ROCKETMQ_PROBE_CERTFILE", ""),
+            os.environ.get("ROCKETMQ_PROBE_KEYFILE", ""),
+        )
+    if client_cert[0]:
+        context.load_cert_chain(client_cert[0], client_cert[1] or None)
+    return context.wrap_socket(sock, server_hostname=host)
+
+
+def request(
+    addr: str,
+    code: int,
+    body: bytes = b"",
+    timeout: float = 3.0,
+    *,
+    cafile: str | None = None,
+    client_cert: tuple[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """Send one request to host:port (over TLS trusting `cafile`, showing `client_cert`
+    (certificate file, key file); defaults from the environment, see above); return (response
+    code, response body)."""
     host, port = addr.rsplit(":", 1)
     header = json.dumps(
         {
@@ -41,11 +95,11 @@ def request(addr: str, code: int, body: bytes = b"", timeout: float = 3.0) -> tu
             "opaque": 1,
             "serializeTypeCurrentRPC": "JSON",
             "version": 0,
-            "extFields": {},
+            "extFields": _ext_fields(body),
         }
     ).encode()
     frame = struct.pack(">II", 4 + len(header) + len(body), len(header)) + header + body
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+    with _connect(host, int(port), timeout, cafile, client_cert) as sock:
         sock.settimeout(timeout)
         sock.sendall(frame)
         (length,) = struct.unpack(">I", _read(sock, 4))
@@ -65,9 +119,11 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def brokers(namesrv: str) -> list[str]:
-    """Broker addresses in the NameServer's cluster table."""
-    code, body = request(namesrv, GET_BROKER_CLUSTER_INFO)
+def brokers(
+    namesrv: str, *, cafile: str | None = None, client_cert: tuple[str, str] | None = None
+) -> list[str]:
+    """Broker addresses in the NameServer's cluster table (see `request` for the TLS ones)."""
+    code, body = request(namesrv, GET_BROKER_CLUSTER_INFO, cafile=cafile, client_cert=client_cert)
     if code != SUCCESS:
         raise RuntimeError(f"GET_BROKER_CLUSTER_INFO answered code {code}")
     # The body is fastjson with numeric map keys ({0:"127.0.0.1:20911"}), not strict JSON.

@@ -5,6 +5,8 @@
 # are left alone. Settings: env.sh.
 #   ROCKETMQ_DATA_DIR=/tmp/rmq ROCKETMQ_NAMESRV_PORT=19876 ROCKETMQ_BROKER_PORT=20911 deploy/rocketmq/start.sh
 #   RMQ_GROUPS=2 RMQ_SLAVES=1 deploy/rocketmq/start.sh   # broker-a and broker-b, a slave each
+#   ROCKETMQ_ACL=1 ROCKETMQ_TLS=1 deploy/rocketmq/start.sh  # authentication on, TLS only; the
+#       user and password are in $ROCKETMQ_DATA_DIR/rocketmq.env, the CA in $ROCKETMQ_DATA_DIR/tls
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/env.sh"

@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
@@ -89,11 +90,16 @@ def publish_all(port: int, messages: Sequence[Publication], client_id: str | Non
 
 
 def produce_backend_message(
-    nameserver: str, topic: str, payload: bytes, properties: dict[str, str]
+    nameserver: str,
+    topic: str,
+    payload: bytes,
+    properties: dict[str, str],
+    **security: Any,
 ) -> None:
     """Send a message straight into RocketMQ as a backend does, with the bridge's mapping:
     `properties` is the stored MQTT 5 metadata (`bridge.storage.metadata`: user properties by
-    name, the rest under NUL keys), sent as `mqtt.user.<name>`, `mqtt.content_type`, ..."""
+    name, the rest under NUL keys), sent as `mqtt.user.<name>`, `mqtt.content_type`, ...
+    `security`: the client's `credentials` and `tls` for a secured RocketMQ."""
     from bridge.storage.base import Message
     from bridge.storage.rocketmq.client import RocketMQClient
     from bridge.storage.rocketmq.mapping import to_rocketmq
@@ -104,7 +110,9 @@ def produce_backend_message(
     rmq_topic, tag, key, props, body = to_rocketmq(message, ())
 
     async def send() -> None:
-        async with RocketMQClient(nameserver, client_id=unique("t-"), producer_group="tests") as c:
+        async with RocketMQClient(
+            nameserver, client_id=unique("t-"), producer_group="tests", **security
+        ) as c:
             await c.send(rmq_topic, body, tags=tag, keys=key, properties=props)
 
     asyncio.run(send())

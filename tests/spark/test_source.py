@@ -25,6 +25,7 @@ from tests.spark.conftest import (
 )
 from tests.support.load import wait_until
 from tests.support.processes import BridgeProcess
+from tests.support.rocketmq import LocalRocketMQ
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]
 
@@ -133,6 +134,36 @@ def test_offsets_and_timestamps_bound_a_batch_read(
     assert sorted(bytes(r.payload) for r in from_json) == sorted(b"late-%d" % i for i in range(5))
     latest = source(spark, ns, topics=top, startingOffsets="latest").load().count()
     assert latest == 0
+
+
+def test_a_batch_read_of_a_secured_rocketmq_signs_and_speaks_tls_and_names_a_wrong_secret_key(
+    spark: SparkSession, secured_rocketmq: LocalRocketMQ
+) -> None:
+    """Options accessKey, secretKey, tls, tlsCaFile, tlsCertFile/tlsKeyFile (the servers
+    require client certificates): the driver (queues, offsets) and the
+    executors (pulls) use them; a wrong secretKey fails the query naming the option."""
+    mq = secured_rocketmq
+    top = unique("sec")
+    security = {"credentials": mq.credentials, "tls": mq.tls_options}
+    for i in range(3):
+        produce_backend_message(mq.namesrv_addr, f"{top}/line/m{i}", b"v%d" % i, {}, **security)
+    options = {
+        "topicFilter": f"{top}/#",
+        "accessKey": mq.acl_user,
+        "secretKey": mq.acl_password,
+        "tls": "true",
+        "tlsCaFile": mq.tls_cafile,
+        "tlsCertFile": mq.tls_client_cert[0],
+        "tlsKeyFile": mq.tls_client_cert[1],
+    }
+    rows = source(spark, mq.namesrv_addr, **options).load().collect()
+    assert sorted((r.topic, bytes(r.payload)) for r in rows) == [
+        (f"{top}/line/m{i}", b"v%d" % i) for i in range(3)
+    ]
+    wrong = dict(options, secretKey="not-the-key")
+    with pytest.raises(Exception, match="option secretKey: rocketmq_secret_key: the broker") as e:
+        source(spark, mq.namesrv_addr, **wrong).load().collect()
+    assert mq.acl_password not in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import uvloop
 
 from bridge.storage import FileLogStore, MessageStore
 from bridge.storage.base import ReadResult
+from bridge.storage.rocketmq import Credentials, TlsOptions
 from bridge.storage.rocketmq.store import RocketMQStore
 
 T = TypeVar("T")
@@ -28,16 +29,32 @@ def _filelog(path: Path, **options: Any) -> MessageStore:
     return FileLogStore(path, **options)
 
 
-def _rocketmq(path: Path, *, namesrv: str, **options: Any) -> MessageStore:
+def _rocketmq(
+    path: Path,
+    *,
+    namesrv: str,
+    credentials: Credentials | None = None,
+    tls: TlsOptions | None = None,
+    **options: Any,
+) -> MessageStore:
     # One namespace per store location: tests sharing the session's broker never see each
     # other's queues, and a reopened store finds its own again.
     namespace = f"t{zlib.crc32(str(path).encode()):08x}-"
-    return RocketMQStore(namesrv, path, namespace=namespace, node_id="contract")
+    return RocketMQStore(
+        namesrv, path, namespace=namespace, node_id="contract", credentials=credentials, tls=tls
+    )
 
 
-BACKENDS: dict[str, Callable[..., MessageStore]] = {"filelog": _filelog, "rocketmq": _rocketmq}
-"""Backend name -> factory(data path, **options). Options a backend does not know are dropped."""
-NEEDS_ROCKETMQ = {"rocketmq"}
+BACKENDS: dict[str, Callable[..., MessageStore]] = {
+    "filelog": _filelog,
+    "rocketmq": _rocketmq,
+    "rocketmq-acl-tls": _rocketmq,
+}
+"""Backend name -> factory(data path, **options). Options a backend does not know are dropped.
+`rocketmq-acl-tls` is RocketMQ with authentication on and TLS only: every request signed (the
+send hot path's pre-built frames included), every connection TLS."""
+NEEDS_ROCKETMQ = {"rocketmq": "rocketmq", "rocketmq-acl-tls": "secured_rocketmq"}
+"""Backend -> the session fixture of the RocketMQ it runs on."""
 
 
 class OnePartView:
@@ -122,7 +139,10 @@ def store_factory(
 ) -> Iterator[StoreFactory]:
     factory = StoreFactory(backend, tmp_path / "store")
     if backend in NEEDS_ROCKETMQ:
-        factory.options["namesrv"] = request.getfixturevalue("rocketmq").namesrv_addr
+        mq = request.getfixturevalue(NEEDS_ROCKETMQ[backend])
+        factory.options["namesrv"] = mq.namesrv_addr
+        if backend == "rocketmq-acl-tls":
+            factory.options.update(credentials=mq.credentials, tls=mq.tls_options)
     yield factory
     run(factory.close())
 

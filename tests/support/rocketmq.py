@@ -14,6 +14,13 @@ Several broker groups, each with a slave (deploy/rocketmq's RMQ_GROUPS / RMQ_SLA
     mq.add_group("broker-c")          # one more group on the running NameServer
     mq.set_write_permission("broker-a", False)   # brokerPermission 4: read only
 
+A secured instance (deploy/rocketmq's ROCKETMQ_ACL / ROCKETMQ_TLS): brokers that authenticate
+every request, NameServer and brokers that speak TLS only; `credentials` and `tls_options` are
+what a client needs to talk to it:
+
+    mq = LocalRocketMQ(tmp_path / "rocketmq", acl=True, tls=True, tls_client_auth=True).start()
+    RocketMQClient(mq.namesrv_addr, ..., credentials=mq.credentials, tls=mq.tls_options)
+
 `rocketmq_for_tests(data_dir)` is a context manager for a session fixture: it uses the external
 NameServer in $ROCKETMQ_NAMESRV ("host:port") when set, else starts a LocalRocketMQ and always
 stops it. Start-up fetches the jars once (Maven, ~90 MB, cached under ~/.cache/mqtt-bridge).
@@ -25,12 +32,15 @@ import contextlib
 import importlib.util
 import os
 import random
+import secrets
 import socket
 import subprocess
 import sys
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+
+from bridge.storage.rocketmq import Credentials, TlsOptions
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "rocketmq"
@@ -113,9 +123,15 @@ class LocalRocketMQ:
         groups: int = 1,
         slaves: int = 0,
         spare_groups: int = 0,
+        acl: bool = False,
+        tls: bool = False,
+        tls_client_auth: bool = False,
     ) -> None:
         """`groups` broker groups (broker-a, broker-b, ...), each a master and with `slaves=1`
-        a slave. The free ports looked for cover them and `spare_groups` more, for add_group()."""
+        a slave. The free ports looked for cover them and `spare_groups` more, for add_group().
+        `acl`: brokers authenticate (one super user, `credentials`); `tls`: TLS only, with a
+        throw-away CA (`tls_options`); `tls_client_auth`: the servers also require a client
+        certificate (`tls_options` has one)."""
         if not 1 <= groups <= 26 or slaves not in (0, 1) or spare_groups < 0:
             raise ValueError(f"groups must be 1..26 and slaves 0 or 1, not {groups}, {slaves}")
         self.data_dir = Path(data_dir).resolve()
@@ -129,6 +145,11 @@ class LocalRocketMQ:
         )
         self.flush_disk_type = flush_disk_type
         self.start_timeout = start_timeout
+        self.acl = acl
+        self.acl_user = "rocketmq"
+        self.acl_password = secrets.token_urlsafe(18) if acl else ""
+        self.tls = tls
+        self.tls_client_auth = tls and tls_client_auth
         self._added: list[str] = []
         self._started = False
         # Never leave JVMs behind, even when a test run is interrupted (runs at exit too).
@@ -164,6 +185,47 @@ class LocalRocketMQ:
     @property
     def log_dir(self) -> Path:
         return self.data_dir / "logs"
+
+    @property
+    def tls_cafile(self) -> str:
+        """The CA the servers' certificates chain to ("" without TLS)."""
+        return str(self.data_dir / "tls" / "ca.pem") if self.tls else ""
+
+    @property
+    def tls_client_cert(self) -> tuple[str, str]:
+        """(certificate, key) files of a client certificate the servers accept ("" without
+        `tls_client_auth`)."""
+        if not self.tls_client_auth:
+            return "", ""
+        return str(self.data_dir / "tls" / "client.pem"), str(self.data_dir / "tls" / "client.key")
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """The super user's credentials (None without ACL)."""
+        return Credentials(self.acl_user, self.acl_password) if self.acl else None
+
+    @property
+    def tls_options(self) -> TlsOptions | None:
+        """What a client needs to connect over TLS (None without TLS)."""
+        if not self.tls:
+            return None
+        certfile, keyfile = self.tls_client_cert
+        return TlsOptions(cafile=self.tls_cafile, certfile=certfile, keyfile=keyfile)
+
+    def bridge_settings(self) -> dict[str, str]:
+        """The bridge's rocketmq_* settings (MQTT_BRIDGE_* environment) for this instance."""
+        settings = {"MQTT_BRIDGE_ROCKETMQ_NAMESRV": self.namesrv_addr}
+        if self.acl:
+            settings["MQTT_BRIDGE_ROCKETMQ_ACCESS_KEY"] = self.acl_user
+            settings["MQTT_BRIDGE_ROCKETMQ_SECRET_KEY"] = self.acl_password
+        if self.tls:
+            settings["MQTT_BRIDGE_ROCKETMQ_TLS"] = "true"
+            settings["MQTT_BRIDGE_ROCKETMQ_TLS_CAFILE"] = self.tls_cafile
+        if self.tls_client_auth:
+            certfile, keyfile = self.tls_client_cert
+            settings["MQTT_BRIDGE_ROCKETMQ_TLS_CERTFILE"] = certfile
+            settings["MQTT_BRIDGE_ROCKETMQ_TLS_KEYFILE"] = keyfile
+        return settings
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> LocalRocketMQ:
@@ -254,7 +316,9 @@ class LocalRocketMQ:
 
     def registered_brokers(self) -> list[str]:
         """Broker addresses the NameServer lists (one request, no JVM)."""
-        return probe.brokers(self.namesrv_addr)
+        return probe.brokers(
+            self.namesrv_addr, cafile=self.tls_cafile, client_cert=self.tls_client_cert
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         names = ["namesrv.out", "namesrv.log", "broker.out", "broker.log"]
@@ -305,8 +369,13 @@ class LocalRocketMQ:
             ROCKETMQ_START_TIMEOUT=str(int(self.start_timeout)),
             RMQ_GROUPS=str(self.groups),
             RMQ_SLAVES=str(self.slaves),
+            ROCKETMQ_ACL="1" if self.acl else "0",
+            ROCKETMQ_TLS="1" if self.tls else "0",
+            ROCKETMQ_TLS_CLIENT_AUTH="1" if self.tls_client_auth else "0",
             PYTHON=sys.executable,
         )
+        if self.acl:
+            env.update(ROCKETMQ_ACL_USER=self.acl_user, ROCKETMQ_ACL_PASSWORD=self.acl_password)
         return env
 
     def _script(self, name: str, *args: str, timeout: float, check: bool = True) -> str:

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark.options import OptionError, parse_options
+from bridge.storage.rocketmq import Credentials, TlsOptions
+from spark.options import OptionError, client_security, parse_options
 from spark.rocketmq_reader import from_json, limit_range, to_json
 
 
@@ -39,11 +40,32 @@ def test_defaults_follow_batch_and_stream_conventions() -> None:
         ({"nameserver": "h:1", "topicFilter": "$share/g/a"}, False, "shared"),
         ({"nameserver": "h:1", "startingOffsets": "[1]"}, False, "startingOffsets"),
         ({"nameserver": "h:1", "requestTimeout": "soon"}, False, "requestTimeout"),
+        ({"nameserver": "h:1", "accessKey": "u"}, False, "option secretKey: .*go together"),
+        ({"nameserver": "h:1", "secretKey": "s"}, False, "option accessKey: .*go together"),
+        ({"nameserver": "h:1", "tlsCaFile": "/ca.pem"}, False, "option tlsCaFile: needs .*tls"),
+        ({"nameserver": "h:1", "tls": "yes"}, False, "option tls: true or false"),
+        (
+            {"nameserver": "h:1", "tls": "true", "tlsCaFile": "/nonexistent.pem"},
+            False,
+            "option tlsCaFile: cafile: cannot load",
+        ),
     ],
 )
 def test_bad_options_name_the_option(options: dict, streaming: bool, message: str) -> None:
     with pytest.raises(OptionError, match=message):
         parse_options(options, streaming=streaming)
+
+
+def test_credentials_and_tls_options_reach_the_client_and_the_secret_is_not_in_the_repr() -> None:
+    options = parse_options(
+        {"nameserver": "h:1", "accessKey": "spark", "secretKey": "hunter2", "tls": "true"},
+        streaming=False,
+    )
+    assert "hunter2" not in repr(options)
+    credentials, tls = client_security(options)
+    assert credentials == Credentials("spark", "hunter2")
+    assert tls == TlsOptions()
+    assert client_security(parse_options({"nameserver": "h:1"}, streaming=False)) == (None, None)
 
 
 def test_offsets_json_round_trip() -> None:

@@ -4,7 +4,7 @@ The client is one object with the operations the gateway needs; each is done by 
 client that owns its concern, handed only what it uses:
 
 * `ConnectionPool` (pool.py): one connection per NameServer and broker, reopened on demand,
-  and bounded retries;
+  and bounded retries; TLS (tls.py) and request signing (acl.py) for every connection;
 * `NameServerRouting` (routing.py): topic routes (cached, refreshed in the background and
   after errors), the cluster's brokers, requests to the master serving a topic;
 * `Producer` (producer.py): sends and the choice of queue;
@@ -24,6 +24,7 @@ import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
+from bridge.storage.rocketmq.acl import Credentials, RequestSigner
 from bridge.storage.rocketmq.admin import Admin
 from bridge.storage.rocketmq.connection import RemotingConnection
 from bridge.storage.rocketmq.consumer import PullConsumer
@@ -32,6 +33,7 @@ from bridge.storage.rocketmq.messages import StoredMessage
 from bridge.storage.rocketmq.pool import ConnectionPool
 from bridge.storage.rocketmq.producer import Producer
 from bridge.storage.rocketmq.routing import NameServerRouting
+from bridge.storage.rocketmq.tls import TlsOptions
 from bridge.storage.rocketmq.types import (
     PERM_READ,
     PERM_WRITE,
@@ -71,7 +73,12 @@ class RocketMQClient:
         backoff_initial: float = 0.05,
         backoff_max: float = 1.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        credentials: Credentials | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
+        """`credentials`: sign every request (a cluster with authentication on); `tls`: open
+        every connection (NameServers and brokers) over TLS. Raises ValueError for no NameServer
+        and `TlsOptionsError` (a ValueError naming the option) for unusable TLS files."""
         addrs = namesrv_addr.split(";") if isinstance(namesrv_addr, str) else list(namesrv_addr)
         self.namesrv_addrs = [a.strip() for a in addrs if a.strip()]
         if not self.namesrv_addrs:
@@ -88,6 +95,9 @@ class RocketMQClient:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.max_frame_size = max_frame_size
+        self.signer = RequestSigner(credentials) if credentials is not None else None
+        """Signs every request, the hot path's pre-encoded sends included (None: unsigned)."""
+        self.tls = tls
         self._pool = ConnectionPool(
             request_timeout=request_timeout,
             connect_timeout=connect_timeout,
@@ -96,6 +106,8 @@ class RocketMQClient:
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             max_frame_size=max_frame_size,
+            ssl_context=tls.context() if tls is not None else None,
+            signer=self.signer,
         )
         self._routing = NameServerRouting(
             self._pool, self.namesrv_addrs, route_refresh_interval=route_refresh_interval
@@ -384,6 +396,11 @@ class RocketMQClient:
     async def unregister_client(self, group: str) -> None:
         """Leave consumer `group` now, at every master (`ConsumerMembership.unregister_client`)."""
         await self._membership.unregister_client(group)
+
+    async def check_access(self) -> None:
+        """Heartbeat every master now; RemotingError (`authentication_refused`) if a broker
+        refuses this client's credentials (see `ConsumerMembership.check_access`)."""
+        await self._membership.check_access()
 
     async def heartbeat(self) -> None:
         """Register this client with the brokers (HEART_BEAT) now; failures are logged."""

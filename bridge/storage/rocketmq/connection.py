@@ -6,6 +6,11 @@ with `BrokerUnavailable` at once. Frames written in one event-loop turn leave in
 write at the end of that turn (a pipelined burst of sends costs one system call, not one each).
 The client's `ConnectionPool` (pool.py) keeps one per NameServer and broker;
 `bridge.storage.rocketmq.remoting` re-exports both.
+
+A connection may be TLS (an `ssl.SSLContext` given to `open`) and may sign every request it
+encodes (a `RequestSigner`, acl.py): both are per connection so that the pool hands every
+NameServer and broker connection the same ones. Frames the caller encodes itself
+(`send_frame_nowait`) are signed by their encoder (`SendFrames`).
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import asyncio
 import itertools
 import logging
 import random
+import ssl
 from collections.abc import Callable, Mapping
 
+from bridge.storage.rocketmq.acl import RequestSigner, authentication_hint
 from bridge.storage.rocketmq.wire import (
     DEFAULT_MAX_FRAME_SIZE,
     FLAG_ONEWAY,
@@ -36,6 +43,7 @@ __all__ = [
     "RemotingError",
     "RemotingTimeout",
     "RocketMQError",
+    "refusal_message",
     "require_success",
 ]
 
@@ -48,6 +56,10 @@ reads a binary header with less work than it parses JSON (its codec threads are 
 its CPU per message); it answers in its own configured type (JSON by default), which
 `decode_command` reads either way. Both requests have no empty header values, which the binary
 form would turn into nulls."""
+
+
+TLS_CLOSE_TIMEOUT = 1.0
+"""Seconds `close` waits for a TLS connection's goodbye before dropping the socket."""
 
 
 def _header_type(code: int) -> SerializeType:
@@ -65,19 +77,49 @@ class RocketMQError(Exception):
     """Base class of this client's errors."""
 
 
+def refusal_message(code: int, remark: str | None, *, addr: str = "", request: int = 0) -> str:
+    """How an error answer reads in a log or an error: the answer itself, and for a broker
+    that refused our credentials the setting to fix first ("rocketmq_secret_key: the broker
+    refused the signature (...)")."""
+    try:
+        name = ResponseCode(code).name
+    except ValueError:
+        name = str(code)
+    answer = f"{addr} answered {name} ({code}) to request {request}: {remark or ''}"
+    hint = _credential_hint(code, remark)
+    if hint is None:
+        return answer
+    setting, summary = hint
+    return f"rocketmq_{setting}: {summary} ({answer})"
+
+
+def _credential_hint(code: int, remark: str | None) -> tuple[str, str] | None:
+    """`authentication_hint` of a NO_PERMISSION answer; None for any other answer."""
+    if code != ResponseCode.NO_PERMISSION:
+        return None
+    return authentication_hint(remark or "")
+
+
 class RemotingError(RocketMQError):
-    """The server answered with an error code (`code`, a `ResponseCode` value) and `remark`."""
+    """The server answered with an error code (`code`, a `ResponseCode` value) and `remark`.
+
+    When the broker refused the request's credentials (none, an unknown user, a wrong
+    signature), `refused_credential` says which to fix ("access_key" or "secret_key") and the
+    message starts with the setting's name; otherwise it is None."""
 
     def __init__(self, code: int, remark: str | None, *, addr: str = "", request: int = 0) -> None:
         self.code = code
         self.remark = remark or ""
         self.addr = addr
         self.request = request
-        try:
-            name = ResponseCode(code).name
-        except ValueError:
-            name = str(code)
-        super().__init__(f"{addr} answered {name} ({code}) to request {request}: {self.remark}")
+        hint = _credential_hint(code, self.remark)
+        self.refused_credential = hint[0] if hint is not None else None
+        super().__init__(refusal_message(code, self.remark, addr=addr, request=request))
+
+    @property
+    def authentication_refused(self) -> bool:
+        """Whether the broker refused the request's credentials (see `refused_credential`)."""
+        return self.refused_credential is not None
 
 
 def require_success(response: RemotingCommand, request: int) -> None:
@@ -133,9 +175,24 @@ class RemotingConnection:
 
     _opaques = itertools.count(random.randrange(1 << 20))
 
-    def __init__(self, addr: str, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(
+        self,
+        addr: str,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        signer: RequestSigner | None = None,
+        tls: bool = False,
+    ) -> None:
         self.addr = addr
+        self.signer = signer
+        """Signs every request this connection encodes (None: requests go unsigned)."""
         self._decoder = FrameDecoder(max_frame_size)
+        self._answered = False
+        """Whether the server ever sent a byte (a TLS-only server closes a plain-text client's
+        connection without one)."""
+        self._tls = tls
+        self._lost = asyncio.Event()
+        """Set when the transport reports the connection gone (`connection_lost`)."""
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._callbacks: dict[int, ResponseCallback] = {}
         self._transport: asyncio.Transport | None = None
@@ -153,14 +210,27 @@ class RemotingConnection:
         *,
         connect_timeout: float = 3.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        ssl_context: ssl.SSLContext | None = None,
+        signer: RequestSigner | None = None,
     ) -> RemotingConnection:
-        """Connect to `addr` ("host:port"); BrokerUnavailable if that fails or times out."""
+        """Connect to `addr` ("host:port"), over TLS with `ssl_context` (the TLS handshake is
+        part of the connect and its timeout); BrokerUnavailable if that fails or times out."""
         host, _, port = addr.rpartition(":")
-        conn = cls(addr, max_frame_size=max_frame_size)
+        conn = cls(addr, max_frame_size=max_frame_size, signer=signer, tls=ssl_context is not None)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout):
-                await loop.create_connection(lambda: _Protocol(conn), host.strip("[]"), int(port))
+                await loop.create_connection(
+                    lambda: _Protocol(conn), host.strip("[]"), int(port), ssl=ssl_context
+                )
+        except ssl.SSLError as exc:
+            # A certificate that does not verify, or a server that does not speak TLS: the
+            # same answer on every retry, so say which setting to look at.
+            raise BrokerUnavailable(
+                f"cannot connect to {addr}: TLS handshake failed ({exc}); check "
+                "rocketmq_tls_cafile / rocketmq_tls_verify_hostname and that the server has TLS on",
+                maybe_delivered=False,
+            ) from exc
         except (OSError, TimeoutError, ValueError) as exc:
             raise BrokerUnavailable(
                 f"cannot connect to {addr}: {exc!r}", maybe_delivered=False
@@ -202,7 +272,7 @@ class RemotingConnection:
                 RemotingCommand(
                     code=code,
                     opaque=opaque,
-                    ext_fields=dict(ext_fields or {}),
+                    ext_fields=self._fields(ext_fields, body),
                     body=body,
                     serialize_type=_header_type(code),
                 )
@@ -233,7 +303,7 @@ class RemotingConnection:
             RemotingCommand(
                 code=code,
                 opaque=opaque,
-                ext_fields=dict(ext_fields),
+                ext_fields=self._fields(ext_fields, body),
                 body=body,
                 serialize_type=_header_type(code),
             )
@@ -293,20 +363,38 @@ class RemotingConnection:
                 code=code,
                 opaque=opaque,
                 flag=FLAG_ONEWAY,
-                ext_fields=dict(ext_fields or {}),
+                ext_fields=self._fields(ext_fields, body),
                 body=body,
             )
         )
 
     async def close(self) -> None:
-        """Close the connection; pending requests fail with BrokerUnavailable."""
-        if self._transport is not None and not self.closed:
+        """Close the connection; pending requests fail with BrokerUnavailable. A TLS
+        connection is closed with the TLS goodbye (close_notify), waited for at most
+        `TLS_CLOSE_TIMEOUT` seconds before the socket is dropped."""
+        transport = self._transport
+        closing = transport is not None and not self.closed
+        if transport is not None and closing:
             self._send_outgoing()  # what was written before close() still goes out
-            self._transport.close()
+            transport.close()
         self._fail(BrokerUnavailable(f"connection to {self.addr} closed by the client"))
         await self._closed_event.wait()
+        if transport is not None and closing and self._tls:
+            # The TLS transport lives on until the goodbye is through; an event loop closed
+            # before that finds it still open.
+            try:
+                async with asyncio.timeout(TLS_CLOSE_TIMEOUT):
+                    await self._lost.wait()
+            except TimeoutError:
+                transport.abort()
 
     # -- internals
+
+    def _fields(self, ext_fields: Mapping[str, str] | None, body: bytes) -> dict[str, str]:
+        """A copy of the request's fields, signed when this connection signs."""
+        if self.signer is None:
+            return dict(ext_fields or {})
+        return self.signer.signed(ext_fields, body)
 
     async def _write(self, cmd: RemotingCommand) -> None:
         if self._closed is not None:
@@ -321,6 +409,7 @@ class RemotingConnection:
         self._queue_frame(encode_command(cmd))
 
     def _data_received(self, data: bytes) -> None:
+        self._answered = True
         try:
             commands = self._decoder.feed(data)
         except RemotingProtocolError as exc:
@@ -352,7 +441,14 @@ class RemotingConnection:
                 self._queue_frame(encode_command(reply))
 
     def _connection_lost(self, exc: Exception | None) -> None:
+        self._lost.set()
         reason = f": {exc!r}" if exc else ""
+        if not self._answered and not self._tls and self._closed is None:
+            reason += " (closed before any answer: a TLS-only server? see rocketmq_tls)"
+        elif isinstance(exc, ssl.SSLError) and "CERTIFICATE_REQUIRED" in str(exc):
+            # TLS 1.3: the server's refusal of a missing client certificate arrives after the
+            # handshake, at the first read.
+            reason += " (the server requires a client certificate: rocketmq_tls_certfile)"
         self._fail(BrokerUnavailable(f"connection to {self.addr} lost{reason}"))
 
     def _fail(self, error: BrokerUnavailable) -> None:

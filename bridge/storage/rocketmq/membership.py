@@ -170,6 +170,28 @@ class ConsumerMembership:
                         "heartbeat to %s refused: code %s, %s", addr, response.code, response.remark
                     )
 
+    async def check_access(self) -> None:
+        """Heartbeat every master of the cluster now and raise the RemotingError of the first
+        one that refuses our credentials (`authentication_refused`), so a client with missing
+        or wrong credentials fails when it starts, naming the setting, not at its first send.
+        Other failures are left to the periodic heartbeats."""
+        async with self._lock:
+            body = self._heartbeat_data()
+            addrs = await self._routing.master_addrs(include_cluster=True)
+        for addr in addrs:
+            try:
+                response = await self._pool.call(addr, RequestCode.HEART_BEAT, {}, body)
+            except RocketMQError as exc:
+                log.warning("heartbeat to %s failed: %s", addr, exc)
+                continue
+            if response.code != ResponseCode.SUCCESS:
+                error = RemotingError(
+                    response.code, response.remark, addr=addr, request=RequestCode.HEART_BEAT
+                )
+                if error.authentication_refused:
+                    raise error
+                log.warning("heartbeat to %s refused: %s", addr, error)
+
     def _heartbeat_data(self) -> bytes:
         """The HEART_BEAT body: `HeartbeatData` as JSON.
 

@@ -3,15 +3,18 @@
 One `RemotingConnection` per NameServer or broker address, opened on first use and opened again
 after it was lost. `call` sends one request with bounded retries: at most `max_attempts` tries
 within `retry_deadline` seconds, with exponential backoff (and jitter) between reconnects.
+Every connection gets the pool's TLS context and request signer, if any.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 from collections.abc import Mapping
 
+from bridge.storage.rocketmq.acl import RequestSigner
 from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingConnection
 from bridge.storage.rocketmq.wire import RemotingCommand
 
@@ -35,6 +38,8 @@ class ConnectionPool:
         backoff_initial: float,
         backoff_max: float,
         max_frame_size: int,
+        ssl_context: ssl.SSLContext | None = None,
+        signer: RequestSigner | None = None,
     ) -> None:
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
@@ -43,6 +48,10 @@ class ConnectionPool:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.max_frame_size = max_frame_size
+        self.ssl_context = ssl_context
+        """Every connection is TLS with this context (None: plain TCP)."""
+        self.signer = signer
+        """Signs every request (None: the cluster does not authenticate)."""
         self.closed = False
         """Set when the client closes: no connection is opened any more."""
         self._conns: dict[str, RemotingConnection] = {}
@@ -63,6 +72,8 @@ class ConnectionPool:
                     addr,
                     connect_timeout=self.connect_timeout,
                     max_frame_size=self.max_frame_size,
+                    ssl_context=self.ssl_context,
+                    signer=self.signer,
                 )
                 self._conns[addr] = conn
             return conn

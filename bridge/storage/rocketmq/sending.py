@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.storage.base import Message, StoreUnavailable
+from bridge.storage.rocketmq.acl import authentication_hint
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import (
     BrokerUnavailable,
     RemotingConnection,
     RemotingError,
     RocketMQError,
+    refusal_message,
 )
 from bridge.storage.rocketmq.groups import BrokerGroups, group_seq, part_name
 from bridge.storage.rocketmq.mapping import MULTI_DISPATCH, PROP_NOTIFY_SKIP, to_rocketmq
@@ -169,7 +171,7 @@ class SendPipeline:
         self._pump_task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._targets: dict[str, _Target] = {}
-        self._frames = SendFrames(client.producer_group)
+        self._frames = SendFrames(client.producer_group, signer=client.signer)
 
     @property
     def pending(self) -> int:
@@ -343,7 +345,15 @@ class SendPipeline:
             if response.code in (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.NO_PERMISSION):
                 self._targets.pop(send.topic, None)
                 self._client.invalidate_route(send.topic)
-            if send.group and (response.code == ResponseCode.NO_PERMISSION or reason is not None):
+            refused = response.code == ResponseCode.NO_PERMISSION and (
+                authentication_hint(response.remark or "") is not None
+            )
+            if refused:
+                # Our credentials, not the group: every group would answer the same.
+                reason = refusal_message(
+                    response.code, response.remark, addr=send.conn.addr if send.conn else ""
+                )
+            elif send.group and (response.code == ResponseCode.NO_PERMISSION or reason is not None):
                 # Drained (no write permission), or its slave does not confirm (SYNC_MASTER):
                 # the group cannot make messages durable now, so its topics go elsewhere.
                 self._group_failed(send.group, send.topic)
@@ -353,7 +363,7 @@ class SendPipeline:
                 StoreUnavailable(
                     f"RocketMQ did not store the message: {reason or response.remark} "
                     f"(code {response.code})",
-                    maybe_stored=reason is not None,
+                    maybe_stored=reason is not None and not refused,
                 ),
             )
         self._complete_in_order()

@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bridge.storage.base import Message, MetaUpdate, ReadResult, Stored, StoreUnavailable
+from bridge.storage.rocketmq.acl import Credentials
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingError, RocketMQError
 from bridge.storage.rocketmq.groups import BrokerGroups, group_seq, part_name, split_part
@@ -85,6 +86,7 @@ from bridge.storage.rocketmq.sending import (
     future_callback,
     new_send,
 )
+from bridge.storage.rocketmq.tls import TlsOptions
 from bridge.storage.rocketmq.types import DEFAULT_TOPIC, PERM_WRITE, BrokerInfo, PullStatus
 from bridge.storage.rocketmq.wire import RemotingProtocolError, ResponseCode
 
@@ -145,6 +147,8 @@ class RocketMQStore:
         meta_segment_bytes: int = 16 * 1024 * 1024,
         session_meta: KeyedRecords | None = None,
         group_refresh: float = 5.0,
+        credentials: Credentials | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
         self.namesrv_addr = namesrv_addr
         self.data_dir = Path(data_dir)
@@ -170,6 +174,8 @@ class RocketMQStore:
             client_id=f"{node_id}@{os.getpid()}",
             producer_group=producer_group,
             request_timeout=send_timeout,
+            credentials=credentials,
+            tls=tls,
         )
         # Reads (and notify's long polls) on connections of their own: pull answers are large,
         # and a broker whose writes to a connection back up stops reading it, which would hold
@@ -181,6 +187,8 @@ class RocketMQStore:
             # LMQ reads need an LMQ-named group: the broker keeps no group config for those.
             consumer_group=f"{LMQ_PREFIX}{producer_group}-{namespace or 'reader'}",
             request_timeout=send_timeout,
+            credentials=credentials,
+            tls=tls,
         )
         self._open = False
         self._closing = False
@@ -224,6 +232,7 @@ class RocketMQStore:
             if not any(b.master_addr for b in brokers.values()):
                 raise BrokerUnavailable("no master broker is registered", maybe_delivered=False)
             self._learn_groups(brokers)
+            await self._client.check_access()
             await self._learn_write_permissions()
             self._ends.avg_size = self._meta.saved_avg_size()
             known = self._meta.known_queues()
@@ -240,6 +249,8 @@ class RocketMQStore:
             await self._meta.close_local()
             if isinstance(exc, StoreUnavailable):
                 raise
+            if isinstance(exc, RemotingError) and exc.authentication_refused:
+                raise StoreUnavailable(str(exc)) from exc  # starts with the setting to fix
             raise StoreUnavailable(f"RocketMQ at {self.namesrv_addr} is not usable: {exc}") from exc
         self._open = True
         self._pipeline.start()
