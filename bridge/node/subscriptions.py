@@ -19,6 +19,7 @@ from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_filter
 from bridge.node.positions import Ends, learn_ends, parts_read, start_reading_at, stop_reading
+from bridge.node.quotas import subscription_fault
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import ClientLink, Spawner, Waker
 from bridge.node.stamp import Stamper
@@ -57,6 +58,7 @@ class Subscriptions:
         offsets_moved: Callable[[Session], None],
         topic_fault: Callable[[str], str | None],
         spawn: Spawner,
+        max_subscriptions: int = 0,
     ) -> None:
         self.trie = trie
         self.shared = shared
@@ -69,6 +71,8 @@ class Subscriptions:
         self.offsets_moved = offsets_moved
         self.topic_fault = topic_fault
         self.spawn = spawn
+        self.max_subscriptions = max_subscriptions
+        """Filters one session may hold (`max_subscriptions_per_client`; 0: no limit)."""
         self.cluster: Cluster | None = None
 
     # -- the tables ---------------------------------------------------------------------------
@@ -185,6 +189,17 @@ class Subscriptions:
                 )
                 continue
             existed = topic_filter in session.subscriptions or topic_filter in session.shared
+            if not existed and self.max_subscriptions:
+                held = len(session.subscriptions) + len(session.shared)
+                fault = subscription_fault(held, self.max_subscriptions)
+                if fault:
+                    self.metrics.inc("quota_refused_subscriptions")
+                    codes.append(
+                        self._refuse_filter(
+                            session, topic_filter, fault, ReasonCode.QUOTA_EXCEEDED if v5 else 0x80
+                        )
+                    )
+                    continue
             options = SubOptions(sub.no_local, sub.retain_as_published, identifier)
             if options != _NO_OPTIONS:
                 session.set_options(topic_filter, options)
