@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel, Subscription, Will
+from bridge.mqtt.properties import PropertyId as P
 from bridge.mqtt.reasons import ReasonCode as R
 from tests.integration.admin_http import TOKEN, AdminHttp
 from tests.support.clients import RawClient
@@ -323,3 +324,42 @@ def test_max_topic_levels_holds_for_publish_subscribe_and_will_topics(
         R.TOPIC_NAME_INVALID
     )
     assert RawClient(bridge.port).connect("quota-lw3", will=will).return_code != 0
+
+
+# -- retained messages on SUBSCRIBE ------------------------------------------------------------
+
+
+def test_repeated_subscribes_do_not_store_unsent_retained_copies_again(
+    node: tuple[BridgeProcess, AdminHttp],
+) -> None:
+    bridge, api = node
+    topics = ["qc/a", "qc/b", "qc/c"]
+    first = v5_client(bridge.port, "quota-c-pub1")
+    assert retain(first, topics[0], b"1", 1) == 0
+    assert retain(first, topics[1], b"2", 2) == 0
+    first.disconnect()
+    second = v5_client(bridge.port, "quota-c-pub2")
+    assert retain(second, topics[2], b"3", 1) == 0
+    second.disconnect()
+    stored_before = counter(api, "retained_copies_stored")
+    reader = RawClient5(bridge.port)
+    connack = reader.connect("quota-c-reader", properties={P.RECEIVE_MAXIMUM: 1})
+    assert connack.return_code == 0
+    assert reader.subscribe_many(Subscription("qc/#", 1)) == [1]
+    held = reader.recv_publish()  # one in flight (Receive Maximum 1), not acknowledged yet
+    for packet_id in range(2, 7):
+        assert reader.subscribe_many(Subscription("qc/#", 1), packet_id=packet_id) == [1]
+    # Three copies for the first SUBSCRIBE, one more for the message already sent; the five
+    # later SUBSCRIBEs found the others still waiting unsent.
+    assert counter(api, "retained_copies_stored") == stored_before + 4
+    reader.acknowledge(held)
+    received = [held.topic]
+    for _ in range(3):
+        message = reader.recv_publish()
+        assert message.retain
+        reader.acknowledge(message)
+        received.append(message.topic)
+    reader.assert_nothing()
+    assert sorted(received) == sorted([held.topic, *topics])
+    reader.disconnect()
+    clear(bridge.port, *topics)

@@ -12,6 +12,7 @@ from bridge.node.quotas import (
     will_fault,
 )
 from bridge.node.retained import RetainedMessages
+from bridge.node.retained_copies import RetainedCopies
 from bridge.state import encode_message
 from bridge.storage.base import Message
 
@@ -94,3 +95,22 @@ def test_retained_messages_tally_what_they_keep_from_clients_peers_and_the_store
     assert retained.tally.count == 1
     retained.restore({"d": encode_message(_message("d", b"dddd", "dave"))})
     assert (retained.tally.count, retained.tally.bytes, retained.tally.of("bob")) == (1, 5, (0, 0))
+
+
+def test_a_retained_copy_counts_as_unsent_until_the_clients_cursor_passes_the_queues_end() -> None:
+    copies = RetainedCopies()
+    copy = ("key-1", 1, ())
+    assert not copies.unsent("c", copy, {"c:c": 0})
+    copies.queued("c", copy, {"c:c": 3})
+    assert copies.unsent("c", copy, {"c:c": 3})
+    assert not copies.unsent("c", ("key-1", 2, ()), {"c:c": 3})  # another QoS: another copy
+    assert not copies.unsent("c", copy, {})  # no cursor: it may start past the copy
+    copies.prune("c", {"c:c": 3})
+    assert len(copies) == 1
+    copies.prune("c", {"c:c": 4})  # sent: a later SUBSCRIBE stores a fresh copy
+    assert len(copies) == 0 and not copies.unsent("c", copy, {"c:c": 4})
+    copies.queued("c", copy, {"c:c": 4})
+    copies.drop("c", copy)
+    copies.queued("d", copy, {"c:d": 0})
+    copies.forget("d")
+    assert len(copies) == 0
