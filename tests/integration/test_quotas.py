@@ -68,6 +68,17 @@ def counter(api: AdminHttp, name: str) -> float:
     return 0.0
 
 
+def gauge(api: AdminHttp, name: str) -> float:
+    """mqtt_bridge_<name> in /metrics."""
+    status, text = api.get("/metrics")
+    assert status == 200
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"mqtt_bridge_{name}":
+                return sample.value
+    raise AssertionError(f"mqtt_bridge_{name} not in /metrics")
+
+
 def v5_client(port: int, client_id: str) -> RawClient5:
     client = RawClient5(port)
     assert client.connect(client_id).return_code == 0
@@ -141,6 +152,7 @@ def test_a_v5_retained_publish_past_the_publishers_count_gets_0x97_and_is_not_ke
     client.disconnect()
     assert retained_topics(bridge.port, "quota-r5-reader", "qr5/#") == {"qr5/a", "qr5/c"}
     assert counter(api, "quota_refused_retained") == before + 2
+    assert gauge(api, "retained_bytes") == len("qr5/areplaced") + len("qr5/c3")
     assert "retained_max_messages_per_client=2 reached by 'quota-r5'" in bridge.log_text()
     clear(bridge.port, "qr5/a", "qr5/c")
 
