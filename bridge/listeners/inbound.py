@@ -1,8 +1,10 @@
 """A client's PUBLISHes into the node: checks, the answer (PUBACK/PUBREC/PUBCOMP), and the flow
 control that slows a publisher instead of losing its messages.
 
-`Inbound` belongs to one `Connection`. It checks a PUBLISH (limits, `$SYS`, the ACL, and for
-MQTT 5.0 the topic alias, the payload format and the Receive Maximum), hands it to the node's
+`Inbound` belongs to one `Connection`. It checks a PUBLISH (limits, `$SYS`, the ACL, the quotas
+on what the node keeps for it: retained and delayed messages, QoS 2 awaiting PUBREL,
+`bridge.node.quotas`; and for MQTT 5.0 the topic alias, the payload format and the Receive
+Maximum), hands it to the node's
 publisher and acknowledges it once it is durable, in packet order. It pauses the socket while
 too many of the client's messages wait for the store (`max_inbound_pending`) and holds
 acknowledgements while a subscriber of them is far behind (`hold_acks`).
