@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from bridge.storage.rocketmq import Credentials, TlsOptions
 
-MiB = 1024 * 1024
+KiB = 1024
+MiB = 1024 * KiB
 
 
 @dataclass(slots=True)
@@ -91,6 +92,15 @@ class Config:
     max_message_properties: int = 8192
     delayed_max_seconds: int = 3 * 24 * 3600
     delayed_max_pending: int = 100_000
+    delayed_max_bytes: int = 256 * MiB
+    delayed_max_bytes_per_client: int = 16 * MiB
+    retained_max_messages: int = 100_000
+    retained_max_bytes: int = 256 * MiB
+    retained_max_messages_per_client: int = 10_000
+    retained_max_bytes_per_client: int = 16 * MiB
+    max_subscriptions_per_client: int = 1000
+    max_awaiting_rel: int = 100
+    max_will_bytes: int = 64 * KiB
     server_reference: str = ""
     max_queued_messages: int = 10000
     max_queued_bytes: int = 64 * MiB
@@ -238,6 +248,25 @@ SETTINGS: dict[str, str] = {
     "keep it within the broker's timerMaxDelaySec (3 days by default)",
     "delayed_max_pending": "delayed publishes the embedded store holds (their payloads stay in "
     "memory); more get 0x97 (3.1.1: disconnect). RocketMQ's broker holds its own",
+    "delayed_max_bytes": "bytes of payload and topic the embedded store's delayed publishes "
+    "hold together; more get 0x97 (3.1.1: disconnect)",
+    "delayed_max_bytes_per_client": "bytes of payload and topic one client's delayed publishes "
+    "waiting in the embedded store may hold; more get 0x97 (3.1.1: disconnect)",
+    "retained_max_messages": "retained messages kept (the cluster's, every node holds them all); "
+    "a retained PUBLISH for a new topic beyond it gets PUBACK/PUBREC 0x97 (QoS 0 and 3.1.1: "
+    "disconnect); clearing one is always allowed",
+    "retained_max_bytes": "bytes of payload and topic all retained messages hold together "
+    "(beyond: as retained_max_messages)",
+    "retained_max_messages_per_client": "retained messages one publisher's ClientId may have set "
+    "(beyond: as retained_max_messages)",
+    "retained_max_bytes_per_client": "bytes of payload and topic of the retained messages one "
+    "publisher's ClientId may have set (beyond: as retained_max_messages)",
+    "max_subscriptions_per_client": "topic filters (shared ones included) one session may hold; "
+    "a new filter beyond gets SUBACK 0x97 (3.1.1: 0x80); replacing a filter does not count",
+    "max_awaiting_rel": "QoS 2 messages one client may have PUBRECed and not yet released "
+    "(PUBREL); one more gets PUBREC 0x97 (3.1.1: disconnect)",
+    "max_will_bytes": "largest will payload a CONNECT may carry; larger gets CONNACK 0x97 "
+    "(3.1.1: 3, server unavailable)",
     "server_reference": "MQTT 5.0: the address v5 clients are told to use instead when this "
     "node shuts down (DISCONNECT 0x8B), e.g. the load balancer's; empty: another live node's",
     "max_queued_messages": "messages queued for an offline session before the oldest drop "
@@ -612,6 +641,15 @@ def validate(config: Config) -> None:
         "receive_maximum",
         "max_message_properties",
         "delayed_max_pending",
+        "delayed_max_bytes",
+        "delayed_max_bytes_per_client",
+        "retained_max_messages",
+        "retained_max_bytes",
+        "retained_max_messages_per_client",
+        "retained_max_bytes_per_client",
+        "max_subscriptions_per_client",
+        "max_awaiting_rel",
+        "max_will_bytes",
         "max_queued_messages",
         "max_queued_bytes",
         "write_buffer_high",

@@ -1,8 +1,10 @@
 """A client's PUBLISHes into the node: checks, the answer (PUBACK/PUBREC/PUBCOMP), and the flow
 control that slows a publisher instead of losing its messages.
 
-`Inbound` belongs to one `Connection`. It checks a PUBLISH (limits, `$SYS`, the ACL, and for
-MQTT 5.0 the topic alias, the payload format and the Receive Maximum), hands it to the node's
+`Inbound` belongs to one `Connection`. It checks a PUBLISH (limits, `$SYS`, the ACL, the quotas
+on what the node keeps for it: retained and delayed messages, QoS 2 awaiting PUBREL,
+`bridge.node.quotas`; and for MQTT 5.0 the topic alias, the payload format and the Receive
+Maximum), hands it to the node's
 publisher and acknowledges it once it is durable, in packet order. It pauses the socket while
 too many of the client's messages wait for the store (`max_inbound_pending`) and holds
 acknowledgements while a subscriber of them is far behind (`hold_acks`).
@@ -23,6 +25,7 @@ from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import topic_limit_error
 from bridge.node.qos2_in import publish_again, release
+from bridge.node.quotas import awaiting_rel_fault
 from bridge.node.roles import PAUSED_BY_STORE
 from bridge.storage.base import StoreUnavailable
 from bridge.storage.metadata import metadata_size
@@ -117,14 +120,23 @@ class Inbound:
                 packet, ReasonCode.NOT_AUTHORIZED, "acl_denied_publish", "denied by the ACL"
             )
             return False
+        if packet.retain and packet.payload and delayed is None and not self._retained_fits(packet):
+            return False
         if packet.qos == 0:
             self.publisher.publish_qos0(session, packet, delayed)
             return True
         packet_id = packet.packet_id
         assert packet_id is not None
-        if packet.qos == 2 and packet_id in session.inbound_qos2:
-            self._publish_again(session, packet, packet_id)
-            return False
+        if packet.qos == 2:
+            if packet_id in session.inbound_qos2:
+                self._publish_again(session, packet, packet_id)
+                return False
+            fault = awaiting_rel_fault(len(session.inbound_qos2), self.config.max_awaiting_rel)
+            if fault:
+                self._refuse_or_close(
+                    packet, ReasonCode.QUOTA_EXCEEDED, "quota_refused_awaiting_rel", fault
+                )
+                return False
         qos = packet.qos
         self.pending += 1  # before publish: a failing store may call back at once
         self.publisher.publish(session, packet, _Acknowledge(self, qos, packet_id), delayed)
@@ -185,21 +197,46 @@ class Inbound:
             reason, why = exc.reason, exc.why
         else:
             assert delayed is not None
-            pending = self.publisher.delayed
-            session = conn.session
-            resend = (
-                packet.qos == 2 and session is not None and packet.packet_id in session.inbound_qos2
-            )
-            if not pending.full() or resend:
+            fault = None
+            if not self._resent(packet):
+                index = self.publisher.delayed
+                fault = index.refusal(delayed.topic, conn.client_id, packet.payload)
+            if fault is None:
                 return delayed
-            reason = ReasonCode.QUOTA_EXCEEDED
-            why = f"delayed_max_pending={pending.max_pending} delayed publishes wait already"
-        if conn.v5 is not None and packet.qos:
-            self._refuse(packet, reason, "delayed_refused", why)
-        else:
-            node.metrics.inc("delayed_refused")
-            conn.close(f"PUBLISH to {packet.topic[:64]!r}: {why}", reason_code=reason)
+            node.metrics.inc("quota_refused_delayed")
+            reason, why = ReasonCode.QUOTA_EXCEEDED, fault
+        self._refuse_or_close(packet, reason, "delayed_refused", why)
         return None
+
+    def _resent(self, packet: Publish) -> bool:
+        """Whether `packet` is a resend of a QoS 2 message held already (never refused again:
+        it was accepted once)."""
+        session = self.conn.session
+        return packet.qos == 2 and session is not None and packet.packet_id in session.inbound_qos2
+
+    def _retained_fits(self, packet: Publish) -> bool:
+        """Whether a retained PUBLISH with a payload may set its topic's retained message within
+        the `retained_max_*` quotas; if not the client was answered (`_refuse_or_close`)."""
+        if self._resent(packet):
+            return True
+        client_id = self.conn.client_id
+        fault = self.publisher.retained.fault_setting(packet.topic, client_id, packet.payload)
+        if fault is None:
+            return True
+        self._refuse_or_close(packet, ReasonCode.QUOTA_EXCEEDED, "quota_refused_retained", fault)
+        return False
+
+    def _refuse_or_close(self, packet: Publish, reason: int, counter: str, why: str) -> None:
+        """Refuse a PUBLISH the node will not keep, without acknowledging it as accepted: a v5
+        QoS 1/2 one gets PUBACK/PUBREC with `reason` (`_refuse`); a v5 QoS 0 one, which has no
+        answer, and any 3.1.1 one, which has no negative answer, get DISCONNECT (3.1.1: the
+        connection closed) naming the fault in the log. Counted under `counter`."""
+        conn = self.conn
+        if conn.v5 is not None and packet.qos:
+            self._refuse(packet, reason, counter, why)
+            return
+        conn.node.metrics.inc(counter)
+        conn.close(f"PUBLISH to {packet.topic[:64]!r}: {why}", reason_code=reason)
 
     def _refuse(self, packet: Publish, reason: int, counter: str, why: str) -> None:
         """Drop a PUBLISH the client may not send. A v5 client gets PUBACK/PUBREC with the

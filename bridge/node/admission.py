@@ -25,6 +25,7 @@ from bridge.mqtt.delayed import is_delayed
 from bridge.mqtt.packets import Connack, Connect
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode, connack_311
+from bridge.node.quotas import will_fault
 from bridge.node.roles import ClientLink
 from bridge.operations.metrics import Metrics
 from bridge.storage.metadata import metadata_size
@@ -252,6 +253,11 @@ class Admission:
                 f"{self.config.max_message_properties} bytes",
                 level,
             )
+            return False, None, client_id
+        fault = will_fault(len(will.payload), self.config.max_will_bytes) if will else None
+        if fault:
+            self.metrics.inc("quota_refused_will")
+            self.refuse(conn, ReasonCode.QUOTA_EXCEEDED, fault, level)
             return False, None, client_id
         if will is not None and (is_delayed(will.topic) or will.topic.startswith("$SYS")):
             # What a client may not publish, its will may not either; a will is delayed by its

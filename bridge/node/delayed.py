@@ -27,12 +27,17 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
+from bridge.node.quotas import Quota, Tally, kept_size
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import DurableCallback
 from bridge.operations.metrics import Metrics
 from bridge.state import KIND_DELAYED, decode_message, encode_message
 from bridge.storage.base import Message, MessageStore, MetaUpdate, TimerStore
+
+if TYPE_CHECKING:
+    from bridge.config import Config
 
 log = logging.getLogger("bridge.node")
 
@@ -43,6 +48,18 @@ RETRY_SECONDS = 1.0
 """A delivery the store refused is tried again after this long."""
 MAX_SLEEP_SECONDS = 60.0
 """The timer looks again at least this often (a wall-clock step cannot leave it asleep)."""
+
+
+def delayed_quota(config: Config) -> Quota:
+    """The limits of the embedded index the configuration sets (the payloads it holds live in
+    memory, so bytes are bounded as well as the count)."""
+    return Quota(
+        config.delayed_max_pending,
+        config.delayed_max_bytes,
+        0,
+        config.delayed_max_bytes_per_client,
+        ("delayed_max_pending", "delayed_max_bytes", "", "delayed_max_bytes_per_client"),
+    )
 
 
 def _now_ms() -> int:
@@ -59,15 +76,17 @@ class DelayedPublishes:
         metrics: Metrics,
         retained: RetainedMessages,
         route_submit: RouteSubmit,
-        max_pending: int,
+        quota: Quota,
     ) -> None:
         self._store = store
         self._timers: TimerStore | None = store if isinstance(store, TimerStore) else None
         self._metrics = metrics
         self._retained = retained
         self._route_submit = route_submit
-        self.max_pending = max_pending
-        """Most delayed publishes the embedded index holds (their payloads live in memory)."""
+        self.quota = quota
+        """The index's limits (`delayed_quota`): count, bytes, bytes per publisher."""
+        self.tally = Tally()
+        """Count and bytes of the publishes in the index, in total and per publisher."""
         self._records: dict[str, bytes] | None = None
         self._heap: list[tuple[int, str]] = []
         self._firing: set[str] = set()
@@ -88,10 +107,13 @@ class DelayedPublishes:
             return None
         return len(self._records) if self._records is not None else 0
 
-    def full(self) -> bool:
-        """Whether the index holds `max_pending` publishes already (a new one is refused)."""
-        pending = self.pending()
-        return pending is not None and pending >= self.max_pending
+    def refusal(self, topic: str, publisher: str, payload: bytes) -> str | None:
+        """Whether a new delayed publish to `topic` from `publisher` is refused: a sentence
+        naming the limit the index would pass, or None (always None where the broker holds
+        them). The key of a new publish is never in the index: it is counted as one more."""
+        if self._timers is not None:
+            return None
+        return self.tally.fault_adding("", publisher, kept_size(topic, payload), self.quota)
 
     # -- storing ------------------------------------------------------------------------------
 
@@ -125,6 +147,7 @@ class DelayedPublishes:
             if error is None:
                 metrics.counters["delayed_scheduled"] += 1
                 if self._timers is None:
+                    self._count(message)
                     self._push(message.timestamp_ms, message.key)
             on_durable(seq, error)
 
@@ -145,13 +168,15 @@ class DelayedPublishes:
             return
         self._running = True
         records = self._records = self._store.meta(KIND_DELAYED)
+        self.tally.clear()
         for key, data in list(records.items()):
             try:
-                due = decode_message(data).timestamp_ms
+                message = decode_message(data)
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("delayed publish %s: unreadable index record skipped: %s", key, exc)
                 continue
-            self._heap.append((due, key))
+            self._count(message)
+            self._heap.append((message.timestamp_ms, key))
         heapq.heapify(self._heap)
         if self._heap:
             now = _now_ms()
@@ -168,6 +193,10 @@ class DelayedPublishes:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+    def _count(self, message: Message) -> None:
+        """`message` waits in the index from now on: count it against the quota."""
+        self.tally.add(message.key, message.publisher, kept_size(message.topic, message.payload))
 
     def _push(self, due: int, key: str) -> None:
         heapq.heappush(self._heap, (due, key))
@@ -216,6 +245,7 @@ class DelayedPublishes:
             self._firing.discard(key)
             if error is None:
                 metrics.counters["delayed_delivered"] += 1
+                self.tally.remove(key)
                 return
             log.warning(
                 "delayed publish to %r not delivered yet (retrying in %.0f s): %s",

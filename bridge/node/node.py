@@ -41,6 +41,7 @@ from bridge.node.positions import start_new_parts
 from bridge.node.presubscribe import parse_presubscriptions
 from bridge.node.publish import Publisher
 from bridge.node.qos0_flow import Qos0Flow
+from bridge.node.quotas import Quota
 from bridge.node.retained import RetainedMessages
 from bridge.node.stamp import Stamper
 from bridge.node.subscriptions import Subscriptions
@@ -86,7 +87,20 @@ class Node:
         self.sessions: dict[str, Session] = {}
         self.connections: ConnectionTable[ClientLink] = ConnectionTable()
         self.deliveries: dict[str, Delivery] = {}
-        self.retained = RetainedMessages()
+        self.retained = RetainedMessages(
+            Quota(
+                config.retained_max_messages,
+                config.retained_max_bytes,
+                config.retained_max_messages_per_client,
+                config.retained_max_bytes_per_client,
+                (
+                    "retained_max_messages",
+                    "retained_max_bytes",
+                    "retained_max_messages_per_client",
+                    "retained_max_bytes_per_client",
+                ),
+            )
+        )
         self.stamper = Stamper(self.node_id)
         self.access = AccessControl(config)
         self.bans = BanList(
@@ -144,6 +158,7 @@ class Node:
             stamper=self.stamper,
             waker=self.publisher,
             offsets_moved=self.housekeeper.mark_offsets_dirty,
+            max_subscriptions=config.max_subscriptions_per_client,
             topic_fault=self.check_topic_limits,
             spawn=self.spawn,
         )

@@ -19,7 +19,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.delayed import DelayedTopic
 from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
-from bridge.node.delayed import DelayedPublishes
+from bridge.node.delayed import DelayedPublishes, delayed_quota
 from bridge.node.outbound import live_copy, shared_v5_publish
 from bridge.node.positions import reread_ends
 from bridge.node.retained import RetainedMessages
@@ -95,7 +95,7 @@ class Publisher:
             metrics=metrics,
             retained=retained,
             route_submit=self.route_submit,
-            max_pending=config.delayed_max_pending,
+            quota=delayed_quota(config),
         )
         """Delayed publishes (`$delayed/<seconds>/<topic>`): stored now, routed when due."""
 

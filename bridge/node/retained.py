@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 
 from bridge.mqtt.topics import topic_matches
+from bridge.node.quotas import Quota, Tally, kept_size
 from bridge.state import KIND_RETAINED, decode_message, encode_message
 from bridge.storage.base import Message, MetaUpdate
 
@@ -20,12 +21,30 @@ SYS_PREFIX = "$SYS/"
 class RetainedMessages(Mapping[str, Message]):
     """Topic -> retained message, read-only to everyone but the node's publish path."""
 
-    __slots__ = ("_messages", "announce")
+    __slots__ = ("_messages", "announce", "quota", "tally")
 
-    def __init__(self) -> None:
+    def __init__(self, quota: Quota | None = None) -> None:
         self._messages: dict[str, Message] = {}
         self.announce: Callable[[str, bytes], None] | None = None
         """Tells peers a topic's retained message changed (set when the node joins a cluster)."""
+        self.quota = quota or Quota()
+        """The retained limits (`retained_max_*`; none when not given)."""
+        self.tally = Tally()
+        """Count and bytes of the retained messages kept, in total and per publisher (not
+        `$SYS`, which is the node's own)."""
+
+    def fault_setting(self, topic: str, publisher: str, payload: bytes) -> str | None:
+        """Whether `publisher` may set `topic`'s retained message to `payload` (a non-empty
+        one; clearing is always allowed): a sentence naming the limit it would pass, or None."""
+        return self.tally.fault_adding(topic, publisher, kept_size(topic, payload), self.quota)
+
+    def _keep(self, message: Message) -> None:
+        self._messages[message.topic] = message
+        self.tally.add(message.topic, message.publisher, kept_size(message.topic, message.payload))
+
+    def _drop(self, topic: str) -> None:
+        self._messages.pop(topic, None)
+        self.tally.remove(topic)
 
     def __getitem__(self, topic: str) -> Message:
         return self._messages[topic]
@@ -47,10 +66,10 @@ class RetainedMessages(Mapping[str, Message]):
         """The store confirmed `message` with its retained record: keep it (or clear the topic)
         and tell the peers."""
         if message.payload:
-            self._messages[message.topic] = message
+            self._keep(message)
             record = encode_message(message)
         else:
-            self._messages.pop(message.topic, None)
+            self._drop(message.topic)
             record = b""
         if self.announce is not None:
             self.announce(message.topic, record)
@@ -61,14 +80,17 @@ class RetainedMessages(Mapping[str, Message]):
 
     def restore(self, records: Mapping[str, bytes]) -> None:
         """Take the stored records as they are (start-up; a re-read after a peer link was down)."""
-        self._messages = {topic: decode_message(data) for topic, data in records.items()}
+        self._messages = {}
+        self.tally.clear()
+        for data in records.values():
+            self._keep(decode_message(data))
 
     def from_peer(self, topic: str, record: bytes) -> None:
         """A peer set (or, with an empty record, cleared) a topic's retained message."""
         if record:
-            self._messages[topic] = decode_message(record)
+            self._keep(decode_message(record))
         else:
-            self._messages.pop(topic, None)
+            self._drop(topic)
 
     def published_count(self) -> int:
         """Retained messages of clients and backends (not this node's `$SYS` statistics)."""

@@ -19,7 +19,9 @@ from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import parse_shared, topic_matches, validate_topic_filter
 from bridge.node.positions import Ends, learn_ends, parts_read, start_reading_at, stop_reading
+from bridge.node.quotas import subscription_fault
 from bridge.node.retained import RetainedMessages
+from bridge.node.retained_copies import RetainedCopies
 from bridge.node.roles import ClientLink, Spawner, Waker
 from bridge.node.stamp import Stamper
 from bridge.operations.metrics import Metrics
@@ -57,6 +59,7 @@ class Subscriptions:
         offsets_moved: Callable[[Session], None],
         topic_fault: Callable[[str], str | None],
         spawn: Spawner,
+        max_subscriptions: int = 0,
     ) -> None:
         self.trie = trie
         self.shared = shared
@@ -69,6 +72,10 @@ class Subscriptions:
         self.offsets_moved = offsets_moved
         self.topic_fault = topic_fault
         self.spawn = spawn
+        self.max_subscriptions = max_subscriptions
+        self.retained_copies = RetainedCopies()
+        """Retained messages queued for a client by a SUBSCRIBE and not yet sent to it."""
+        """Filters one session may hold (`max_subscriptions_per_client`; 0: no limit)."""
         self.cluster: Cluster | None = None
 
     # -- the tables ---------------------------------------------------------------------------
@@ -112,6 +119,7 @@ class Subscriptions:
             self.remove_subscription(session.client_id, topic_filter)
         for share_filter in session.shared:
             self.remove_shared(session.client_id, share_filter)
+        self.retained_copies.forget(session.client_id)
 
     # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------
 
@@ -185,6 +193,17 @@ class Subscriptions:
                 )
                 continue
             existed = topic_filter in session.subscriptions or topic_filter in session.shared
+            if not existed and self.max_subscriptions:
+                held = len(session.subscriptions) + len(session.shared)
+                fault = subscription_fault(held, self.max_subscriptions)
+                if fault:
+                    self.metrics.inc("quota_refused_subscriptions")
+                    codes.append(
+                        self._refuse_filter(
+                            session, topic_filter, fault, ReasonCode.QUOTA_EXCEEDED if v5 else 0x80
+                        )
+                    )
+                    continue
             options = SubOptions(sub.no_local, sub.retain_as_published, identifier)
             if options != _NO_OPTIONS:
                 session.set_options(topic_filter, options)
@@ -248,10 +267,16 @@ class Subscriptions:
         self, conn: ClientLink, session: Session, filters: list[tuple[str, int, int]]
     ) -> None:
         """Retained messages for new subscriptions, with RETAIN=1 (MQTT-3.3.1-6, -8), each with
-        the Subscription Identifier of the subscription that asked for it."""
+        the Subscription Identifier of the subscription that asked for it. A QoS 1/2 one goes
+        through the client's own queue, unless an unsent copy of it waits there already
+        (`bridge.node.retained_copies`)."""
         if not filters or not self.retained:
             return
         queued = False
+        own_queue = client_queue(session.client_id)
+        copies = self.retained_copies
+        copies.prune(session.client_id, session.cursors)
+        parts = self.store.parts(own_queue)
         now_ms = int(time.time() * 1000)
         identifiers = {f: i for f, _q, i in filters if i}
         for message, best in self.retained.matching([(f, q) for f, q, _i in filters]):
@@ -269,6 +294,12 @@ class Subscriptions:
                     conn.send_message(data, len(message.payload))
                     self.metrics.messages_out_qos0 += 1
                 continue
+            copy_id = (message.key, qos, sub_ids)
+            if copies.unsent(session.client_id, copy_id, session.cursors):
+                self.metrics.inc("retained_copies_unchanged")
+                continue
+            # Where the queue ends before this copy (each earlier one is durable: awaited).
+            ends = {part: self.store.end_offset(part) for part in parts}
             properties = dict(message.properties)
             properties[RETAINED_DELIVERY] = str(qos)
             if sub_ids:
@@ -284,10 +315,17 @@ class Subscriptions:
                 node=self.stamper.node_id,
                 properties=properties,
             )
-            await self.store.submit(copy, [client_queue(session.client_id)])
+            # Noted before the store answers: a SUBSCRIBE handled meanwhile must not store it too.
+            copies.queued(session.client_id, copy_id, ends)
+            try:
+                await self.store.submit(copy, [own_queue])
+            except BaseException:
+                copies.drop(session.client_id, copy_id)
+                raise
+            self.metrics.inc("retained_copies_stored")
             queued = True
         if queued:
-            self.waker.wake_readers([session.client_id], [client_queue(session.client_id)])
+            self.waker.wake_readers([session.client_id], [own_queue])
 
     def unsubscribe(self, conn: ClientLink, session: Session, packet: Unsubscribe) -> None:
         """Remove the filters at once; make it durable for a persistent session, then UNSUBACK

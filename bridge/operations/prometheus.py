@@ -115,6 +115,11 @@ class NodeCollector:
         yield _gauge("retained_messages", "retained messages known to this node",
                      node.retained_count())  # fmt: skip
         yield _gauge(
+            "retained_bytes",
+            "bytes (payload and topic) of the retained messages, as retained_max_bytes counts them",
+            node.retained.tally.bytes,
+        )
+        yield _gauge(
             "inflight",
             "QoS 1/2 messages sent to connected clients and not yet acknowledged",
             sum(len(s.inflight) for s in node.sessions.values() if s.connected),
@@ -231,6 +236,11 @@ def _delayed(node: Node, counters: Counter[str], notifier: Any) -> Iterator[Metr
     pending = node.publisher.delayed.pending()
     if pending is not None:
         yield _gauge("delayed_pending", "delayed publishes waiting in the embedded index", pending)
+        yield _gauge(
+            "delayed_bytes",
+            "bytes (payload and target topic) of the delayed publishes in the embedded index",
+            node.publisher.delayed.tally.bytes,
+        )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -234,6 +234,7 @@ def test_delayed_publishes_are_counted(admin_node: tuple[BridgeProcess, AdminHtt
         "mqtt_bridge_delayed_delivered_total": 0,
         "mqtt_bridge_delayed_refused_total": 0,
         "mqtt_bridge_delayed_pending": 1,
+        "mqtt_bridge_delayed_bytes": len(b"x") + len("counted/t"),
     }
     receive(reader, 1 + LATE_BOUND)
     publisher.send(Publish("$delayed/x/counted/t", b"x", 1, False, packet_id=2))
@@ -243,6 +244,7 @@ def test_delayed_publishes_are_counted(admin_node: tuple[BridgeProcess, AdminHtt
         "mqtt_bridge_delayed_delivered_total": 1,
         "mqtt_bridge_delayed_refused_total": 1,
         "mqtt_bridge_delayed_pending": 0,
+        "mqtt_bridge_delayed_bytes": 0,
     }
 
 
