@@ -67,6 +67,7 @@ def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from bridge.cluster.redis_access import RedisSetupError
     from bridge.listeners.server import Server
 
     async def run() -> None:
@@ -79,6 +80,9 @@ def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency; fall back for odd platforms
         asyncio.run(run())
     except OSError as exc:
+        logging.getLogger(prog).error("cannot start: %s", exc)
+        return 1
+    except RedisSetupError as exc:  # refused credentials, TLS: the message names the setting
         logging.getLogger(prog).error("cannot start: %s", exc)
         return 1
     except KeyboardInterrupt:

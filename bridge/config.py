@@ -103,6 +103,15 @@ class Config:
     redis_master_name: str = "mqtt-bridge"
     redis_timeout: float = 3.0
     redis_wait_replicas: int = 0
+    redis_username: str = ""
+    redis_password: str = ""
+    redis_password_file: str = ""
+    redis_sentinel_username: str = ""
+    redis_sentinel_password: str = ""
+    redis_tls: bool = False
+    redis_tls_cafile: str = ""
+    redis_tls_certfile: str = ""
+    redis_tls_keyfile: str = ""
     cluster_name: str = "mqtt"
     cluster_secret: str = ""
     cluster_secret_file: str = ""
@@ -238,6 +247,20 @@ SETTINGS: dict[str, str] = {
     "redis_master_name": "the master name the Sentinels monitor",
     "redis_timeout": "seconds a Redis command may take before it counts as failed",
     "redis_wait_replicas": "replicas that must confirm each registry write (WAIT); 1 with Sentinel",
+    "redis_username": "Redis 6 ACL user of every Redis connection (registry, metering, the CLIs); "
+    "empty: `default`, the `requirepass` user",
+    "redis_password": "password of redis_username (Redis `requirepass` or an ACL user's); "
+    "prefer redis_password_file. A password in a URL's user part wins for that URL",
+    "redis_password_file": "file holding the Redis password (its first line; keep it 0600)",
+    "redis_sentinel_username": "ACL user of the Sentinels themselves (empty: `default`)",
+    "redis_sentinel_password": "the Sentinels' own password (their `requirepass`); the "
+    "servers they monitor use redis_username/redis_password",
+    "redis_tls": "speak TLS to Redis and its Sentinels (a `rediss://` URL does too)",
+    "redis_tls_cafile": "PEM CA bundle that Redis's certificate must chain to (default: the "
+    "system's)",
+    "redis_tls_certfile": "PEM client certificate for Redis servers that ask for one "
+    "(`tls-auth-clients yes`)",
+    "redis_tls_keyfile": "PEM private key of redis_tls_certfile",
     "cluster_name": "prefix of this cluster's Redis keys (several clusters may share a Redis)",
     "cluster_secret": "the cluster's shared secret (at least 32 characters): peer links and "
     "node-to-node admin calls prove it; prefer cluster_secret_file",
@@ -361,6 +384,27 @@ def _validate_listeners(config: Config) -> None:
         raise ConfigError("tls_cn_as_username: needs tls_client_cert optional or required")
 
 
+def _validate_redis(config: Config) -> None:
+    """The Redis access settings hang together (files are read when Redis is first used)."""
+    if config.redis_password and config.redis_password_file:
+        raise ConfigError("redis_password and redis_password_file: set one, not both")
+    for name in ("redis_url", "metering_redis_url"):
+        url = getattr(config, name)
+        if url and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"{name}: must start with redis://, rediss:// or unix://")
+    tls = config.redis_tls or config.redis_url.startswith("rediss://")
+    files = ("redis_tls_cafile", "redis_tls_certfile", "redis_tls_keyfile")
+    for name in files:
+        if getattr(config, name) and not tls:
+            raise ConfigError(f"{name}: needs redis_tls = true (or a rediss:// redis_url)")
+    if bool(config.redis_tls_certfile) != bool(config.redis_tls_keyfile):
+        raise ConfigError("redis_tls_certfile and redis_tls_keyfile: set both or neither")
+    if (config.redis_sentinel_username or config.redis_sentinel_password) and not (
+        config.redis_sentinels
+    ):
+        raise ConfigError("redis_sentinel_username/password: only used with redis_sentinels")
+
+
 def _validate_operations(config: Config) -> None:
     from bridge.node.presubscribe import PresubscribeError, parse_presubscriptions
 
@@ -439,6 +483,7 @@ def validate(config: Config) -> None:
     if (config.auth_redis or config.acl_redis) and not config.clustered:
         raise ConfigError("auth_redis/acl_redis: need the cluster's Redis (redis_url)")
     _validate_listeners(config)
+    _validate_redis(config)
     _validate_operations(config)
     _validate_limits(config)
     if config.store not in ("filelog", "rocketmq"):

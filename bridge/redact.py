@@ -13,7 +13,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 MASK = "***"
 
-SECRET_SETTINGS: frozenset[str] = frozenset({"admin_token", "cluster_secret"})
+SECRET_SETTINGS: frozenset[str] = frozenset(
+    {"admin_token", "cluster_secret", "redis_password", "redis_sentinel_password"}
+)
 """Settings whose whole value is a secret: shown as `***` when set, `''` when empty."""
 
 URL_SETTINGS: frozenset[str] = frozenset({"redis_url", "metering_redis_url"})
