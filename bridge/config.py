@@ -108,6 +108,7 @@ class Config:
     redis_password_file: str = ""
     redis_sentinel_username: str = ""
     redis_sentinel_password: str = ""
+    redis_sentinel_password_file: str = ""
     redis_tls: bool = False
     redis_tls_cafile: str = ""
     redis_tls_certfile: str = ""
@@ -254,7 +255,9 @@ SETTINGS: dict[str, str] = {
     "redis_password_file": "file holding the Redis password (its first line; keep it 0600)",
     "redis_sentinel_username": "ACL user of the Sentinels themselves (empty: `default`)",
     "redis_sentinel_password": "the Sentinels' own password (their `requirepass`); the "
-    "servers they monitor use redis_username/redis_password",
+    "servers they monitor use redis_username/redis_password; prefer redis_sentinel_password_file",
+    "redis_sentinel_password_file": "file holding the Sentinels' password (its first line; keep "
+    "it 0600)",
     "redis_tls": "speak TLS to Redis and its Sentinels (a `rediss://` URL does too)",
     "redis_tls_cafile": "PEM CA bundle that Redis's certificate must chain to (default: the "
     "system's)",
@@ -386,8 +389,9 @@ def _validate_listeners(config: Config) -> None:
 
 def _validate_redis(config: Config) -> None:
     """The Redis access settings hang together (files are read when Redis is first used)."""
-    if config.redis_password and config.redis_password_file:
-        raise ConfigError("redis_password and redis_password_file: set one, not both")
+    for name in ("redis_password", "redis_sentinel_password"):
+        if getattr(config, name) and getattr(config, f"{name}_file"):
+            raise ConfigError(f"{name} and {name}_file: set one, not both")
     for name in ("redis_url", "metering_redis_url"):
         url = getattr(config, name)
         if url and not url.startswith(("redis://", "rediss://", "unix://")):
@@ -399,9 +403,12 @@ def _validate_redis(config: Config) -> None:
             raise ConfigError(f"{name}: needs redis_tls = true (or a rediss:// redis_url)")
     if bool(config.redis_tls_certfile) != bool(config.redis_tls_keyfile):
         raise ConfigError("redis_tls_certfile and redis_tls_keyfile: set both or neither")
-    if (config.redis_sentinel_username or config.redis_sentinel_password) and not (
-        config.redis_sentinels
-    ):
+    sentinel_access = (
+        config.redis_sentinel_username
+        or config.redis_sentinel_password
+        or config.redis_sentinel_password_file
+    )
+    if sentinel_access and not config.redis_sentinels:
         raise ConfigError("redis_sentinel_username/password: only used with redis_sentinels")
 
 

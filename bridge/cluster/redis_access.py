@@ -6,7 +6,8 @@ for a password, an ACL user or TLS is reached the same way by all of them:
 
 * `redis_username` / `redis_password` (or `redis_password_file`): the Redis servers' user
   (Redis 6 ACL; empty user name: `default`, the `requirepass` user).
-* `redis_sentinel_username` / `redis_sentinel_password`: the Sentinels' own, which may differ
+* `redis_sentinel_username` / `redis_sentinel_password` (or `redis_sentinel_password_file`):
+  the Sentinels' own, which may differ
   (a Sentinel has its own `requirepass`).
 * `redis_tls` (or a `rediss://` URL) with `redis_tls_cafile`, `redis_tls_certfile`,
   `redis_tls_keyfile`: TLS to the servers and to the Sentinels.
@@ -40,6 +41,7 @@ ACCESS_SETTINGS = (
     "redis_password_file",
     "redis_sentinel_username",
     "redis_sentinel_password",
+    "redis_sentinel_password_file",
     "redis_tls",
     "redis_tls_cafile",
     "redis_tls_certfile",
@@ -82,9 +84,13 @@ class RedisAccess:
             master_name=config.redis_master_name,
             timeout=config.redis_timeout,
             username=config.redis_username,
-            password=_password(config.redis_password, config.redis_password_file),
+            password=_password(config.redis_password, config.redis_password_file, "redis_password"),
             sentinel_username=config.redis_sentinel_username,
-            sentinel_password=config.redis_sentinel_password,
+            sentinel_password=_password(
+                config.redis_sentinel_password,
+                config.redis_sentinel_password_file,
+                "redis_sentinel_password",
+            ),
             tls=config.redis_tls,
             tls_cafile=config.redis_tls_cafile,
             tls_certfile=config.redis_tls_certfile,
@@ -111,7 +117,9 @@ class RedisAccess:
             timeout=timeout,
             username=get("redis_username"),
             password=_password(
-                env.get(ENV_PREFIX + "REDIS_PASSWORD", ""), get("redis_password_file")
+                env.get(ENV_PREFIX + "REDIS_PASSWORD", ""),
+                get("redis_password_file"),
+                "redis_password",
             ),
             tls=tls_text in ("1", "true", "yes", "on"),
             tls_cafile=get("redis_tls_cafile"),
@@ -175,20 +183,20 @@ class RedisAccess:
         return options
 
 
-def _password(value: str, path: str) -> str:
-    """The password of `redis_password` or the first line of `redis_password_file`."""
+def _password(value: str, path: str, name: str) -> str:
+    """The password of setting `name` or the first line of the file of `{name}_file`."""
     if value and path:
-        raise RedisSetupError("redis_password and redis_password_file: set one, not both")
+        raise RedisSetupError(f"{name} and {name}_file: set one, not both")
     if not path:
         return value
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
-        raise RedisSetupError(f"redis_password_file: cannot read {path}: {reason}") from None
+        raise RedisSetupError(f"{name}_file: cannot read {path}: {reason}") from None
     password = text.splitlines()[0].strip() if text.strip() else ""
     if not password:
-        raise RedisSetupError(f"redis_password_file: {path} holds no password")
+        raise RedisSetupError(f"{name}_file: {path} holds no password")
     return password
 
 
@@ -231,46 +239,62 @@ def explain(exc: BaseException, access: RedisAccess) -> str | None:
 
     from redis.exceptions import AuthenticationError, ResponseError
 
-    text = f"{exc!r} {exc.__cause__!r} {exc.__context__!r}"
+    # redis-py's repr of an error is its category ("network:MasterNotFoundError"): the types
+    # and the messages of the error and of what caused it tell what happened.
+    text = " ".join(
+        f"{type(e).__name__}: {e}" for e in (exc, exc.__cause__, exc.__context__) if e is not None
+    )
     via_sentinel = bool(access.sentinels) and "master" in str(exc).lower() and "found" in str(exc)
     if via_sentinel and ("AuthenticationError" in text or "NOAUTH" in text or "WRONGPASS" in text):
         if not access.sentinel_password:
             return (
                 "redis_sentinel_password: the Sentinels require a password and none is set (NOAUTH)"
             )
-        return (
-            "redis_sentinel_username/redis_sentinel_password: the Sentinels refused the "
-            "credentials (WRONGPASS)"
-        )
+        names = "redis_sentinel_username/" if access.sentinel_username else ""
+        return f"{names}redis_sentinel_password: the Sentinels refused the credentials (WRONGPASS)"
     refused = isinstance(exc, AuthenticationError) or (
         isinstance(exc, ResponseError) and ("NOAUTH" in str(exc) or "WRONGPASS" in str(exc))
     )
     if refused or "WRONGPASS" in text or "NOAUTH" in text:
         if not access.password:
             return "redis_password: Redis requires a password and none is set (NOAUTH)"
+        if access.username:
+            return (
+                "redis_username/redis_password: Redis refused the credentials of user "
+                f"{access.username!r} (WRONGPASS: wrong password, or no such user enabled)"
+            )
         return "redis_password: Redis refused the credentials (WRONGPASS)"
     if isinstance(exc, ResponseError) and "NOPERM" in str(exc):
         user = access.username or "default"
         return f"redis_username: Redis user {user!r} may not run a command the node needs (NOPERM)"
     if "SSL" in text or isinstance(exc.__context__, ssl.SSLError):
-        return f"redis_tls: the TLS connection to Redis failed ({_tls_reason(text)})"
-    if access.uses_tls is False and "Connection reset by peer" in text:
-        return "redis_tls: Redis closed the connection; does it only speak TLS?"
+        return _tls_failure(text)
+    if access.uses_tls and not access.tls_certfile and "reset by peer" in text:
+        # TLS 1.3: a server that wants a client certificate says so after the client's side
+        # of the handshake is done, often as a bare reset.
+        return (
+            "redis_tls_certfile/redis_tls_keyfile: Redis closed the TLS connection; it may "
+            "want a client certificate (tls-auth-clients)"
+        )
     return None
 
 
-def _tls_reason(text: str) -> str:
-    for reason in (
-        "CERTIFICATE_VERIFY_FAILED",
-        "certificate required",
-        "WRONG_VERSION_NUMBER",
-        "unknown ca",
-        "bad certificate",
-        "hostname mismatch",
-    ):
-        if reason.lower() in text.lower():
-            return reason
-    return "handshake refused"
+def _tls_failure(text: str) -> str:
+    """The setting behind a failed TLS handshake with Redis."""
+    lowered = text.lower()
+    if "certificate_verify_failed" in lowered or "hostname mismatch" in lowered:
+        return (
+            "redis_tls_cafile: Redis's certificate is not trusted (CERTIFICATE_VERIFY_FAILED: "
+            "signed by another CA, or not issued for the address dialled)"
+        )
+    if "certificate required" in lowered or "bad certificate" in lowered or "unknown ca" in lowered:
+        return (
+            "redis_tls_certfile/redis_tls_keyfile: Redis wants a client certificate its CA "
+            "signed (tls-auth-clients)"
+        )
+    if "wrong_version_number" in lowered or "record layer" in lowered:
+        return "redis_tls: Redis does not speak TLS on that port (WRONG_VERSION_NUMBER)"
+    return "redis_tls: the TLS handshake with Redis failed"
 
 
 async def check(client: aioredis.Redis, access: RedisAccess) -> None:

@@ -11,6 +11,12 @@
     group.failover()                                    # returns the new master's "host:port"
     group.stop()
 
+Access: `LocalRedis(dir, auth=RedisAuth(password="pw"))` starts it with `requirepass`;
+`RedisAuth(password=..., username="app", user_rules="~mqtt:* ...")` with an ACL user (the default
+user off); `RedisAuth(tls=make_tls_files(dir))` TLS-only; `RedisAuth(sentinel_password=...)` gives
+a Sentinel group's Sentinels their own password. `client()` logs in with them, `url` carries
+the password in its user part, `bridge_settings()` gives a node the same as `redis_*` settings.
+
 Every process is also killed by PID when its object is garbage collected or the interpreter
 exits (weakref.finalize), so an interrupted or failing test leaves no server behind.
 """
@@ -21,13 +27,16 @@ import subprocess
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tests.support.certs import TLSFiles
 from tests.support.rocketmq import free_port_block
 from tests.support.scripts import DEPLOY, log_tail, recorded_pid, run_script
 
@@ -54,6 +63,93 @@ def connect(addr: str, **kwargs: Any) -> redis.Redis:
     return redis.Redis(host=host, port=int(port), **(options | kwargs))
 
 
+@dataclass(frozen=True)
+class RedisAuth:
+    """How a test Redis (or Sentinel group) asks its clients to prove themselves."""
+
+    password: str = ""
+    """The servers' password: `requirepass`, or the ACL user's when `username` is set."""
+    username: str = ""
+    """An ACL user created with `user_rules`; the default user is switched off."""
+    user_rules: str = "~* &* +@all"
+    tls: TLSFiles | None = None
+    """TLS only, clients need a certificate the CA signed (`tls-auth-clients yes`)."""
+    sentinel_password: str = ""
+    """The Sentinels' own password (LocalSentinelRedis)."""
+
+    def server_options(self) -> dict[str, Any]:
+        """redis-py keywords that log in to the servers."""
+        options: dict[str, Any] = self.tls_options()
+        if self.username:
+            options["username"] = self.username
+        if self.password:
+            options["password"] = self.password
+        return options
+
+    def sentinel_options(self) -> dict[str, Any]:
+        """redis-py keywords that log in to the Sentinels."""
+        options: dict[str, Any] = self.tls_options()
+        if self.sentinel_password:
+            options["password"] = self.sentinel_password
+        return options
+
+    def tls_options(self) -> dict[str, Any]:
+        """redis-py keywords of TLS with the client certificate (none without TLS)."""
+        if self.tls is None:
+            return {}
+        return {
+            "ssl": True,
+            "ssl_ca_certs": str(self.tls.ca),
+            "ssl_certfile": str(self.tls.client_cert),
+            "ssl_keyfile": str(self.tls.client_key),
+        }
+
+    def script_env(self, secrets_dir: Path) -> dict[str, str]:
+        """The deploy/redis scripts' access settings; password files written to secrets_dir."""
+        env: dict[str, str] = {}
+        secrets_dir.mkdir(parents=True, exist_ok=True)
+        for name, secret in (
+            ("REDIS_PASSWORD_FILE", self.password),
+            ("REDIS_SENTINEL_PASSWORD_FILE", self.sentinel_password),
+        ):
+            if secret:
+                path = secrets_dir / name.lower()
+                path.write_text(secret + "\n")
+                path.chmod(0o600)
+                env[name] = str(path)
+        if self.username:
+            env["REDIS_USER"] = self.username
+            env["REDIS_USER_RULES"] = self.user_rules
+        if self.tls is not None:
+            env["REDIS_TLS_CERT_FILE"] = str(self.tls.server_cert)
+            env["REDIS_TLS_KEY_FILE"] = str(self.tls.server_key)
+            env["REDIS_TLS_CA_FILE"] = str(self.tls.ca)
+        return env
+
+    def bridge_settings(self, secrets_dir: Path) -> list[str]:
+        """`NAME=VALUE` settings that give a bridge node this access (the password in a file
+        of secrets_dir, never on the command line); the address settings are the caller's."""
+        settings = []
+        if self.username:
+            settings.append(f"redis_username={self.username}")
+        if self.password:
+            path = secrets_dir / "bridge-redis-password"
+            path.write_text(self.password + "\n")
+            path.chmod(0o600)
+            settings.append(f"redis_password_file={path}")
+        if self.tls is not None:
+            settings += [
+                "redis_tls=true",
+                f"redis_tls_cafile={self.tls.ca}",
+                f"redis_tls_certfile={self.tls.client_cert}",
+                f"redis_tls_keyfile={self.tls.client_key}",
+            ]
+        return settings
+
+
+NO_AUTH = RedisAuth()
+
+
 def wait_until(probe: Callable[[], T | None], timeout: float, what: str) -> T:
     """Poll probe until it returns something other than None (a RedisError counts as None);
     return that, or raise TimeoutError naming `what`."""
@@ -77,10 +173,13 @@ class _RedisProcess:
 
     start_script: str
 
-    def __init__(self, data_dir: Path | str, port: int | None, start_timeout: float) -> None:
+    def __init__(
+        self, data_dir: Path | str, port: int | None, start_timeout: float, auth: RedisAuth
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port_block()
         self.start_timeout = start_timeout
+        self.auth = auth
         self._finalizer = weakref.finalize(self, _kill_quietly, self.data_dir)
 
     @property
@@ -114,8 +213,12 @@ class _RedisProcess:
         self._script("kill.sh", str(self.data_dir), timeout=60)
 
     def client(self, **kwargs: Any) -> redis.Redis:
-        """A redis-py client for this process (see connect); close it, e.g. with `with`."""
-        return connect(self.addr, **kwargs)
+        """A redis-py client for this process (see connect), logged in with `auth`; close it,
+        e.g. with `with`."""
+        return connect(self.addr, **(self._login() | kwargs))
+
+    def _login(self) -> dict[str, Any]:
+        return self.auth.server_options()
 
     def log_tail(self, lines: int = 30) -> str:
         return log_tail(self.data_dir / "redis.log", lines)
@@ -130,7 +233,9 @@ class _RedisProcess:
         raise NotImplementedError
 
     def _env(self) -> dict[str, str]:
-        return {"REDIS_START_TIMEOUT": str(int(self.start_timeout))}
+        return {"REDIS_START_TIMEOUT": str(int(self.start_timeout))} | self.auth.script_env(
+            self.data_dir.parent / f"{self.data_dir.name}-secrets"
+        )
 
     def _script(self, name: str, *args: str, timeout: float) -> str:
         return run_script(SCRIPTS / name, *args, timeout=timeout, env=self._env())
@@ -160,14 +265,33 @@ class LocalRedis(_RedisProcess):
         replicaof: str | None = None,
         appendfsync: str = "everysec",
         start_timeout: float = 30.0,
+        auth: RedisAuth = NO_AUTH,
     ) -> None:
-        super().__init__(data_dir, port, start_timeout)
+        super().__init__(data_dir, port, start_timeout, auth)
         self.replicaof = replicaof
         self.appendfsync = appendfsync
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """`redis://[user:password@]127.0.0.1:PORT/0` (`rediss://` with TLS, whose files the
+        URL cannot carry: see bridge_settings)."""
+        scheme = "rediss" if self.auth.tls is not None else "redis"
+        login = ""
+        if self.auth.password:
+            login = f"{quote(self.auth.username, safe='')}:{quote(self.auth.password, safe='')}@"
+        return f"{scheme}://{login}127.0.0.1:{self.port}/0"
+
+    @property
+    def bare_url(self) -> str:
+        """The URL without credentials (they come from settings: bridge_settings)."""
+        scheme = "rediss" if self.auth.tls is not None else "redis"
+        return f"{scheme}://127.0.0.1:{self.port}/0"
+
+    def bridge_settings(self) -> list[str]:
+        """`NAME=VALUE` settings for a bridge node using this Redis: its bare URL and the
+        access settings (the password in a 0600 file)."""
+        secrets = self.data_dir.parent / f"{self.data_dir.name}-secrets"
+        return [f"redis_url={self.bare_url}", *self.auth.bridge_settings(secrets)]
 
     def restart(self) -> Self:
         """Stop it if it runs, then start it again on the same port and data dir, which reloads
@@ -200,8 +324,9 @@ class LocalSentinel(_RedisProcess):
         quorum: int = 2,
         down_after_ms: int = 2000,
         start_timeout: float = 30.0,
+        auth: RedisAuth = NO_AUTH,
     ) -> None:
-        super().__init__(data_dir, port, start_timeout)
+        super().__init__(data_dir, port, start_timeout, auth)
         self.master_name = master_name
         self.master_addr = master_addr
         self.quorum = quorum
@@ -219,6 +344,9 @@ class LocalSentinel(_RedisProcess):
     def _env(self) -> dict[str, str]:
         return super()._env() | {"REDIS_SENTINEL_DOWN_AFTER_MS": str(self.down_after_ms)}
 
+    def _login(self) -> dict[str, Any]:
+        return self.auth.sentinel_options()
+
 
 class LocalSentinelRedis:
     """A Sentinel-managed Redis on loopback: a master, one replica and three Sentinels with
@@ -235,14 +363,20 @@ class LocalSentinelRedis:
         *,
         down_after_ms: int = 2000,
         start_timeout: float = 30.0,
+        auth: RedisAuth = NO_AUTH,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.master_name = master_name
         self.start_timeout = start_timeout
+        self.auth = auth
         base = free_port_block((0, 1, 2, 3, 4))
-        first = LocalRedis(self.data_dir / "redis-0", base, start_timeout=start_timeout)
+        first = LocalRedis(self.data_dir / "redis-0", base, start_timeout=start_timeout, auth=auth)
         replica = LocalRedis(
-            self.data_dir / "redis-1", base + 1, replicaof=first.addr, start_timeout=start_timeout
+            self.data_dir / "redis-1",
+            base + 1,
+            replicaof=first.addr,
+            start_timeout=start_timeout,
+            auth=auth,
         )
         self.servers = [first, replica]
         self.sentinel_processes = [
@@ -253,6 +387,7 @@ class LocalSentinelRedis:
                 first.addr,
                 down_after_ms=down_after_ms,
                 start_timeout=start_timeout,
+                auth=auth,
             )
             for i in range(3)
         ]
@@ -261,6 +396,23 @@ class LocalSentinelRedis:
     def sentinels(self) -> list[str]:
         """The Sentinels' "host:port" addresses, for clients that follow failovers."""
         return [sentinel.addr for sentinel in self.sentinel_processes]
+
+    def bridge_settings(self) -> list[str]:
+        """`NAME=VALUE` settings for a bridge node using this group through its Sentinels,
+        with the servers' and the Sentinels' credentials (passwords in 0600 files)."""
+        secrets = self.data_dir / "bridge-secrets"
+        secrets.mkdir(parents=True, exist_ok=True)
+        settings = [
+            f"redis_sentinels={','.join(self.sentinels)}",
+            f"redis_master_name={self.master_name}",
+            *self.auth.bridge_settings(secrets),
+        ]
+        if self.auth.sentinel_password:
+            path = secrets / "sentinel-password"
+            path.write_text(self.auth.sentinel_password + "\n")
+            path.chmod(0o600)
+            settings.append(f"redis_sentinel_password_file={path}")
+        return settings
 
     def start(self) -> LocalSentinelRedis:
         """Start all five; return once the replica is in sync and every Sentinel knows the
@@ -339,7 +491,7 @@ class LocalSentinelRedis:
             running = sum(1 for sentinel in self.sentinel_processes if sentinel.pid is not None)
             if len(reports) != running or len(set(reports)) != 1 or reports[0] == old_addr:
                 return None
-            with connect(reports[0]) as client:
+            with connect(reports[0], **self.auth.server_options()) as client:
                 client.set(WRITE_PROBE_KEY, time.time())  # ReadOnlyError while still a replica
             return reports[0]
 
