@@ -216,6 +216,15 @@ def async_client(access: RedisAccess, **extra: Any) -> aioredis.Redis:
     return aioredis.Redis.from_url(access.tls_url(), **(access.server_options() | extra))
 
 
+async def close_client(client: aioredis.Redis) -> None:
+    """Close `client` and, when it follows a master through Sentinels, its connections to the
+    Sentinels too (closing the client alone leaves those open)."""
+    await client.aclose()
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        await sentinel.aclose()
+
+
 def sync_client(access: RedisAccess, **extra: Any) -> redis.Redis:
     """A blocking redis-py client for `access.url` (the command-line tools)."""
     import redis

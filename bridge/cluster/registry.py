@@ -38,7 +38,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from bridge.cluster.redis_access import RedisAccess, RedisSetupError, async_client, explain
+from bridge.cluster.redis_access import (
+    RedisAccess,
+    RedisSetupError,
+    async_client,
+    close_client,
+    explain,
+)
 from bridge.state import KIND_OFFSETS, KIND_ONLINE, KIND_QOS2_IN, KIND_RETAINED, KIND_SESSION
 from bridge.storage.base import MetaUpdate, StaleOwner, StoreUnavailable
 
@@ -226,7 +232,7 @@ class RedisRegistry:
         log.info("registry: %d retained messages", len(retained))
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        await close_client(self.redis)
 
     # -- the node's keyed records ------------------------------------------------------------------
 

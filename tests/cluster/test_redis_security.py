@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(240)]
 CLUSTER = f"sec{uuid.uuid4().hex[:8]}"
 """The cluster name (Redis key prefix) of this module's nodes: the ACL user may touch only it."""
 
-MINIMAL_ACL = f"resetkeys resetchannels ~{CLUSTER}:* &{CLUSTER}:* -@all +@read +@write +@scripting +@pubsub +@connection +@transaction -@dangerous +wait"  # noqa: E501
+MINIMAL_ACL = f"resetkeys resetchannels ~{CLUSTER}:* &{CLUSTER}:* -@all +@read +@write +@scripting +@pubsub +@connection +@transaction -@dangerous +wait +time"  # noqa: E501
 """The narrow ACL of docs/operations.md ("Securing a cluster: Redis"), for cluster CLUSTER."""
 
 NODE_USER = "mqtt-node"
@@ -147,6 +147,8 @@ def test_print_config_masks_the_redis_and_sentinel_passwords() -> None:
             "bridge",
             "--print-config",
             "--set",
+            "store=rocketmq",
+            "--set",
             f"redis_password={password}",
             "--set",
             f"redis_url=redis://u:{password}@127.0.0.1:1/0",
@@ -250,7 +252,7 @@ async def _open_registry(access: RedisAccess) -> bool:
     registry = RedisRegistry(redis_client(access), CLUSTER, "probe", access=access)
     try:
         await registry.open()
-        await registry.heartbeat(5.0, "{}")
+        await registry.heartbeat({}, 5.0)
         return True
     finally:
         await registry.close()
