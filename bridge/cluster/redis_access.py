@@ -205,10 +205,15 @@ def async_client(access: RedisAccess, **extra: Any) -> aioredis.Redis:
     a failover to the new master), else to `access.url`. `extra` adds connection keywords
     (retries)."""
     from redis import asyncio as aioredis
+    from redis.asyncio.retry import Retry
     from redis.asyncio.sentinel import Sentinel, SentinelManagedSSLConnection
+    from redis.backoff import NoBackoff
 
     if access.sentinels:
-        sentinel = Sentinel(access.sentinel_hosts(), sentinel_kwargs=access.sentinel_options())
+        # One try per Sentinel: asking the next one is the retry, and redis-py's default
+        # backoff spent most of a minute on Sentinels that refuse the password.
+        sentinel_options = access.sentinel_options() | {"retry": Retry(NoBackoff(), 0)}
+        sentinel = Sentinel(access.sentinel_hosts(), sentinel_kwargs=sentinel_options)
         options = access.server_options() | extra
         if access.uses_tls:
             options["connection_class"] = SentinelManagedSSLConnection
@@ -273,9 +278,13 @@ def explain(exc: BaseException, access: RedisAccess) -> str | None:
                 f"{access.username!r} (WRONGPASS: wrong password, or no such user enabled)"
             )
         return "redis_password: Redis refused the credentials (WRONGPASS)"
-    if isinstance(exc, ResponseError) and "NOPERM" in str(exc):
+    denied = "NOPERM" in str(exc) or "can't run this command" in str(exc)  # in a script
+    if isinstance(exc, ResponseError) and denied:
         user = access.username or "default"
-        return f"redis_username: Redis user {user!r} may not run a command the node needs (NOPERM)"
+        return (
+            f"redis_username: Redis user {user!r} may not run a command or touch a key the node "
+            "needs (NOPERM; docs/operations.md gives the ACL)"
+        )
     if "SSL" in text or isinstance(exc.__context__, ssl.SSLError):
         return _tls_failure(text)
     if access.uses_tls and not access.tls_certfile and "reset by peer" in text:

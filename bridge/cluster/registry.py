@@ -224,15 +224,21 @@ class RedisRegistry:
         try:
             retained = await self.retained()
         except RedisError as exc:
-            reason = explain(exc, self.access) if self.access is not None else None
-            if reason is not None:
-                raise RedisSetupError(reason) from None
+            error = self.setup_error(exc)
+            if error is not None:
+                raise error from None
             raise StoreUnavailable(f"Redis is not usable: {exc}") from exc
         self._snapshot = {KIND_RETAINED: retained}
         log.info("registry: %d retained messages", len(retained))
 
     async def close(self) -> None:
         await close_client(self.redis)
+
+    def setup_error(self, exc: RedisError) -> RedisSetupError | None:
+        """The settings' fault behind a Redis error (refused credentials, a command the ACL
+        user may not run, TLS), naming the setting; None for others (Redis down)."""
+        reason = explain(exc, self.access) if self.access is not None else None
+        return None if reason is None else RedisSetupError(reason)
 
     # -- the node's keyed records ------------------------------------------------------------------
 

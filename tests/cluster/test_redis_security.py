@@ -71,8 +71,8 @@ def sentinel_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSe
 
 
 def _start_failing_node(tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
-    """Run a cluster node that must refuse to start; its output and exit status. Redis is asked
-    before RocketMQ, so the NameServer needs not answer."""
+    """Run a cluster node that must refuse to start; its exit status and its output (stdout).
+    Redis is asked before RocketMQ, so the NameServer needs not answer."""
     args = [sys.executable, "-m", "bridge", "--listen", f"127.0.0.1:{free_port()}"]
     args += ["--data-dir", str(tmp_path / f"node-{uuid.uuid4().hex[:6]}")]
     for setting in (
@@ -84,7 +84,16 @@ def _start_failing_node(tmp_path: Path, *settings: str) -> subprocess.CompletedP
         *settings,
     ):
         args += ["--set", setting]
-    return subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=60)
+    log_path = tmp_path / f"failing-{uuid.uuid4().hex[:6]}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        returncode = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        raise AssertionError(f"the node did not stop:\n{log_path.read_text()[-4000:]}") from None
+    return subprocess.CompletedProcess(args, returncode, log_path.read_text(), "")
 
 
 def _deliver_once(port: int, client_id: str, topic: str) -> None:
@@ -294,3 +303,27 @@ def test_a_node_through_password_sentinels_serves_and_a_wrong_sentinel_password_
     assert refused.returncode == 1, output
     assert "redis_sentinel_password: the Sentinels refused the credentials" in output
     assert wrong not in output and "Traceback" not in output
+
+
+def test_an_acl_user_missing_a_command_the_node_needs_stops_it_naming_redis_username(
+    tmp_path: Path, rocketmq: LocalRocketMQ | ExternalRocketMQ, redis_server: LocalRedis
+) -> None:
+    """The heartbeat script reads Redis's clock (TIME): a user without it cannot run a node."""
+    user, password = f"narrow-{uuid.uuid4().hex[:6]}", secrets.token_hex(12)
+    rules = MINIMAL_ACL.replace("+time", "").split()
+    with redis_server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules)
+        try:
+            result = _start_failing_node(
+                tmp_path,
+                f"rocketmq_namesrv={rocketmq.namesrv_addr}",
+                f"redis_url={redis_server.bare_url}",
+                f"redis_username={user}",
+                f"redis_password_file={_secret_file(tmp_path, password)}",
+            )
+        finally:
+            admin.execute_command("ACL", "DELUSER", user)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert f"redis_username: Redis user '{user}' may not run a command" in output, output
+    assert password not in output and "Traceback" not in output
