@@ -154,6 +154,8 @@ class RedisAccess:
             options["username"] = self.sentinel_username
         if self.sentinel_password:
             options["password"] = self.sentinel_password
+        if self.uses_tls:  # a plain redis-py client: TLS is asked for by name here
+            options["ssl"] = True
         return options | self._tls_options()
 
     def sentinel_hosts(self) -> list[tuple[str, int]]:

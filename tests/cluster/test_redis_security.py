@@ -1,7 +1,7 @@
 """Redis with credentials and TLS, against real redis-server and redis-sentinel processes.
 
 A node reaches a Redis that has an ACL user (the narrow rules docs/operations.md gives) and TLS
-with client certificates; a node and the registry client reach a Sentinel group whose
+with client certificates; a node and the registry client reach a Sentinel group over TLS whose
 Sentinels and servers each have their own password; a wrong or missing password, or a missing
 client certificate, stops a node at start with a message naming the setting and no traceback;
 the password never appears in a node's log, in `--print-config` or in a CLI's error.
@@ -62,9 +62,14 @@ def acl_tls_redis(
 
 
 @pytest.fixture(scope="module")
-def sentinel_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSentinelRedis]:
-    """A master, a replica and three Sentinels: servers and Sentinels with different passwords."""
-    auth = RedisAuth(password=secrets.token_hex(16), sentinel_password=secrets.token_hex(16))
+def sentinel_group(
+    tmp_path_factory: pytest.TempPathFactory, tls_files: TLSFiles
+) -> Iterator[LocalSentinelRedis]:
+    """A master, a replica and three Sentinels, all TLS only: servers and Sentinels with
+    different passwords."""
+    auth = RedisAuth(
+        password=secrets.token_hex(16), sentinel_password=secrets.token_hex(16), tls=tls_files
+    )
     group = LocalSentinelRedis(tmp_path_factory.mktemp("redis-sentinel-auth") / "group", auth=auth)
     with group:
         yield group
@@ -88,7 +93,7 @@ def _start_failing_node(tmp_path: Path, *settings: str) -> subprocess.CompletedP
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     try:
-        returncode = proc.wait(60)
+        returncode = proc.wait(30)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
@@ -248,13 +253,18 @@ def test_passwd_cli_reaches_a_tls_acl_redis_with_the_environment_and_names_a_ref
 
 
 def _sentinel_access(group: LocalSentinelRedis, **changes: str) -> RedisAccess:
+    tls = group.auth.tls
+    assert tls is not None
     fields = {
         "sentinels": ",".join(group.sentinels),
         "master_name": group.master_name,
         "password": group.auth.password,
         "sentinel_password": group.auth.sentinel_password,
+        "tls_cafile": str(tls.ca),
+        "tls_certfile": str(tls.client_cert),
+        "tls_keyfile": str(tls.client_key),
     }
-    return RedisAccess(**(fields | changes))
+    return RedisAccess(tls=True, **(fields | changes))
 
 
 async def _open_registry(access: RedisAccess) -> bool:
