@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     from redis.exceptions import RedisError
 
-    from bridge.cluster.redis_access import RedisAccess, explain
+    from bridge.cluster.redis_access import RedisAccess, RedisSetupError, explain
     from bridge.redact import redact_url
 
     try:
@@ -175,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     except RedisError as exc:
-        reason = explain(exc, RedisAccess.from_environment(args.source)) or str(exc)
+        try:
+            reason = explain(exc, RedisAccess.from_environment(args.source)) or str(exc)
+        except RedisSetupError as setup:  # the settings that built the client were read before
+            reason = str(setup)
         print(f"{PROG}: error: Redis {redact_url(args.source)}: {reason}", file=sys.stderr)
         return 1
 
