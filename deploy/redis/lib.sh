@@ -65,9 +65,10 @@ config_file() {
     if [ -f "$DATA_DIR/sentinel.conf" ]; then echo "$DATA_DIR/sentinel.conf"; else echo "$DATA_DIR/redis.conf"; fi
 }
 
-# config_port: the port in this instance's config.
+# config_port: the port in this instance's config (its tls-port when it speaks TLS only).
 config_port() {
-    awk '$1 == "port" { print $2; exit }' "$(config_file)" 2>/dev/null || true
+    awk '$1 == "port" { plain = $2 } $1 == "tls-port" { tls = $2 }
+        END { print (tls != "" && tls != "0") ? tls : plain }' "$(config_file)" 2>/dev/null || true
 }
 
 port_open() {

@@ -2,7 +2,8 @@
 # Print the state of the Redis server or Sentinel of DATA_DIR: PID, address, replication role
 # (server) or the master it watches (Sentinel). Exit 0 when it runs and answers, 1 otherwise.
 #   deploy/redis/status.sh DATA_DIR
-# A Redis with a password or TLS needs the same access settings as its start (lib.sh).
+# A Redis with a password or TLS needs the same access settings as its start (lib.sh); the user
+# must be allowed INFO (the nodes' minimal ACL is not).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=lib.sh

@@ -152,6 +152,14 @@ def test_a_node_with_a_minimal_acl_user_over_tls_stores_sessions_and_delivers(
     assert password not in node.log_text()
 
 
+def test_status_script_logs_in_over_tls_to_password_servers_and_sentinels(
+    sentinel_group: LocalSentinelRedis,
+) -> None:
+    assert "role=" in sentinel_group.servers[0].status()
+    sentinel = sentinel_group.sentinel_processes[0]
+    assert f"sentinel, master {sentinel_group.master_name} at 127.0.0.1:" in sentinel.status()
+
+
 def test_print_config_masks_the_redis_and_sentinel_passwords() -> None:
     password, sentinel_password = secrets.token_hex(12), secrets.token_hex(12)
     result = subprocess.run(
