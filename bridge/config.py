@@ -251,7 +251,7 @@ SETTINGS: dict[str, str] = {
     "redis_username": "Redis 6 ACL user of every Redis connection (registry, metering, the CLIs); "
     "empty: `default`, the `requirepass` user",
     "redis_password": "password of redis_username (Redis `requirepass` or an ACL user's); "
-    "prefer redis_password_file. A password in a URL's user part wins for that URL",
+    "prefer redis_password_file (not with a password in redis_url)",
     "redis_password_file": "file holding the Redis password (its first line; keep it 0600)",
     "redis_sentinel_username": "ACL user of the Sentinels themselves (empty: `default`)",
     "redis_sentinel_password": "the Sentinels' own password (their `requirepass`); the "
@@ -396,6 +396,15 @@ def _validate_redis(config: Config) -> None:
         url = getattr(config, name)
         if url and not url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"{name}: must start with redis://, rediss:// or unix://")
+    from bridge.redact import MASK, redact_url
+
+    if (config.redis_password or config.redis_password_file) and MASK in redact_url(
+        config.redis_url
+    ):
+        raise ConfigError(
+            "redis_url carries a password and redis_password(_file) is set: keep one "
+            "(the settings' file keeps it off the command line)"
+        )
     tls = config.redis_tls or config.redis_url.startswith("rediss://")
     files = ("redis_tls_cafile", "redis_tls_certfile", "redis_tls_keyfile")
     for name in files:

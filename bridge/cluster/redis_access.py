@@ -272,6 +272,9 @@ def explain(exc: BaseException, access: RedisAccess) -> str | None:
         isinstance(exc, ResponseError) and ("NOAUTH" in str(exc) or "WRONGPASS" in str(exc))
     )
     if refused or "WRONGPASS" in text or "NOAUTH" in text:
+        if not access.password and _url_password(access.url):
+            # redis-py lets the URL's user part win over the settings.
+            return "redis_url: Redis refused the user:password in the URL (WRONGPASS)"
         if not access.password:
             return "redis_password: Redis requires a password and none is set (NOAUTH)"
         if access.username:
@@ -297,6 +300,14 @@ def explain(exc: BaseException, access: RedisAccess) -> str | None:
             "want a client certificate (tls-auth-clients)"
         )
     return None
+
+
+def _url_password(url: str) -> bool:
+    """Whether `url` carries a password in its user part."""
+    try:
+        return bool(urlsplit(url).password)
+    except ValueError:
+        return False
 
 
 def _tls_failure(text: str) -> str:

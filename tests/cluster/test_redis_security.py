@@ -173,7 +173,7 @@ def test_print_config_masks_the_redis_and_sentinel_passwords() -> None:
             "--set",
             f"redis_password={password}",
             "--set",
-            f"redis_url=redis://u:{password}@127.0.0.1:1/0",
+            f"metering_redis_url=redis://u:{password}@127.0.0.1:1/0",
             "--set",
             "redis_sentinels=127.0.0.1:2",
             "--set",

@@ -92,6 +92,11 @@ def test_the_command_line_tools_read_the_settings_from_the_environment(tmp_path:
             "redis_username/redis_password: .* user 'u'",
         ),
         (
+            AuthenticationError("invalid username-password pair"),
+            RedisAccess(url="redis://:wrong@h:1/0"),
+            "redis_url: Redis refused the user:password in the URL",
+        ),
+        (
             ResponseError("NOPERM this user has no permissions to run the 'time' command"),
             RedisAccess(username="u", password="x"),
             "redis_username: Redis user 'u' may not",
@@ -144,6 +149,10 @@ def test_redis_being_down_is_no_setting_s_fault() -> None:
         ({"redis_tls": "true", "redis_tls_certfile": "c"}, "set both or neither"),
         ({"redis_sentinel_password": "x"}, "only used with redis_sentinels"),
         ({"redis_url": "127.0.0.1:6379"}, "redis_url: must start with redis://"),
+        (
+            {"redis_url": "redis://:pw@h:1/0", "redis_password": "pw"},
+            "redis_url carries a password and redis_password",
+        ),
     ],
 )
 def test_redis_settings_that_cannot_work_are_refused_at_load(
