@@ -61,17 +61,38 @@ def load_with_overrides(
         return None
 
 
+async def _cancel_the_rest(wait: float) -> None:
+    """Cancel every other task of a start that failed, again and again until they end or `wait`
+    seconds passed: redis-py (8.1) swallows a cancel that lands while it connects, and the
+    single cancel of `asyncio.run`'s clean-up would then wait for ever."""
+    loop = asyncio.get_running_loop()
+    current = asyncio.current_task()
+    deadline = loop.time() + wait
+    while loop.time() < deadline:
+        rest = [task for task in asyncio.all_tasks() if task is not current and not task.done()]
+        if not rest:
+            return
+        for task in rest:
+            task.cancel()
+        await asyncio.wait(rest, timeout=0.1)
+
+
 def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
     """Configure logging and run a Server until SIGTERM/SIGINT; the process exit code."""
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from bridge.cluster.redis_access import RedisSetupError
     from bridge.listeners.server import Server
     from bridge.storage.base import StoreUnavailable
 
     async def run() -> None:
-        await Server(config, serve_mqtt=serve_mqtt).serve()
+        try:
+            await Server(config, serve_mqtt=serve_mqtt).serve()
+        except RedisSetupError:
+            await _cancel_the_rest(5.0)
+            raise
 
     try:
         import uvloop
@@ -82,6 +103,9 @@ def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
     except (OSError, StoreUnavailable) as exc:
         # StoreUnavailable: the store cannot open (RocketMQ unreachable, credentials refused);
         # its message names the cause and the setting, a traceback would add nothing.
+        logging.getLogger(prog).error("cannot start: %s", exc)
+        return 1
+    except RedisSetupError as exc:  # refused credentials, TLS: the message names the setting
         logging.getLogger(prog).error("cannot start: %s", exc)
         return 1
     except KeyboardInterrupt:

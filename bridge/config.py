@@ -129,6 +129,16 @@ class Config:
     redis_master_name: str = "mqtt-bridge"
     redis_timeout: float = 3.0
     redis_wait_replicas: int = 0
+    redis_username: str = ""
+    redis_password: str = ""
+    redis_password_file: str = ""
+    redis_sentinel_username: str = ""
+    redis_sentinel_password: str = ""
+    redis_sentinel_password_file: str = ""
+    redis_tls: bool = False
+    redis_tls_cafile: str = ""
+    redis_tls_certfile: str = ""
+    redis_tls_keyfile: str = ""
     cluster_name: str = "mqtt"
     cluster_secret: str = ""
     cluster_secret_file: str = ""
@@ -308,6 +318,22 @@ SETTINGS: dict[str, str] = {
     "redis_master_name": "the master name the Sentinels monitor",
     "redis_timeout": "seconds a Redis command may take before it counts as failed",
     "redis_wait_replicas": "replicas that must confirm each registry write (WAIT); 1 with Sentinel",
+    "redis_username": "Redis 6 ACL user of every Redis connection (registry, metering, the CLIs); "
+    "empty: `default`, the `requirepass` user",
+    "redis_password": "password of redis_username (Redis `requirepass` or an ACL user's); "
+    "prefer redis_password_file (not with a password in redis_url)",
+    "redis_password_file": "file holding the Redis password (its first line; keep it 0600)",
+    "redis_sentinel_username": "ACL user of the Sentinels themselves (empty: `default`)",
+    "redis_sentinel_password": "the Sentinels' own password (their `requirepass`); the "
+    "servers they monitor use redis_username/redis_password; prefer redis_sentinel_password_file",
+    "redis_sentinel_password_file": "file holding the Sentinels' password (its first line; keep "
+    "it 0600)",
+    "redis_tls": "speak TLS to Redis and its Sentinels (a `rediss://` URL does too)",
+    "redis_tls_cafile": "PEM CA bundle that Redis's certificate must chain to (default: the "
+    "system's)",
+    "redis_tls_certfile": "PEM client certificate for Redis servers that ask for one "
+    "(`tls-auth-clients yes`)",
+    "redis_tls_keyfile": "PEM private key of redis_tls_certfile",
     "cluster_name": "prefix of this cluster's Redis keys (several clusters may share a Redis)",
     "cluster_secret": "the cluster's shared secret (at least 32 characters): peer links and "
     "node-to-node admin calls prove it; prefer cluster_secret_file",
@@ -435,6 +461,40 @@ def _validate_listeners(config: Config) -> None:
         raise ConfigError("tls_client_cert: client certificates need tls_listen or wss_listen")
     if config.tls_cn_as_username and config.tls_client_cert == "none":
         raise ConfigError("tls_cn_as_username: needs tls_client_cert optional or required")
+
+
+def _validate_redis(config: Config) -> None:
+    """The Redis access settings hang together (files are read when Redis is first used)."""
+    for name in ("redis_password", "redis_sentinel_password"):
+        if getattr(config, name) and getattr(config, f"{name}_file"):
+            raise ConfigError(f"{name} and {name}_file: set one, not both")
+    for name in ("redis_url", "metering_redis_url"):
+        url = getattr(config, name)
+        if url and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"{name}: must start with redis://, rediss:// or unix://")
+    from bridge.redact import MASK, redact_url
+
+    if (config.redis_password or config.redis_password_file) and MASK in redact_url(
+        config.redis_url
+    ):
+        raise ConfigError(
+            "redis_url carries a password and redis_password(_file) is set: keep one "
+            "(the settings' file keeps it off the command line)"
+        )
+    tls = config.redis_tls or config.redis_url.startswith("rediss://")
+    files = ("redis_tls_cafile", "redis_tls_certfile", "redis_tls_keyfile")
+    for name in files:
+        if getattr(config, name) and not tls:
+            raise ConfigError(f"{name}: needs redis_tls = true (or a rediss:// redis_url)")
+    if bool(config.redis_tls_certfile) != bool(config.redis_tls_keyfile):
+        raise ConfigError("redis_tls_certfile and redis_tls_keyfile: set both or neither")
+    sentinel_access = (
+        config.redis_sentinel_username
+        or config.redis_sentinel_password
+        or config.redis_sentinel_password_file
+    )
+    if sentinel_access and not config.redis_sentinels:
+        raise ConfigError("redis_sentinel_username/password: only used with redis_sentinels")
 
 
 def _validate_operations(config: Config) -> None:
@@ -608,6 +668,7 @@ def validate(config: Config) -> None:
     if (config.auth_redis or config.acl_redis) and not config.clustered:
         raise ConfigError("auth_redis/acl_redis: need the cluster's Redis (redis_url)")
     _validate_listeners(config)
+    _validate_redis(config)
     _validate_operations(config)
     _validate_limits(config)
     if config.store not in ("filelog", "rocketmq"):

@@ -14,7 +14,13 @@ from urllib.parse import urlsplit, urlunsplit
 MASK = "***"
 
 SECRET_SETTINGS: frozenset[str] = frozenset(
-    {"admin_token", "cluster_secret", "rocketmq_secret_key"}
+    {
+        "admin_token",
+        "cluster_secret",
+        "rocketmq_secret_key",
+        "redis_password",
+        "redis_sentinel_password",
+    }
 )
 """Settings whose whole value is a secret: shown as `***` when set, `''` when empty."""
 

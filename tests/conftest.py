@@ -3,6 +3,7 @@ RocketMQ and one Redis for the session, started on first use."""
 
 from __future__ import annotations
 
+import secrets
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from tests.support.clients import close_all_raw_clients
 from tests.support.processes import BridgeProcess
-from tests.support.redis import LocalRedis
+from tests.support.redis import LocalRedis, RedisAuth
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ, rocketmq_for_tests
 
 
@@ -58,8 +59,13 @@ def secured_rocketmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
     """One redis-server (AOF on, loopback, a free port) for the whole session, started on
     first use by deploy/redis/start.sh. Never skipped: when Redis cannot start, the tests that
-    need it fail saying why. Tests that kill or restart Redis start their own."""
-    server = LocalRedis(tmp_path_factory.mktemp("redis-session"))
+    need it fail saying why. Tests that kill or restart Redis start their own.
+
+    It requires a password, as a production Redis should: `client()` and `url` carry it, and
+    nodes get it through `bridge_settings()` (a password file, never the command line)."""
+    server = LocalRedis(
+        tmp_path_factory.mktemp("redis-session"), auth=RedisAuth(password=secrets.token_hex(16))
+    )
     try:
         server.start()
     except RuntimeError as exc:

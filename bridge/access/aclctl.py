@@ -12,6 +12,10 @@ rules of `acl_file`. A change is checked before it is written, written in one tr
 if another change came first), and announced on `<cluster>:access-changed`, so every node applies
 it at once. `explain` prints the decision and the rule that made it. Rules are numbered from 1.
 
+A Redis that asks for a password or TLS is reached with the node's settings, given as environment
+variables: MQTT_BRIDGE_REDIS_USERNAME, MQTT_BRIDGE_REDIS_PASSWORD_FILE (or _PASSWORD),
+MQTT_BRIDGE_REDIS_TLS, MQTT_BRIDGE_REDIS_TLS_CAFILE, _CERTFILE, _KEYFILE.
+
 Exit status: 0 on success (`explain`: allowed), 1 on failure or a denial, 2 on usage errors.
 """
 
@@ -67,14 +71,14 @@ class RedisRules:
     """The rules list of one cluster in Redis."""
 
     def __init__(self, url: str, cluster: str) -> None:
-        import redis
-
         from bridge.access.control import acl_key, changed_channel
+        from bridge.cluster.redis_access import RedisAccess, RedisSetupError, sync_client
+        from bridge.redact import redact_url
 
         try:
-            self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-        except ValueError as exc:
-            raise AclCtlError(f"bad Redis URL {url!r}: {exc}") from None
+            self.client = sync_client(RedisAccess.from_environment(url))
+        except RedisSetupError as exc:
+            raise AclCtlError(f"{redact_url(url)}: {exc}") from None
         self.key = acl_key(cluster)
         self.channel = changed_channel(cluster)
 
@@ -162,13 +166,20 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     from redis.exceptions import RedisError
 
+    from bridge.cluster.redis_access import RedisAccess, RedisSetupError, explain
+    from bridge.redact import redact_url
+
     try:
         return run(args)
     except (AclCtlError, AclError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     except RedisError as exc:
-        print(f"{PROG}: error: Redis {args.source}: {exc}", file=sys.stderr)
+        try:
+            reason = explain(exc, RedisAccess.from_environment(args.source)) or str(exc)
+        except RedisSetupError as setup:  # the settings that built the client were read before
+            reason = str(setup)
+        print(f"{PROG}: error: Redis {redact_url(args.source)}: {reason}", file=sys.stderr)
         return 1
 
 

@@ -9,6 +9,9 @@ Redis (`auth_redis`).
 With a `redis://` (or `rediss://`) URL the users are the hash `<cluster>:users` (cluster name
 default `mqtt`, the setting `cluster_name`); every change is announced on
 `<cluster>:access-changed`, so the nodes forget cached verifications of the old password at once.
+A Redis that asks for a password or TLS is reached with the node's settings, given as environment
+variables: MQTT_BRIDGE_REDIS_USERNAME, MQTT_BRIDGE_REDIS_PASSWORD_FILE (or _PASSWORD),
+MQTT_BRIDGE_REDIS_TLS, MQTT_BRIDGE_REDIS_TLS_CAFILE, _CERTFILE, _KEYFILE.
 
 `add` also stores the user's SCRAM-SHA-256 credential (MQTT 5.0 enhanced authentication,
 `bridge.access.scram`): a third field on the file line, or the user's field in the hash
@@ -275,17 +278,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _redis_main(args: argparse.Namespace) -> int:
-    import redis
     from redis.exceptions import RedisError
 
     from bridge.access.control import changed_channel, scram_key, users_key
+    from bridge.cluster.redis_access import RedisAccess, RedisSetupError, explain, sync_client
+    from bridge.redact import redact_url
 
     key = users_key(args.cluster)
     scram_hash = scram_key(args.cluster)
+    shown_url = redact_url(args.file)
     try:
-        client = redis.Redis.from_url(args.file, socket_timeout=5, socket_connect_timeout=5)
-    except ValueError as exc:
-        print(f"{PROG}: error: bad Redis URL {args.file!r}: {exc}", file=sys.stderr)
+        access = RedisAccess.from_environment(args.file)
+        client = sync_client(access)
+    except RedisSetupError as exc:
+        print(f"{PROG}: error: {shown_url}: {exc}", file=sys.stderr)
         return 1
     try:
         if args.command == "add":
@@ -321,7 +327,8 @@ def _redis_main(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     except RedisError as exc:
-        print(f"{PROG}: error: Redis {args.file}: {exc}", file=sys.stderr)
+        reason = explain(exc, access) or str(exc)
+        print(f"{PROG}: error: Redis {shown_url}: {reason}", file=sys.stderr)
         return 1
     finally:
         client.close()

@@ -125,7 +125,13 @@ class Cluster:
         bound = self._server.sockets[0].getsockname()
         self.advertise = self.config.peer_advertise or advertise_address(host, bound[1])
         log.info("peer links on %s:%s, advertised as %s", bound[0], bound[1], self.advertise)
-        await self._heartbeat()
+        try:
+            await self._heartbeat()  # the first script run: an ACL too narrow shows here
+        except RedisError as exc:
+            error = self.registry.setup_error(exc)
+            if error is not None:
+                raise error from None
+            raise
         self._judge_after = time.monotonic() + self.config.node_timeout
         if self.holds_sessions:
             await self.take_over_node(self.node_id)

@@ -34,12 +34,18 @@ from typing import Any
 
 from redis import asyncio as aioredis
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
+from bridge.cluster.redis_access import (
+    RedisAccess,
+    RedisSetupError,
+    async_client,
+    close_client,
+    explain,
+)
 from bridge.state import KIND_OFFSETS, KIND_ONLINE, KIND_QOS2_IN, KIND_RETAINED, KIND_SESSION
 from bridge.storage.base import MetaUpdate, SessionBound, StaleOwner, StoreUnavailable
 
@@ -157,19 +163,10 @@ class Claim:
         return out
 
 
-def redis_client(url: str, sentinels: str, master_name: str, timeout: float) -> aioredis.Redis:
-    """A redis-py asyncio client: through Sentinel when `sentinels` ("host:port,...") is set
-    (it follows a failover to the new master), else to `url`."""
-    if sentinels:
-        hosts = []
-        for part in sentinels.split(","):
-            host, _, port = part.strip().rpartition(":")
-            hosts.append((host or "127.0.0.1", int(port)))
-        sentinel = Sentinel(hosts, socket_timeout=timeout, socket_connect_timeout=timeout)
-        return sentinel.master_for(master_name, socket_timeout=timeout, **_retrying())
-    return aioredis.Redis.from_url(
-        url, socket_timeout=timeout, socket_connect_timeout=timeout, **_retrying()
-    )
+def redis_client(access: RedisAccess) -> aioredis.Redis:
+    """The registry's redis-py asyncio client (`bridge.cluster.redis_access.async_client`: the
+    credentials, TLS and Sentinel of the settings), retrying a command whose connection broke."""
+    return async_client(access, **_retrying())
 
 
 def _retrying() -> dict[str, Any]:
@@ -193,8 +190,11 @@ class RedisRegistry:
         *,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        access: RedisAccess | None = None,
     ) -> None:
         self.redis = client
+        self.access = access
+        """How `client` was built: `open` names the setting behind a refusal with it."""
         self.wait_replicas = wait_replicas
         """With replicas (Sentinel), a write counts only once this many replicas have it: a
         failover then cannot drop a write that was acknowledged (Redis replicates
@@ -225,16 +225,26 @@ class RedisRegistry:
 
     async def open(self) -> None:
         """Check Redis answers and load the retained messages. Sessions are not loaded here:
-        the cluster takes over what a previous run of this node left (`Cluster.start`)."""
+        the cluster takes over what a previous run of this node left (`Cluster.start`).
+        Credentials or TLS that Redis refuses raise RedisSetupError naming the setting."""
         try:
             retained = await self.retained()
         except RedisError as exc:
+            error = self.setup_error(exc)
+            if error is not None:
+                raise error from None
             raise StoreUnavailable(f"Redis is not usable: {exc}") from exc
         self._snapshot = {KIND_RETAINED: retained}
         log.info("registry: %d retained messages", len(retained))
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        await close_client(self.redis)
+
+    def setup_error(self, exc: RedisError) -> RedisSetupError | None:
+        """The settings' fault behind a Redis error (refused credentials, a command the ACL
+        user may not run, TLS), naming the setting; None for others (Redis down)."""
+        reason = explain(exc, self.access) if self.access is not None else None
+        return None if reason is None else RedisSetupError(reason)
 
     # -- the node's keyed records ------------------------------------------------------------------
 

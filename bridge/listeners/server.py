@@ -77,19 +77,17 @@ class Server:
         self.cluster: Any = None
         registry = None
         if config.clustered:
+            from bridge.cluster.redis_access import RedisAccess
             from bridge.cluster.registry import RedisRegistry, redis_client
 
+            access = RedisAccess.from_config(config)
             registry = RedisRegistry(
-                redis_client(
-                    config.redis_url,
-                    config.redis_sentinels,
-                    config.redis_master_name,
-                    config.redis_timeout,
-                ),
+                redis_client(access),
                 config.cluster_name,
                 config.resolved_node_id(),
                 wait_replicas=config.redis_wait_replicas,
                 wait_timeout=config.redis_timeout / 3,
+                access=access,
             )
         self.node = Node(config, store if store is not None else make_store(config, registry))
         if registry is not None:

@@ -282,13 +282,11 @@ class Node:
         await self.limits.start(self.cluster.registry.redis if self.cluster is not None else None)
         log.log(logging.INFO if access.authenticating else logging.WARNING, "%s", access.describe())
         if self.config.metering_redis_url:
-            from redis import asyncio as aioredis  # only here: a node without Redis skips 10 MiB
+            # Only here: a node without Redis skips redis-py's 10 MiB.
+            from bridge.cluster.redis_access import RedisAccess, async_client
 
-            self.meter.redis = aioredis.from_url(
-                self.config.metering_redis_url,
-                socket_timeout=self.config.redis_timeout,
-                socket_connect_timeout=self.config.redis_timeout,
-            )
+            access = RedisAccess.from_config(self.config, url=self.config.metering_redis_url)
+            self.meter.redis = async_client(access)
         elif self.cluster is not None:
             self.meter.redis = self.cluster.registry.redis
         self.meter.start()

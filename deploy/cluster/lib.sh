@@ -3,6 +3,7 @@
 #   CLUSTER_PORT       1883    the balancer's MQTT port; node i listens on CLUSTER_PORT + i
 #   CLUSTER_PEER_BASE  18830   node i's peer links on CLUSTER_PEER_BASE + i
 #   CLUSTER_REDIS_PORT 16379
+#   Redis requires the password in $CLUSTER_DIR/redis.password (0600, made by start.sh)
 #   PYTHON             <repo>/.venv/bin/python
 #   CLUSTER_SECRET_FILE $CLUSTER_DIR/cluster.secret  the secret every node proves on its peer
 #                      links; made (mode 0600) on first start, kept across restarts
@@ -19,6 +20,7 @@ CLUSTER_DIR="$(realpath -m "$CLUSTER_DIR")"
 : "${PYTHON:=$REPO/.venv/bin/python}"
 RMQ_NAMESRV="127.0.0.1:${ROCKETMQ_NAMESRV_PORT:-19876}"
 : "${CLUSTER_SECRET_FILE:=$CLUSTER_DIR/cluster.secret}"
+CLUSTER_REDIS_PASSWORD_FILE="$CLUSTER_DIR/redis.password"
 
 die() { echo "cluster: $*" >&2; exit 1; }
 mqtt_port() { echo $((CLUSTER_PORT + $1)); }
@@ -45,6 +47,7 @@ start_node() {
         --data-dir "$dir/data" \
         --set node_id="node$i" --set store=rocketmq --set rocketmq_namesrv="$RMQ_NAMESRV" \
         --set redis_url="redis://127.0.0.1:$CLUSTER_REDIS_PORT/0" \
+        --set redis_password_file="$CLUSTER_REDIS_PASSWORD_FILE" \
         --set peer_listen="127.0.0.1:$((CLUSTER_PEER_BASE + i))" \
         --set cluster_secret_file="$CLUSTER_SECRET_FILE" \
         >>"$dir/bridge.log" 2>&1) &

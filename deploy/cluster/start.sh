@@ -14,7 +14,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 n=${1:-3}
 [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: start.sh N (number of bridge nodes)"
 mkdir -p "$CLUSTER_DIR"
-"$DEPLOY/redis/start.sh" "$CLUSTER_DIR/redis" "$CLUSTER_REDIS_PORT"
+# Redis asks for a password generated once per cluster dir, readable by its owner only.
+[ -s "$CLUSTER_REDIS_PASSWORD_FILE" ] || (umask 077 && od -An -N32 -tx1 /dev/urandom | tr -d " \n" >"$CLUSTER_REDIS_PASSWORD_FILE")
+REDIS_PASSWORD_FILE="$CLUSTER_REDIS_PASSWORD_FILE" "$DEPLOY/redis/start.sh" "$CLUSTER_DIR/redis" "$CLUSTER_REDIS_PORT"
 # RMQ_GROUPS / RMQ_SLAVES (and ROCKETMQ_*) pass through the environment; unset, they are 1 / 0
 # or what a previous start saved in $CLUSTER_DIR/rocketmq/rocketmq.env.
 ROCKETMQ_DATA_DIR="$CLUSTER_DIR/rocketmq" "$DEPLOY/rocketmq/start.sh"

@@ -10,6 +10,19 @@
 # Settings (environment):
 #   REDIS_START_TIMEOUT  30  seconds to wait for PONG (AOF loading counts: a big AOF needs more)
 #   REDIS_STOP_TIMEOUT   30  seconds between SIGTERM and SIGKILL
+# Access (environment; start.sh and start-sentinel.sh):
+#   REDIS_PASSWORD_FILE  file whose first line is the servers' password: `requirepass` of the
+#                        default user, or with REDIS_USER that user's password. Replicas and
+#                        Sentinels log in with it too. No whitespace, quotes or backslashes.
+#   REDIS_USER           an ACL user to create (the default user is then switched off)
+#   REDIS_USER_RULES     its ACL rules, default "~* &* +@all" (replicas and Sentinels log in as
+#                        this user, so keep replication and INFO allowed when they are used)
+#   REDIS_TLS_CERT_FILE, REDIS_TLS_KEY_FILE, REDIS_TLS_CA_FILE
+#                        PEM files: PORT then speaks TLS only (no plaintext port); replication
+#                        and Sentinels' links are TLS too
+#   REDIS_TLS_AUTH_CLIENTS  yes (default: clients need a certificate that REDIS_TLS_CA_FILE
+#                        signed), optional or no
+# Config files that hold a password are written 0600.
 
 : "${REDIS_START_TIMEOUT:=30}"
 : "${REDIS_STOP_TIMEOUT:=30}"
@@ -52,9 +65,10 @@ config_file() {
     if [ -f "$DATA_DIR/sentinel.conf" ]; then echo "$DATA_DIR/sentinel.conf"; else echo "$DATA_DIR/redis.conf"; fi
 }
 
-# config_port: the port in this instance's config.
+# config_port: the port in this instance's config (its tls-port when it speaks TLS only).
 config_port() {
-    awk '$1 == "port" { print $2; exit }' "$(config_file)" 2>/dev/null || true
+    awk '$1 == "port" { plain = $2 } $1 == "tls-port" { tls = $2 }
+        END { print (tls != "" && tls != "0") ? tls : plain }' "$(config_file)" 2>/dev/null || true
 }
 
 port_open() {
@@ -76,13 +90,81 @@ launch() {
     echo $! >"$PID_FILE"
 }
 
+# read_secret FILE WHAT: print the first line of FILE, a password usable in a Redis config line.
+read_secret() {
+    local secret
+    [ -r "$1" ] || die "$2: cannot read $1"
+    secret=$(head -n 1 "$1")
+    [ -n "$secret" ] || die "$2: $1 holds no password on its first line"
+    [[ "$secret" =~ ^[^[:space:]\"\'\\]+$ ]] || die "$2: the password must not hold whitespace, quotes or backslashes"
+    printf '%s' "$secret"
+}
+
+# load_access: read the access settings above into SERVER_PASSWORD, REDIS_USER and TLS_ON, and
+# check the TLS files exist; CLI_USER / CLI_PASSWORD (what wait_pong logs in with) default to
+# the servers' credentials.
+load_access() {
+    SERVER_PASSWORD=""
+    : "${REDIS_USER:=}"
+    : "${REDIS_USER_RULES:=~* &* +@all}"
+    : "${REDIS_TLS_AUTH_CLIENTS:=yes}"
+    if [ -n "${REDIS_PASSWORD_FILE:-}" ]; then
+        SERVER_PASSWORD=$(read_secret "$REDIS_PASSWORD_FILE" REDIS_PASSWORD_FILE)
+    fi
+    [ -z "$REDIS_USER" ] || [ -n "$SERVER_PASSWORD" ] || die "REDIS_USER needs REDIS_PASSWORD_FILE"
+    [[ "$REDIS_USER" =~ ^[A-Za-z0-9._-]*$ ]] || die "REDIS_USER must be [A-Za-z0-9._-]+"
+    TLS_ON=""
+    if [ -n "${REDIS_TLS_CERT_FILE:-}${REDIS_TLS_KEY_FILE:-}${REDIS_TLS_CA_FILE:-}" ]; then
+        local name
+        for name in REDIS_TLS_CERT_FILE REDIS_TLS_KEY_FILE REDIS_TLS_CA_FILE; do
+            [ -r "${!name:-}" ] || die "$name: TLS needs all three files; cannot read '${!name:-}'"
+        done
+        case "$REDIS_TLS_AUTH_CLIENTS" in
+            yes | optional | no) ;;
+            *) die "REDIS_TLS_AUTH_CLIENTS must be yes, optional or no" ;;
+        esac
+        TLS_ON=1
+    fi
+    CLI_USER=$REDIS_USER
+    CLI_PASSWORD=$SERVER_PASSWORD
+}
+
+# tls_conf PORT: the config lines that make PORT a TLS-only port (nothing without TLS).
+tls_conf() {
+    if [ -z "$TLS_ON" ]; then
+        echo "port $1"
+        return
+    fi
+    cat <<CONF
+port 0
+tls-port $1
+tls-cert-file "$REDIS_TLS_CERT_FILE"
+tls-key-file "$REDIS_TLS_KEY_FILE"
+tls-ca-cert-file "$REDIS_TLS_CA_FILE"
+tls-auth-clients $REDIS_TLS_AUTH_CLIENTS
+tls-replication yes
+CONF
+}
+
+# cli PORT ARGS...: redis-cli on 127.0.0.1:PORT, logged in as CLI_USER/CLI_PASSWORD (through
+# the environment, never the command line) and with the TLS files.
+cli() {
+    local port=$1 args=()
+    shift
+    [ -z "$CLI_USER" ] || args+=(--user "$CLI_USER")
+    if [ -n "$TLS_ON" ]; then
+        args+=(--tls --cacert "$REDIS_TLS_CA_FILE" --cert "$REDIS_TLS_CERT_FILE" --key "$REDIS_TLS_KEY_FILE")
+    fi
+    REDISCLI_AUTH="$CLI_PASSWORD" redis-cli --no-auth-warning -p "$port" "${args[@]}" "$@"
+}
+
 # wait_pong PORT: until the launched process answers PING (a server still loading its AOF
 # answers LOADING, so this also waits for the data). On failure kill it: no half-started
 # instance stays behind.
 wait_pong() {
     local port=$1 pid deadline=$((SECONDS + REDIS_START_TIMEOUT))
     pid=$(cat "$PID_FILE")
-    until [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ]; do
+    until [ "$(cli "$port" ping 2>/dev/null)" = PONG ]; do
         if ! alive "$pid"; then
             log_tail
             die "pid $pid exited during start-up (log: $LOG_FILE)"

@@ -8,6 +8,10 @@
 # Settings (only used when DATA_DIR has no sentinel.conf yet):
 #   REDIS_SENTINEL_DOWN_AFTER_MS      2000   unanswered PINGs for this long: master is down
 #   REDIS_SENTINEL_FAILOVER_TIMEOUT_MS 10000 retry a stuck failover after this long
+#   REDIS_SENTINEL_PASSWORD_FILE      the Sentinels' own password (first line): clients and the
+#                                     other Sentinels must give it (requirepass, sentinel-pass)
+#   REDIS_PASSWORD_FILE, REDIS_USER   how the Sentinel logs in to the master and replicas
+#                                     (sentinel auth-pass / auth-user); TLS: lib.sh
 # Sentinel rewrites DATA_DIR/sentinel.conf with what it learns (its id, the epoch, the current
 # master, replicas and other sentinels), so a restart on the same DATA_DIR keeps that file and
 # ignores the master arguments; delete it to start over. stop.sh / kill.sh / status.sh as for
@@ -31,6 +35,14 @@ check_port "$port"
 : "${REDIS_SENTINEL_DOWN_AFTER_MS:=2000}"
 : "${REDIS_SENTINEL_FAILOVER_TIMEOUT_MS:=10000}"
 
+load_access
+sentinel_password=""
+if [ -n "${REDIS_SENTINEL_PASSWORD_FILE:-}" ]; then
+    sentinel_password=$(read_secret "$REDIS_SENTINEL_PASSWORD_FILE" REDIS_SENTINEL_PASSWORD_FILE)
+fi
+# wait_pong logs in to this Sentinel, not to the servers.
+CLI_USER=""
+CLI_PASSWORD=$sentinel_password
 "$HERE/../ensure-debian-packages.sh" redis-sentinel redis-tools:redis-cli procps:ps
 mkdir -p "$DATA_DIR"
 refuse_if_taken "$port"
@@ -39,10 +51,19 @@ conf="$DATA_DIR/sentinel.conf"
 if [ -f "$conf" ]; then
     echo "redis: reusing $conf (Sentinel's own state); delete it to monitor another master"
 else
+    access=""
+    [ -z "$SERVER_PASSWORD" ] || access="sentinel auth-pass $name $SERVER_PASSWORD"
+    [ -z "$REDIS_USER" ] || access="$access
+sentinel auth-user $name $REDIS_USER"
+    [ -z "$sentinel_password" ] || access="$access
+requirepass $sentinel_password
+sentinel sentinel-pass $sentinel_password"
+    touch "$conf"
+    chmod 600 "$conf"
     cat >"$conf" <<CONF
 # Written by deploy/redis/start-sentinel.sh; Sentinel rewrites this file as it learns.
 bind 127.0.0.1
-port $port
+$(tls_conf "$port")
 daemonize no
 dir "$DATA_DIR"
 logfile "$LOG_FILE"
@@ -50,6 +71,7 @@ sentinel monitor $name ${master%:*} ${master##*:} $quorum
 sentinel down-after-milliseconds $name $REDIS_SENTINEL_DOWN_AFTER_MS
 sentinel failover-timeout $name $REDIS_SENTINEL_FAILOVER_TIMEOUT_MS
 sentinel parallel-syncs $name 1
+$access
 CONF
 fi
 

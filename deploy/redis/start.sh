@@ -9,7 +9,9 @@
 #   deploy/redis/start.sh DATA_DIR PORT [--replicaof HOST:PORT]
 #   deploy/redis/start.sh /srv/redis-a 6379
 #   deploy/redis/start.sh /srv/redis-b 6380 --replicaof 127.0.0.1:6379
-# Then: status.sh, stop.sh (SIGTERM), kill.sh (SIGKILL) with the same DATA_DIR. Settings: lib.sh.
+#   REDIS_PASSWORD_FILE=/srv/redis.pw REDIS_USER=mqtt deploy/redis/start.sh /srv/redis-a 6379
+# Then: status.sh, stop.sh (SIGTERM), kill.sh (SIGKILL) with the same DATA_DIR. Settings, a
+# password, an ACL user and TLS: lib.sh.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -31,16 +33,32 @@ case "$REDIS_APPENDFSYNC" in
     *) die "REDIS_APPENDFSYNC must be everysec, always or no, not '$REDIS_APPENDFSYNC'" ;;
 esac
 
+load_access
 "$HERE/../ensure-debian-packages.sh" redis-server redis-tools:redis-cli procps:ps
 mkdir -p "$DATA_DIR"
 refuse_if_taken "$port"
 
+# The password lines: requirepass of the default user, or an ACL user and the default user off;
+# a replica logs in to its master with the same credentials.
+access=""
+if [ -n "$REDIS_USER" ]; then
+    access="user default off
+user $REDIS_USER on >$SERVER_PASSWORD $REDIS_USER_RULES
+masteruser $REDIS_USER
+masterauth $SERVER_PASSWORD"
+elif [ -n "$SERVER_PASSWORD" ]; then
+    access="requirepass $SERVER_PASSWORD
+masterauth $SERVER_PASSWORD"
+fi
+
 # Rewritten at every start from the arguments; Sentinel may rewrite it too (CONFIG REWRITE after
 # a failover), which only matters until the next start.sh.
+touch "$DATA_DIR/redis.conf"
+chmod 600 "$DATA_DIR/redis.conf"
 cat >"$DATA_DIR/redis.conf" <<CONF
 # Written by deploy/redis/start.sh.
 bind 127.0.0.1
-port $port
+$(tls_conf "$port")
 daemonize no
 dir "$DATA_DIR"
 logfile "$LOG_FILE"
@@ -51,9 +69,10 @@ save ""
 # connects instead of waiting repl-diskless-sync-delay (5 s) for more replicas.
 repl-diskless-sync-max-replicas 1
 $replicaof
+$access
 CONF
 
 launch redis-server "$DATA_DIR/redis.conf"
 wait_pong "$port"
 echo "redis: up (pid $(recorded_pid)) on 127.0.0.1:$port${replicaof:+, $replicaof}," \
-    "appendfsync $REDIS_APPENDFSYNC, data $DATA_DIR"
+    "appendfsync $REDIS_APPENDFSYNC${SERVER_PASSWORD:+, password${REDIS_USER:+ of user $REDIS_USER}}${TLS_ON:+, TLS}, data $DATA_DIR"

@@ -20,7 +20,7 @@ def cluster(
     redis_server: LocalRedis,
 ) -> Iterator[ClusterLauncher]:
     launcher = ClusterLauncher(
-        bridge_factory, rocketmq.namesrv_addr, (f"redis_url={redis_server.url}",)
+        bridge_factory, rocketmq.namesrv_addr, tuple(redis_server.bridge_settings())
     )
     yield launcher
     launcher.stop_all()

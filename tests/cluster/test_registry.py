@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from bridge.cluster.redis_access import RedisAccess
 from bridge.cluster.registry import RedisRegistry, redis_client
 from bridge.state import KIND_OFFSETS, KIND_ONLINE, KIND_RETAINED, KIND_SESSION
 from bridge.storage.base import MetaUpdate, SessionBound, StaleOwner
@@ -27,7 +28,9 @@ def run(
         made: list[RedisRegistry] = []
 
         def registry_of(node_id: str) -> RedisRegistry:
-            registry = RedisRegistry(redis_client(redis_server.url, "", "", 3.0), prefix, node_id)
+            registry = RedisRegistry(
+                redis_client(RedisAccess(url=redis_server.url)), prefix, node_id
+            )
             made.append(registry)
             return registry
 

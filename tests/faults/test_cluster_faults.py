@@ -103,7 +103,7 @@ def cluster(
     redis_server: LocalRedis,
 ) -> ClusterLauncher:
     return ClusterLauncher(
-        bridge_factory, rocketmq.namesrv_addr, (f"redis_url={redis_server.url}",)
+        bridge_factory, rocketmq.namesrv_addr, tuple(redis_server.bridge_settings())
     )
 
 
@@ -130,7 +130,7 @@ def test_kill_9_of_one_of_three_nodes_behind_haproxy_loses_no_pubacked_message_a
                 will=Will(f"wills/dev{i}", f"will-dev{i}".encode(), 1, False),
             )
             will_clients[f"dev{i}"] = client
-        registry = connect(redis_server.addr)
+        registry = redis_server.client()
         owners = {cid: registry.hget(f"{cluster.name}:c:{cid}", "node") for cid in will_clients}
         victim_id = max(("a", "b", "c"), key=lambda n: list(owners.values()).count(n))
         victim = cluster.nodes[victim_id]
@@ -256,7 +256,7 @@ def test_sigterm_drains_a_node_under_load_its_clients_move_and_nothing_acknowled
         _subscribe_everywhere(nodes, "keeper", "load/#")
         keeper = Qos1Subscriber(lb.frontend_port, "keeper")
         keeper.start()
-        registry = connect(redis_server.addr)
+        registry = redis_server.client()
         drained: list[BridgeProcess] = []
 
         def drain_busiest() -> None:
@@ -307,7 +307,7 @@ def test_a_node_added_under_load_takes_new_clients_without_restarting_the_others
         c = added[0]
         # leastconn sends new clients to the new node (it has none yet): of three new clients
         # held open together, at least one is on it, and it gets cross-node traffic.
-        registry = connect(redis_server.addr)
+        registry = redis_server.client()
         with contextlib.ExitStack() as stack:
             newcomers = {
                 f"newcomer{i}": stack.enter_context(

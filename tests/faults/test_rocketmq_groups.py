@@ -437,7 +437,7 @@ def test_a_three_node_cluster_over_two_groups_delivers_across_nodes_and_moves_se
     queue); a persistent session that queued messages of both groups while offline resumes on
     another node (its positions, one per part, travel through Redis) and gets all of them."""
     launcher = ClusterLauncher(
-        bridge_factory, two_groups.namesrv_addr, (f"redis_url={redis_server.url}",)
+        bridge_factory, two_groups.namesrv_addr, tuple(redis_server.bridge_settings())
     )
     node1 = launcher.start("n1")
     node2 = launcher.start("n2")

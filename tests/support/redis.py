@@ -11,6 +11,12 @@
     group.failover()                                    # returns the new master's "host:port"
     group.stop()
 
+Access: `LocalRedis(dir, auth=RedisAuth(password="pw"))` starts it with `requirepass`;
+`RedisAuth(password=..., username="app", user_rules="~mqtt:* ...")` with an ACL user (the default
+user off); `RedisAuth(tls=make_tls_files(dir))` TLS-only; `RedisAuth(sentinel_password=...)` gives
+a Sentinel group's Sentinels their own password. `client()` logs in with them, `url` carries
+the password in its user part, `bridge_settings()` gives a node the same as `redis_*` settings.
+
 Every process is also killed by PID when its object is garbage collected or the interpreter
 exits (weakref.finalize), so an interrupted or failing test leaves no server behind.
 """
@@ -23,11 +29,13 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self, TypeVar
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tests.support.redis_auth import NO_AUTH, RedisAuth
 from tests.support.rocketmq import free_port_block
 from tests.support.scripts import DEPLOY, log_tail, recorded_pid, run_script
 
@@ -77,10 +85,13 @@ class _RedisProcess:
 
     start_script: str
 
-    def __init__(self, data_dir: Path | str, port: int | None, start_timeout: float) -> None:
+    def __init__(
+        self, data_dir: Path | str, port: int | None, start_timeout: float, auth: RedisAuth
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port_block()
         self.start_timeout = start_timeout
+        self.auth = auth
         self._finalizer = weakref.finalize(self, _kill_quietly, self.data_dir)
 
     @property
@@ -109,13 +120,22 @@ class _RedisProcess:
         """SIGTERM and wait until it is gone (a server writes out its AOF first)."""
         self._script("stop.sh", str(self.data_dir), timeout=60)
 
+    def status(self) -> str:
+        """What deploy/redis/status.sh prints for it, logged in with `auth` (it raises
+        RuntimeError when the process is not running or not answering)."""
+        return self._script("status.sh", str(self.data_dir), timeout=30)
+
     def kill(self) -> None:
         """SIGKILL by PID, a crash: no shutdown, no final fsync. Waits until it is gone."""
         self._script("kill.sh", str(self.data_dir), timeout=60)
 
     def client(self, **kwargs: Any) -> redis.Redis:
-        """A redis-py client for this process (see connect); close it, e.g. with `with`."""
-        return connect(self.addr, **kwargs)
+        """A redis-py client for this process (see connect), logged in with `auth`; close it,
+        e.g. with `with`."""
+        return connect(self.addr, **(self._login() | kwargs))
+
+    def _login(self) -> dict[str, Any]:
+        return self.auth.server_options()
 
     def log_tail(self, lines: int = 30) -> str:
         return log_tail(self.data_dir / "redis.log", lines)
@@ -130,7 +150,9 @@ class _RedisProcess:
         raise NotImplementedError
 
     def _env(self) -> dict[str, str]:
-        return {"REDIS_START_TIMEOUT": str(int(self.start_timeout))}
+        return {"REDIS_START_TIMEOUT": str(int(self.start_timeout))} | self.auth.script_env(
+            self.data_dir.parent / f"{self.data_dir.name}-secrets"
+        )
 
     def _script(self, name: str, *args: str, timeout: float) -> str:
         return run_script(SCRIPTS / name, *args, timeout=timeout, env=self._env())
@@ -160,14 +182,33 @@ class LocalRedis(_RedisProcess):
         replicaof: str | None = None,
         appendfsync: str = "everysec",
         start_timeout: float = 30.0,
+        auth: RedisAuth = NO_AUTH,
     ) -> None:
-        super().__init__(data_dir, port, start_timeout)
+        super().__init__(data_dir, port, start_timeout, auth)
         self.replicaof = replicaof
         self.appendfsync = appendfsync
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """`redis://[user:password@]127.0.0.1:PORT/0` (`rediss://` with TLS, whose files the
+        URL cannot carry: see bridge_settings)."""
+        scheme = "rediss" if self.auth.tls is not None else "redis"
+        login = ""
+        if self.auth.password:
+            login = f"{quote(self.auth.username, safe='')}:{quote(self.auth.password, safe='')}@"
+        return f"{scheme}://{login}127.0.0.1:{self.port}/0"
+
+    @property
+    def bare_url(self) -> str:
+        """The URL without credentials (they come from settings: bridge_settings)."""
+        scheme = "rediss" if self.auth.tls is not None else "redis"
+        return f"{scheme}://127.0.0.1:{self.port}/0"
+
+    def bridge_settings(self) -> list[str]:
+        """`NAME=VALUE` settings for a bridge node using this Redis: its bare URL and the
+        access settings (the password in a 0600 file)."""
+        secrets = self.data_dir.parent / f"{self.data_dir.name}-secrets"
+        return [f"redis_url={self.bare_url}", *self.auth.bridge_settings(secrets)]
 
     def restart(self) -> Self:
         """Stop it if it runs, then start it again on the same port and data dir, which reloads
@@ -200,8 +241,9 @@ class LocalSentinel(_RedisProcess):
         quorum: int = 2,
         down_after_ms: int = 2000,
         start_timeout: float = 30.0,
+        auth: RedisAuth = NO_AUTH,
     ) -> None:
-        super().__init__(data_dir, port, start_timeout)
+        super().__init__(data_dir, port, start_timeout, auth)
         self.master_name = master_name
         self.master_addr = master_addr
         self.quorum = quorum
@@ -219,6 +261,9 @@ class LocalSentinel(_RedisProcess):
     def _env(self) -> dict[str, str]:
         return super()._env() | {"REDIS_SENTINEL_DOWN_AFTER_MS": str(self.down_after_ms)}
 
+    def _login(self) -> dict[str, Any]:
+        return self.auth.sentinel_options()
+
 
 class LocalSentinelRedis:
     """A Sentinel-managed Redis on loopback: a master, one replica and three Sentinels with
@@ -235,14 +280,20 @@ class LocalSentinelRedis:
         *,
         down_after_ms: int = 2000,
         start_timeout: float = 30.0,
+        auth: RedisAuth = NO_AUTH,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.master_name = master_name
         self.start_timeout = start_timeout
+        self.auth = auth
         base = free_port_block((0, 1, 2, 3, 4))
-        first = LocalRedis(self.data_dir / "redis-0", base, start_timeout=start_timeout)
+        first = LocalRedis(self.data_dir / "redis-0", base, start_timeout=start_timeout, auth=auth)
         replica = LocalRedis(
-            self.data_dir / "redis-1", base + 1, replicaof=first.addr, start_timeout=start_timeout
+            self.data_dir / "redis-1",
+            base + 1,
+            replicaof=first.addr,
+            start_timeout=start_timeout,
+            auth=auth,
         )
         self.servers = [first, replica]
         self.sentinel_processes = [
@@ -253,6 +304,7 @@ class LocalSentinelRedis:
                 first.addr,
                 down_after_ms=down_after_ms,
                 start_timeout=start_timeout,
+                auth=auth,
             )
             for i in range(3)
         ]
@@ -261,6 +313,23 @@ class LocalSentinelRedis:
     def sentinels(self) -> list[str]:
         """The Sentinels' "host:port" addresses, for clients that follow failovers."""
         return [sentinel.addr for sentinel in self.sentinel_processes]
+
+    def bridge_settings(self) -> list[str]:
+        """`NAME=VALUE` settings for a bridge node using this group through its Sentinels,
+        with the servers' and the Sentinels' credentials (passwords in 0600 files)."""
+        secrets = self.data_dir / "bridge-secrets"
+        secrets.mkdir(parents=True, exist_ok=True)
+        settings = [
+            f"redis_sentinels={','.join(self.sentinels)}",
+            f"redis_master_name={self.master_name}",
+            *self.auth.bridge_settings(secrets),
+        ]
+        if self.auth.sentinel_password:
+            path = secrets / "sentinel-password"
+            path.write_text(self.auth.sentinel_password + "\n")
+            path.chmod(0o600)
+            settings.append(f"redis_sentinel_password_file={path}")
+        return settings
 
     def start(self) -> LocalSentinelRedis:
         """Start all five; return once the replica is in sync and every Sentinel knows the
@@ -339,7 +408,7 @@ class LocalSentinelRedis:
             running = sum(1 for sentinel in self.sentinel_processes if sentinel.pid is not None)
             if len(reports) != running or len(set(reports)) != 1 or reports[0] == old_addr:
                 return None
-            with connect(reports[0]) as client:
+            with connect(reports[0], **self.auth.server_options()) as client:
                 client.set(WRITE_PROBE_KEY, time.time())  # ReadOnlyError while still a replica
             return reports[0]
 
