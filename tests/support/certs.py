@@ -1,7 +1,7 @@
 """Throw-away certificates for TLS tests (cryptography): a CA and the certificates it signs.
 
     ca = make_ca("cluster CA"); write(tmp_path, "node1", issue(ca, "node1"))   # peer links
-    files = make_tls_files(tmp_path / "tls")   # ca.pem, server.pem/.key (127.0.0.1), client.pem/.key
+    files = make_tls_files(tmp_path / "tls")   # ca.pem, server.pem/.key, client.pem/.key
 
 Every certificate is valid from an hour ago for a day; keys are P-256, written 0600.
 """
