@@ -28,9 +28,10 @@ from bridge.mqtt.topics import SHARE_PREFIX, validate_topic_filter, validate_top
 if TYPE_CHECKING:
     from collections.abc import Coroutine
 
+    from yarl import URL
+
     from bridge.config import Config
     from bridge.node import Node
-    from bridge.operations.admin_node_calls import NodeCalls
     from bridge.operations.served import Served
 
 API_PREFIX = "/api/v1"
@@ -58,13 +59,30 @@ class Route:
     node_calls: bool = False
 
 
+class NodeCallSigner(Protocol):
+    """What the admin parts use of this node's node-call credentials
+    (`bridge.operations.admin_node_calls.NodeCalls`): whether it can sign, and the headers."""
+
+    @property
+    def can_call(self) -> bool:
+        """Whether this node has a cluster secret to sign calls with."""
+        ...
+
+    def signed_headers(self, method: str, url: URL, target: str) -> dict[str, str]:
+        """The headers of a body-less call to node `target` at `url`."""
+        ...
+
+
 class AdminHost(Protocol):
     """What a part of the admin API (a group of endpoints in its own module) reads of the
     `AdminAPI` that serves it."""
 
     server: Served
     config: Config
-    node_calls: NodeCalls
+    @property
+    def node_calls(self) -> NodeCallSigner:
+        """This node's node-call credentials."""
+        ...
 
     @property
     def node(self) -> Node: ...
