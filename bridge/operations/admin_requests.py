@@ -79,6 +79,7 @@ class AdminHost(Protocol):
 
     server: Served
     config: Config
+
     @property
     def node_calls(self) -> NodeCallSigner:
         """This node's node-call credentials."""
