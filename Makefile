@@ -7,7 +7,7 @@ SPARK_STAMP := $(VENV)/.spark-stamp
 COMPILE_STAMP := $(VENV)/.compiled-stamp
 # The modules setup.py compiles with mypyc (its COMPILED list): a change to one rebuilds them.
 COMPILED_SRC := $(shell sed -n 's/^    "\(bridge\/.*\.py\)",$$/\1/p' setup.py)
-LISTEN ?= 0.0.0.0:1883
+LISTEN ?= 127.0.0.1:1883
 DATA   ?= ./data
 PYTEST_ARGS ?=
 N      ?= 3

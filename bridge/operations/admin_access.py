@@ -68,7 +68,7 @@ class AccessAPI(AdminPart):
         return web.json_response(
             {
                 "authenticating": self.access.authenticating,
-                "allow_anonymous": config.allow_anonymous,
+                "allow_anonymous": config.anonymous_allowed,
                 "password_file": config.password_file or None,
                 "redis_users": users_key(config.cluster_name) if config.auth_redis else None,
                 "items": items,

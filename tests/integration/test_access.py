@@ -54,7 +54,8 @@ def secured(tmp_path: Path, bridge_factory: Callable[..., BridgeProcess]) -> Bri
     passwd.chmod(0o600)
     acl = tmp_path / "acl.conf"
     acl.write_text(ACL)
-    return bridge_factory(f"password_file={passwd}", f"acl_file={acl}")
+    # Anonymous clients are part of the ACL under test ("allow anonymous" rules).
+    return bridge_factory(f"password_file={passwd}", f"acl_file={acl}", "allow_anonymous=true")
 
 
 def connect(
