@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 from bridge import __version__
 from bridge.config import ENV_PREFIX, SETTINGS, Config, ConfigError, load_config
+from bridge.private_files import PROCESS_UMASK
 from bridge.redact import shown
 
 
@@ -98,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     config = load_with_overrides("mqtt-bridge", args.config, overrides, args.set)
     if config is None:
         return 2
+    # Files libraries write under data_dir are private too (bridge.private_files).
+    os.umask(PROCESS_UMASK)
     if args.print_config:
         for name in SETTINGS:
             print(f"{name} = {shown(name, getattr(config, name))!r}")
