@@ -10,6 +10,7 @@ import sys
 
 from bridge import __version__
 from bridge.config import ENV_PREFIX, SETTINGS, Config, ConfigError, load_config
+from bridge.logtext import EscapingFilter
 from bridge.private_files import PROCESS_UMASK
 from bridge.redact import shown
 
@@ -69,6 +70,8 @@ def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(EscapingFilter())  # one record, one line, whatever it quotes
     from bridge.listeners.server import Server
 
     async def run() -> None:

@@ -88,6 +88,7 @@ class Config:
     session_expiry_seconds: float = 7 * 24 * 3600.0
     max_keepalive: int = 0
     connect_timeout: float = 10.0
+    refused_connect_log_interval: float = 10.0
     allow_zero_length_clientid: bool = True
     max_connections: int = 0
     connection_rate: float = 0.0
@@ -239,6 +240,9 @@ SETTINGS: dict[str, str] = {
     "session_expiry_seconds": "a persistent session offline this long is discarded",
     "max_keepalive": "largest keepalive granted, in seconds (0: whatever the client asks)",
     "connect_timeout": "seconds a new connection has to send CONNECT",
+    "refused_connect_log_interval": "at most one log line per this many seconds for each kind "
+    "of refused CONNECT (reason code), saying how many more were refused (each is counted; 0: "
+    "every one)",
     "allow_zero_length_clientid": "accept an empty ClientId with clean session (an id is assigned)",
     "max_connections": "client sockets this node holds (0: unlimited); a CONNECT beyond gets "
     "CONNACK 0x97 (3.1.1: 3); changeable at run time (`PUT /api/v1/limits`)",
@@ -478,6 +482,11 @@ def _validate_limits(config: Config) -> None:
         OriginPolicy(config.ws_allowed_origins)
     except OriginError as exc:
         raise ConfigError(f"ws_allowed_origins: {exc}") from None
+    if not 0 <= config.refused_connect_log_interval <= 86400:  # also refuses nan
+        raise ConfigError(
+            "refused_connect_log_interval: 0 to 86400 seconds, got "
+            f"{config.refused_connect_log_interval}"
+        )
     if not 0 <= config.tls_failure_log_interval <= 86400:  # also refuses nan
         raise ConfigError(
             f"tls_failure_log_interval: 0 to 86400 seconds, got {config.tls_failure_log_interval}"

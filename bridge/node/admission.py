@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.access.acl import PUBLISH
 from bridge.access.auth import AuthResult
+from bridge.logtext import RefusalLog, client_text, suppressed_note
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import is_delayed
 from bridge.mqtt.packets import Connack, Connect
@@ -83,6 +84,7 @@ class Admission:
         """Why the node takes no new clients now (a reason code: draining, at
         max_connections), or None when it does."""
         self.topic_fault = topic_fault
+        self.refusals = RefusalLog(config.refused_connect_log_interval)
         """What is wrong with a topic under the configured limits (None: nothing)."""
 
     async def paced(self, conn: ClientLink, packet: Connect) -> bool:
@@ -204,6 +206,7 @@ class Admission:
                 _AUTH_REASONS[result],
                 f"authentication failed ({result.name}) for user {packet.username!r}",
                 level,
+                client_id,
             )
             return False, None
         ban = None
@@ -271,12 +274,23 @@ class Admission:
         self.metrics.inc("banned_connects")
         why = f"; {ban.reason}" if ban.reason else ""
         reason = f"ClientId {client_id!r} banned by {ban.kind} {ban.value!r}{why}"
-        self.refuse(conn, ReasonCode.BANNED, reason, level)
+        self.refuse(conn, ReasonCode.BANNED, reason, level, client_id)
 
-    def refuse(self, conn: Refusable, code: int, reason: str, level: int = 4) -> None:
+    def refuse(
+        self, conn: Refusable, code: int, reason: str, level: int = 4, client_id: str = ""
+    ) -> None:
         """Answer CONNACK with a refusal (`code`, a 5.0 reason code; a 3.1.1 client gets the
-        return code closest to it), log and count it, close."""
-        log.warning("client %r from %s refused: %s", conn.client_id or "", conn.peer, reason)
+        return code closest to it), log it (paced per reason code: `RefusalLog`; `client_id`:
+        the one the CONNECT asked for, before the connection has one) and count it, close."""
+        shown, suppressed = self.refusals.note(code)
+        if shown:
+            log.warning(
+                "client %s from %s refused: %s%s",
+                client_text(conn.client_id or client_id),
+                conn.peer,
+                client_text(reason, 256),
+                suppressed_note(suppressed),
+            )
         self.metrics.inc("connections_refused")
         if level >= 5:
             props: dict[int, Any] = {PropertyId.REASON_STRING: reason[:200]}
