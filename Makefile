@@ -81,6 +81,7 @@ lint: install
 	bridge/listeners/v5.py bridge/listeners/link.py bridge/listeners/enhanced_auth.py \
 	bridge/listeners/inbound.py bridge/listeners/outbound_acks.py \
 	bridge/access/ratelimit.py bridge/access/watch.py bridge/listeners/origins.py bridge/listeners/pacing.py \
+		bridge/logtext.py bridge/private_files.py bridge/listeners/exposure.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 
 test: test-deps lint
