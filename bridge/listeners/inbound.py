@@ -218,9 +218,9 @@ class Inbound:
             denied.add(packet.topic)
         log.log(
             logging.WARNING if first else logging.DEBUG,
-            "client %s (user %s): PUBLISH to %s dropped: %s (0x%02X)",
+            "client %s (user %s): PUBLISH to '%s' dropped: %s (0x%02X)",
             client_text(conn.client_id),
-            client_text(conn.username),
+            "None" if conn.username is None else f"'{client_text(conn.username)}'",
             client_text(packet.topic),
             why,
             reason,

@@ -123,7 +123,7 @@ class Wills:
         """Publish a will once: the online record is deleted in the same atomic append."""
         self.metrics.inc("wills_published")
         log.info(
-            "client %s: publishing will to %s", client_text(client_id), client_text(message.topic)
+            "client %s: publishing will to '%s'", client_text(client_id), client_text(message.topic)
         )
         meta = [MetaUpdate(KIND_ONLINE, client_id, None)] if clear_online else []
         if message.retain:
