@@ -118,7 +118,15 @@ class AccessAPI(AdminPart):
             raise ApiError(400, f"action must be {PUBLISH} or {SUBSCRIBE}, got {action!r}")
         checked = _checked_topic(action, topic)
         username = params.get("username")
-        answer = explain(self.access.acl.rules, action, client_id, username, checked)
+        acl = self.access.acl
+        answer = explain(
+            acl.rules,
+            action,
+            client_id,
+            username,
+            checked,
+            private_client_events=acl.private_client_events,
+        )
         steps = [
             {
                 "index": index,

@@ -156,3 +156,13 @@ def test_an_existing_open_data_dir_is_closed_to_others(tmp_path):
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     make_private_dir(data)  # existing: left as it is
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
+
+
+def test_the_acl_explanation_says_why_client_events_are_refused_without_rules():
+    from bridge.access.acl import SUBSCRIBE
+    from bridge.access.explain import explain
+
+    refused = explain(None, SUBSCRIBE, "c", "alice", "$SYS/#", private_client_events=True)
+    assert not refused.allowed and "client events are refused" in refused.reason
+    assert explain(None, SUBSCRIBE, "c", "alice", "$SYS/brokers/+/uptime").allowed
+    assert explain(None, SUBSCRIBE, "c", None, "$SYS/#").allowed
