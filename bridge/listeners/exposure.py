@@ -41,12 +41,24 @@ def public_listeners(config: Config) -> list[tuple[str, str]]:
     return exposed
 
 
+def _any_public(config: Config) -> bool:
+    from bridge.config import parse_listen
+
+    addresses = [*config.listen, *config.ws_listen, *config.tls_listen, *config.wss_listen]
+    return any(not is_loopback_host(parse_listen(address)[0]) for address in addresses)
+
+
 def describe_exposure(config: Config) -> tuple[int, str]:
     """The start-up log line saying who can reach the client listeners, and why, with its level
     (a warning when anonymous clients can come from other machines)."""
     exposed = public_listeners(config)
     if not config.anonymous_allowed:
         return logging.INFO, "client listeners: anonymous clients refused"
+    if not exposed and config.tls_client_cert == "required" and _any_public(config):
+        return logging.INFO, (
+            "client listeners beyond loopback require a client certificate; anonymous "
+            "clients are accepted on loopback only"
+        )
     if not exposed:
         return logging.INFO, (
             "client listeners on loopback only: anonymous clients are accepted, so the bridge "

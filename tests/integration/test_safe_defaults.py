@@ -4,6 +4,8 @@ $SYS client events need an ACL rule."""
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 from bridge.access.passwd import hash_password
 from bridge.mqtt.packets import Connack, Connect
 from tests.support.clients import RawClient
-from tests.support.processes import BridgeProcess, free_port
+from tests.support.processes import REPO, BridgeProcess, free_port
 
 SUBACK_FAILURE = 0x80
 
@@ -99,3 +101,19 @@ def test_without_users_a_loopback_node_keeps_client_events_open(bridge) -> None:
         assert client.subscribe("$SYS/brokers/+/clients/+/+", 1) == [1]
     finally:
         client.sock.close()
+
+
+def test_a_public_listener_without_users_exits_2_naming_the_setting_and_no_traceback(
+    tmp_path: Path,
+) -> None:
+    args = [sys.executable, "-m", "bridge", "--listen", f"0.0.0.0:{free_port()}"]
+    args += ["--data-dir", str(tmp_path / "data")]
+    result = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "configuration error: listen: 0.0.0.0:" in line
+    assert "allow_anonymous_public=true" in line
+
+
+def test_a_node_without_users_says_it_listens_on_loopback_only(bridge) -> None:
+    bridge.wait_for_log("client listeners on loopback only")

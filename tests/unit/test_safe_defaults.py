@@ -88,6 +88,7 @@ def test_a_tls_listener_that_requires_client_certificates_may_be_public():
         tls_listen=["0.0.0.0:8883"], ws_listen=["127.0.0.1:8083"], tls_client_cert="required"
     )
     assert public_listeners(config) == []
+    assert "require a client certificate" in describe_exposure(config)[1]
     config.tls_client_cert = "optional"
     assert public_listeners(config) == [("tls_listen", "0.0.0.0:8883")]
 
