@@ -46,7 +46,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/mqtt-bridge \
     PATH=/opt/mqtt-bridge/bin:$PATH \
     MQTT_BRIDGE_DATA_DIR=/data \
+    MQTT_BRIDGE_LISTEN=0.0.0.0:1883 \
+    MQTT_BRIDGE_ALLOW_ANONYMOUS_PUBLIC=true \
     MQTT_BRIDGE_ADMIN_LISTEN=0.0.0.0:8080
+
+# A container is reached through its published ports, so it listens on 0.0.0.0; outside a
+# container a node without users stays on loopback unless allow_anonymous_public is set
+# (docs/operations.md, "Hardening: safe defaults"). Give users (MQTT_BRIDGE_PASSWORD_FILE)
+# before publishing port 1883 beyond this host: anonymous clients are then refused.
 
 # The wheels are bind-mounted from the build stage, so they never become a layer of this image.
 # --no-index: everything comes from /wheels, nothing from a registry at this point.
@@ -62,7 +69,7 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 
 # 1883 MQTT, 8883 MQTT over TLS, 8083 MQTT over WebSocket, 8084 secure WebSocket, 8080 admin API
 # (/api/v1/..., /metrics), 18830 peer links between cluster nodes. Only the listeners that the
-# settings turn on are open: listen (default 0.0.0.0:1883), tls_listen, ws_listen, wss_listen,
+# settings turn on are open: listen (0.0.0.0:1883 in this image), tls_listen, ws_listen, wss_listen,
 # admin_listen (0.0.0.0:8080 in this image), peer_listen (clustered nodes only).
 EXPOSE 1883 8883 8083 8084 8080 18830
 

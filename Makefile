@@ -7,7 +7,7 @@ SPARK_STAMP := $(VENV)/.spark-stamp
 COMPILE_STAMP := $(VENV)/.compiled-stamp
 # The modules setup.py compiles with mypyc (its COMPILED list): a change to one rebuilds them.
 COMPILED_SRC := $(shell sed -n 's/^    "\(bridge\/.*\.py\)",$$/\1/p' setup.py)
-LISTEN ?= 0.0.0.0:1883
+LISTEN ?= 127.0.0.1:1883
 DATA   ?= ./data
 PYTEST_ARGS ?=
 N      ?= 3
@@ -83,6 +83,7 @@ lint: install
 	bridge/listeners/v5.py bridge/listeners/link.py bridge/listeners/enhanced_auth.py \
 	bridge/listeners/inbound.py bridge/listeners/outbound_acks.py \
 	bridge/access/ratelimit.py bridge/access/watch.py bridge/listeners/origins.py bridge/listeners/pacing.py \
+		bridge/logtext.py bridge/private_files.py bridge/listeners/exposure.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 
 test: test-deps lint

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 from bridge import __version__
 from bridge.config import ENV_PREFIX, SETTINGS, Config, ConfigError, load_config
+from bridge.logtext import EscapingFilter
+from bridge.private_files import PROCESS_UMASK
 from bridge.redact import shown
 
 
@@ -83,6 +86,8 @@ def run_server(config: Config, prog: str, *, serve_mqtt: bool = True) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(EscapingFilter())  # one record, one line, whatever it quotes
     from bridge.cluster.redis_access import RedisSetupError
     from bridge.listeners.server import Server
     from bridge.storage.base import StoreUnavailable
@@ -125,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     config = load_with_overrides("mqtt-bridge", args.config, overrides, args.set)
     if config is None:
         return 2
+    # Files libraries write under data_dir are private too (bridge.private_files).
+    os.umask(PROCESS_UMASK)
     if args.print_config:
         for name in SETTINGS:
             print(f"{name} = {shown(name, getattr(config, name))!r}")

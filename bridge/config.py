@@ -25,7 +25,7 @@ MiB = 1024 * KiB
 class Config:
     """Every setting of a bridge node, with its default."""
 
-    listen: list[str] = field(default_factory=lambda: ["0.0.0.0:1883"])
+    listen: list[str] = field(default_factory=lambda: ["127.0.0.1:1883"])
     tls_listen: list[str] = field(default_factory=list)
     ws_listen: list[str] = field(default_factory=list)
     wss_listen: list[str] = field(default_factory=list)
@@ -34,6 +34,7 @@ class Config:
     tls_certfile: str = ""
     tls_keyfile: str = ""
     tls_cafile: str = ""
+    tls_crlfile: str = ""
     tls_client_cert: str = "none"
     tls_cn_as_username: bool = False
     tls_failure_log_interval: float = 10.0
@@ -54,7 +55,8 @@ class Config:
     rocketmq_tls_verify_hostname: bool = True
     notify: bool = True
     password_file: str = ""
-    allow_anonymous: bool = True
+    allow_anonymous: bool | None = None
+    allow_anonymous_public: bool = False
     auth_redis: bool = False
     auth_cache_ttl: float = 60.0
     acl_file: str = ""
@@ -107,6 +109,7 @@ class Config:
     session_expiry_seconds: float = 7 * 24 * 3600.0
     max_keepalive: int = 0
     connect_timeout: float = 10.0
+    refused_connect_log_interval: float = 10.0
     allow_zero_length_clientid: bool = True
     use_username_as_clientid: bool = False
     max_connections: int = 0
@@ -153,6 +156,19 @@ class Config:
     interest_grace: float = 5.0
 
     @property
+    def has_user_source(self) -> bool:
+        """Whether clients are authenticated: a password file, Redis users or certificate CNs."""
+        return bool(self.password_file or self.auth_redis or self.tls_cn_as_username)
+
+    @property
+    def anonymous_allowed(self) -> bool:
+        """`allow_anonymous` resolved: unset means true without a user source, false with one
+        (Mosquitto 2.0's rule), so configuring users never leaves the door open by accident."""
+        if self.allow_anonymous is None:
+            return not self.has_user_source
+        return self.allow_anonymous
+
+    @property
     def clustered(self) -> bool:
         """Whether this node is a cluster member (a Redis registry is configured)."""
         return bool(self.redis_url or self.redis_sentinels)
@@ -166,7 +182,8 @@ class Config:
 
 
 SETTINGS: dict[str, str] = {
-    "listen": "TCP listener `HOST:PORT`; repeatable (`--listen`), comma-separated in the env var",
+    "listen": "TCP listener `HOST:PORT`; repeatable (`--listen`), comma-separated in the env var. "
+    "A non-loopback address while anonymous clients are accepted needs allow_anonymous_public",
     "tls_listen": "MQTT over TLS listeners `HOST:PORT` (usually 8883); need tls_certfile/keyfile",
     "ws_listen": "MQTT over WebSocket listeners `HOST:PORT` (usually 8083)",
     "wss_listen": "MQTT over secure WebSocket listeners `HOST:PORT` (usually 8084)",
@@ -176,6 +193,8 @@ SETTINGS: dict[str, str] = {
     "tls_certfile": "PEM server certificate (chain) of the TLS and WSS listeners",
     "tls_keyfile": "PEM private key of tls_certfile",
     "tls_cafile": "PEM CA bundle that client certificates must chain to",
+    "tls_crlfile": "PEM certificate revocation list(s) of tls_cafile's CAs: a revoked client "
+    "certificate fails the handshake (needs tls_client_cert optional or required)",
     "tls_client_cert": "`none`, `optional` or `required`: ask TLS clients for a certificate",
     "tls_cn_as_username": "a verified client certificate's CN is the user name (no password)",
     "tls_failure_log_interval": "at most one log line per this many seconds about failed TLS "
@@ -202,7 +221,10 @@ SETTINGS: dict[str, str] = {
     "address connected to (brokers: the IP the NameServer lists)",
     "notify": "run notify inside this node (store=rocketmq); `false` when it runs on its own",
     "password_file": "file of `user:hash` lines (`python -m bridge.passwd`); empty: no auth",
-    "allow_anonymous": "with auth on, accept CONNECT without user name (false: CONNACK 5)",
+    "allow_anonymous": "accept CONNECT without user name (false: CONNACK 5); unset: true "
+    "without a user source, false once password_file, auth_redis or tls_cn_as_username is set",
+    "allow_anonymous_public": "let client listeners bind a non-loopback address while anonymous "
+    "clients are accepted (false: such a configuration is refused at start-up)",
     "auth_redis": "also check users in the cluster's Redis (`bridge.passwd redis://...`)",
     "auth_cache_ttl": "seconds a successful password check is remembered (0: never)",
     "acl_file": "file of per-topic publish/subscribe rules (docs/operations.md); empty: all",
@@ -286,6 +308,9 @@ SETTINGS: dict[str, str] = {
     "session_expiry_seconds": "a persistent session offline this long is discarded",
     "max_keepalive": "largest keepalive granted, in seconds (0: whatever the client asks)",
     "connect_timeout": "seconds a new connection has to send CONNECT",
+    "refused_connect_log_interval": "at most one log line per this many seconds for each kind "
+    "of refused CONNECT (reason code), saying how many more were refused (each is counted; 0: "
+    "every one)",
     "allow_zero_length_clientid": "accept an empty ClientId with clean session (an id is assigned)",
     "use_username_as_clientid": "the ClientId is the client's user name, whatever it sent (as "
     "Mosquitto's option; 5.0 clients get it as Assigned Client Identifier); no user name: refused",
@@ -359,7 +384,15 @@ class ConfigError(Exception):
     """A setting has a bad name or value; the message says which and why."""
 
 
+# Settings whose default is "unset" (None), resolved at validation; they take true/false or `auto`.
+_OPTIONAL_BOOLS = frozenset({"allow_anonymous"})
+
+
 def _coerce(name: str, raw: Any, template: Any) -> Any:
+    if name in _OPTIONAL_BOOLS:
+        if raw is None or str(raw).strip().lower() in ("", "auto"):
+            return None
+        template = False
     if isinstance(template, bool):
         if isinstance(raw, bool):
             return raw
@@ -461,6 +494,23 @@ def _validate_listeners(config: Config) -> None:
         raise ConfigError("tls_client_cert: client certificates need tls_listen or wss_listen")
     if config.tls_cn_as_username and config.tls_client_cert == "none":
         raise ConfigError("tls_cn_as_username: needs tls_client_cert optional or required")
+    if config.tls_crlfile and config.tls_client_cert == "none":
+        raise ConfigError("tls_crlfile: revocation lists need tls_client_cert optional or required")
+
+
+def _validate_exposure(config: Config) -> None:
+    """Anonymous access stays on loopback unless allow_anonymous_public says otherwise
+    (docs/decisions.md, "Safe defaults")."""
+    from bridge.listeners.exposure import public_listeners
+
+    exposed = public_listeners(config)
+    if exposed and config.anonymous_allowed and not config.allow_anonymous_public:
+        name, address = exposed[0]
+        raise ConfigError(
+            f"{name}: {address} is not a loopback address and anonymous clients are accepted "
+            "(no password_file, auth_redis or tls_cn_as_username, or allow_anonymous=true): "
+            "configure users, listen on 127.0.0.1, or set allow_anonymous_public=true"
+        )
 
 
 def _validate_redis(config: Config) -> None:
@@ -558,6 +608,11 @@ def _validate_limits(config: Config) -> None:
         OriginPolicy(config.ws_allowed_origins)
     except OriginError as exc:
         raise ConfigError(f"ws_allowed_origins: {exc}") from None
+    if not 0 <= config.refused_connect_log_interval <= 86400:  # also refuses nan
+        raise ConfigError(
+            "refused_connect_log_interval: 0 to 86400 seconds, got "
+            f"{config.refused_connect_log_interval}"
+        )
     if not 0 <= config.tls_failure_log_interval <= 86400:  # also refuses nan
         raise ConfigError(
             f"tls_failure_log_interval: 0 to 86400 seconds, got {config.tls_failure_log_interval}"
@@ -659,16 +714,16 @@ def validate(config: Config) -> None:
         raise ConfigError(f"node_id: {config.node_id!r} is reserved (pick a name)")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
-    if not config.allow_anonymous and not (
-        config.password_file or config.auth_redis or config.tls_cn_as_username
-    ):
+    if config.allow_anonymous is False and not config.has_user_source:
         raise ConfigError(
             "allow_anonymous: false needs a password_file, auth_redis or tls_cn_as_username"
         )
+    config.allow_anonymous = config.anonymous_allowed
     if (config.auth_redis or config.acl_redis) and not config.clustered:
         raise ConfigError("auth_redis/acl_redis: need the cluster's Redis (redis_url)")
     _validate_listeners(config)
     _validate_redis(config)
+    _validate_exposure(config)
     _validate_operations(config)
     _validate_limits(config)
     if config.store not in ("filelog", "rocketmq"):

@@ -120,6 +120,16 @@ def overlaps(a: str, b: str) -> bool:
     return True
 
 
+CLIENT_EVENTS_FILTER = "$SYS/brokers/+/clients/+/+"
+"""Every client event topic (`bridge.operations.systopics.event_topic`): who connected, from
+which address, as which user."""
+
+
+def may_see_client_events(topic_filter: str) -> bool:
+    """Whether a subscription to `topic_filter` could receive client events."""
+    return overlaps(topic_filter, CLIENT_EVENTS_FILTER)
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One parsed rule."""
@@ -201,9 +211,12 @@ def parse_rules(lines: Iterable[str], origin: str) -> list[Rule]:
 class Acl:
     """The rules in force and a cache of decisions.
 
-    `rules=None` means authorisation is off: everything is allowed (and nothing cached). Decisions
-    are cached per (ClientId, user name, action, topic) for `cache_ttl` seconds; `replace` swaps
-    the rules and empties the cache at once, so a change is never hidden by a cached decision.
+    `rules=None` means authorisation is off: everything is allowed (and nothing cached), except,
+    with `private_client_events`, subscriptions that could receive client events (their IP
+    addresses, user names and ClientIds are for operators; with rules, one naming `$SYS` must
+    allow them). Decisions are cached per (ClientId, user name, action, topic) for `cache_ttl`
+    seconds; `replace` swaps the rules and empties the cache at once, so a change is never hidden
+    by a cached decision.
     """
 
     def __init__(
@@ -213,8 +226,10 @@ class Acl:
         cache_ttl: float = DEFAULT_CACHE_TTL,
         cache_size: int = DEFAULT_CACHE_SIZE,
         clock: Callable[[], float] = time.monotonic,
+        private_client_events: bool = False,
     ) -> None:
         self.rules = rules
+        self.private_client_events = private_client_events
         self._cache: TTLCache[tuple[str, str | None, str, str], bool] = TTLCache(
             cache_ttl, cache_size, clock
         )
@@ -253,6 +268,8 @@ class Acl:
     def subscribe_allowed(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         """Whether a SUBSCRIBE to `topic_filter` is granted: the first rule that covers it
         decides (deny rules that share only some topics with it filter deliveries instead)."""
+        if self.rules is None and self.private_client_events:
+            return not may_see_client_events(topic_filter)
         return self.allows(SUBSCRIBE, client_id, username, topic_filter)
 
     def filters_reads(self, client_id: str, username: str | None) -> bool:

@@ -102,7 +102,7 @@ class AccessControl:
         if config.password_file:
             self.password_file = PasswordFile(
                 config.password_file,
-                allow_anonymous=config.allow_anonymous,
+                allow_anonymous=config.anonymous_allowed,
                 cache_ttl=config.auth_cache_ttl,
             )
         self.redis: Any = None
@@ -114,9 +114,13 @@ class AccessControl:
             load_acl_file(config.acl_file) if config.acl_file else None
         )
         self._redis_rules: list[Rule] = []
-        self.acl = Acl(self._combined_rules(), cache_ttl=config.acl_cache_ttl)
-        self.authenticating = bool(
-            config.password_file or config.auth_redis or config.tls_cn_as_username
+        self.authenticating = config.has_user_source
+        # With users, client events (addresses, user names) are not for every user: without an
+        # ACL nobody subscribes to them (docs/decisions.md, "Safe defaults").
+        self.acl = Acl(
+            self._combined_rules(),
+            cache_ttl=config.acl_cache_ttl,
+            private_client_events=self.authenticating,
         )
         # Password hashes are slow on purpose and release the GIL: a small pool bounds their CPU.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="auth")
@@ -141,10 +145,12 @@ class AccessControl:
                 )
                 if on
             ]
-            anonymous = "allowed" if self.config.allow_anonymous else "refused"
+            anonymous = "allowed" if self.config.anonymous_allowed else "refused"
             auth = f"authentication by {', '.join(sources)}; anonymous clients {anonymous}"
         if self.acl.rules is None:
             acl = "ACL off: every client may publish and subscribe to every topic"
+            if self.acl.private_client_events:
+                acl += " but the $SYS client events"
         else:
             acl = f"ACL: {len(self.acl.rules)} rules, no match denies"
         return f"{auth}; {acl}"
@@ -256,7 +262,7 @@ class AccessControl:
         if username is None:
             if password is not None:
                 return AuthResult.BAD_CREDENTIALS
-            return AuthResult.ACCEPTED if config.allow_anonymous else AuthResult.NOT_AUTHORIZED
+            return AuthResult.ACCEPTED if config.anonymous_allowed else AuthResult.NOT_AUTHORIZED
         if password is None:
             return AuthResult.BAD_CREDENTIALS
         loop = asyncio.get_running_loop()

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge.access.acl import PUBLISH, SUBSCRIBE, Acl, Decision, Rule, covers, overlaps, substitute
+from bridge.access.acl import (
+    PUBLISH,
+    SUBSCRIBE,
+    Acl,
+    Decision,
+    Rule,
+    covers,
+    may_see_client_events,
+    overlaps,
+    substitute,
+)
 from bridge.mqtt.topics import topic_matches
 
 OTHER_ACTION = "other action"
@@ -49,13 +59,24 @@ class Explanation:
 
 
 def explain(
-    rules: list[Rule] | None, action: str, client_id: str, username: str | None, topic: str
+    rules: list[Rule] | None,
+    action: str,
+    client_id: str,
+    username: str | None,
+    topic: str,
+    *,
+    private_client_events: bool = False,
 ) -> Explanation:
     """Why `client_id` (as `username`) may or may not `action` (PUBLISH: a topic name;
-    SUBSCRIBE: a filter) on `topic` under `rules` (None: ACL off)."""
+    SUBSCRIBE: a filter) on `topic` under `rules` (None: ACL off; then, with
+    `private_client_events`, filters that could receive client events are refused, as
+    `Acl.subscribe_allowed` does)."""
     if action not in (PUBLISH, SUBSCRIBE):
         raise ValueError(f"action must be {PUBLISH} or {SUBSCRIBE}, got {action!r}")
     if rules is None:
+        if private_client_events and action == SUBSCRIBE and may_see_client_events(topic):
+            reason = "ACL off with users configured: the $SYS client events are refused"
+            return Explanation(False, False, None, [], reason, [])
         return Explanation(False, True, None, [], "ACL off: every request is allowed", [])
     deciding_rule = Acl(rules).first_applying(action, client_id, username, topic)
     steps: list[RuleOutcome] = []

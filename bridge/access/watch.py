@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.cluster.redis_errors import redis_errors
+from bridge.private_files import make_private_dir, open_private
 
 log = logging.getLogger("bridge.access")
 
@@ -80,10 +81,10 @@ async def stop_following(task: asyncio.Task[None] | None) -> None:
 
 def replace_file(path: Path, text: str) -> None:
     """Write `text` to a temporary file, fsync it, rename it over `path`, fsync the directory:
-    after a crash the file holds the old content or the new one, whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    after a crash the file holds the old content or the new one, whole. Mode 0600."""
+    make_private_dir(path.parent)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as fh:
+    with open(open_private(temporary, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())

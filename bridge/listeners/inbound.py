@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from bridge.access.acl import PUBLISH
 from bridge.listeners.v5 import ProtocolFault, Version5
+from bridge.logtext import client_text
 from bridge.mqtt import codec
 from bridge.mqtt.codec import encode_puback, encode_pubrec
 from bridge.mqtt.delayed import DelayedTopic, DelayedTopicError, is_delayed, parse_delayed
@@ -254,10 +255,10 @@ class Inbound:
             denied.add(packet.topic)
         log.log(
             logging.WARNING if first else logging.DEBUG,
-            "client %s (user %r): PUBLISH to %r dropped: %s (0x%02X)",
-            conn.client_id,
-            conn.username,
-            packet.topic,
+            "client %s (user %s): PUBLISH to '%s' dropped: %s (0x%02X)",
+            client_text(conn.client_id),
+            "None" if conn.username is None else f"'{client_text(conn.username)}'",
+            client_text(packet.topic),
             why,
             reason,
         )

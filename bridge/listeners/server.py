@@ -23,6 +23,7 @@ from bridge.listeners.connection import Connection
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node import Node
 from bridge.operations.memory import HeapTrimmer
+from bridge.private_files import secure_data_dir
 from bridge.state import KIND_ONLINE
 from bridge.storage.base import MessageStore, MetaUpdate, StoreUnavailable
 
@@ -121,6 +122,7 @@ class Server:
         """Restore state, then accept connections on every configured listener."""
         if not self.config.fsync:
             log.warning("fsync is OFF: acknowledged messages can be lost on power failure")
+        secure_data_dir(Path(self.config.data_dir))
         await self.node.start()
         if self.cluster is not None:
             await self.cluster.start()
@@ -136,6 +138,7 @@ class Server:
         gc.set_threshold(10_000, 50, 50)
         self.heap.start()
         if self.serve_mqtt:
+            from bridge.listeners.exposure import describe_exposure
             from bridge.listeners.tls import TLSAcceptor, server_context
 
             config = self.config
@@ -183,6 +186,7 @@ class Server:
                         secured(websocket_factory(connections("wss"), config, metrics)),
                     ),
                 ]
+            log.log(*describe_exposure(config))
             loop = asyncio.get_running_loop()
             for what, addresses, factory in kinds:
                 for address in addresses:

@@ -81,7 +81,23 @@ def server_context(config: Config) -> ssl.SSLContext | None:
             raise TLSConfigError(
                 f"tls_cafile {cafile}: cannot load the CA certificates: {exc.reason or exc}"
             ) from None
+        if config.tls_crlfile:
+            _load_crl(context, config.tls_crlfile)
     return context
+
+
+def _load_crl(context: ssl.SSLContext, crlfile: str) -> None:
+    """Check each client certificate against the revocation lists in `crlfile`. Only the leaf
+    is checked: a CRL is needed for every CA the check covers, and an intermediate CA's
+    revocation is its issuer's business (remove it from tls_cafile instead)."""
+    _read_pem("tls_crlfile", crlfile, "-----BEGIN X509 CRL-----", "certificate revocation list")
+    try:
+        context.load_verify_locations(cafile=crlfile)
+    except ssl.SSLError as exc:
+        raise TLSConfigError(
+            f"tls_crlfile {crlfile}: cannot load the revocation list: {exc.reason or exc}"
+        ) from None
+    context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
 
 
 def peer_cert_cn(transport: Any) -> str | None:

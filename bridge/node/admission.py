@@ -20,6 +20,7 @@ from bridge.access.acl import PUBLISH
 from bridge.access.auth import AuthResult
 from bridge.access.ownership import describe, refusal
 from bridge.access.ratelimit import LogThrottle
+from bridge.logtext import RefusalLog, client_text, suppressed_note
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import is_delayed
 from bridge.mqtt.packets import Connack, Connect
@@ -90,6 +91,7 @@ class Admission:
         """Why the node takes no new clients now (a reason code: draining, at
         max_connections), or None when it does."""
         self.topic_fault = topic_fault
+        self.refusals = RefusalLog(config.refused_connect_log_interval)
         """What is wrong with a topic under the configured limits (None: nothing)."""
         self.not_owner_log = LogThrottle(_NOT_OWNER_LOG_INTERVAL)
         """Paces the log lines about CONNECTs refused for another identity's session."""
@@ -214,6 +216,7 @@ class Admission:
                 _AUTH_REASONS[result],
                 f"authentication failed ({result.name}) for user {packet.username!r}",
                 level,
+                client_id,
             )
             return False, None, client_id
         if self.config.use_username_as_clientid:
@@ -305,7 +308,7 @@ class Admission:
         self.metrics.inc("banned_connects")
         why = f"; {ban.reason}" if ban.reason else ""
         reason = f"ClientId {client_id!r} banned by {ban.kind} {ban.value!r}{why}"
-        self.refuse(conn, ReasonCode.BANNED, reason, level)
+        self.refuse(conn, ReasonCode.BANNED, reason, level, client_id)
 
     def refuse_not_owner(
         self, conn: Refusable, client_id: str, owner: str, identity: str, level: int
@@ -317,25 +320,40 @@ class Admission:
         self.metrics.inc("connections_refused_not_owner")
         log_it, suppressed = self.not_owner_log.note(time.monotonic())
         if log_it:
-            more = f" ({suppressed} more such refusals since the last line)" if suppressed else ""
             log.warning(
-                "client %r from %s refused: its session belongs to %s, not to %s%s",
-                client_id,
+                "client %s from %s refused: its session belongs to %s, not to %s%s",
+                client_text(client_id),
                 conn.peer,
                 describe(owner),
                 describe(identity),
-                more,
+                suppressed_note(suppressed),
             )
         reason = refusal(owner, identity) or "the ClientId's session belongs to another identity"
         self.refuse(conn, ReasonCode.NOT_AUTHORIZED, reason, level, log_it=False)
 
     def refuse(
-        self, conn: Refusable, code: int, reason: str, level: int = 4, *, log_it: bool = True
+        self,
+        conn: Refusable,
+        code: int,
+        reason: str,
+        level: int = 4,
+        client_id: str = "",
+        *,
+        log_it: bool = True,
     ) -> None:
         """Answer CONNACK with a refusal (`code`, a 5.0 reason code; a 3.1.1 client gets the
-        return code closest to it), log (unless the caller did) and count it, close."""
-        if log_it:
-            log.warning("client %r from %s refused: %s", conn.client_id or "", conn.peer, reason)
+        return code closest to it), log it unless the caller did (paced per reason code:
+        `RefusalLog`; `client_id`: the one the CONNECT asked for, before the connection has
+        one) and count it, close."""
+        shown, suppressed = self.refusals.note(code) if log_it else (False, 0)
+        if shown:
+            log.warning(
+                "client %s from %s refused: %s%s",
+                client_text(conn.client_id or client_id),
+                conn.peer,
+                client_text(reason, 256),
+                suppressed_note(suppressed),
+            )
         self.metrics.inc("connections_refused")
         if level >= 5:
             props: dict[int, Any] = {PropertyId.REASON_STRING: reason[:200]}

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bridge.access.ownership import identity_of, refusal
+from bridge.logtext import client_text
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connack, Connect, Disconnect
 from bridge.mqtt.properties import PropertyId
@@ -304,9 +305,9 @@ class SessionLifecycle:
         if packet.reason_code >= 0x80:
             log.info(
                 "client %s: DISCONNECT with reason 0x%02X %s",
-                session.client_id,
+                client_text(session.client_id),
                 packet.reason_code,
-                packet.properties.get(PropertyId.REASON_STRING, ""),
+                client_text(packet.properties.get(PropertyId.REASON_STRING, "")),
             )
         return True
 

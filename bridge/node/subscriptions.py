@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from bridge.logtext import client_text
 from bridge.mqtt import codec
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.packets import SUBACK_FAILURE, Suback, Subscribe, Unsuback, Unsubscribe
@@ -239,9 +240,9 @@ class Subscriptions:
     ) -> int:
         """Log and count a refused filter; its SUBACK return code."""
         log.warning(
-            "client %s: SUBSCRIBE %r refused (0x%02X): %s",
-            session.client_id,
-            topic_filter,
+            "client %s: SUBSCRIBE '%s' refused (0x%02X): %s",
+            client_text(session.client_id),
+            client_text(topic_filter),
             code,
             reason,
         )

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from bridge.logtext import client_text
 from bridge.mqtt.packets import Will
 from bridge.mqtt.properties import PropertyId
 from bridge.node.roles import Spawner
@@ -121,7 +122,9 @@ class Wills:
     async def publish(self, client_id: str, message: Message, *, clear_online: bool = True) -> None:
         """Publish a will once: the online record is deleted in the same atomic append."""
         self.metrics.inc("wills_published")
-        log.info("client %s: publishing will to %r", client_id, message.topic)
+        log.info(
+            "client %s: publishing will to '%s'", client_text(client_id), client_text(message.topic)
+        )
         meta = [MetaUpdate(KIND_ONLINE, client_id, None)] if clear_online else []
         if message.retain:
             meta.extend(self.publisher.retained.updates(message))

@@ -68,7 +68,7 @@ class AccessAPI(AdminPart):
         return web.json_response(
             {
                 "authenticating": self.access.authenticating,
-                "allow_anonymous": config.allow_anonymous,
+                "allow_anonymous": config.anonymous_allowed,
                 "password_file": config.password_file or None,
                 "redis_users": users_key(config.cluster_name) if config.auth_redis else None,
                 "items": items,
@@ -118,7 +118,15 @@ class AccessAPI(AdminPart):
             raise ApiError(400, f"action must be {PUBLISH} or {SUBSCRIBE}, got {action!r}")
         checked = _checked_topic(action, topic)
         username = params.get("username")
-        answer = explain(self.access.acl.rules, action, client_id, username, checked)
+        acl = self.access.acl
+        answer = explain(
+            acl.rules,
+            action,
+            client_id,
+            username,
+            checked,
+            private_client_events=acl.private_client_events,
+        )
         steps = [
             {
                 "index": index,

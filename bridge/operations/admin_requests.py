@@ -24,6 +24,7 @@ from aiohttp import web
 from bridge.config import parse_listen
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.topics import SHARE_PREFIX, validate_topic_filter, validate_topic_name
+from bridge.private_files import make_private_dir
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -269,7 +270,7 @@ def advertised(listen: str, port: int) -> str:
 
 def write_token_file(path: Path, token: str) -> None:
     """Write `token` readable by this user only (mode 0600), replacing any older file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

@@ -54,7 +54,8 @@ def secured(tmp_path: Path, bridge_factory: Callable[..., BridgeProcess]) -> Bri
     passwd.chmod(0o600)
     acl = tmp_path / "acl.conf"
     acl.write_text(ACL)
-    return bridge_factory(f"password_file={passwd}", f"acl_file={acl}")
+    # Anonymous clients are part of the ACL under test ("allow anonymous" rules).
+    return bridge_factory(f"password_file={passwd}", f"acl_file={acl}", "allow_anonymous=true")
 
 
 def connect(
@@ -97,7 +98,9 @@ def test_connect_without_credentials_is_refused_with_5_when_anonymous_is_not_all
     passwd = tmp_path / "passwd"
     passwd.write_text(f"alice:{hash_password('alice-pw', n=2**10)}\n")
     passwd.chmod(0o600)
-    node = bridge_factory(f"password_file={passwd}", "allow_anonymous=false")
+    node = bridge_factory(
+        f"password_file={passwd}", "allow_anonymous=false", "refused_connect_log_interval=0"
+    )
     never_sent, connack = connect(node.port, "no-credentials")
     assert connack.return_code == 5
     never_sent.expect_closed()

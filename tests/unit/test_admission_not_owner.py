@@ -83,4 +83,4 @@ def test_refusals_are_logged_once_per_interval_with_the_count_left_out_and_escap
     gate.not_owner_log.last -= 60  # as if the interval had passed
     with caplog.at_level(logging.WARNING, logger="bridge.node"):
         gate.refuse_not_owner(RefusedLink(), "phone", "user:alice", "anonymous", 4)
-    assert "(4 more such refusals since the last line)" in caplog.records[-1].getMessage()
+    assert "(+4 more not logged since the last line)" in caplog.records[-1].getMessage()

@@ -329,7 +329,9 @@ def test_access_control_from_the_settings(pwfile):
     assert isinstance(strict.password_file, PasswordFile)
     assert access_result(strict, None, None) is AuthResult.NOT_AUTHORIZED
     assert access_result(strict, "alice", b"wonderland") is AuthResult.ACCEPTED
-    lenient = AccessControl(Config(password_file=str(pwfile)))
+    by_default = AccessControl(Config(password_file=str(pwfile)))
+    assert access_result(by_default, None, None) is AuthResult.NOT_AUTHORIZED
+    lenient = AccessControl(Config(password_file=str(pwfile), allow_anonymous=True))
     assert access_result(lenient, None, None) is AuthResult.ACCEPTED
     certified = AccessControl(
         Config(tls_cn_as_username=True, tls_client_cert="required", allow_anonymous=False)

@@ -425,6 +425,16 @@ def test_the_dockerfile_runs_unprivileged_with_a_health_check_and_pinned_bases()
     assert any(word == "VOLUME" and "/data" in rest for word, rest in instructions)
 
 
+def test_the_image_environment_is_a_valid_configuration_listening_on_all_addresses():
+    env: dict[str, str] = {}
+    for word, rest in dockerfile_instructions():
+        if word == "ENV":
+            env.update(re.findall(r"(\w+)=(\S+)", rest))
+    settings = {key: value for key, value in env.items() if key.startswith(ENV_PREFIX)}
+    config = load_config(env=settings)  # no ConfigError: exposure is explicit in the image
+    assert config.listen == ["0.0.0.0:1883"] and config.allow_anonymous_public
+
+
 def test_the_dockerignore_keeps_what_the_image_is_built_from():
     ignored = {
         line.strip().rstrip("/")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.private_files import FILE_MODE, make_private_dir
 from bridge.storage.filelog.index import CacheEntry, QueueIndex
 from bridge.storage.records import (
     HEADER,
@@ -137,7 +138,7 @@ def write_batch(
                 previous.unsynced = False
         if seg.fd is None:
             flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-            seg.fd = os.open(seg.path, flags, 0o644)
+            seg.fd = os.open(seg.path, flags, FILE_MODE)
             seg.written = seg.allocated = 0
             if fsync:
                 fsync_dir(log_dir)
@@ -306,7 +307,7 @@ class _Replayer:
 
 def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> Recovered:
     """Load the snapshot, replay every segment, cut a torn tail; make the log ready to append."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(log_dir)
     snapshot = _load_snapshot(data_dir, snapshot_name)
     snapshot_pos, meta, ends = snapshot if snapshot is not None else (0, {}, {})
     result = Recovered([], meta=meta, snapshot_pos=snapshot_pos)
@@ -367,7 +368,7 @@ def recover(data_dir: Path, log_dir: Path, snapshot_name: str, fsync: bool) -> R
                 )
             base = max(end, snapshot_pos)
             path = segment_path(log_dir, base)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             result.segments.append(Segment(base, path, fd, os.fstat(fd).st_size, 0.0))
             if fsync:
                 fsync_dir(log_dir)
@@ -425,7 +426,7 @@ def write_snapshot(
     data = encode_snapshot(position, meta, ends)
     path = data_dir / name
     tmp = data_dir / (name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
     try:
         write_all(fd, data)
         if fsync:
