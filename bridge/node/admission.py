@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.access.acl import PUBLISH
 from bridge.access.auth import AuthResult
+from bridge.access.bans import peer_ip
+from bridge.access.login_guard import LOG_INTERVAL, FailedLogins
+from bridge.access.login_queue import LoginsBusy
+from bridge.access.ratelimit import LogThrottle
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import is_delayed
 from bridge.mqtt.packets import Connack, Connect
@@ -43,6 +48,12 @@ _AUTH_REASONS = {
     AuthResult.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
     AuthResult.UNAVAILABLE: ReasonCode.SERVER_UNAVAILABLE,
 }
+
+
+def source_address(peer: str) -> str:
+    """The IP address of a `host:port` peer, as the per-address limits count it."""
+    ip = peer_ip(peer)
+    return peer if ip is None else str(ip)
 
 
 class Refusable(Protocol):
@@ -84,6 +95,13 @@ class Admission:
         max_connections), or None when it does."""
         self.topic_fault = topic_fault
         """What is wrong with a topic under the configured limits (None: nothing)."""
+        self.failed_logins = FailedLogins(
+            config.login_failure_delay, config.login_failure_delay_max
+        )
+        """Failed logins by address: how long the next refusal of each waits."""
+        self.busy_log = LogThrottle(LOG_INTERVAL)
+        """One log line per `LOG_INTERVAL` about logins refused because too many wait: a
+        flood of them must not flood the log."""
 
     async def paced(self, conn: ClientLink, packet: Connect) -> bool:
         """Wait for the CONNECT's turn under the node's `connection_rate`; False once refused
@@ -188,23 +206,36 @@ class Admission:
         """Authenticate and check the will against the ACL: whether the client is admitted, and
         the user name it acts as (None: anonymous). Refused clients are answered here."""
         level = packet.protocol_level
+        source = source_address(conn.peer)
         if conn.auth_method is not None:
             # Enhanced authentication (MQTT 5.0 AUTH) already proved who the client is.
             result, username = AuthResult.ACCEPTED, conn.username
         else:
-            result, username = await self.access.authenticate(
-                client_id, packet.username, packet.password, conn.cert_cn
-            )
+            try:
+                result, username = await self.access.authenticate(
+                    client_id,
+                    packet.username,
+                    packet.password,
+                    conn.cert_cn,
+                    source=source,
+                    wanted=lambda: not conn.closed,
+                )
+            except LoginsBusy as busy:
+                if not conn.closed:
+                    self.metrics.inc("logins_busy")
+                    log_it, suppressed = self.busy_log.note(time.monotonic())
+                    more = f" ({suppressed} more since the last line)" if suppressed else ""
+                    if log_it:
+                        log.warning(
+                            "client from %s: login not checked: %s%s", conn.peer, busy, more
+                        )
+                    why = f"login not checked: {busy}"
+                    self.refuse(conn, ReasonCode.SERVER_BUSY, why, level, log_it=False)
+                return False, None
         if conn.closed:
             return False, None
         if result is not AuthResult.ACCEPTED:
-            self.metrics.inc("auth_failures")
-            self.refuse(
-                conn,
-                _AUTH_REASONS[result],
-                f"authentication failed ({result.name}) for user {packet.username!r}",
-                level,
-            )
+            await self.failed(conn, packet, client_id, result, source)
             return False, None
         ban = None
         if username != packet.username:  # a certificate's or enhanced authentication's user
@@ -248,6 +279,37 @@ class Admission:
             return False, None
         return True, username
 
+    async def failed(
+        self, conn: ClientLink, packet: Connect, client_id: str, result: AuthResult, source: str
+    ) -> None:
+        """Refuse a CONNECT whose credentials failed: after a wait that grows with the failures
+        from its address in a row (`login_failure_delay`; no hashing thread is held meanwhile),
+        and counting it as a connect of its ClientId for flapping detection
+        (`flapping_failed_logins`): a guesser that keeps one ClientId gets banned."""
+        self.metrics.inc("auth_failures")
+        loop = asyncio.get_running_loop()
+        delay = self.failed_logins.failed(source, loop.time())
+        if delay > 0:
+            self.metrics.inc("login_failure_delays")
+            await asyncio.sleep(delay)
+            if conn.closed:
+                return
+        level = packet.protocol_level
+        if self.config.flapping_failed_logins and packet.client_id:
+            ban = await self.bans.connected(client_id)
+            if ban is not None:
+                if not conn.closed:
+                    self.refuse_banned(conn, client_id, ban, level)
+                return
+        if conn.closed:
+            return
+        self.refuse(
+            conn,
+            _AUTH_REASONS[result],
+            f"authentication failed ({result.name}) for user {packet.username!r}",
+            level,
+        )
+
     def negotiate(self, packet: Connect) -> tuple[float | None, int, dict[int, Any]]:
         """What a CONNECT is granted: session expiry (None: a 3.1.1 session), keepalive, and
         for v5 the CONNACK properties that say where the server chose otherwise."""
@@ -273,10 +335,14 @@ class Admission:
         reason = f"ClientId {client_id!r} banned by {ban.kind} {ban.value!r}{why}"
         self.refuse(conn, ReasonCode.BANNED, reason, level)
 
-    def refuse(self, conn: Refusable, code: int, reason: str, level: int = 4) -> None:
+    def refuse(
+        self, conn: Refusable, code: int, reason: str, level: int = 4, *, log_it: bool = True
+    ) -> None:
         """Answer CONNACK with a refusal (`code`, a 5.0 reason code; a 3.1.1 client gets the
-        return code closest to it), log and count it, close."""
-        log.warning("client %r from %s refused: %s", conn.client_id or "", conn.peer, reason)
+        return code closest to it), log (unless the caller logs, `log_it=False`) and count it,
+        close."""
+        if log_it:
+            log.warning("client %r from %s refused: %s", conn.client_id or "", conn.peer, reason)
         self.metrics.inc("connections_refused")
         if level >= 5:
             props: dict[int, Any] = {PropertyId.REASON_STRING: reason[:200]}

@@ -42,6 +42,14 @@ LIMIT_COUNTERS = {
     "tls_handshake_failures": "failed TLS handshakes (not TLS, untrusted certificate, timeout)",
     "tls_handshakes_abandoned": "TLS connections closed by the client before their handshake",
     "websocket_origin_refused": "WebSocket upgrades refused for their Origin (HTTP 403)",
+    "unauthenticated_refused": "sockets closed at once: max_unauthenticated (or per address) "
+    "sockets had no CONNACK yet",
+    "unauthenticated_too_many_bytes": "clients closed for sending more than "
+    "max_unauthenticated_bytes before their CONNACK",
+    "logins_busy": "CONNECTs refused because too many password checks waited (login_queue, "
+    "login_queue_per_address; CONNACK 0x89 / 3)",
+    "logins_timed_out": "connections closed without a CONNACK within connect_timeout",
+    "login_failure_delays": "failed logins whose refusal waited (login_failure_delay)",
 }
 """Counters of the limits and listeners' guards, always exported (0 until one applies)."""
 
