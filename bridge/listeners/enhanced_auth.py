@@ -19,6 +19,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.packets import Auth, Connect
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
+from bridge.node.roles import PAUSED_FOR_CONNACK
 
 if TYPE_CHECKING:
     from bridge.access import AccessControl
@@ -126,6 +127,9 @@ class Authentication:
         """Authenticate before CONNACK; False once refused (CONNACK sent, connection closed)."""
         conn = self.conn
         conn.client_id = packet.client_id  # for the log lines of a refusal
+        # The socket is not read while a CONNECT is decided (`bridge.listeners.preauth`), but
+        # the client's AUTH answers must be: read while the exchange waits for them.
+        conn.release_reading(PAUSED_FOR_CONNACK)
         try:
             username, final = await self._exchange(
                 packet.properties.get(PropertyId.AUTHENTICATION_DATA, b"")
@@ -134,6 +138,9 @@ class Authentication:
             conn.node.metrics.inc("auth_failures")
             conn.node.lifecycle.admission.refuse(conn, failed.reason, str(failed), 5)
             return False
+        finally:
+            if not conn.closed:  # (a closed one reads on for a moment: `close`)
+                conn.hold_reading(PAUSED_FOR_CONNACK)
         if packet.username is not None and packet.username != username:
             conn.node.metrics.inc("auth_failures")
             conn.node.lifecycle.admission.refuse(
