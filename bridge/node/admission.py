@@ -95,9 +95,8 @@ class Admission:
         max_connections), or None when it does."""
         self.topic_fault = topic_fault
         """What is wrong with a topic under the configured limits (None: nothing)."""
-        self.failed_logins = FailedLogins(
-            config.login_failure_delay, config.login_failure_delay_max
-        )
+        longest = min(config.login_failure_delay_max, config.connect_timeout / 2)
+        self.failed_logins = FailedLogins(min(config.login_failure_delay, longest), longest)
         """Failed logins by address: how long the next refusal of each waits."""
         self.busy_log = LogThrottle(LOG_INTERVAL)
         """One log line per `LOG_INTERVAL` about logins refused because too many wait: a
