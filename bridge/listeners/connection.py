@@ -152,7 +152,7 @@ class Connection(asyncio.Protocol):
         self.preauth = PreAuth.arrive(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.closed or (self.preauth is not None and not self.preauth.take(len(data))):
+        if self.closed:
             return
         self._last_rx = self.loop.time()
         self.metrics.bytes_in += len(data)
@@ -168,6 +168,8 @@ class Connection(asyncio.Protocol):
             # Packets that arrived whole before the fault are still handled, then we close.
             error = exc
             packets = exc.packets
+        if self.preauth is not None and not self.preauth.take(len(data), packets):
+            return
         if self.pacer is not None:
             self.pacer.charge(packets, len(data))
         packets_in = self.metrics.packets_in
@@ -473,6 +475,8 @@ class Connection(asyncio.Protocol):
     def _start_connect(self, packet: Connect) -> None:
         self.level = packet.protocol_level
         self._connecting = True
+        if self.preauth is not None:
+            self.preauth.deciding()  # at once: the login's task starts a loop turn later
         self.node.spawn(self._connect(packet))
 
     async def _connect(self, packet: Connect) -> None:

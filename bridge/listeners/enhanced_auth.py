@@ -108,17 +108,12 @@ class Authentication:
         """Whether an exchange waits for the client's AUTH."""
         return self.reply is not None
 
-    async def _exchange(self, client_first: bytes) -> tuple[str, bytes]:
+    async def _exchange(self, client_first: bytes, timeout: float) -> tuple[str, bytes]:
         conn = self.conn
         reply = self.reply = conn.loop.create_future()
         try:
             return await run_exchange(
-                conn.node.access,
-                self.method,
-                client_first,
-                conn.send,
-                reply,
-                conn.node.config.connect_timeout,
+                conn.node.access, self.method, client_first, conn.send, reply, timeout
             )
         finally:
             self.reply = None
@@ -132,7 +127,10 @@ class Authentication:
         conn.release_reading(PAUSED_FOR_CONNACK)
         try:
             username, final = await self._exchange(
-                packet.properties.get(PropertyId.AUTHENTICATION_DATA, b"")
+                packet.properties.get(PropertyId.AUTHENTICATION_DATA, b""),
+                # A backstop only: the connection's deadline, `connect_timeout` from its accept
+                # to its CONNACK, ends a login whose client does not answer first.
+                2 * conn.node.config.connect_timeout,
             )
         except AuthFailed as failed:
             conn.node.metrics.inc("auth_failures")
@@ -175,7 +173,8 @@ class Authentication:
         conn = self.conn
         try:
             username, final = await self._exchange(
-                packet.properties.get(PropertyId.AUTHENTICATION_DATA, b"")
+                packet.properties.get(PropertyId.AUTHENTICATION_DATA, b""),
+                conn.node.config.connect_timeout,
             )
         except AuthFailed as failed:
             conn.node.metrics.inc("auth_failures")

@@ -75,9 +75,10 @@ class PreAuth:
         conn.close(refused, log_it=False)
         return None
 
-    def take(self, size: int) -> bool:
-        """The client sent `size` more bytes: False once that is over `max_unauthenticated_bytes`
-        (then the connection is closed, the bytes unread)."""
+    def take(self, size: int, packets: list[Any]) -> bool:
+        """The client sent `size` more bytes, which brought `packets`: False once that is over
+        `max_unauthenticated_bytes` (then the client is told, if its CONNECT was among them or
+        before, and the connection closed with the packets unhandled)."""
         self.received += size
         if self.received <= self.limit:
             return True
@@ -85,17 +86,20 @@ class PreAuth:
         conn.node.metrics.inc("unauthenticated_too_many_bytes")
         why = f"sent more than max_unauthenticated_bytes={self.limit} before its CONNACK"
         _log_throttled(conn, why)
-        self._refuse(ReasonCode.PACKET_TOO_LARGE, why)
+        level = conn.level
+        if not self.connect_seen and packets and type(packets[0]) is Connect:
+            self.connect_seen = True
+            level = packets[0].protocol_level
+        self._refuse(ReasonCode.PACKET_TOO_LARGE, why, level)
         return False
 
     async def log_in(self, packet: Connect) -> Session | None:
-        """Decide the CONNECT, not reading the socket meanwhile: its turn under
-        `connection_rate`, the MQTT 5.0 enhanced authentication it asks for, then the node's
-        admission and session. The session, or None once refused (answered and closed). On
-        success the connection no longer counts as not logged in."""
+        """Decide the CONNECT, the socket unread meanwhile (`deciding` was called as it
+        arrived): its turn under `connection_rate`, the MQTT 5.0 enhanced authentication it
+        asks for, then the node's admission and session. The session, or None once refused
+        (answered and closed). On success the connection no longer counts as not logged in."""
         conn = self.conn
         node = conn.node
-        self.deciding()
         try:
             # The connection rate first: a flood of logins must not cost SCRAM work either.
             if not await node.lifecycle.admission.paced(conn, packet):
@@ -140,12 +144,13 @@ class PreAuth:
             return
         why = f"login not decided within connect_timeout={timeout} s"
         _log_throttled(conn, why)
-        self._refuse(ReasonCode.SERVER_BUSY, why)
+        self._refuse(ReasonCode.SERVER_BUSY, why, conn.level)
 
-    def _refuse(self, code: int, why: str) -> None:
-        """Answer a client whose CONNECT was read with a refusing CONNACK, and close."""
+    def _refuse(self, code: int, why: str, level: int) -> None:
+        """Close; a client whose CONNECT (of protocol `level`) was read is first answered with
+        a refusing CONNACK."""
         conn = self.conn
-        if self.connect_seen and conn.level >= 5:
+        if self.connect_seen and level >= 5:
             props: dict[int, Any] = {PropertyId.REASON_STRING: why[:200]}
             conn.send(codec.encode(Connack(code, False, props), 5))
         elif self.connect_seen:
