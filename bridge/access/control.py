@@ -283,6 +283,8 @@ class AccessControl:
             return AuthResult.BAD_CREDENTIALS
         users = self.password_file
         if users is not None and (users.has_user(username) or not config.auth_redis):
+            if users.verified_lately(username, password):
+                return AuthResult.ACCEPTED  # no hash to compute: no turn to wait for
             return await self.checks.run(
                 source, users.authenticate, client_id, username, password, wanted=wanted
             )
@@ -296,7 +298,7 @@ class AccessControl:
         cache = self._redis_cache
         key = cache.key(username, password)
         if cache.hit(key):
-            return AuthResult.ACCEPTED
+            return AuthResult.ACCEPTED  # checked before any queue, as for the password file
         generation = cache.generation
         try:
             raw = await self.redis.hget(users_key(self.config.cluster_name), username)
