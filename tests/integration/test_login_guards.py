@@ -132,3 +132,43 @@ def test_connect_timeout_covers_a_scram_exchange_the_client_never_finishes(
     client.expect_closed()
     assert time.monotonic() - started < 5.0
     node.wait_for_log("login not decided within connect_timeout=1.0 s")
+
+
+def test_failed_logins_count_for_flapping_so_a_guesser_keeping_its_client_id_is_banned(
+    passwd: Path, bridge_factory: Callable[..., BridgeProcess]
+) -> None:
+    node = bridge_factory(
+        f"password_file={passwd}", "flapping_max_connects=2", "login_failure_delay=0"
+    )
+    codes = []
+    for _ in range(3):
+        client = RawClient(node.port)
+        client.send(Connect("guesser", username="alice", password=b"guess"))
+        connack = client.recv()
+        assert isinstance(connack, Connack), connack
+        codes.append(connack.return_code)
+        client.expect_closed()
+    assert codes == [4, 4, 5], codes  # bad user name or password twice, then banned
+    node.wait_for_log("banned by clientid 'guesser'; flapping")
+    # The ban names the ClientId: the right password under it is refused too.
+    client = RawClient(node.port)
+    client.send(Connect("guesser", username="alice", password=b"alice-pw"))
+    connack = client.recv()
+    assert isinstance(connack, Connack) and connack.return_code == 5, connack
+
+
+def test_failed_logins_do_not_count_for_flapping_when_turned_off(
+    passwd: Path, bridge_factory: Callable[..., BridgeProcess]
+) -> None:
+    node = bridge_factory(
+        f"password_file={passwd}",
+        "flapping_max_connects=2",
+        "login_failure_delay=0",
+        "flapping_failed_logins=false",
+    )
+    for _ in range(3):
+        client = RawClient(node.port)
+        client.send(Connect("guesser", username="alice", password=b"guess"))
+        connack = client.recv()
+        assert isinstance(connack, Connack) and connack.return_code == 4, connack
+        client.expect_closed()
