@@ -58,6 +58,9 @@ class Flood:
         self.outcomes: Counter[str] = Counter()
         self.peak_rss = 0
         """The bridge's largest RSS seen while the flood ran (sampled every 50 ms)."""
+        self.opened = 0
+        self.under_way = threading.Event()
+        """Set once every flood socket has connected at least once."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self._sampler = threading.Thread(target=self._sample, daemon=True)
@@ -93,6 +96,9 @@ class Flood:
             )
         except (OSError, TimeoutError):
             return "not accepted"
+        self.opened += 1
+        if self.opened >= FLOOD_SOCKETS:
+            self.under_way.set()
         answer = asyncio.ensure_future(reader.read(4096))
         try:
             writer.write(connect)
@@ -158,7 +164,7 @@ def test_a_flood_of_bad_logins_leaves_an_honest_login_fast_and_memory_bounded(
     flood = Flood(node.port, node.pid, publishes=publishes)
     flood.start()
     try:
-        time.sleep(1.0)  # let the flood build up before the honest logins start
+        assert flood.under_way.wait(FLOOD_SECONDS), "the flood did not get going"
         times = [timed_login(node.port) for _ in range(HONEST_LOGINS)]
     finally:
         flood.stop()
