@@ -108,6 +108,8 @@ class NodeCollector:
         yield _gauge("connections", "MQTT clients connected to this node", len(node.connections))
         yield _gauge("sockets", "open client sockets (including before CONNECT)",
                      node.connection_count)  # fmt: skip
+        yield _gauge("unauthenticated_sockets", "client sockets without a CONNACK yet",
+                     node.unauthenticated.total)  # fmt: skip
         yield _gauge("sessions", "sessions held by this node (online and offline)",
                      len(node.sessions))  # fmt: skip
         yield _gauge(

@@ -17,6 +17,8 @@ from bridge.access.auth import hash_password
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Auth, Connack, Connect, Publish, Suback, Subscribe, Subscription
 from bridge.mqtt.properties import PropertyId as P
+from tests.integration.admin_http import AdminHttp
+from tests.integration.test_listener_guards import admin, metric, wait_metric
 from tests.support.clients import RawClient
 from tests.support.mqtt5 import RawClient5
 from tests.support.processes import BridgeProcess
@@ -40,7 +42,9 @@ def from_address(port: int, source: str) -> socket.socket:
 def test_sockets_over_the_per_address_limit_are_closed_at_once_and_other_addresses_log_in(
     passwd: Path, bridge_factory: Callable[..., BridgeProcess]
 ) -> None:
-    node = bridge_factory(f"password_file={passwd}", "max_unauthenticated_per_address=2")
+    factory = admin(bridge_factory, f"password_file={passwd}", "max_unauthenticated_per_address=2")
+    node = factory()
+    api: AdminHttp = factory.api  # type: ignore[attr-defined]
     try:
         held = [from_address(node.port, "127.0.0.2") for _ in range(2)]
     except OSError as exc:
@@ -50,12 +54,15 @@ def test_sockets_over_the_per_address_limit_are_closed_at_once_and_other_address
     assert extra.recv(10) == b"", "the socket over the limit should be closed, unread"
     assert time.monotonic() - started < 2.0
     node.wait_for_log("max_unauthenticated_per_address=2")
+    wait_metric(api, "unauthenticated_refused_total", 1)
+    assert metric(api, "unauthenticated_sockets") == 2
     client = RawClient(node.port)
     client.send(Connect("alice-1", username="alice", password=b"alice-pw"))
     connack = client.recv()
     assert isinstance(connack, Connack) and connack.return_code == 0, connack
     for sock in (*held, extra):
         sock.close()
+    wait_metric(api, "unauthenticated_sockets", 0)
 
 
 def test_bytes_past_the_budget_before_connack_get_connack_0x95_in_v5_and_3_in_3_1_1(
