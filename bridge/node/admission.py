@@ -284,17 +284,19 @@ class Admission:
         """Refuse a CONNECT whose credentials failed: after a wait that grows with the failures
         from its address in a row (`login_failure_delay`; no hashing thread is held meanwhile),
         and counting it as a connect of its ClientId for flapping detection
-        (`flapping_failed_logins`): a guesser that keeps one ClientId gets banned."""
+        (`flapping_failed_logins`): a guesser that keeps one ClientId gets banned. A user store
+        that could not be asked is not the client's failure: refused at once."""
         self.metrics.inc("auth_failures")
         loop = asyncio.get_running_loop()
-        delay = self.failed_logins.failed(source, loop.time())
+        unavailable = result is AuthResult.UNAVAILABLE
+        delay = 0.0 if unavailable else self.failed_logins.failed(source, loop.time())
         if delay > 0:
             self.metrics.inc("login_failure_delays")
             await asyncio.sleep(delay)
             if conn.closed:
                 return
         level = packet.protocol_level
-        if self.config.flapping_failed_logins and packet.client_id:
+        if self.config.flapping_failed_logins and packet.client_id and not unavailable:
             ban = await self.bans.connected(client_id)
             if ban is not None:
                 if not conn.closed:
