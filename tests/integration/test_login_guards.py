@@ -179,3 +179,33 @@ def test_failed_logins_do_not_count_for_flapping_when_turned_off(
         connack = client.recv()
         assert isinstance(connack, Connack) and connack.return_code == 4, connack
         client.expect_closed()
+
+
+def test_logins_beyond_the_queue_are_answered_server_busy_at_once(
+    tmp_path: Path, bridge_factory: Callable[..., BridgeProcess]
+) -> None:
+    path = tmp_path / "argon2-passwd"
+    path.write_text(f"alice:{hash_password('alice-pw')}\n")  # Argon2id: tens of ms per check
+    path.chmod(0o600)
+    factory = admin(
+        bridge_factory,
+        f"password_file={path}",
+        "login_queue=1",
+        "login_failure_delay=0",
+    )
+    node = factory()
+    api: AdminHttp = factory.api  # type: ignore[attr-defined]
+    clients = [RawClient(node.port) for _ in range(10)]
+    connect = codec.encode(Connect("busy", username="alice", password=b"wrong"))
+    for client in clients:
+        client.send_bytes(connect)
+    codes = []
+    for client in clients:
+        connack = client.recv()
+        assert isinstance(connack, Connack), connack
+        codes.append(connack.return_code)
+    # Two checks run, one waits, the rest are told "server unavailable" (3.1.1's word for 0x89).
+    assert codes.count(4) >= 3 and codes.count(3) >= 1, codes
+    assert codes.count(3) + codes.count(4) == len(codes), codes
+    wait_metric(api, "logins_busy_total", codes.count(3))
+    node.wait_for_log("login not checked: 1 password checks wait (login_queue=1)")
