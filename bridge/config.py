@@ -110,6 +110,13 @@ class Config:
     max_keepalive: int = 0
     connect_timeout: float = 10.0
     refused_connect_log_interval: float = 10.0
+    max_unauthenticated: int = 4096
+    max_unauthenticated_per_address: int = 128
+    max_unauthenticated_bytes: int = 64 * 1024
+    login_queue: int = 256
+    login_queue_per_address: int = 16
+    login_failure_delay: float = 0.5
+    login_failure_delay_max: float = 4.0
     allow_zero_length_clientid: bool = True
     use_username_as_clientid: bool = False
     max_connections: int = 0
@@ -120,6 +127,7 @@ class Config:
     flapping_max_connects: int = 0
     flapping_window: float = 60.0
     flapping_ban_seconds: float = 300.0
+    flapping_failed_logins: bool = True
     write_buffer_high: int = 16 * MiB
     slow_consumer_timeout: float = 30.0
     qos0_publisher_wait: float = 1.0
@@ -307,10 +315,28 @@ SETTINGS: dict[str, str] = {
     "(a connected subscriber past it slows its publishers instead)",
     "session_expiry_seconds": "a persistent session offline this long is discarded",
     "max_keepalive": "largest keepalive granted, in seconds (0: whatever the client asks)",
-    "connect_timeout": "seconds a new connection has to send CONNECT",
+    "connect_timeout": "seconds a new connection has from being accepted to its CONNACK: the "
+    "CONNECT, the password check (and its wait in the queue), SCRAM's AUTH round trips; then it "
+    "is closed (a CONNECT still being decided: CONNACK 0x89 / 3)",
     "refused_connect_log_interval": "at most one log line per this many seconds for each kind "
     "of refused CONNECT (reason code), saying how many more were refused (each is counted; 0: "
     "every one)",
+    "max_unauthenticated": "sockets without a CONNACK yet this node holds (0: unlimited); one "
+    "more is closed at once, unread",
+    "max_unauthenticated_per_address": "sockets without a CONNACK yet from one IP address (0: "
+    "unlimited); one more is closed at once, unread. Behind a proxy that hides client "
+    "addresses raise it or set 0",
+    "max_unauthenticated_bytes": "bytes a client may send before its CONNACK (its CONNECT and "
+    "what it sends after it without waiting); more closes it (v5: CONNACK 0x95). Raise it for "
+    "wills larger than 64 KiB",
+    "login_queue": "password checks waiting for the hashing threads, at most; one more is "
+    "answered at once with CONNACK 0x89 (3.1.1: 3)",
+    "login_queue_per_address": "password checks from one IP address waiting, at most (0: only "
+    "login_queue); more get CONNACK 0x89 / 3. Waiting checks get the threads in turn by address",
+    "login_failure_delay": "seconds a failed login waits before its refusal, doubling with each "
+    "failure from the same address in a row (0: no wait); the hashing threads are free meanwhile",
+    "login_failure_delay_max": "longest wait of a failed login's refusal (at most half "
+    "connect_timeout, so that the refusal is sent)",
     "allow_zero_length_clientid": "accept an empty ClientId with clean session (an id is assigned)",
     "use_username_as_clientid": "the ClientId is the client's user name, whatever it sent (as "
     "Mosquitto's option; 5.0 clients get it as Assigned Client Identifier); no user name: refused",
@@ -328,6 +354,8 @@ SETTINGS: dict[str, str] = {
     "is banned for flapping_ban_seconds (0: no flapping detection)",
     "flapping_window": "seconds over which a ClientId's connects are counted (cluster-wide)",
     "flapping_ban_seconds": "how long a flapping ClientId is banned (CONNACK 0x8A / 5)",
+    "flapping_failed_logins": "failed logins count as connects of their ClientId for flapping "
+    "detection (when flapping_max_connects is set)",
     "write_buffer_high": "bytes buffered for a client's socket before QoS 0 messages to it drop",
     "slow_consumer_timeout": "seconds a client may keep its buffer over the limit before it is cut",
     "qos0_publisher_wait": "seconds a QoS 0 publisher's socket may go unread while a subscriber "
@@ -580,6 +608,26 @@ def _validate_operations(config: Config) -> None:
         if getattr(config, name) < 0:
             raise ConfigError(f"{name}: must not be negative")
     _validate_flapping(config)
+    _validate_logins(config)
+
+
+def _validate_logins(config: Config) -> None:
+    """The bounds of what an address that has not logged in may hold and cost."""
+    for name in (
+        "max_unauthenticated",
+        "max_unauthenticated_per_address",
+        "login_queue_per_address",
+    ):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name}: must not be negative (0: unlimited)")
+    for name in ("max_unauthenticated_bytes", "login_queue"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"{name}: must be at least 1, got {getattr(config, name)}")
+    if not 0 <= config.login_failure_delay <= config.login_failure_delay_max:  # refuses nan
+        raise ConfigError(
+            "login_failure_delay: 0 to login_failure_delay_max seconds, got "
+            f"{config.login_failure_delay}"
+        )
 
 
 def _validate_flapping(config: Config) -> None:

@@ -497,6 +497,12 @@ class PasswordFile:
         cache.remember(key, generation)
         return AuthResult.ACCEPTED
 
+    def verified_lately(self, username: str, password: bytes) -> bool:
+        """Whether this pair passed `authenticate` less than `cache_ttl` seconds ago (a check
+        of microseconds: the caller need not queue it for a hashing thread)."""
+        cache = self.cache
+        return cache.hit(cache.key(username, password))
+
     def scram_credential(self, username: str) -> ScramCredential | None:
         """The user's SCRAM-SHA-256 credential; None if there is no such user or its line has
         none (written before SCRAM, or with `--no-scram`)."""

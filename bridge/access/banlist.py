@@ -16,7 +16,9 @@ Lapsed bans never match; they are dropped from Redis (compare-and-delete, so a b
 meanwhile stays) and from the file the next time the list is read or written.
 
 Flapping: a ClientId that passes authentication more than `flapping_max_connects` times in
-`flapping_window` seconds is banned for `flapping_ban_seconds` (and that CONNECT refused). In a
+`flapping_window` seconds is banned for `flapping_ban_seconds` (and that CONNECT refused). With
+`flapping_failed_logins` a CONNECT that fails authentication counts as well: a password guesser
+that keeps its ClientId is banned as a flapping one. In a
 cluster the connects are counted cluster-wide in Redis (sorted set `<cluster>:flapping:<ClientId>`,
 one script call per CONNECT): behind the load balancer a flapping device's reconnects land on
 any node, so per-node counts would let it flap `nodes` times faster. When Redis does not answer,
@@ -235,8 +237,9 @@ class BanList:
         return removed
 
     async def connected(self, client_id: str) -> Ban | None:
-        """Count an authenticated CONNECT of `client_id`; if that makes it a flapping client,
-        ban it (`flapping_ban_seconds`) and return the ban, else None."""
+        """Count an authenticated CONNECT of `client_id` (or, with `flapping_failed_logins`, one
+        that failed authentication); if that makes it a flapping client, ban it
+        (`flapping_ban_seconds`) and return the ban, else None."""
         detector = self.flapping
         if detector is None:
             return None

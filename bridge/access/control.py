@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from bridge.access.auth import (
     parse_hash,
     parse_redis_scram_value,
 )
+from bridge.access.login_queue import LoginQueue
 from bridge.access.scram import DEFAULT_ITERATIONS, ScramCredential, ScramServer
 
 if TYPE_CHECKING:
@@ -89,6 +91,10 @@ def load_acl_file(path: str) -> list[Rule]:
     return parse_rules(lines, path)
 
 
+HASH_THREADS = 2
+"""Threads that run password hashes (each check takes one for tens of milliseconds)."""
+
+
 class UserStoreUnavailable(Exception):
     """The user could not be looked up (Redis unreachable): answer "server unavailable"."""
 
@@ -122,8 +128,13 @@ class AccessControl:
             cache_ttl=config.acl_cache_ttl,
             private_client_events=self.authenticating,
         )
-        # Password hashes are slow on purpose and release the GIL: a small pool bounds their CPU.
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="auth")
+        # Password hashes are slow on purpose and release the GIL: a small pool bounds their CPU,
+        # and the queue in front of it bounds the checks that wait, fairly across addresses.
+        self._pool = ThreadPoolExecutor(max_workers=HASH_THREADS, thread_name_prefix="auth")
+        self.checks = LoginQueue(
+            self._pool, HASH_THREADS, config.login_queue, config.login_queue_per_address
+        )
+        """The password checks running and waiting (`bridge.access.login_queue`)."""
         self._listener: asyncio.Task[None] | None = None
 
     def _combined_rules(self) -> list[Rule] | None:
@@ -246,17 +257,28 @@ class AccessControl:
         username: str | None,
         password: bytes | None,
         cert_cn: str | None = None,
+        *,
+        source: str = "",
+        wanted: Callable[[], bool] | None = None,
     ) -> tuple[AuthResult, str | None]:
-        """Check a CONNECT: the result and the user name the client acts as."""
+        """Check a CONNECT: the result and the user name the client acts as. A password check
+        waits its turn among those of other `source` addresses; raises LoginsBusy when too
+        many wait, or when `wanted()` is false once its turn comes (the client left)."""
         config = self.config
         if cert_cn is not None and config.tls_cn_as_username:
             return AuthResult.ACCEPTED, cert_cn
         if not self.authenticating:
             return AuthResult.ACCEPTED, username
-        return await self._check_password(client_id, username, password), username
+        checked = await self._check_password(client_id, username, password, source, wanted)
+        return checked, username
 
     async def _check_password(
-        self, client_id: str, username: str | None, password: bytes | None
+        self,
+        client_id: str,
+        username: str | None,
+        password: bytes | None,
+        source: str,
+        wanted: Callable[[], bool] | None,
     ) -> AuthResult:
         config = self.config
         if username is None:
@@ -265,39 +287,41 @@ class AccessControl:
             return AuthResult.ACCEPTED if config.anonymous_allowed else AuthResult.NOT_AUTHORIZED
         if password is None:
             return AuthResult.BAD_CREDENTIALS
-        loop = asyncio.get_running_loop()
         users = self.password_file
         if users is not None and (users.has_user(username) or not config.auth_redis):
-            return await loop.run_in_executor(
-                self._pool, users.authenticate, client_id, username, password
+            if users.verified_lately(username, password):
+                return AuthResult.ACCEPTED  # no hash to compute: no turn to wait for
+            return await self.checks.run(
+                source, users.authenticate, client_id, username, password, wanted=wanted
             )
         if config.auth_redis and self.redis is not None:
-            return await self._check_redis_user(username, password)
+            return await self._check_redis_user(username, password, source, wanted)
         return AuthResult.BAD_CREDENTIALS
 
-    async def _check_redis_user(self, username: str, password: bytes) -> AuthResult:
+    async def _check_redis_user(
+        self, username: str, password: bytes, source: str, wanted: Callable[[], bool] | None
+    ) -> AuthResult:
         cache = self._redis_cache
         key = cache.key(username, password)
         if cache.hit(key):
-            return AuthResult.ACCEPTED
+            return AuthResult.ACCEPTED  # checked before any queue, as for the password file
         generation = cache.generation
         try:
             raw = await self.redis.hget(users_key(self.config.cluster_name), username)
         except redis_errors(OSError) as exc:
             log.warning("user %r not checked, Redis unavailable: %s", username, exc)
             return AuthResult.UNAVAILABLE
-        loop = asyncio.get_running_loop()
         if raw is None:
             decoy = self._redis_decoy
             if decoy is not None:
-                await loop.run_in_executor(self._pool, _verify, decoy, password)
+                await self.checks.run(source, _verify, decoy, password, wanted=wanted)
             return AuthResult.BAD_CREDENTIALS
         try:
             stored = parse_hash(raw.decode("utf-8", "replace"))
         except AuthConfigError as exc:
             log.error("user %r in Redis has an unusable hash: %s", username, exc)
             return AuthResult.BAD_CREDENTIALS
-        if not await loop.run_in_executor(self._pool, _verify, stored, password):
+        if not await self.checks.run(source, _verify, stored, password, wanted=wanted):
             return AuthResult.BAD_CREDENTIALS
         cache.remember(key, generation)
         return AuthResult.ACCEPTED

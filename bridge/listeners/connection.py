@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from bridge.access.reads import may_read
 from bridge.listeners import outbound_acks
-from bridge.listeners.enhanced_auth import METHODS, Authentication
+from bridge.listeners.enhanced_auth import Authentication
 from bridge.listeners.inbound import Inbound
 from bridge.listeners.pacing import ReadPacer
+from bridge.listeners.preauth import PreAuth
 from bridge.listeners.tls import peer_cert_cn
 from bridge.listeners.v5 import NO_LIMIT, Version5, connack_accepting, disconnect_saying
 from bridge.mqtt import codec
@@ -41,7 +42,6 @@ from bridge.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.deadlines import NONE
 from bridge.node.roles import PAUSED_BY_RATE, PAUSED_FOR_TURN
@@ -75,7 +75,8 @@ class Connection(asyncio.Protocol):
         "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder",
         "detached", "keepalive", "level", "listener", "loop", "max_packet_out", "metrics",
         "msgs_in", "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer",
-        "receive_maximum", "session", "shared_encoding", "transport", "username", "v5", "will",
+        "preauth", "receive_maximum", "session", "shared_encoding", "transport", "username", "v5",
+        "will",
     )
     # fmt: on
 
@@ -122,7 +123,9 @@ class Connection(asyncio.Protocol):
         self._keepalive_limit = 0.0
         self._last_rx = 0.0
         self._deadline = NONE
-        """Its bucket in the node's `Deadlines`: the CONNECT's, then the keepalive's."""
+        """Its bucket in the node's `Deadlines`: the CONNACK's, then the keepalive's."""
+        self.preauth: PreAuth | None = None
+        """What the client may make us hold until its CONNACK (None: logged in, or refused)."""
         self.close_reason = ""
         self.listener = "tcp"
         """The kind of listener the client came through: tcp, tls, ws or wss."""
@@ -147,6 +150,7 @@ class Connection(asyncio.Protocol):
         self.node.connection_count += 1
         self._last_rx = now = self.loop.time()
         self._deadline = self.node.deadlines.add(self, now + self.node.config.connect_timeout)
+        self.preauth = PreAuth.arrive(self)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -165,6 +169,8 @@ class Connection(asyncio.Protocol):
             # Packets that arrived whole before the fault are still handled, then we close.
             error = exc
             packets = exc.packets
+        if self.preauth is not None and not self.preauth.take(len(data), packets):
+            return
         if self.pacer is not None:
             self.pacer.charge(packets, len(data))
         packets_in = self.metrics.packets_in
@@ -201,6 +207,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline = self.node.deadlines.remove(self, self._deadline)
+        if self.preauth is not None:
+            self.preauth.leave()
+            self.preauth = None
         if self._flush_handle is not None:
             # The socket is gone: what was queued for it this loop turn cannot be written.
             self._flush_handle.cancel()
@@ -466,28 +475,20 @@ class Connection(asyncio.Protocol):
     def _start_connect(self, packet: Connect) -> None:
         self.level = packet.protocol_level
         self._connecting = True
-        self._deadline = self.node.deadlines.remove(self, self._deadline)
+        if self.preauth is not None:
+            self.preauth.deciding()  # at once: the login's task starts a loop turn later
         self.node.spawn(self._connect(packet))
 
     async def _connect(self, packet: Connect) -> None:
+        preauth = self.preauth
         try:
-            # The connection rate first: a flood of logins must not cost SCRAM work either.
-            if not await self.node.lifecycle.admission.paced(self, packet):
-                return
-            method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
-            if (
-                method in METHODS
-                and packet.protocol_level >= 5
-                and self.node.access.scram_available
-            ):
-                self.auth = Authentication(self, method)
-                if not await self.auth.at_connect(packet):
-                    return
-            session = await self.node.lifecycle.connect(self, packet)
+            session = None if preauth is None else await preauth.log_in(packet)
         finally:
             self._connecting = False
         if session is None or self.closed:
             return
+        self.preauth = None
+        self._deadline = self.node.deadlines.remove(self, self._deadline)
         limits = self.node.limits.current
         if limits.paces_publishes:
             self.limit_publishes(limits.client_publish_rate, limits.client_publish_bytes_rate)
@@ -525,15 +526,13 @@ class Connection(asyncio.Protocol):
             self._held = None  # (an idle client keeps no list)
 
     def deadline_due(self) -> None:
-        """No CONNECT within `connect_timeout`, or the keepalive may have lapsed."""
+        """No CONNACK within `connect_timeout`, or the keepalive may have lapsed."""
         self._deadline = NONE
         if self.closed:
             return
         if not self._keepalive_limit:
-            if self.session is None and not self._connecting:
-                self.close(
-                    f"no CONNECT within connect_timeout={self.node.config.connect_timeout} s"
-                )
+            if self.session is None and self.preauth is not None:
+                self.preauth.timed_out(self._connecting)
             return
         now = self.loop.time()
         idle = 0.0 if self._read_pauses else now - self._last_rx

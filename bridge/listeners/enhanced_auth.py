@@ -19,6 +19,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.packets import Auth, Connect
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
+from bridge.node.roles import PAUSED_FOR_CONNACK
 
 if TYPE_CHECKING:
     from bridge.access import AccessControl
@@ -107,17 +108,12 @@ class Authentication:
         """Whether an exchange waits for the client's AUTH."""
         return self.reply is not None
 
-    async def _exchange(self, client_first: bytes) -> tuple[str, bytes]:
+    async def _exchange(self, client_first: bytes, timeout: float) -> tuple[str, bytes]:
         conn = self.conn
         reply = self.reply = conn.loop.create_future()
         try:
             return await run_exchange(
-                conn.node.access,
-                self.method,
-                client_first,
-                conn.send,
-                reply,
-                conn.node.config.connect_timeout,
+                conn.node.access, self.method, client_first, conn.send, reply, timeout
             )
         finally:
             self.reply = None
@@ -126,14 +122,23 @@ class Authentication:
         """Authenticate before CONNACK; False once refused (CONNACK sent, connection closed)."""
         conn = self.conn
         conn.client_id = packet.client_id  # for the log lines of a refusal
+        # The socket is not read while a CONNECT is decided (`bridge.listeners.preauth`), but
+        # the client's AUTH answers must be: read while the exchange waits for them.
+        conn.release_reading(PAUSED_FOR_CONNACK)
         try:
             username, final = await self._exchange(
-                packet.properties.get(PropertyId.AUTHENTICATION_DATA, b"")
+                packet.properties.get(PropertyId.AUTHENTICATION_DATA, b""),
+                # A backstop only: the connection's deadline, `connect_timeout` from its accept
+                # to its CONNACK, ends a login whose client does not answer first.
+                2 * conn.node.config.connect_timeout,
             )
         except AuthFailed as failed:
             conn.node.metrics.inc("auth_failures")
             conn.node.lifecycle.admission.refuse(conn, failed.reason, str(failed), 5)
             return False
+        finally:
+            if not conn.closed:  # (a closed one reads on for a moment: `close`)
+                conn.hold_reading(PAUSED_FOR_CONNACK)
         if packet.username is not None and packet.username != username:
             conn.node.metrics.inc("auth_failures")
             conn.node.lifecycle.admission.refuse(
@@ -168,7 +173,8 @@ class Authentication:
         conn = self.conn
         try:
             username, final = await self._exchange(
-                packet.properties.get(PropertyId.AUTHENTICATION_DATA, b"")
+                packet.properties.get(PropertyId.AUTHENTICATION_DATA, b""),
+                conn.node.config.connect_timeout,
             )
         except AuthFailed as failed:
             conn.node.metrics.inc("auth_failures")

@@ -21,6 +21,9 @@ from bridge.access.auth import AuthResult
 from bridge.access.ownership import describe, refusal
 from bridge.access.ratelimit import LogThrottle
 from bridge.logtext import RefusalLog, client_text, suppressed_note
+from bridge.access.bans import peer_ip
+from bridge.access.login_guard import LOG_INTERVAL, FailedLogins
+from bridge.access.login_queue import LoginsBusy
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import is_delayed
 from bridge.mqtt.packets import Connack, Connect
@@ -51,6 +54,12 @@ _AUTH_REASONS = {
     AuthResult.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
     AuthResult.UNAVAILABLE: ReasonCode.SERVER_UNAVAILABLE,
 }
+
+
+def source_address(peer: str) -> str:
+    """The IP address of a `host:port` peer, as the per-address limits count it."""
+    ip = peer_ip(peer)
+    return peer if ip is None else str(ip)
 
 
 class Refusable(Protocol):
@@ -95,6 +104,12 @@ class Admission:
         """What is wrong with a topic under the configured limits (None: nothing)."""
         self.not_owner_log = LogThrottle(_NOT_OWNER_LOG_INTERVAL)
         """Paces the log lines about CONNECTs refused for another identity's session."""
+        longest = min(config.login_failure_delay_max, config.connect_timeout / 2)
+        self.failed_logins = FailedLogins(min(config.login_failure_delay, longest), longest)
+        """Failed logins by address: how long the next refusal of each waits."""
+        self.busy_log = LogThrottle(LOG_INTERVAL)
+        """One log line per `LOG_INTERVAL` about logins refused because too many wait: a
+        flood of them must not flood the log."""
 
     async def paced(self, conn: ClientLink, packet: Connect) -> bool:
         """Wait for the CONNECT's turn under the node's `connection_rate`; False once refused
@@ -200,24 +215,38 @@ class Admission:
         user name it acts as (None: anonymous) and the ClientId it gets (its user name under
         `use_username_as_clientid`). Refused clients are answered here."""
         level = packet.protocol_level
+        source = source_address(conn.peer)
         if conn.auth_method is not None:
             # Enhanced authentication (MQTT 5.0 AUTH) already proved who the client is.
             result, username = AuthResult.ACCEPTED, conn.username
         else:
-            result, username = await self.access.authenticate(
-                client_id, packet.username, packet.password, conn.cert_cn
-            )
+            try:
+                result, username = await self.access.authenticate(
+                    client_id,
+                    packet.username,
+                    packet.password,
+                    conn.cert_cn,
+                    source=source,
+                    wanted=lambda: not conn.closed,
+                )
+            except LoginsBusy as busy:
+                if not conn.closed:
+                    self.metrics.inc("logins_busy")
+                    log_it, suppressed = self.busy_log.note(time.monotonic())
+                    if log_it:
+                        log.warning(
+                            "client from %s: login not checked: %s%s",
+                            conn.peer,
+                            busy,
+                            suppressed_note(suppressed),
+                        )
+                    why = f"login not checked: {busy}"
+                    self.refuse(conn, ReasonCode.SERVER_BUSY, why, level, log_it=False)
+                return False, None, client_id
         if conn.closed:
             return False, None, client_id
         if result is not AuthResult.ACCEPTED:
-            self.metrics.inc("auth_failures")
-            self.refuse(
-                conn,
-                _AUTH_REASONS[result],
-                f"authentication failed ({result.name}) for user {packet.username!r}",
-                level,
-                client_id,
-            )
+            await self.failed(conn, packet, client_id, result, source)
             return False, None, client_id
         if self.config.use_username_as_clientid:
             if username is None:
@@ -284,6 +313,40 @@ class Admission:
             )
             return False, None, client_id
         return True, username, client_id
+
+    async def failed(
+        self, conn: ClientLink, packet: Connect, client_id: str, result: AuthResult, source: str
+    ) -> None:
+        """Refuse a CONNECT whose credentials failed: after a wait that grows with the failures
+        from its address in a row (`login_failure_delay`; no hashing thread is held meanwhile),
+        and counting it as a connect of its ClientId for flapping detection
+        (`flapping_failed_logins`): a guesser that keeps one ClientId gets banned. A user store
+        that could not be asked is not the client's failure: refused at once."""
+        self.metrics.inc("auth_failures")
+        loop = asyncio.get_running_loop()
+        unavailable = result is AuthResult.UNAVAILABLE
+        delay = 0.0 if unavailable else self.failed_logins.failed(source, loop.time())
+        if delay > 0:
+            self.metrics.inc("login_failure_delays")
+            await asyncio.sleep(delay)
+            if conn.closed:
+                return
+        level = packet.protocol_level
+        if self.config.flapping_failed_logins and packet.client_id and not unavailable:
+            ban = await self.bans.connected(client_id)
+            if ban is not None:
+                if not conn.closed:
+                    self.refuse_banned(conn, client_id, ban, level)
+                return
+        if conn.closed:
+            return
+        self.refuse(
+            conn,
+            _AUTH_REASONS[result],
+            f"authentication failed ({result.name}) for user {packet.username!r}",
+            level,
+            client_id,
+        )
 
     def negotiate(self, packet: Connect) -> tuple[float | None, int, dict[int, Any]]:
         """What a CONNECT is granted: session expiry (None: a 3.1.1 session), keepalive, and

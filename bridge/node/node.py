@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from bridge.access import AccessControl
 from bridge.access.banlist import BanList
 from bridge.access.limits import LimitControl
+from bridge.access.login_guard import UnauthenticatedSockets
 from bridge.config import Config
 from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import topic_limit_error
@@ -110,6 +111,10 @@ class Node:
         """The connection and rate limits in force (the configured ones, or the admin API's)."""
         self.limits.changed = self._limits_changed
         self.connection_count = 0
+        self.unauthenticated = UnauthenticatedSockets(
+            config.max_unauthenticated, config.max_unauthenticated_per_address
+        )
+        """The sockets without a CONNACK yet, and their limits (`bridge.listeners.preauth`)."""
         self.deadlines = Deadlines()
         """The connections' CONNECT and keepalive deadlines, on one loop timer."""
         self._read_cached = getattr(store, "read_cached", None)

@@ -29,6 +29,8 @@ PAUSED_BY_SUBSCRIBER: Final = 4
 (`bridge.node.qos0_flow`)."""
 PAUSED_FOR_TURN: Final = 8
 """Reading paused until the next loop turn: the client sent a full read's worth already."""
+PAUSED_FOR_CONNACK: Final = 16
+"""Reading paused: the client's CONNECT is being decided (`bridge.listeners.preauth`)."""
 
 
 class Spawner(Protocol):

@@ -46,6 +46,14 @@ LIMIT_COUNTERS = {
     "cluster secret, not a live member, handshake too slow or too large)",
     "peer_releases_refused": "Release requests from peers the registry does not name as the "
     "client's owner",
+    "unauthenticated_refused": "sockets closed at once: max_unauthenticated (or per address) "
+    "sockets had no CONNACK yet",
+    "unauthenticated_too_many_bytes": "clients closed for sending more than "
+    "max_unauthenticated_bytes before their CONNACK",
+    "logins_busy": "CONNECTs refused because too many password checks waited (login_queue, "
+    "login_queue_per_address; CONNACK 0x89 / 3)",
+    "logins_timed_out": "connections closed without a CONNACK within connect_timeout",
+    "login_failure_delays": "failed logins whose refusal waited (login_failure_delay)",
 }
 """Counters of the limits and listeners' guards, always exported (0 until one applies)."""
 
@@ -105,6 +113,8 @@ class NodeCollector:
         yield _gauge("connections", "MQTT clients connected to this node", len(node.connections))
         yield _gauge("sockets", "open client sockets (including before CONNECT)",
                      node.connection_count)  # fmt: skip
+        yield _gauge("unauthenticated_sockets", "client sockets without a CONNACK yet",
+                     node.unauthenticated.total)  # fmt: skip
         yield _gauge("sessions", "sessions held by this node (online and offline)",
                      len(node.sessions))  # fmt: skip
         yield _gauge(

@@ -308,6 +308,18 @@ def test_cache_is_per_user_and_password_and_never_caches_failures(pwfile, scrypt
     assert len(scrypt_calls) == 4
 
 
+def test_verified_lately_answers_from_the_cache_without_hashing(pwfile, scrypt_calls):
+    clock = Clock()
+    users = PasswordFile(pwfile, cache_ttl=60.0, clock=clock)
+    assert not users.verified_lately("alice", b"wonderland")
+    assert users.authenticate("c", "alice", b"wonderland") is AuthResult.ACCEPTED
+    assert users.verified_lately("alice", b"wonderland")
+    assert not users.verified_lately("alice", b"wrong")
+    assert len(scrypt_calls) == 1
+    clock.now += 60.1
+    assert not users.verified_lately("alice", b"wonderland")
+
+
 def test_cache_can_be_disabled_and_is_bounded(pwfile, scrypt_calls):
     users = PasswordFile(pwfile, cache_ttl=0)
     users.authenticate("c", "alice", b"wonderland")
