@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.access.acl import PUBLISH
 from bridge.access.auth import AuthResult
-from bridge.access.ownership import describe, refusal
-from bridge.access.ratelimit import LogThrottle
-from bridge.logtext import RefusalLog, client_text, suppressed_note
 from bridge.access.bans import peer_ip
 from bridge.access.login_guard import LOG_INTERVAL, FailedLogins
 from bridge.access.login_queue import LoginsBusy
+from bridge.access.ownership import describe, refusal
+from bridge.access.ratelimit import LogThrottle
+from bridge.logtext import RefusalLog, client_text, suppressed_note
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import is_delayed
 from bridge.mqtt.packets import Connack, Connect
