@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bridge.config import Config
+    from bridge.settings import Config
 
 
 def is_loopback_host(host: str) -> bool:
@@ -27,7 +27,7 @@ def public_listeners(config: Config) -> list[tuple[str, str]]:
     """The (setting, address) of every client listener bound beyond loopback that lets a client
     in without proving who it is. A TLS listener that requires a client certificate does not
     count: the certificate is the proof."""
-    from bridge.config import parse_listen
+    from bridge.settings import parse_listen
 
     names = ["listen", "ws_listen"]
     if config.tls_client_cert != "required":
@@ -42,7 +42,7 @@ def public_listeners(config: Config) -> list[tuple[str, str]]:
 
 
 def _any_public(config: Config) -> bool:
-    from bridge.config import parse_listen
+    from bridge.settings import parse_listen
 
     addresses = [*config.listen, *config.ws_listen, *config.tls_listen, *config.wss_listen]
     return any(not is_loopback_host(parse_listen(address)[0]) for address in addresses)

@@ -78,7 +78,7 @@ def test_refusals_are_logged_once_per_interval_with_the_count_left_out_and_escap
             gate.refuse_not_owner(RefusedLink(), "ph\none", "user:al\x1bice", "anonymous", 4)
     lines = [r.getMessage() for r in caplog.records if "belongs to" in r.getMessage()]
     assert len(lines) == 1
-    assert "'ph\\none'" in lines[0] and "user 'al\\x1bice', not to anonymous" in lines[0]
+    assert "client ph\\none from" in lines[0] and "user 'al\\x1bice', not to anonymous" in lines[0]
     assert gate.metrics.snapshot()["connections_refused_not_owner"] == 5
     gate.not_owner_log.last -= 60  # as if the interval had passed
     with caplog.at_level(logging.WARNING, logger="bridge.node"):
