@@ -71,6 +71,7 @@ lint: install
 		bridge/cluster/host.py bridge/operations/metrics.py bridge/config.py bridge/settings.py bridge/config_checks.py bridge/state.py \
 		bridge/cluster/wire.py bridge/cluster/announce.py bridge/cluster/handshake.py \
 		bridge/cluster/peer_auth.py bridge/cluster/peers.py bridge/cluster/trust.py bridge/cluster/releases.py \
+		bridge/cluster/interest.py \
 		bridge/operations/node_calls.py \
 		bridge/storage/rocketmq/mapping.py bridge/storage/rocketmq/wire.py \
 		bridge/storage/rocketmq/messages.py bridge/storage/rocketmq/bytes.py \

@@ -1,16 +1,6 @@
-"""A node's membership in the cluster: the registry, the peer links and the replicated interest.
-
-Every node keeps the full subscription picture. Its own clients are in the node's trie under
-their ClientIds; what a peer has subscribers for is in the same trie under the peer's pseudo id
-(`PEER_PREFIX` + node id, which no ClientId can be). A publish is matched once: a QoS 0 message
-is forwarded to each peer that appears among the matches, a QoS 1/2 message is stored on every
-matching filter's queue (whoever reads it) and those peers are told the queues grew.
-
-Interest travels as changes (`AddFilters`, `RemoveFilters`, `SharedMember`...); when a link
-comes up each side replays all of its interest once (`SyncBegin` ... `SyncEnd`). A removal is
-sent only after `interest_grace`: when a session moves from node A to node B, B's interest must
-reach the other nodes before A's removal does, or a publish in between would miss the session's
-queue. A peer whose link is down keeps its interest until it is known dead and cleaned up.
+"""A node's membership in the cluster: the registry, the peer links, and the replicated
+interest it owns (`bridge.cluster.interest.Interest`, which holds what peers subscribe to and
+carries messages to and from them; the node's calls for it go through `Cluster`).
 
 Membership: each node heartbeats into Redis; a node whose heartbeat lapsed for `node_timeout` is
 dead. One survivor (holding a lock) takes over its sessions: persistent ones are adopted (their
@@ -32,24 +22,20 @@ from redis.exceptions import RedisError
 
 from bridge.cluster import wire
 from bridge.cluster.announce import Announcer
+from bridge.cluster.interest import FRAMES as INTEREST_FRAMES
+from bridge.cluster.interest import Interest
 from bridge.cluster.peer_auth import peer_auth
 from bridge.cluster.peers import PeerLink, advertise_address, dial, listen
 from bridge.cluster.registry import RedisRegistry
 from bridge.cluster.releases import Releases
-from bridge.cluster.takeover import (
-    HandedInterest,
-    handed_filters,
-    take_over_node,
-    try_take_over,
-)
+from bridge.cluster.takeover import take_over_node, try_take_over
 from bridge.cluster.trust import admit_link
 from bridge.config import Config, parse_listen
-from bridge.mqtt.topics import parse_shared
-from bridge.router.queues import ANY_PEER, peer_subscriber
-from bridge.storage.base import Message
+from bridge.router.queues import ANY_PEER
 
 if TYPE_CHECKING:
     from bridge.cluster.host import ClusterHost
+    from bridge.storage.base import Message
 
 log = logging.getLogger("bridge.cluster")
 
@@ -83,26 +69,14 @@ class Cluster:
         self.started_at = time.time()
         """Alive nodes (this one included) -> their registry info."""
         self._dialers: dict[str, asyncio.Task[None]] = {}
-        self.peer_filters: dict[str, set[str]] = {}
-        self._replay_filters: dict[str, set[str]] = {}
-        self.peer_members: dict[str, dict[tuple[str, str], tuple[int, int]]] = {}
-        self._replay_members: dict[str, set[tuple[str, str]]] = {}
-        self.member_node: dict[str, str] = {}
-        """Remote shared-subscription member -> the node holding its session."""
-        self.remote_online: set[str] = set()
-        self.local_counts: Counter[str] = Counter()
-        """Filter -> local sessions subscribed to it (what this node advertises)."""
-        self._removals: set[str] = set()
-        self._removal_timer: asyncio.TimerHandle | None = None
-        self.handed = HandedInterest(self._add_filters, self._remove_filters, config)
-        self._synced: set[str] = set()
-        """Peers whose interest replay ended on their current link."""
-        self.releases = Releases(
-            self.links, registry, node, self.handed_to, config.takeover_timeout
-        )
-        """ClientIds moving between this node and its peers (`Release`, `Released`)."""
         self.announcer = Announcer(self.links, node.refresh_queue_ends, node.spawn)
         """Tells peers what this node stored for their readers (and covers for their silence)."""
+        self.interest = Interest(self, node, self.announcer, config)
+        """What peers subscribe to, what this node advertises, messages to and from peers."""
+        self.releases = Releases(
+            self.links, registry, node, self.interest.handed_to, config.takeover_timeout
+        )
+        """ClientIds moving between this node and its peers (`Release`, `Released`)."""
         self._server: asyncio.base_events.Server | None = None
         self._membership: asyncio.Task[None] | None = None
         self._keeper: asyncio.Task[None] | None = None
@@ -150,7 +124,9 @@ class Cluster:
             missing = sorted(
                 node_id
                 for node_id, info in self.members.items()
-                if node_id != self.node_id and info.get("peer") and node_id not in self._synced
+                if node_id != self.node_id
+                and info.get("peer")
+                and node_id not in self.interest.synced
             )
             if not missing:
                 return True
@@ -185,8 +161,7 @@ class Cluster:
             link.close("node stopping")
         if self._server is not None:
             self._server.close()
-        if self._removal_timer is not None:
-            self._removal_timer.cancel()
+        self.interest.stop()
         self.announcer.stop()
 
     # -- membership ------------------------------------------------------------------------------
@@ -244,7 +219,7 @@ class Cluster:
                     talking = node_id in self.links and node_id not in self._leaving
                     if node_id != self.node_id and not talking:
                         await try_take_over(self, node_id)
-            for node_id in list(self.peer_filters) + list(self.peer_members):
+            for node_id in self.interest.peers_with_interest():
                 if node_id == ANY_PEER:
                     continue  # not a node: what a session handed over left (`HandedInterest`)
                 if node_id not in alive and node_id not in dead and node_id not in self.links:
@@ -326,13 +301,7 @@ class Cluster:
         self.links[link.peer_id] = link
         log.info("peer link to %s up (boot %s)", link.peer_id, link.peer_boot)
         self.stats["links_up"] += 1
-        link.send(wire.SyncBegin())
-        for frame in wire.chunked(sorted(set(self.local_counts) | self._removals), wire.AddFilters):
-            link.send(frame)
-        for share_filter, client_id, qos in self.node.local_shared_members():
-            online = int(self.node.is_connected(client_id))
-            link.send(wire.SharedMember(share_filter, client_id, qos, online))
-        link.send(wire.SyncEnd())
+        self.interest.replay_to(link)
         self.node.spawn(self._after_link_up())
 
     async def _after_link_up(self) -> None:
@@ -349,42 +318,20 @@ class Cluster:
     def link_down(self, link: PeerLink) -> None:
         if self.links.get(link.peer_id) is link:
             del self.links[link.peer_id]
-            self._synced.discard(link.peer_id)
+            self.interest.link_lost(link.peer_id)
             self.stats["links_down"] += 1
             if not self.leaving:
                 self.announcer.refresh_soon()  # it may have stored messages it did not announce
         self.releases.link_lost(link.peer_id)
 
     def on_frame(self, link: PeerLink, frame: wire.Frame) -> None:
-        """A frame from an up link."""
+        """A frame from an up link: interest and messages go to `interest`, the rest is
+        membership's."""
         peer = link.peer_id
-        node = self.node
-        if isinstance(frame, wire.Forward | wire.ForwardMeta):
-            node.deliver_forwarded(wire.message_of(frame))
-        elif isinstance(frame, wire.Wake):
-            node.queues_woken(frame.queues)
-        elif isinstance(frame, wire.Grew):
-            node.queues_grew(dict(zip(frame.queues, frame.ends, strict=True)), forward=False)
-        elif isinstance(frame, wire.Deliver | wire.DeliverMeta):
-            node.deliver_to(frame.client_id, wire.message_of(frame))
-        elif isinstance(frame, wire.AddFilters):
-            self._add_filters(peer, frame.filters)
-        elif isinstance(frame, wire.RemoveFilters):
-            self._remove_filters(peer, frame.filters)
-        elif isinstance(frame, wire.SharedMember):
-            self._shared_member(peer, frame)
-        elif isinstance(frame, wire.SharedMemberGone):
-            self._shared_member_gone(peer, frame.share_filter, frame.client_id)
-        elif isinstance(frame, wire.SyncBegin):
-            self._replay_filters[peer] = set()
-            self._replay_members[peer] = set()
-        elif isinstance(frame, wire.SyncEnd):
-            self._end_replay(peer)
-            self._synced.add(peer)
-        elif isinstance(frame, wire.Retained):
-            node.retained_from_peer(frame.topic, frame.record)
+        if isinstance(frame, INTEREST_FRAMES):
+            self.interest.on_frame(peer, frame)
         elif isinstance(frame, wire.Release):
-            node.spawn(self.releases.answer(link, frame))
+            self.node.spawn(self.releases.answer(link, frame))
         elif isinstance(frame, wire.Released):
             self.releases.answered(frame)
         elif isinstance(frame, wire.NodeGone):
@@ -396,95 +343,15 @@ class Cluster:
             link.close(f"unexpected {type(frame).__name__} frame")
 
     def broadcast(self, frame: wire.Frame) -> None:
+        """Send `frame` on every up link."""
         for link in self.links.values():
             link.send(frame)
 
-    # -- interest: what peers subscribe to -------------------------------------------------------
-
-    def _add_filters(self, peer: str, filters: tuple[str, ...]) -> None:
-        known = self.peer_filters.setdefault(peer, set())
-        replay = self._replay_filters.get(peer)
-        handed = self.handed.pending.get(peer)
-        subscriber = peer_subscriber(peer)
-        for topic_filter in filters:
-            if replay is not None:
-                replay.add(topic_filter)
-            if handed:
-                handed.pop(topic_filter, None)  # announced by the peer itself now
-            if topic_filter not in known:
-                known.add(topic_filter)
-                self.node.trie.subscribe(topic_filter, subscriber, 0)
-
-    def _remove_filters(self, peer: str, filters: tuple[str, ...] | set[str]) -> None:
-        known = self.peer_filters.get(peer)
-        if not known:
-            return
-        subscriber = peer_subscriber(peer)
-        for topic_filter in filters:
-            if topic_filter in known:
-                known.discard(topic_filter)
-                self.node.trie.unsubscribe(topic_filter, subscriber)
-
-    def handed_to(self, peer: str, state: bytes) -> None:
-        """The session in `state` (`release_session`'s answer) went to `peer` (`ANY_PEER`: to a
-        node not known here yet): keep its filters as that peer's interest until it announces
-        them (`HandedInterest`)."""
-        self.handed.expect(peer, handed_filters(state), self.peer_filters.get(peer, set()))
-
-    def _shared_member(self, peer: str, frame: wire.SharedMember) -> None:
-        key = (frame.share_filter, frame.client_id)
-        replay = self._replay_members.get(peer)
-        if replay is not None:
-            replay.add(key)
-        if self.node.holds_session(frame.client_id):
-            return  # the session lives here now: this is an old announcement
-        parsed = parse_shared(frame.share_filter)
-        if parsed is None:
-            return
-        self.peer_members.setdefault(peer, {})[key] = (frame.qos, frame.online)
-        self.member_node[frame.client_id] = peer
-        if frame.online:
-            self.remote_online.add(frame.client_id)
-        else:
-            self.remote_online.discard(frame.client_id)
-        group, inner = parsed
-        self.node.shared.subscribe(frame.share_filter, group, inner, frame.client_id, frame.qos)
-
-    def _shared_member_gone(self, peer: str, share_filter: str, client_id: str) -> None:
-        members = self.peer_members.get(peer, {})
-        if members.pop((share_filter, client_id), None) is None:
-            return
-        if not self.node.holds_session(client_id):
-            self.node.shared.unsubscribe(share_filter, client_id)
-        still_member = any(c == client_id for _f, c in members)
-        if not still_member and self.member_node.get(client_id) == peer:
-            del self.member_node[client_id]
-            self.remote_online.discard(client_id)
-
-    def _end_replay(self, peer: str) -> None:
-        filters = self._replay_filters.pop(peer, set())
-        members = self._replay_members.pop(peer, set())
-        self._remove_filters(peer, self.peer_filters.get(peer, set()) - filters)
-        for share_filter, client_id in set(self.peer_members.get(peer, {})) - members:
-            self._shared_member_gone(peer, share_filter, client_id)
-        log.info(
-            "peer %s: %d filters and %d shared members after its replay",
-            peer,
-            len(filters),
-            len(members),
-        )
+    # -- peers leaving ----------------------------------------------------------------------------
 
     def forget_peer(self, peer: str) -> None:
         """Drop everything known of a peer's interest (it is dead and cleaned up)."""
-        self._remove_filters(peer, set(self.peer_filters.get(peer, ())))
-        self.peer_filters.pop(peer, None)
-        for share_filter, client_id in list(self.peer_members.get(peer, {})):
-            self._shared_member_gone(peer, share_filter, client_id)
-        self.peer_members.pop(peer, None)
-        self._replay_filters.pop(peer, None)
-        self._replay_members.pop(peer, None)
-        self.handed.pending.pop(peer, None)
-        self._synced.discard(peer)
+        self.interest.forget(peer)
         self._leaving.discard(peer)
 
     def peer_gone(self, peer: str) -> None:
@@ -493,94 +360,55 @@ class Cluster:
         if not self.leaving:
             self.announcer.refresh_soon()
 
-    # -- interest: what this node advertises -----------------------------------------------------
+    # -- the node's calls for interest and messages (`Interest`) -------------------------------
 
     def local_filter_added(self, topic_filter: str) -> None:
-        self.local_counts[topic_filter] += 1
-        if self.local_counts[topic_filter] == 1:
-            if topic_filter in self._removals:
-                self._removals.discard(topic_filter)  # never withdrawn: nothing to re-announce
-            else:
-                self.broadcast(wire.AddFilters((topic_filter,)))
+        """A session held here subscribed to `topic_filter` (`Interest.local_filter_added`)."""
+        self.interest.local_filter_added(topic_filter)
 
     def local_filter_removed(self, topic_filter: str) -> None:
-        count = self.local_counts[topic_filter] - 1
-        if count > 0:
-            self.local_counts[topic_filter] = count
-            return
-        del self.local_counts[topic_filter]
-        self._removals.add(topic_filter)
-        if self._removal_timer is None:
-            self._removal_timer = asyncio.get_running_loop().call_later(
-                self.config.interest_grace, self._send_removals
-            )
-
-    def _send_removals(self) -> None:
-        self._removal_timer = None
-        removed = sorted(f for f in self._removals if f not in self.local_counts)
-        self._removals.clear()
-        for frame in wire.chunked(removed, wire.RemoveFilters):
-            self.broadcast(frame)
+        """A session held here left `topic_filter` (`Interest.local_filter_removed`)."""
+        self.interest.local_filter_removed(topic_filter)
 
     def shared_member_changed(self, share_filter: str, client_id: str, qos: int) -> None:
-        online = int(self.node.is_connected(client_id))
-        self.broadcast(wire.SharedMember(share_filter, client_id, qos, online))
+        """A shared membership held here changed (`Interest.shared_member_changed`)."""
+        self.interest.shared_member_changed(share_filter, client_id, qos)
 
     def shared_member_removed(self, share_filter: str, client_id: str) -> None:
-        self.broadcast(wire.SharedMemberGone(share_filter, client_id))
+        """A shared membership held here ended (`Interest.shared_member_removed`)."""
+        self.interest.shared_member_removed(share_filter, client_id)
 
-    # -- messages to peers -----------------------------------------------------------------------
+    def handed_to(self, peer: str, state: bytes) -> None:
+        """A session went to `peer` (`Interest.handed_to`)."""
+        self.interest.handed_to(peer, state)
 
     def forward(self, peers: list[str], message: Message) -> None:
-        """A QoS 0 message for these peers' subscribers, encoded once per frame kind (dropped,
-        and counted, where a link is down or backed up: QoS 0 is at most once)."""
-        encoded: dict[bool, bytes] = {}  # by whether the frame carries the MQTT 5 metadata
-        for peer in peers:
-            link = self.links.get(peer)
-            if link is None:
-                if peer == ANY_PEER:
-                    continue  # a session on its way to another node: it reads its queues
-
-                self.node.metrics.inc("dropped_peer_link")
-                continue
-            metadata = bool(message.properties) and self.speaks_metadata(link)
-            data = encoded.get(metadata)
-            if data is None:
-                data = encoded[metadata] = wire.forward_frame(message, metadata=metadata)
-            if not link.send_droppable(data):
-                self.node.metrics.inc("dropped_peer_link")
+        """A QoS 0 message for these peers' subscribers (`Interest.forward`)."""
+        self.interest.forward(peers, message)
 
     def deliver(self, client_id: str, message: Message) -> None:
-        """A QoS 0 message for a shared member whose session a peer holds."""
-        link = self.links.get(self.member_node.get(client_id, ""))
-        metadata = link is not None and bool(message.properties) and self.speaks_metadata(link)
-        data = wire.deliver_frame(client_id, message, metadata=metadata)
-        if link is None or not link.send_droppable(data):
-            self.node.metrics.inc("dropped_peer_link")
-
-    def speaks_metadata(self, link: PeerLink) -> bool:
-        """Whether the peer's node understands the frames carrying MQTT 5 metadata: its registry
-        info says so, and is that of the boot at the other end of the link (a peer restarted
-        with an earlier version must not be sent them on the strength of stale info)."""
-        info = self.members.get(link.peer_id)
-        return (
-            info is not None
-            and info.get("boot") == link.peer_boot
-            and wire.FEATURE_METADATA in info.get("features", ())
-        )
+        """A QoS 0 message for a shared member a peer holds (`Interest.deliver`)."""
+        self.interest.deliver(client_id, message)
 
     def wake(self, peer: str, ends: dict[str, int]) -> None:
-        """Messages were stored on these queues for `peer`'s readers (see `Announcer.wake`)."""
-        self.announcer.wake(peer, ends)
+        """Messages were stored for `peer`'s readers (`Interest.wake`)."""
+        self.interest.wake(peer, ends)
 
     def grew(self, peer: str, ends: dict[str, int]) -> None:
-        links = self.links.values() if peer == ANY_PEER else [self.links.get(peer)]
-        for link in links:
-            if link is not None:
-                link.send(wire.Grew(tuple(ends), tuple(ends.values())))
+        """These queues grew: tell `peer` (`Interest.grew`)."""
+        self.interest.grew(peer, ends)
 
     def retained_changed(self, topic: str, record: bytes) -> None:
-        self.broadcast(wire.Retained(topic, record))
+        """This node changed a retained message (`Interest.retained_changed`)."""
+        self.interest.retained_changed(topic, record)
+
+    def is_reachable(self, client_id: str) -> bool:
+        """A shared member that can take a message now (`Interest.is_reachable`)."""
+        return self.interest.is_reachable(client_id)
+
+    def node_of(self, client_id: str) -> str | None:
+        """The peer holding a remote shared member's session (`Interest.node_of`)."""
+        return self.interest.node_of(client_id)
 
     def link_states(self) -> dict[str, bool]:
         """Peer node -> whether its link is up, for every live member and every link."""
@@ -588,14 +416,6 @@ class Cluster:
         for peer, link in self.links.items():
             states[peer] = link.up
         return states
-
-    def is_reachable(self, client_id: str) -> bool:
-        """A shared member that can take a message now: connected here or on a peer."""
-        return self.node.is_connected(client_id) or client_id in self.remote_online
-
-    def node_of(self, client_id: str) -> str | None:
-        """The peer holding a remote shared member's session (None: local or unknown)."""
-        return self.member_node.get(client_id)
 
     # -- takeover --------------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ class Releases:
         self.registry = registry
         self.node = node
         self.handed_to = handed_to
-        """Called with the asking peer and the state handed to it (`Cluster.handed_to`)."""
+        """Called with the asking peer and the state handed to it (`Interest.handed_to`)."""
         self.timeout = timeout
         self._requests: dict[int, tuple[str, asyncio.Future[bytes | None]]] = {}
         """Release request id -> (peer asked, its answer)."""

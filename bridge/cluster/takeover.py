@@ -121,7 +121,7 @@ class HandedInterest:
         self.grace = config.interest_grace
         self.pending: dict[str, dict[str, float]] = {}
         """Peer -> handed filter it has not announced yet -> when it is withdrawn (event-loop
-        time). The peer's `_add_filters` takes a filter out once the peer announces it."""
+        time). `Interest.add_filters` takes a filter out once the peer announces it."""
 
     def expect(self, peer: str, filters: set[str], known: set[str]) -> None:
         """A session subscribed to `filters` went to `peer` (whose interest: `known`). Each of

@@ -27,22 +27,22 @@ def matching_peers(node: Node, topic: str) -> set[str]:
 
 def test_a_forgotten_peer_leaves_nothing_in_the_trie(tmp_path: Path) -> None:
     node, cluster = make_cluster(tmp_path)
-    cluster._add_filters("b", ("factory/#", "pay/+/42"))
-    cluster._add_filters("c", ("factory/#",))
+    cluster.interest.add_filters("b", ("factory/#", "pay/+/42"))
+    cluster.interest.add_filters("c", ("factory/#",))
     assert matching_peers(node, "factory/line1") == {"\x00b", "\x00c"}
     cluster.forget_peer("b")
     assert matching_peers(node, "factory/line1") == {"\x00c"}
     assert matching_peers(node, "pay/store/42") == set()
-    assert "b" not in cluster.peer_filters
+    assert "b" not in cluster.interest.peer_filters
 
 
 def test_a_replay_replaces_the_peers_interest_only_at_its_end(tmp_path: Path) -> None:
     node, cluster = make_cluster(tmp_path)
-    cluster._add_filters("b", ("old/#", "kept/#"))
-    cluster._replay_filters["b"] = set()  # SyncBegin
-    cluster._add_filters("b", ("kept/#", "new/#"))
+    cluster.interest.add_filters("b", ("old/#", "kept/#"))
+    cluster.interest._replay_filters["b"] = set()  # SyncBegin
+    cluster.interest.add_filters("b", ("kept/#", "new/#"))
     assert matching_peers(node, "old/x") == {"\x00b"}  # no gap while the replay streams
-    cluster._end_replay("b")  # SyncEnd
+    cluster.interest.end_replay("b")  # SyncEnd
     assert matching_peers(node, "old/x") == set()
     assert matching_peers(node, "kept/x") == matching_peers(node, "new/x") == {"\x00b"}
 
@@ -51,7 +51,7 @@ def test_node_gone_from_the_dead_node_itself_marks_it_leaving_not_forgotten(
     tmp_path: Path,
 ) -> None:
     node, cluster = make_cluster(tmp_path)
-    cluster._add_filters("b", ("x/#",))
+    cluster.interest.add_filters("b", ("x/#",))
 
     class Link:
         peer_id = "b"

@@ -97,7 +97,7 @@ def test_metadata_goes_only_to_peers_that_advertised_it_for_the_linked_boot() ->
     assert links["old"].sent[0] is links["restarted"].sent[0]  # encoded once per frame kind
     assert host.metrics.counts["dropped_peer_link"] == 1  # no link to "gone"
 
-    cluster.member_node.update({"m1": "new", "m2": "old"})
+    cluster.interest.member_node.update({"m1": "new", "m2": "old"})
     cluster.deliver("m1", message)
     cluster.deliver("m2", message)
     assert links["new"].frames()[-1] == wire.DeliverMeta(
@@ -110,7 +110,7 @@ def test_a_message_without_metadata_goes_in_the_old_frames_to_every_peer() -> No
     _host, cluster, links = make_cluster()
     plain = Message("a/b", b"x", publisher="dev-1", timestamp_ms=7)
     cluster.forward(["new", "old"], plain)
-    cluster.member_node["m1"] = "new"
+    cluster.interest.member_node["m1"] = "new"
     cluster.deliver("m1", plain)
     assert links["new"].frames() == [wire.Forward("a/b", b"x", 0), wire.Deliver("m1", "a/b", b"x")]
     assert links["old"].frames() == [wire.Forward("a/b", b"x", 0)]

@@ -15,24 +15,37 @@ topic stay on one group (and so in order) until that group stops taking writes.
 
 A message's `seq` must be unique in the whole store; commit-log offsets are unique per group
 only, so `group_seq` joins the offset with a 16-bit tag of the group's name.
+
+`GroupLearning` fills `BrokerGroups` from RocketMQ: the cluster table when the store opens and
+every `group_refresh` seconds after, and which groups take writes from the default topic's
+route.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
-from bridge.storage.rocketmq.types import BrokerInfo
+from bridge.storage.base import StoreUnavailable
+from bridge.storage.rocketmq.connection import RocketMQError
+from bridge.storage.rocketmq.types import DEFAULT_TOPIC, PERM_WRITE, BrokerInfo, TopicRoute
+from bridge.storage.rocketmq.wire import RemotingProtocolError
 
 __all__ = [
     "PART_PREFIX",
     "BrokerGroups",
+    "GroupLearning",
     "group_seq",
     "group_tag",
     "part_name",
+    "require_part",
     "split_part",
 ]
+
+log = logging.getLogger("bridge.storage.rocketmq")
 
 PART_PREFIX = "@"
 """First character of a part name; no bridge queue name starts with it (router/queues.py)."""
@@ -58,6 +71,14 @@ def split_part(part: str) -> tuple[str, str] | None:
     return group, queue
 
 
+def require_part(part: str) -> tuple[str, str]:
+    """(group, bridge queue) of a part name; StoreUnavailable for a name that is not one."""
+    split = split_part(part)
+    if split is None:
+        raise StoreUnavailable(f"{part!r} is not a part of a bridge queue (see parts())")
+    return split
+
+
 def group_tag(group: str) -> int:
     """The 16-bit tag of a group's name in the seqs of its messages."""
     return zlib.crc32(group.encode()) & _TAG_MASK
@@ -75,7 +96,7 @@ def _weight(group: str, topic: str) -> int:
 class BrokerGroups:
     """The broker groups this store knows, where each is read, and where each topic goes."""
 
-    __slots__ = ("_failed", "_groups", "_pins", "generation", "read_only", "tags")
+    __slots__ = ("_failed", "_groups", "_parts", "_pins", "generation", "read_only", "tags")
 
     def __init__(self) -> None:
         self._groups: dict[str, BrokerInfo] = {}
@@ -90,6 +111,8 @@ class BrokerGroups:
         keep away, so every pick does."""
         self.generation = 0
         """Grows whenever a group is seen for the first time (parts of queues change)."""
+        self._parts: dict[str, tuple[int, tuple[str, ...]]] = {}
+        """Bridge queue -> (generation, its parts), as last computed."""
 
     def update(self, brokers: dict[str, BrokerInfo]) -> list[str]:
         """Learn the NameServer's cluster table; returns the groups seen for the first time.
@@ -111,6 +134,24 @@ class BrokerGroups:
     def names(self) -> list[str]:
         """Every known group, sorted."""
         return sorted(self._groups)
+
+    def parts(self, queue: str) -> tuple[str, ...]:
+        """The parts of a bridge queue: one per group known."""
+        generation = self.generation
+        cached = self._parts.get(queue)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        parts = tuple(part_name(group, queue) for group in self.names())
+        self._parts[queue] = (generation, parts)
+        return parts
+
+    def upgrade_part(self, queue: str) -> str:
+        """The part a position kept under a bridge queue's own name (by a version that read one
+        broker group only: the first by name) now belongs to."""
+        if split_part(queue) is not None:
+            return queue
+        names = self.names()
+        return part_name(names[0], queue) if names else queue
 
     def registered(self, name: str) -> bool:
         """Whether a broker of the group is registered with the NameServer now."""
@@ -165,3 +206,79 @@ class BrokerGroups:
             del self._failed[group or ""]
             return False
         return True
+
+
+class ClusterTable(Protocol):
+    """Where the store's reader client learns the broker groups (`RocketMQClient`)."""
+
+    async def cluster_brokers(self, *, refresh: bool = False) -> dict[str, BrokerInfo]:
+        """The NameServer's cluster table: broker groups by name."""
+        ...
+
+
+class TopicRoutes(Protocol):
+    """Where the store's sending client learns topic routes (`RocketMQClient`)."""
+
+    async def get_route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        """The route of `topic` (its queues on each group, with their permissions)."""
+        ...
+
+
+class GroupLearning:
+    """Fills `BrokerGroups` from RocketMQ: the groups in the NameServer's cluster table, and
+    which of them take writes (module docstring)."""
+
+    def __init__(
+        self,
+        groups: BrokerGroups,
+        table: ClusterTable,
+        routes: TopicRoutes,
+        forget_targets: Callable[[frozenset[str]], None],
+    ) -> None:
+        self.groups = groups
+        self.table = table
+        """The reader client: it asks for the cluster table."""
+        self.routes = routes
+        """The sending client: it asks for the default topic's route."""
+        self.forget_targets = forget_targets
+        """Called with the groups that stopped taking writes (the send pipeline routes anew)."""
+
+    def learn(self, brokers: dict[str, BrokerInfo]) -> list[str]:
+        """Learn a cluster table; returns the groups seen for the first time."""
+        new = self.groups.update(brokers)
+        for first, second in self.groups.tag_collisions():
+            log.error(
+                "broker groups %r and %r share a seq tag: QoS 2 deliveries of their messages "
+                "may be confused; rename one",
+                first,
+                second,
+            )
+        return new
+
+    async def learn_write_permissions(self) -> None:
+        """Which groups take writes, from the default topic's route (every broker with
+        autoCreateTopicEnable serves it, with its broker permission): topics of a group that
+        was drained move now, not when their own cached routes go stale; a new group is in it
+        at once for topics first used from now on."""
+        try:
+            route = await self.routes.get_route(DEFAULT_TOPIC, refresh=True)
+        except (RocketMQError, RemotingProtocolError):
+            return  # no such template (autoCreateTopicEnable off): topic routes tell, later
+        read_only = frozenset(q.broker_name for q in route.queues if not q.perm & PERM_WRITE)
+        if read_only != self.groups.read_only:
+            if read_only - self.groups.read_only:
+                log.info("broker group(s) %s take no writes: sending elsewhere", sorted(read_only))
+            self.groups.read_only = read_only
+            self.forget_targets(read_only)
+
+    async def refresh(self) -> list[str] | None:
+        """Learn the groups added to (or gone from) the NameServer and which take writes; the
+        groups seen for the first time, or None if the cluster table could not be read."""
+        try:
+            brokers = await self.table.cluster_brokers(refresh=True)
+        except (RocketMQError, RemotingProtocolError) as exc:
+            log.debug("broker group refresh failed: %s", exc)
+            return None
+        new = self.learn(brokers)
+        await self.learn_write_permissions()
+        return new

@@ -19,6 +19,10 @@ is missed, and the pull then waits for the broker's periodic check of held pulls
 long polling on, whatever the pull's own time-out. Under a flood, that held the tail of a
 backlog for seconds: a CI run of the stalled-subscriber test acknowledged only 101 messages in
 4 s.
+
+`LightQueuePulls` is what a shared read pulls with: one pull of a part's light queue on its
+broker group, its answer turned into the store's `Stored` messages (queue ends noted, a miscount
+corrected, retention's losses counted).
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from bridge.storage.base import ReadResult, Stored
+from bridge.storage.base import ReadResult, Stored, StoreUnavailable
+from bridge.storage.rocketmq.connection import RocketMQError
+from bridge.storage.rocketmq.groups import BrokerGroups, group_seq, part_name, require_part
+from bridge.storage.rocketmq.mapping import message_of
+from bridge.storage.rocketmq.messages import StoredMessage
+from bridge.storage.rocketmq.queues import LmqNames, QueueEnds
 from bridge.storage.rocketmq.types import PullResult, PullStatus
 
-__all__ = ["Batch", "SharedReads", "pull_dispatched"]
+__all__ = ["Batch", "LightQueuePulls", "SharedReads", "pull_dispatched"]
 
 DISPATCH_PAUSE_FIRST = 0.001
 """Seconds before the first pull again for a confirmed message not yet in its queue; each pause
@@ -173,3 +183,113 @@ def _first(result: ReadResult, limit: int) -> ReadResult:
         return result
     part = result.messages[:limit]
     return ReadResult(part, part[-1].offset + 1, result.lost)
+
+
+class LightQueueReader(Protocol):
+    """What pulls a light queue (the store's reader `RocketMQClient`)."""
+
+    async def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int = 32,
+        *,
+        broker_name: str | None = None,
+    ) -> PullResult:
+        """Up to `max_msgs` messages of one queue from `offset` (PULL_MESSAGE)."""
+        ...
+
+
+class LightQueuePulls:
+    """Pulls of the parts of bridge queues, as `Stored` messages (module docstring)."""
+
+    def __init__(
+        self,
+        reader: LightQueueReader,
+        names: LmqNames,
+        ends: QueueEnds,
+        groups: BrokerGroups,
+        stats: dict[str, int],
+        *,
+        read_wait: float,
+    ) -> None:
+        self.reader = reader
+        self.names = names
+        self.ends = ends
+        self.groups = groups
+        self.stats = stats
+        """The store's counters: `reads` counts the pulls."""
+        self.read_wait = read_wait
+        """Seconds a pull waits for a message the store knows was confirmed (see above)."""
+
+    async def pull(self, queue: str, offset: int, limit: int) -> ReadResult:
+        """One pull of a part's light queue from `offset` (`SharedReads.read` shares it between
+        readers)."""
+        group, bridge_queue = require_part(queue)
+        name = self.names.remember(bridge_queue)
+        known_end = self.ends.end(queue)
+        # A message confirmed by SEND_OK reaches its LMQs a moment later (the broker dispatches
+        # asynchronously): if we know it is there, wait for it briefly (see above) instead of
+        # missing it.
+        waits = offset < known_end
+        self.stats["reads"] += 1
+        try:
+            result = await pull_dispatched(
+                lambda: self.reader.pull(name, 0, offset, limit, broker_name=group),
+                offset,
+                self.read_wait if waits else 0.0,
+            )
+        except RocketMQError as exc:
+            raise StoreUnavailable(f"cannot read {bridge_queue!r} on {group}: {exc}") from exc
+        if result.max_offset > 0:
+            self.ends.note(queue, result.max_offset)
+        if result.status is PullStatus.FOUND:
+            messages = []
+            tag = self.groups.tag(group)
+            for raw in result.messages:
+                stored = self._stored(raw, name, group, tag)
+                if stored is not None and stored.offset >= offset:
+                    messages.append(stored)
+            messages = messages[:limit]
+            if not messages:
+                return ReadResult([], max(offset, result.next_offset))
+            after = messages[-1].offset + 1
+            if after < known_end and len(messages) < limit and waits:
+                # Found some, but not every one this store knows it sent: the rest is being
+                # dispatched. One more pull (waiting as above) returns them with these.
+                rest = await self.pull(queue, after, limit - len(messages))
+                if rest.messages and rest.messages[0].offset == after:
+                    return ReadResult(messages + rest.messages, rest.next_offset)
+            return ReadResult(messages, after)
+        if waits and result.status is PullStatus.NO_NEW_MSG and result.max_offset <= offset:
+            # Waited for a message this store counted and none came: the count was one ahead
+            # (a SEND_OK that arrived after a fetch had already counted its message).
+            self.ends.correct(queue, result.max_offset, known_end)
+        if result.min_offset > offset:
+            # Retention removed [offset, min_offset).
+            return ReadResult([], result.min_offset, lost=result.min_offset - offset)
+        if result.status is PullStatus.NO_MATCHED_MSG and result.next_offset > offset:
+            return ReadResult([], result.next_offset)
+        return ReadResult([], offset)
+
+    def _stored(self, raw: StoredMessage, lmq: str, group: str, tag: int) -> Stored | None:
+        offsets = raw.lmq_offsets()
+        offset = offsets.get(lmq)
+        if offset is None:
+            return None
+        message = message_of(raw)
+        if message is None:
+            return None
+        queues = []
+        for name in offsets:
+            queue = self.names.queue_of(name)
+            if queue is not None:
+                queues.append(part_name(group, queue))
+        return Stored(
+            offset=offset,
+            seq=group_seq(raw.commit_log_offset, tag),
+            message=message,
+            queues=tuple(queues),
+            size=len(message.payload) + len(message.topic.encode()),
+        )

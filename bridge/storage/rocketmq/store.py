@@ -39,9 +39,10 @@ Reads. All readers of a light queue on this node share its pulls (reads.py): one
 (queue, offset) at a time, and the last batch of each queue kept in memory (16 MiB in all), so
 ten subscribers of one filter cost one pull and one decode per batch, not ten.
 
-Parts. This module holds the lifecycle, the admission of writes and the read path; the send
-pipeline is in sending.py, the keyed records in meta.py, LMQ names and queue ends in queues.py,
-the shared reads in reads.py.
+Parts. This module holds the lifecycle, the admission of writes and the store contract's reads
+and look-ups; the send pipeline is in sending.py, the keyed records in meta.py, LMQ names and
+queue ends in queues.py, the broker groups, their parts of each queue and the learning of them
+in groups.py, the shared reads and the pulls of light queues in reads.py.
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bridge.storage.base import Message, MetaUpdate, ReadResult, Stored, StoreUnavailable
+from bridge.storage.base import Message, MetaUpdate, ReadResult, StoreUnavailable
 from bridge.storage.rocketmq.acl import Credentials
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingError, RocketMQError
-from bridge.storage.rocketmq.groups import BrokerGroups, group_seq, part_name, split_part
+from bridge.storage.rocketmq.groups import BrokerGroups, GroupLearning, require_part, split_part
 from bridge.storage.rocketmq.mapping import (
     MULTI_DISPATCH,
     PROP_DELAYED,
@@ -65,7 +66,6 @@ from bridge.storage.rocketmq.mapping import (
     TIMER_DELIVER_MS,
     TIMER_TOPIC,
     escape_name,
-    message_of,
     rocketmq_topic,
     timer_deliver_ms,
 )
@@ -74,11 +74,10 @@ from bridge.storage.rocketmq.messages import (
     LMQ_DISPATCH_SEPARATOR,
     LMQ_PREFIX,
     PROPERTY_KEYS,
-    StoredMessage,
 )
 from bridge.storage.rocketmq.meta import KIND_LMQS, KIND_STATS, KeyedRecords, StoreMeta
 from bridge.storage.rocketmq.queues import DEFAULT_MESSAGE_SIZE, LmqNames, QueueEnds
-from bridge.storage.rocketmq.reads import SharedReads, pull_dispatched
+from bridge.storage.rocketmq.reads import LightQueuePulls, SharedReads
 from bridge.storage.rocketmq.sending import (
     DurableCallback,
     Send,
@@ -87,8 +86,7 @@ from bridge.storage.rocketmq.sending import (
     new_send,
 )
 from bridge.storage.rocketmq.tls import TlsOptions
-from bridge.storage.rocketmq.types import DEFAULT_TOPIC, PERM_WRITE, BrokerInfo, PullStatus
-from bridge.storage.rocketmq.wire import RemotingProtocolError, ResponseCode
+from bridge.storage.rocketmq.wire import ResponseCode
 
 __all__ = [
     "DEFAULT_MESSAGE_SIZE",
@@ -118,9 +116,10 @@ first store is unsettled waits for them, and storing it twice is what they preve
 class RocketMQStore:
     """A `MessageStore` over RocketMQ (see the module docstring).
 
-    Owns its lifecycle, the admission of writes and the read path; its parts are the send
-    pipeline (`SendPipeline`, the write path), the keyed records (`StoreMeta`), and what it
-    knows of its bridge queues (`LmqNames`, `QueueEnds`).
+    Owns its lifecycle, the admission of writes and the store contract's reads; its parts are
+    the send pipeline (`SendPipeline`, the write path), the keyed records (`StoreMeta`), what it
+    knows of its bridge queues (`LmqNames`, `QueueEnds`), of the broker groups (`BrokerGroups`,
+    learnt by `GroupLearning`), and the read path (`SharedReads` over `LightQueuePulls`).
     """
 
     atomic_meta = False
@@ -160,7 +159,6 @@ class RocketMQStore:
         self._notify_skip = escape_name(node_id) or "bridge"
         """`mqtt_notify_skip` of every message sent here (see "notify" above)."""
         self.send_timeout = send_timeout
-        self.read_wait = read_wait
         self.max_pending = max_pending
         self.send_window = send_window
         self._meta = StoreMeta(
@@ -193,8 +191,6 @@ class RocketMQStore:
         self._open = False
         self._closing = False
         self._groups = BrokerGroups()
-        self._parts: dict[str, tuple[int, tuple[str, ...]]] = {}
-        """Bridge queue -> (groups generation, its parts), as last computed."""
         self.group_refresh = group_refresh
         self.on_new_groups: Callable[[list[str]], None] | None = None
         """Called with the groups seen for the first time after `open` (the node starts
@@ -214,6 +210,17 @@ class RocketMQStore:
             send_timeout=send_timeout,
             send_window=send_window,
         )
+        self._learning = GroupLearning(
+            self._groups, self._reader, self._client, self._pipeline.forget_targets
+        )
+        self._pulls = LightQueuePulls(
+            self._reader, self._names, self._ends, self._groups, self.stats, read_wait=read_wait
+        )
+
+    @property
+    def read_wait(self) -> float:
+        """Seconds a read waits for a message this store knows was confirmed (reads.py)."""
+        return self._pulls.read_wait
 
     @property
     def reader_client(self) -> RocketMQClient:
@@ -231,9 +238,9 @@ class RocketMQStore:
             brokers = await self._reader.cluster_brokers(refresh=True)
             if not any(b.master_addr for b in brokers.values()):
                 raise BrokerUnavailable("no master broker is registered", maybe_delivered=False)
-            self._learn_groups(brokers)
+            self._learning.learn(brokers)
             await self._client.check_access()
-            await self._learn_write_permissions()
+            await self._learning.learn_write_permissions()
             self._ends.avg_size = self._meta.saved_avg_size()
             known = self._meta.known_queues()
             limit = asyncio.Semaphore(64)
@@ -400,13 +407,7 @@ class RocketMQStore:
 
     def parts(self, queue: str) -> tuple[str, ...]:
         """The parts of a bridge queue: one per broker group known (see groups.py)."""
-        generation = self._groups.generation
-        cached = self._parts.get(queue)
-        if cached is not None and cached[0] == generation:
-            return cached[1]
-        parts = tuple(part_name(group, queue) for group in self._groups.names())
-        self._parts[queue] = (generation, parts)
-        return parts
+        return self._groups.parts(queue)
 
     def queue_of_part(self, part: str) -> str | None:
         """The bridge queue a part belongs to; None for a name that is not a part."""
@@ -416,50 +417,14 @@ class RocketMQStore:
     def upgrade_part(self, queue: str) -> str:
         """The part a position kept under a bridge queue's own name (by a version that read one
         broker group only: the first by name) now belongs to."""
-        if split_part(queue) is not None:
-            return queue
-        names = self._groups.names()
-        return part_name(names[0], queue) if names else queue
-
-    def _learn_groups(self, brokers: dict[str, BrokerInfo]) -> list[str]:
-        new = self._groups.update(brokers)
-        for first, second in self._groups.tag_collisions():
-            log.error(
-                "broker groups %r and %r share a seq tag: QoS 2 deliveries of their messages "
-                "may be confused; rename one",
-                first,
-                second,
-            )
-        return new
-
-    async def _learn_write_permissions(self) -> None:
-        """Which groups take writes, from the default topic's route (every broker with
-        autoCreateTopicEnable serves it, with its broker permission): topics of a group that
-        was drained move now, not when their own cached routes go stale; a new group is in it
-        at once for topics first used from now on."""
-        try:
-            route = await self._client.get_route(DEFAULT_TOPIC, refresh=True)
-        except (RocketMQError, RemotingProtocolError):
-            return  # no such template (autoCreateTopicEnable off): topic routes tell, later
-        read_only = frozenset(q.broker_name for q in route.queues if not q.perm & PERM_WRITE)
-        if read_only != self._groups.read_only:
-            if read_only - self._groups.read_only:
-                log.info("broker group(s) %s take no writes: sending elsewhere", sorted(read_only))
-            self._groups.read_only = read_only
-            self._pipeline.forget_targets(read_only)
+        return self._groups.upgrade_part(queue)
 
     async def _refresh_groups(self) -> None:
         """Learn broker groups added to (or gone from) the NameServer, every `group_refresh`
         seconds; tell the node about new ones."""
         while True:
             await asyncio.sleep(self.group_refresh)
-            try:
-                brokers = await self._reader.cluster_brokers(refresh=True)
-            except (RocketMQError, RemotingProtocolError) as exc:
-                log.debug("broker group refresh failed: %s", exc)
-                continue
-            new = self._learn_groups(brokers)
-            await self._learn_write_permissions()
+            new = await self._learning.refresh()
             if new:
                 log.info("new broker group(s) %s: reading their parts of every queue", new)
                 if self.on_new_groups is not None:
@@ -479,7 +444,7 @@ class RocketMQStore:
     async def queue_end(self, queue: str) -> int:
         """The end of a part (`queue` is a part name, see `parts`) on its broker group. A group
         no longer registered answers with the last end known."""
-        group, bridge_queue = self._split(queue)
+        group, bridge_queue = require_part(queue)
         name = self._names.remember(bridge_queue)
         updates = self._meta.new_queues((bridge_queue,))
         if updates:
@@ -495,89 +460,13 @@ class RocketMQStore:
         self._ends.note(queue, end)
         return self._ends.end(queue)
 
-    def _split(self, part: str) -> tuple[str, str]:
-        split = split_part(part)
-        if split is None:
-            raise StoreUnavailable(f"{part!r} is not a part of a bridge queue (see parts())")
-        return split
-
     def backlog(self, queue: str, offset: int) -> tuple[int, int]:
         return self._ends.backlog(queue, offset)
 
     async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
         if limit <= 0:
             return ReadResult([], offset)
-        return await self._reads.read(queue, offset, limit, self._pull)
-
-    async def _pull(self, queue: str, offset: int, limit: int) -> ReadResult:
-        """One pull of a part's light queue from `offset` (`read` shares it between readers)."""
-        group, bridge_queue = self._split(queue)
-        name = self._names.remember(bridge_queue)
-        known_end = self._ends.end(queue)
-        # A message confirmed by SEND_OK reaches its LMQs a moment later (the broker dispatches
-        # asynchronously): if we know it is there, wait for it briefly (reads.py) instead of
-        # missing it.
-        waits = offset < known_end
-        self.stats["reads"] += 1
-        try:
-            result = await pull_dispatched(
-                lambda: self._reader.pull(name, 0, offset, limit, broker_name=group),
-                offset,
-                self.read_wait if waits else 0.0,
-            )
-        except RocketMQError as exc:
-            raise StoreUnavailable(f"cannot read {bridge_queue!r} on {group}: {exc}") from exc
-        if result.max_offset > 0:
-            self._ends.note(queue, result.max_offset)
-        if result.status is PullStatus.FOUND:
-            messages = []
-            tag = self._groups.tag(group)
-            for raw in result.messages:
-                stored = self._stored(raw, name, group, tag)
-                if stored is not None and stored.offset >= offset:
-                    messages.append(stored)
-            messages = messages[:limit]
-            if not messages:
-                return ReadResult([], max(offset, result.next_offset))
-            after = messages[-1].offset + 1
-            if after < known_end and len(messages) < limit and waits:
-                # Found some, but not every one this store knows it sent: the rest is being
-                # dispatched. One more pull (waiting as above) returns them with these.
-                rest = await self._pull(queue, after, limit - len(messages))
-                if rest.messages and rest.messages[0].offset == after:
-                    return ReadResult(messages + rest.messages, rest.next_offset)
-            return ReadResult(messages, after)
-        if waits and result.status is PullStatus.NO_NEW_MSG and result.max_offset <= offset:
-            # Waited for a message this store counted and none came: the count was one ahead
-            # (a SEND_OK that arrived after a fetch had already counted its message).
-            self._ends.correct(queue, result.max_offset, known_end)
-        if result.min_offset > offset:
-            # Retention removed [offset, min_offset).
-            return ReadResult([], result.min_offset, lost=result.min_offset - offset)
-        if result.status is PullStatus.NO_MATCHED_MSG and result.next_offset > offset:
-            return ReadResult([], result.next_offset)
-        return ReadResult([], offset)
-
-    def _stored(self, raw: StoredMessage, lmq: str, group: str, tag: int) -> Stored | None:
-        offsets = raw.lmq_offsets()
-        offset = offsets.get(lmq)
-        if offset is None:
-            return None
-        message = message_of(raw)
-        if message is None:
-            return None
-        queues = []
-        for name in offsets:
-            queue = self._names.queue_of(name)
-            if queue is not None:
-                queues.append(part_name(group, queue))
-        return Stored(
-            offset=offset,
-            seq=group_seq(raw.commit_log_offset, tag),
-            message=message,
-            queues=tuple(queues),
-            size=len(message.payload) + len(message.topic.encode()),
-        )
+        return await self._reads.read(queue, offset, limit, self._pulls.pull)
 
     async def find_key(self, topic: str, key: str) -> bool:
         """Whether the broker holds a message with this key in the topic's RocketMQ topic, or
