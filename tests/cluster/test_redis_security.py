@@ -75,6 +75,11 @@ def sentinel_group(
         yield group
 
 
+CLUSTER_SECRET = secrets.token_hex(32)
+"""The peer links' secret of the nodes these tests start on their own: without one a cluster
+member refuses to start before it asks Redis anything."""
+
+
 def _start_failing_node(tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
     """Run a cluster node that must refuse to start; its exit status and its output (stdout).
     Redis is asked before RocketMQ, so the NameServer needs not answer."""
@@ -85,6 +90,7 @@ def _start_failing_node(tmp_path: Path, *settings: str) -> subprocess.CompletedP
         f"rocketmq_namesrv=127.0.0.1:{free_port()}",
         f"cluster_name={CLUSTER}",
         "peer_listen=127.0.0.1:0",
+        f"cluster_secret={CLUSTER_SECRET}",
         "redis_timeout=2",
         *settings,
     ):
@@ -178,6 +184,8 @@ def test_print_config_masks_the_redis_and_sentinel_passwords() -> None:
             "redis_sentinels=127.0.0.1:2",
             "--set",
             f"redis_sentinel_password={sentinel_password}",
+            "--set",
+            f"cluster_secret={CLUSTER_SECRET}",
         ],
         capture_output=True,
         text=True,
