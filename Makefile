@@ -56,7 +56,7 @@ test-deps: install install-spark compile
 	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
 		default-jre-headless:java maven:mvn \
 		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps shellcheck \
-		chromium chromium-driver:chromedriver
+		chromium chromium-driver:chromedriver openssl
 	deploy/rocketmq/fetch.sh
 
 lint: install
