@@ -16,8 +16,10 @@
 #   FAILOVER_TIMEOUT_MS retry a stuck failover after this long, default 30000
 #   REDIS_PASSWORD      required: the servers' password (their requirepass), which this Sentinel
 #                       logs in to them with (auth-pass), and its own (requirepass: clients and
-#                       the other Sentinels, which have the same one, must log in). Written on
-#                       every start, so a changed password reaches a reused file too.
+#                       the other Sentinels, which have the same one, must log in; sentinel-pass:
+#                       what it logs in to them with), as deploy/redis/start-sentinel.sh writes
+#                       them. Written on every start, so a changed password reaches a reused
+#                       file too.
 set -eu
 
 : "${SENTINEL_ANNOUNCE:?set SENTINEL_ANNOUNCE to the service name of this Sentinel}"
@@ -40,7 +42,8 @@ umask 077 # the file holds the password
 if [ -f "$conf" ]; then
     echo "sentinel.sh: reusing $conf (Sentinel's own state)"
     # Sentinel's rewrite may have turned requirepass into a `user default` line.
-    sed -i -e '/^requirepass /d' -e '/^user default /d' -e '/^sentinel auth-pass /d' "$conf"
+    sed -i -e '/^requirepass /d' -e '/^user default /d' -e '/^sentinel auth-pass /d' \
+        -e '/^sentinel sentinel-pass /d' "$conf"
 else
     # resolve-hostnames must come before `sentinel monitor` with a host name; announce-hostnames
     # makes Sentinel tell clients (the bridges) names, not container IPs.
@@ -58,7 +61,7 @@ sentinel parallel-syncs $MASTER_NAME 1
 CONF
 fi
 # After `sentinel monitor`, which auth-pass names.
-printf 'requirepass %s\nsentinel auth-pass %s %s\n' \
-    "$REDIS_PASSWORD" "$MASTER_NAME" "$REDIS_PASSWORD" >>"$conf"
+printf 'requirepass %s\nsentinel sentinel-pass %s\nsentinel auth-pass %s %s\n' \
+    "$REDIS_PASSWORD" "$REDIS_PASSWORD" "$MASTER_NAME" "$REDIS_PASSWORD" >>"$conf"
 # The image's entrypoint gives /data to the redis user and drops root before it runs the server.
 exec docker-entrypoint.sh redis-server "$conf" --sentinel

@@ -409,7 +409,8 @@ def test_every_sentinel_gets_the_redis_password_and_writes_it_on_every_start():
     assert ': "${REDIS_PASSWORD:?' in script
     # Outside the first-start branch: a reused sentinel.conf gets the current password.
     tail = script[script.rindex("\nfi\n") :]
-    assert "requirepass" in tail and "sentinel auth-pass" in tail
+    for directive in ("requirepass", "sentinel sentinel-pass", "sentinel auth-pass"):
+        assert directive in tail, directive
 
 
 def test_every_rocketmq_server_turns_authentication_on_with_the_users_credentials():
