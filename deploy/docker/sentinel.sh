@@ -14,6 +14,12 @@
 #   QUORUM              Sentinels that must agree that the master is down, default 2 (of 3)
 #   DOWN_AFTER_MS       unanswered PINGs for this long: the master is down, default 5000
 #   FAILOVER_TIMEOUT_MS retry a stuck failover after this long, default 30000
+#   REDIS_PASSWORD      required: the servers' password (their requirepass), which this Sentinel
+#                       logs in to them with (auth-pass), and its own (requirepass: clients and
+#                       the other Sentinels, which have the same one, must log in; sentinel-pass:
+#                       what it logs in to them with), as deploy/redis/start-sentinel.sh writes
+#                       them. Written on every start, so a changed password reaches a reused
+#                       file too.
 set -eu
 
 : "${SENTINEL_ANNOUNCE:?set SENTINEL_ANNOUNCE to the service name of this Sentinel}"
@@ -23,10 +29,21 @@ set -eu
 : "${QUORUM:=2}"
 : "${DOWN_AFTER_MS:=5000}"
 : "${FAILOVER_TIMEOUT_MS:=30000}"
+: "${REDIS_PASSWORD:?set REDIS_PASSWORD (docker-compose.yml passes MQTT_BRIDGE_REDIS_PASSWORD)}"
+case "$REDIS_PASSWORD" in
+    *[!A-Za-z0-9_.-]*)
+        echo "sentinel.sh: REDIS_PASSWORD: letters, digits, '_', '.' or '-' only" >&2
+        exit 2
+        ;;
+esac
 
 conf=/data/sentinel.conf
+umask 077 # the file holds the password
 if [ -f "$conf" ]; then
     echo "sentinel.sh: reusing $conf (Sentinel's own state)"
+    # Sentinel's rewrite may have turned requirepass into a `user default` line.
+    sed -i -e '/^requirepass /d' -e '/^user default /d' -e '/^sentinel auth-pass /d' \
+        -e '/^sentinel sentinel-pass /d' "$conf"
 else
     # resolve-hostnames must come before `sentinel monitor` with a host name; announce-hostnames
     # makes Sentinel tell clients (the bridges) names, not container IPs.
@@ -43,5 +60,8 @@ sentinel failover-timeout $MASTER_NAME $FAILOVER_TIMEOUT_MS
 sentinel parallel-syncs $MASTER_NAME 1
 CONF
 fi
+# After `sentinel monitor`, which auth-pass names.
+printf 'requirepass %s\nsentinel sentinel-pass %s\nsentinel auth-pass %s %s\n' \
+    "$REDIS_PASSWORD" "$REDIS_PASSWORD" "$MASTER_NAME" "$REDIS_PASSWORD" >>"$conf"
 # The image's entrypoint gives /data to the redis user and drops root before it runs the server.
 exec docker-entrypoint.sh redis-server "$conf" --sentinel

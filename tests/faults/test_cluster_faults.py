@@ -1,13 +1,15 @@
-"""Faults of a cluster under QoS 1 load: kill -9 of one of three nodes behind HAProxy, a restart
-of Redis, and a Sentinel failover of the Redis master. The clients reconnect as the spec asks
-(persistent sessions, resending what was not acknowledged), and the tests count: every PUBACKed
-message reaches the persistent subscriber, and the wills of the dead node's clients are published
-exactly once (none for the others). Counts are printed (`pytest -s`)."""
+"""Faults of a cluster under QoS 1 load: kill -9 of one of three nodes behind HAProxy (also with
+Redis and RocketMQ behind credentials and TLS), a restart of Redis, and a Sentinel failover of
+the Redis master. The clients reconnect as the spec asks (persistent sessions, resending what
+was not acknowledged), and the tests count: every PUBACKed message reaches the persistent
+subscriber, and the wills of the dead node's clients are published exactly once (none for the
+others). Counts are printed (`pytest -s`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import threading
 import time
@@ -17,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from bridge.mqtt.packets import Will
+from tests.support.certs import make_tls_files
 from tests.support.clients import RawClient, paho_client
 from tests.support.cluster import ClusterLauncher, wait_for_route
 from tests.support.haproxy import LocalHAProxy
 from tests.support.load import Qos1Publisher, Qos1Subscriber, poll_until, wait_until
 from tests.support.processes import BridgeProcess
-from tests.support.redis import LocalRedis, LocalSentinelRedis, connect
+from tests.support.redis import LocalRedis, LocalSentinelRedis, RedisAuth, connect
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 
 pytestmark = [pytest.mark.fault, pytest.mark.rocketmq, pytest.mark.timeout(300)]
@@ -166,6 +169,66 @@ def test_kill_9_of_one_of_three_nodes_behind_haproxy_loses_no_pubacked_message_a
 
     finally:
         lb.stop()
+
+
+def test_kill_9_of_a_node_with_redis_and_rocketmq_behind_credentials_and_tls_loses_no_pubacked_message(  # noqa: E501
+    bridge_factory: Callable[..., BridgeProcess],
+    secured_rocketmq: LocalRocketMQ,
+    tmp_path: Path,
+) -> None:
+    """The kill -9 drill with every door locked: peer links prove the cluster secret, Redis
+    speaks TLS only (client certificates required) to an ACL user, RocketMQ signs every request
+    and speaks TLS only. Nothing PUBACKed is lost, and no secret reaches a node's log."""
+    auth = RedisAuth(
+        password=secrets.token_hex(16),
+        username="mqtt-node",
+        tls=make_tls_files(tmp_path / "redis-tls"),
+    )
+    with LocalRedis(tmp_path / "redis", auth=auth) as redis_server:
+        cluster = ClusterLauncher(
+            bridge_factory,
+            secured_rocketmq.namesrv_addr,
+            (
+                *redis_server.bridge_settings(),
+                *secured_rocketmq.node_settings(tmp_path / "rocketmq-secrets"),
+            ),
+        )
+        nodes = [cluster.start(n) for n in ("a", "b", "c")]
+        cluster.wait_linked()
+        backends = [f"127.0.0.1:{n.port}" for n in nodes]
+        lb = LocalHAProxy(tmp_path / "haproxy", None, backends).start()
+        try:
+            _subscribe_everywhere(nodes, "keeper", "load/#")
+            keeper = Qos1Subscriber(lb.frontend_port, "keeper")
+            keeper.start()
+            killed: list[str] = []
+
+            def kill_the_keepers_node() -> None:
+                # The persistent subscriber's session must be taken over through the TLS
+                # registry, and its messages read again from the signed TLS store.
+                with redis_server.client() as registry:
+                    victim_id = registry.hget(f"{cluster.name}:c:keeper", "node")
+                cluster.nodes[victim_id].kill()
+                killed.append(victim_id)
+
+            _publishers, pubacked = _run_load(
+                lb.frontend_port, kill_the_keepers_node, before=100, after=100
+            )
+            _assert_delivered(keeper, pubacked, f"secured cluster, kill -9 of node {killed[0]}")
+            survivors = [n for node_id, n in cluster.nodes.items() if node_id != killed[0]]
+            wait_until(
+                lambda: any(f"node {killed[0]} is dead" in n.log_text() for n in survivors),
+                30,
+                "a survivor taking over the killed node's sessions",
+            )
+            for node in nodes:
+                log = node.log_text()
+                for secret in (auth.password, secured_rocketmq.acl_password, cluster.secret):
+                    assert secret not in log
+        finally:
+            lb.stop()
+            for node in nodes:  # before their Redis goes
+                node.kill()
 
 
 def test_redis_restart_under_load_loses_nothing_and_nodes_recover_without_help(

@@ -227,6 +227,24 @@ class LocalRocketMQ:
             settings["MQTT_BRIDGE_ROCKETMQ_TLS_KEYFILE"] = keyfile
         return settings
 
+    def node_settings(self, secrets_dir: Path) -> list[str]:
+        """`NAME=VALUE` settings that give a bridge node this instance's access (as
+        `LocalRedis.bridge_settings`): signing and TLS, the secret key in a 0600 file of
+        secrets_dir, never on the command line. The NameServer address is the caller's."""
+        settings = []
+        for name, value in self.bridge_settings().items():
+            setting = name.removeprefix("MQTT_BRIDGE_").lower()
+            if setting == "rocketmq_namesrv":
+                continue
+            if setting == "rocketmq_secret_key":
+                secrets_dir.mkdir(parents=True, exist_ok=True)
+                path = secrets_dir / "bridge-rocketmq-secret-key"
+                path.write_text(value + "\n")
+                path.chmod(0o600)
+                setting, value = "rocketmq_secret_key_file", str(path)
+            settings.append(f"{setting}={value}")
+        return settings
+
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> LocalRocketMQ:
         """Start NameServer and broker; return when the broker is registered."""

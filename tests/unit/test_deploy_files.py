@@ -31,6 +31,8 @@ DOCKERIGNORE = REPO / ".dockerignore"
 HAPROXY_CFG = REPO / "deploy" / "docker" / "haproxy.cfg"
 BROKER_CONF = REPO / "deploy" / "docker" / "broker.conf"
 SENTINEL_SH = REPO / "deploy" / "docker" / "sentinel.sh"
+ROCKETMQ_SH = REPO / "deploy" / "docker" / "rocketmq.sh"
+PROXY_JSON = REPO / "deploy" / "docker" / "rmq-proxy.json"
 
 
 # --- a YAML subset reader, for machines without PyYAML -------------------------------------------
@@ -310,6 +312,201 @@ def test_every_bridge_needs_the_cluster_secret_from_the_user_and_no_default():
         assert value.startswith("${MQTT_BRIDGE_CLUSTER_SECRET:?"), f"{name}: {value!r}"
 
 
+# The secrets every service must get from the user: (user variable, what each kind of service
+# calls it). None may have a default.
+REDIS_PASSWORD = "MQTT_BRIDGE_REDIS_PASSWORD"
+ROCKETMQ_SECRET = "MQTT_BRIDGE_ROCKETMQ_SECRET_KEY"
+SECRETS = ("MQTT_BRIDGE_CLUSTER_SECRET", REDIS_PASSWORD, ROCKETMQ_SECRET)
+
+
+def raw_environment(name: str) -> dict[str, str]:
+    """A service's environment as written, before interpolation."""
+    env = services()[name].get("environment") or {}
+    assert isinstance(env, dict), f"{name}: write environment as a mapping"
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def required(value: str, variable: str) -> bool:
+    """Whether `value` is exactly ${variable:?message}: the user must set it, no default."""
+    return re.fullmatch(rf"\$\{{{variable}:\?[^}}]+\}}", value) is not None
+
+
+def command_text(service: dict[str, Any]) -> str:
+    command = service.get("command") or []
+    return command if isinstance(command, str) else " ".join(str(part) for part in command)
+
+
+def redis_servers() -> dict[str, list[str]]:
+    """The redis-server services: name -> command."""
+    found = {
+        name: [str(part) for part in service["command"]]
+        for name, service in services().items()
+        if isinstance(service.get("command"), list) and service["command"][:1] == ["redis-server"]
+    }
+    assert len(found) >= 2, sorted(found)
+    return found
+
+
+def sentinels() -> list[str]:
+    found = [name for name, s in services().items() if "sentinel.sh" in command_text(s)]
+    assert len(found) >= 3, found
+    return found
+
+
+def rocketmq_servers() -> list[str]:
+    """The brokers and the proxy (not the NameServer: 5.3.3's does not authenticate)."""
+    found = [
+        name
+        for name, service in services().items()
+        if re.search(r"mqbroker|mqproxy|rocketmq\.sh", command_text(service))
+    ]
+    assert len(found) >= 5, found  # broker, its slave, broker-b and its slave, the proxy
+    return found
+
+
+def test_every_secret_comes_from_a_required_variable_wherever_it_is_used():
+    text = COMPOSE.read_text(encoding="utf-8")
+    for variable in SECRETS:
+        uses = re.findall(rf"\$\{{{variable}[^}}]*\}}", text)
+        assert uses, f"{variable} is used nowhere"
+        bad = [use for use in uses if not required(use, variable)]
+        assert not bad, f"{variable} with a default or no message: {bad}"
+
+
+def test_every_bridge_gets_the_redis_password_and_the_rocketmq_credentials():
+    brokers_user = {raw_environment(name).get("ROCKETMQ_ACL_USER") for name in rocketmq_servers()}
+    assert len(brokers_user) == 1, brokers_user
+    for name in bridges():
+        env = raw_environment(name)
+        assert required(env.get(REDIS_PASSWORD, ""), REDIS_PASSWORD), name
+        # Servers and Sentinels share the password (deploy/docker/sentinel.sh).
+        assert required(env.get("MQTT_BRIDGE_REDIS_SENTINEL_PASSWORD", ""), REDIS_PASSWORD), name
+        assert required(env.get(ROCKETMQ_SECRET, ""), ROCKETMQ_SECRET), name
+        assert env.get("MQTT_BRIDGE_ROCKETMQ_ACCESS_KEY") in brokers_user, name
+        assert not any("PASSWORD_FILE" in key or "SECRET_KEY_FILE" in key for key in env), name
+
+
+def test_every_redis_server_requires_the_password_and_replicates_with_it():
+    for name, command in redis_servers().items():
+        options = {
+            command[i]: command[i + 1]
+            for i in range(1, len(command) - 1)
+            if command[i].startswith("--")
+        }
+        assert required(options.get("--requirepass", ""), REDIS_PASSWORD), name
+        # Either server may be the replica after a failover.
+        assert required(options.get("--masterauth", ""), REDIS_PASSWORD), name
+        # The health check's redis-cli logs in with it.
+        assert required(raw_environment(name).get("REDISCLI_AUTH", ""), REDIS_PASSWORD), name
+
+
+def test_every_sentinel_gets_the_redis_password_and_writes_it_on_every_start():
+    for name in sentinels():
+        env = raw_environment(name)
+        assert required(env.get("REDIS_PASSWORD", ""), REDIS_PASSWORD), name
+        assert required(env.get("REDISCLI_AUTH", ""), REDIS_PASSWORD), name
+    script = SENTINEL_SH.read_text(encoding="utf-8")
+    assert ': "${REDIS_PASSWORD:?' in script
+    # Outside the first-start branch: a reused sentinel.conf gets the current password.
+    tail = script[script.rindex("\nfi\n") :]
+    for directive in ("requirepass", "sentinel sentinel-pass", "sentinel auth-pass"):
+        assert directive in tail, directive
+
+
+def test_every_rocketmq_server_turns_authentication_on_with_the_users_credentials():
+    for name in rocketmq_servers():
+        service = services()[name]
+        command = command_text(service)
+        assert "rocketmq.sh" in command, f"{name}: not started by deploy/docker/rocketmq.sh"
+        env = raw_environment(name)
+        assert required(env.get("ROCKETMQ_ACL_PASSWORD", ""), ROCKETMQ_SECRET), name
+        mounted = [str(v).split(":")[0] for v in service.get("volumes") or []]
+        assert "./deploy/docker/rocketmq.sh" in mounted, name
+        for source in mounted:
+            if source.endswith(".conf"):
+                settings = _properties(REPO / source)
+                assert settings.get("authenticationEnabled") == "true", source
+                assert settings.get("authorizationEnabled") == "true", source
+                # The credentials come from the environment, never from the repository.
+                assert "initAuthenticationUser" not in settings, source
+                assert "innerClientAuthenticationCredentials" not in settings, source
+            elif source.endswith(".json"):
+                proxy = json.loads((REPO / source).read_text(encoding="utf-8"))
+                assert proxy.get("authenticationEnabled") is True, source
+                assert proxy.get("authorizationEnabled") is True, source
+                assert "innerClientAuthenticationCredentials" not in proxy, source
+
+
+def _fake_rocketmq_bin(directory: Path) -> None:
+    """`mqbroker` and `mqproxy` that print the config file they are given."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "mqbroker").write_text('while [ "$1" != -c ]; do shift; done; cat "$2"\n')
+    (directory / "mqproxy").write_text('cat "$2"\n')
+
+
+@pytest.mark.parametrize("role", ["broker", "proxy"])
+def test_the_rocketmq_script_adds_the_credentials_from_the_environment(
+    role: str, tmp_path: Path
+) -> None:
+    _fake_rocketmq_bin(tmp_path / "bin")
+    source = BROKER_CONF if role == "broker" else PROXY_JSON
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "TMPDIR": str(tmp_path),
+        "ROCKETMQ_ACL_USER": "mqtt",
+        "ROCKETMQ_ACL_PASSWORD": "s3cret-pw",
+    }
+    result = subprocess.run(
+        ["sh", str(ROCKETMQ_SH), role, str(source)],
+        cwd=tmp_path / "bin",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    inner = {"accessKey": "mqtt", "secretKey": "s3cret-pw"}
+    if role == "broker":
+        settings = dict(
+            line.split("=", 1)
+            for line in result.stdout.splitlines()
+            if "=" in line and not line.startswith("#")
+        )
+        assert json.loads(settings["initAuthenticationUser"]) == {
+            "username": "mqtt",
+            "password": "s3cret-pw",
+        }
+        assert json.loads(settings["innerClientAuthenticationCredentials"]) == inner
+        assert settings["enableLmq"] == "true"  # the rest of the file is kept
+    else:
+        proxy = json.loads(result.stdout)
+        assert json.loads(proxy["innerClientAuthenticationCredentials"]) == inner
+        assert proxy["proxyMode"] == "cluster"
+    # Without the password, or with one the files cannot hold unquoted, it refuses to start.
+    for password in (None, 'pw"quoted', "pw with spaces"):
+        bad = {k: v for k, v in env.items() if k != "ROCKETMQ_ACL_PASSWORD"}
+        if password is not None:
+            bad["ROCKETMQ_ACL_PASSWORD"] = password
+        refused = subprocess.run(
+            ["sh", str(ROCKETMQ_SH), role, str(source)],
+            cwd=tmp_path / "bin",
+            env=bad,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert refused.returncode != 0 and "ROCKETMQ_ACL_PASSWORD" in refused.stderr, password
+
+
+def _properties(path: Path) -> dict[str, str]:
+    settings = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            settings[key.strip()] = value.strip()
+    return settings
+
+
 def test_the_sentinels_watch_the_master_name_the_bridges_ask_for():
     names = {env.get("MQTT_BRIDGE_REDIS_MASTER_NAME", "mqtt-bridge") for env in bridges().values()}
     assert len(names) == 1, names
@@ -331,11 +528,7 @@ def test_the_sentinels_watch_the_master_name_the_bridges_ask_for():
 
 
 def test_the_broker_config_enables_light_queues_and_registers_under_its_service_name():
-    settings = {}
-    for line in BROKER_CONF.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            settings[key.strip()] = value.strip()
+    settings = _properties(BROKER_CONF)
     assert settings.get("enableLmq") == "true"
     assert settings.get("enableMultiDispatch") == "true"
     assert settings.get("autoCreateTopicEnable") == "true"
@@ -494,12 +687,15 @@ def test_hadolint_finds_nothing_in_the_dockerfile():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_sentinel_script_is_posix_sh():
+def test_the_container_scripts_are_posix_sh():
     shellcheck = shutil.which("shellcheck")
     # Installed by `make test-deps` (Debian's shellcheck): missing means the set-up is broken.
     assert shellcheck is not None, "shellcheck missing: `make test-deps` installs it"
     result = subprocess.run(
-        [shellcheck, "--shell=sh", str(SENTINEL_SH)], capture_output=True, text=True, timeout=60
+        [shellcheck, "--shell=sh", str(SENTINEL_SH), str(ROCKETMQ_SH)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
