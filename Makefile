@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 N      ?= 3
 DEMO_ARGS ?=
 
-.PHONY: install install-spark compile pure run test test-deps lint bench clean cluster cluster-stop spark-demo
+.PHONY: install install-spark compile pure run test test-deps lint bench hostile clean cluster cluster-stop spark-demo
 
 install: $(STAMP)
 
@@ -100,6 +100,14 @@ bench: test-deps
 	$(BIN)/python tests/bench/rocketmq_path.py
 	$(BIN)/python tests/bench/multi_filter.py
 	$(BIN)/python tests/bench/spark_bench.py
+
+# Hostile clients against one bridge for SECONDS (default 180; not part of `make test`): mutated
+# packets, slowloris, half-open sockets, a bad-login flood and subscribers that never read from
+# 127.0.0.2-9, honest QoS 1 traffic from 127.0.0.1; fails if an acknowledged message is lost, the
+# RSS grows 256 MiB, a new login is slow or the log has a traceback (tests/faults/hostile_run.py).
+SECONDS ?= 180
+hostile: install
+	$(BIN)/python -m tests.faults.hostile_run --seconds $(SECONDS)
 
 # The factory BI pipeline end to end in a few minutes (spark/demo.py): RocketMQ, a bridge,
 # simulated devices, the streaming and back-fill jobs, their tables and a chart, all under

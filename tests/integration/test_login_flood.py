@@ -22,6 +22,7 @@ from bridge.access.auth import hash_password
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connack, Connect, Publish
 from tests.support.clients import RawClient
+from tests.support.hostile_run import rss_bytes
 from tests.support.processes import BridgeProcess
 
 pytestmark = pytest.mark.integration
@@ -36,14 +37,6 @@ a quiet machine is 1 s; the figure measured is printed)."""
 RSS_BOUND = 256 * 1024 * 1024
 LOGIN_WAIT = 20.0
 """Seconds an honest login is waited for before it counts as starved (and the test fails)."""
-
-
-def rss_bytes(pid: int) -> int:
-    """The resident memory of a process (VmRSS of /proc/PID/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 class Flood:
