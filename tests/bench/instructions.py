@@ -32,7 +32,12 @@ TIMEOUT_S = 1800
 
 
 def count(
-    scenario: str, messages: int, out: Path, pythonpath: str | None, window: int | None
+    scenario: str,
+    messages: int,
+    out: Path,
+    pythonpath: str | None,
+    window: int | None,
+    settings: list[str],
 ) -> subprocess.Popen[str]:
     """hot_path.py for `messages` under callgrind, started (its file: `out`)."""
     env = dict(os.environ)
@@ -45,6 +50,7 @@ def count(
         *python, str(HOT_PATH), "--rounds", "1", "--scenarios", scenario,
         "--count", str(messages), "--timeout", str(TIMEOUT_S // 2),
         *(["--window", str(window)] if window else []),
+        *(arg for setting in settings for arg in ("--set", setting)),
     ]  # fmt: skip
     return subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -63,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         help="hot_path.py's messages in flight (its default: 20); a small one shows what each "
         "commit and read costs besides its messages",
     )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a node setting, passed to hot_path.py (e.g. acl_file=FILE); repeatable",
+    )
     args = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("valgrind not found: apt-get install valgrind", file=sys.stderr)
@@ -76,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.keep or Path(tempfile.mkdtemp(prefix="instructions-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = {
-        n: count(args.scenario, n, out_dir / f"callgrind.{n}", args.pythonpath, args.window)
+        n: count(
+            args.scenario, n, out_dir / f"callgrind.{n}", args.pythonpath, args.window, args.set
+        )
         for n in (small, large)
     }
     totals = {}
