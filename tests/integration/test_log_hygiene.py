@@ -72,7 +72,7 @@ def test_a_huge_disconnect_reason_string_is_logged_cut_with_its_length(with_user
 
 def test_a_hundred_refused_connects_log_a_bounded_number_of_lines_with_a_count(with_users):
     interval = 1.0
-    node = with_users(f"refused_connect_log_interval={interval}")
+    node = with_users(f"refused_connect_log_interval={interval}", "login_failure_delay=0")
     started = time.monotonic()
     for number in range(100):
         refuse_once(node.port, f"flood-{number}")
