@@ -50,6 +50,9 @@ def revocation(tmp_path_factory: pytest.TempPathFactory) -> RevocationCerts:
     revoked_pair = _leaf("device-revoked", ca, ExtendedKeyUsageOID.CLIENT_AUTH)
     revoked = _write(directory, "revoked", revoked_pair)
     rogue = _write(directory, "rogue", _leaf("x", other_ca, ExtendedKeyUsageOID.CLIENT_AUTH))
+    neighbour = _write(
+        directory, "neighbour", _leaf("device-neighbour", ca, ExtendedKeyUsageOID.CLIENT_AUTH)
+    )
     now = datetime.datetime.now(datetime.UTC)
     entry = (
         x509.RevokedCertificateBuilder()
@@ -67,7 +70,7 @@ def revocation(tmp_path_factory: pytest.TempPathFactory) -> RevocationCerts:
     )
     crl_path = directory / "ca.crl.pem"
     crl_path.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
-    return RevocationCerts(Certs(ca_path, *server, *good, *rogue), revoked, crl_path)
+    return RevocationCerts(Certs(ca_path, *server, *good, *rogue, *neighbour), revoked, crl_path)
 
 
 def test_a_revoked_client_certificate_is_refused_and_a_good_one_accepted(
