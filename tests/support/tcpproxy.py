@@ -35,6 +35,7 @@ class TcpProxy:
         """Per connection, the first `CAPTURE` bytes its client sent (a handshake transcript)."""
         self._lock = threading.Lock()
         self._cut = False
+        self._stopping = False
         self._loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -48,7 +49,7 @@ class TcpProxy:
     def stop(self) -> None:
         if not self._thread.is_alive():
             return
-        asyncio.run_coroutine_threadsafe(self._close_all(stop=True), self._loop).result(5)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()
@@ -76,14 +77,33 @@ class TcpProxy:
         if stop and self._server is not None:
             self._server.close()
 
+    async def _shutdown(self) -> None:
+        """Close every connection and the listener, and let the loop finish each task and close
+        each transport before it stops: a transport left to the garbage collector surfaces as
+        an "unclosed transport" warning in whichever later test happens to collect it."""
+        self._stopping = True
+        await self._close_all(stop=True)
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._close_all(stop=True)
+        for _ in range(3):  # an aborted transport closes its socket one loop turn later
+            await asyncio.sleep(0)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._cut:
+        if self._cut or self._stopping:
             writer.transport.abort()
             return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
             writer.transport.abort()
+            return
+        if self._cut or self._stopping:  # cut or stopped while the upstream connection opened
+            writer.transport.abort()
+            up_writer.transport.abort()
             return
         self._writers.update((writer, up_writer))
         capture = bytearray()
