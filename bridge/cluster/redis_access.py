@@ -224,9 +224,11 @@ def async_client(access: RedisAccess, **extra: Any) -> aioredis.Redis:
 
 
 async def close_client(client: aioredis.Redis) -> None:
-    """Close `client` and, when it follows a master through Sentinels, its connections to the
-    Sentinels too (closing the client alone leaves those open)."""
+    """Close `client` with its connections and, when it follows a master through Sentinels, its
+    connections to the Sentinels too. A client made by `master_for` does not own its pool, so
+    closing the client alone leaves the pool's connections to the master open."""
     await client.aclose()
+    await client.connection_pool.disconnect()
     manager = getattr(client.connection_pool, "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
         await sentinel.aclose()
