@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.hostile import loopback_aliases_usable
 from tests.support.hostile_run import access_settings, run_hostile
-from tests.support.processes import BridgeProcess
+from tests.support.processes import BridgeProcess, require_loopback_alias
 
 pytestmark = pytest.mark.fault
 
@@ -26,7 +26,7 @@ def test_hostile_clients_lose_no_acknowledged_message_and_leave_memory_bounded(
 ) -> None:
     unusable = loopback_aliases_usable()
     if unusable:
-        pytest.skip(unusable)
+        require_loopback_alias(unusable)
     node = bridge_factory(*access_settings(tmp_path))
     report = run_hostile(node, SECONDS, drain_seconds=10.0)
     print("\n".join(report.lines()))

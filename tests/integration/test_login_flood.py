@@ -23,7 +23,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.packets import Connack, Connect, Publish
 from tests.support.clients import RawClient
 from tests.support.hostile_run import rss_bytes
-from tests.support.processes import BridgeProcess
+from tests.support.processes import BridgeProcess, require_loopback_alias
 
 pytestmark = pytest.mark.integration
 
@@ -144,7 +144,7 @@ def test_a_flood_of_bad_logins_leaves_an_honest_login_fast_and_memory_bounded(
     except ConnectionRefusedError:
         pass  # 127.0.0.2 is usable as a source address
     except OSError as exc:
-        pytest.skip(f"127.0.0.2 is not a loopback alias here: {exc}")
+        require_loopback_alias(f"127.0.0.2 is not a loopback alias here: {exc}")
     else:
         probe.close()
     passwd = tmp_path / "passwd"

@@ -21,7 +21,7 @@ from tests.integration.admin_http import AdminHttp
 from tests.integration.test_listener_guards import admin, metric, wait_metric
 from tests.support.clients import RawClient
 from tests.support.mqtt5 import RawClient5
-from tests.support.processes import BridgeProcess
+from tests.support.processes import BridgeProcess, require_loopback_alias
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ def test_sockets_over_the_per_address_limit_are_closed_at_once_and_other_address
     try:
         held = [from_address(node.port, "127.0.0.2") for _ in range(2)]
     except OSError as exc:
-        pytest.skip(f"127.0.0.2 is not a loopback alias here: {exc}")
+        require_loopback_alias(f"127.0.0.2 is not a loopback alias here: {exc}")
     extra = from_address(node.port, "127.0.0.2")
     started = time.monotonic()
     assert extra.recv(10) == b"", "the socket over the limit should be closed, unread"

