@@ -26,6 +26,7 @@ from bridge.node.admission import Admission
 from bridge.node.positions import start_new_parts, start_reading
 from bridge.node.presubscribe import Presubscription
 from bridge.node.publish import Publisher
+from bridge.node.registry_entries import RegistryEntries
 from bridge.node.roles import ClientLink, Spawner
 from bridge.node.subscriptions import Subscriptions
 from bridge.node.wills import Wills, delay_of
@@ -112,6 +113,7 @@ class SessionLifecycle:
         self.connections = connections
         self.deliveries = deliveries
         self.cluster: Cluster | None = None
+        self.registry_entries = RegistryEntries(sessions, spawn)
         self.wills = Wills(publisher=publisher, metrics=metrics, spawn=spawn)
         self.admission = Admission(
             config=config,
@@ -486,24 +488,11 @@ class SessionLifecycle:
                 log.warning("client %s: owned by another node now; dropped here", client_id)
                 self.cluster.handed_to(ANY_PEER, self.release(client_id))
 
-    async def end_in_registry(self, client_id: str, retry_in: float = 1.0) -> None:
-        """The session is gone here: remove the ClientId's entry from the registry. While Redis
-        cannot be reached, tried again later (the wait doubling up to a minute): an entry left
-        behind would keep the ClientId bound to the identity it had."""
+    async def end_in_registry(self, client_id: str) -> None:
+        """The session is gone here: remove the ClientId's entry from the registry (retried
+        while Redis cannot be reached: `RegistryEntries`)."""
         assert self.cluster is not None
-        if client_id in self.sessions:
-            return  # reconnected meanwhile
-        try:
-            await self.cluster.registry.end_session(client_id)
-        except StaleOwner:
-            return  # another node owns the ClientId now: the entry is its own
-        except StoreUnavailable as exc:
-            log.info("client %s: registry entry not deleted yet: %s", client_id, exc)
-            self.spawn(self._end_in_registry_later(client_id, retry_in))
-
-    async def _end_in_registry_later(self, client_id: str, wait: float) -> None:
-        await asyncio.sleep(wait)
-        await self.end_in_registry(client_id, min(wait * 2, 60.0))
+        await self.registry_entries.end(self.cluster.registry, client_id)
 
     # -- the end of a connection ---------------------------------------------------------------
 
