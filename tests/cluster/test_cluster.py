@@ -15,7 +15,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.support.clients import paho_client
+from tests.support.clients import paho_client, stop_paho
 from tests.support.cluster import ClusterLauncher, wait_for_route
 from tests.support.processes import BridgeProcess, free_port
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
@@ -152,8 +152,8 @@ def _race_once(ports: tuple[int, int], client_id: str) -> list[bool]:
     time.sleep(2.0)  # the loser's node closes it within the takeover
     alive = [c.is_connected() for c in clients]
     for c in clients:
-        c.loop_stop()
         c.disconnect()
+        stop_paho(c)
     return alive
 
 

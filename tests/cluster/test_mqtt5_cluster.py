@@ -23,7 +23,7 @@ from paho.mqtt.properties import Properties
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connect, Will
 from bridge.mqtt.properties import PropertyId
-from tests.support.clients import paho_client
+from tests.support.clients import paho_client, stop_paho
 from tests.support.cluster import ClusterLauncher
 from tests.support.processes import BridgeProcess
 
@@ -83,7 +83,7 @@ def v5_client(
     finally:
         with contextlib.suppress(Exception):
             client.disconnect()
-        client.loop_stop()
+        stop_paho(client)
 
 
 def subscribe_v5(sub: V5, topic_filter: str, qos: int, identifier: int = 0) -> None:

@@ -30,6 +30,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.packets import Connack, ConnackCode, Connect, Pingreq, Pingresp
+from tests.support.clients import stop_paho
 from tests.support.processes import REPO, BridgeProcess, free_port, free_ports, wait_for_port
 
 pytestmark = pytest.mark.integration
@@ -261,7 +262,7 @@ class Client:
         try:
             self.paho.disconnect()
         finally:
-            self.paho.loop_stop()
+            stop_paho(self.paho)
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from spark.session import spark_session
+from tests.support.clients import stop_paho
 from tests.support.processes import BridgeProcess
 
 
@@ -86,7 +87,7 @@ def publish_all(port: int, messages: Sequence[Publication], client_id: str | Non
             assert info.is_published(), f"publish to {topic} was not acknowledged"
     finally:
         client.disconnect()
-        client.loop_stop()
+        stop_paho(client)
 
 
 def produce_backend_message(

@@ -194,4 +194,15 @@ def paho_client(
         try:
             client.disconnect()
         finally:
-            client.loop_stop()
+            stop_paho(client)
+
+
+def stop_paho(client: paho.Client) -> None:
+    """Stop a paho client's network thread and close the socket pair paho opened for it.
+
+    Paho closes that pair only in its finaliser. A client caught in a reference cycle (its
+    callbacks refer back to it) is finalised by the garbage collector, in any order, so the
+    pair's own finaliser may run first and warn "unclosed socket" in whichever later test
+    happens to collect it."""
+    client.loop_stop()
+    client._reset_sockets(sockpair_only=True)

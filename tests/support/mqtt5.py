@@ -48,7 +48,7 @@ from bridge.mqtt.packets import (
     Will,
 )
 from bridge.mqtt.properties import PropertyId
-from tests.support.clients import RawClient
+from tests.support.clients import RawClient, stop_paho
 from tests.support.processes import BridgeProcess
 
 P = PropertyId
@@ -354,7 +354,7 @@ def paho5(
         try:
             client.disconnect()
         finally:
-            client.loop_stop()
+            stop_paho(client)
 
 
 def sub_options(

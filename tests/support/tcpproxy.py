@@ -78,44 +78,51 @@ class TcpProxy:
             self._server.close()
 
     async def _shutdown(self) -> None:
-        """Close every connection and the listener, and let the loop finish each task and close
-        each transport before it stops: a transport left to the garbage collector surfaces as
-        an "unclosed transport" warning in whichever later test happens to collect it."""
+        """Close the listener and every connection, and let each connection's task finish and
+        close its transports before the loop stops. The tasks are not cancelled: asyncio's
+        server callback neither closes the client's transport of a cancelled task nor keeps
+        quiet about it, and a transport left to the garbage collector surfaces as an "unclosed
+        transport" warning in whichever later test happens to collect it."""
         self._stopping = True
         await self._close_all(stop=True)
         current = asyncio.current_task()
         tasks = [t for t in asyncio.all_tasks() if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _done, stuck = await asyncio.wait(tasks, timeout=3)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
         await self._close_all(stop=True)
         for _ in range(3):  # an aborted transport closes its socket one loop turn later
             await asyncio.sleep(0)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._cut or self._stopping:
-            writer.transport.abort()
-            return
+        """Forward one connection; whatever ends it (either side, a cut, a stop), both of its
+        transports are aborted on the way out."""
+        self._writers.add(writer)
+        up_writer: asyncio.StreamWriter | None = None
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            writer.transport.abort()
-            return
-        if self._cut or self._stopping:  # cut or stopped while the upstream connection opened
-            writer.transport.abort()
-            up_writer.transport.abort()
-            return
-        self._writers.update((writer, up_writer))
-        capture = bytearray()
-        self.sent.append(capture)
-        await asyncio.gather(
-            self._pipe(reader, up_writer, capture),
-            self._pipe(up_reader, writer),
-            return_exceptions=True,
-        )
-        for w in (writer, up_writer):
-            self._writers.discard(w)
-            w.transport.abort()
+            if self._cut or self._stopping:
+                return
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            except OSError:
+                return
+            self._writers.add(up_writer)
+            if self._cut or self._stopping:  # cut or stopped while the upstream connection opened
+                return
+            capture = bytearray()
+            self.sent.append(capture)
+            await asyncio.gather(
+                self._pipe(reader, up_writer, capture),
+                self._pipe(up_reader, writer),
+                return_exceptions=True,
+            )
+        finally:
+            for w in (writer, up_writer):
+                if w is not None:
+                    self._writers.discard(w)
+                    w.transport.abort()
 
     async def _pipe(
         self,
