@@ -32,6 +32,7 @@ COMPILED = [
     "bridge/state.py",
     "bridge/node/stamp.py",
     "bridge/node/publish.py",
+    "bridge/node/wakes.py",
     "bridge/node/delivery.py",
     "bridge/node/congestion.py",
     "bridge/storage/message.py",

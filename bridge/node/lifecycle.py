@@ -167,9 +167,9 @@ class SessionLifecycle:
         later: until the other nodes have heard that its filters are read here, they announce
         what they store on them to the node that held it, and this node's readers would wait
         for the next message."""
-        await self.publisher.refresh_queue_ends(client_id)
+        await self.publisher.wakes.refresh_queue_ends(client_id)
         await asyncio.sleep(self.config.interest_grace)
-        await self.publisher.refresh_queue_ends(client_id)
+        await self.publisher.wakes.refresh_queue_ends(client_id)
 
     # -- CONNECT -------------------------------------------------------------------------------
 

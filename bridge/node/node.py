@@ -442,11 +442,11 @@ class Node:
 
     def queues_woken(self, queues: Iterable[str]) -> None:
         """A peer stored messages on these queues (their ends unknown here)."""
-        self.publisher.queues_woken(queues)
+        self.publisher.wakes.queues_woken(queues)
 
     def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
         """These queues hold messages up to these ends (notify, or a peer)."""
-        self.publisher.queues_grew(ends, forward=forward)
+        self.publisher.wakes.queues_grew(ends, forward=forward)
 
     def retained_from_peer(self, topic: str, record: bytes) -> None:
         """A peer set (or, with an empty record, cleared) a topic's retained message."""
@@ -466,4 +466,4 @@ class Node:
 
     async def refresh_queue_ends(self) -> None:
         """Re-read the queue ends connected clients read, then wake them."""
-        await self.publisher.refresh_queue_ends()
+        await self.publisher.wakes.refresh_queue_ends()

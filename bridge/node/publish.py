@@ -21,13 +21,13 @@ from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
 from bridge.node.delayed import DelayedPublishes, delayed_quota
 from bridge.node.outbound import live_copy, shared_v5_publish
-from bridge.node.positions import reread_ends
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import DurableCallback, Spawner
 from bridge.node.stamp import Stamper
+from bridge.node.wakes import Wakes
 from bridge.operations.metrics import LatencyHistogram, Metrics
-from bridge.router.plan import ConnectionTable, DirectRoutes, RoutePlan, plan_route, readers_of
-from bridge.router.queues import is_peer, peer_of, peer_subscriber
+from bridge.router.plan import ConnectionTable, DirectRoutes, RoutePlan, plan_route
+from bridge.router.queues import peer_subscriber
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session
@@ -85,8 +85,16 @@ class Publisher:
         self.acl = acl
         """The ACL whose deny rules may keep a message from a broader subscription."""
         self.cluster: Cluster | None = None
-        self._refresh_limit = asyncio.Semaphore(32)  # queue-end reads at once when re-read
-        self._rechecks: dict[str, bool] = {}  # part -> woken again meanwhile (_recheck_end_later)
+        self.wakes = Wakes(
+            store=store,
+            trie=trie,
+            sessions=sessions,
+            deliveries=deliveries,
+            reader_of=self.reader_of,
+            offline_reader=offline_reader,
+            spawn=spawn,
+        )
+        """Who is told that queues hold more messages: readers here, peers, offline sessions."""
         self.reachable: Callable[[str], bool] = connections.__contains__
         """Whether a shared-subscription member can take a message now."""
         self.direct_routes = DirectRoutes()
@@ -102,6 +110,7 @@ class Publisher:
     def join(self, cluster: Cluster) -> None:
         """Route across `cluster`'s peers from now on."""
         self.cluster = cluster
+        self.wakes.cluster = cluster
         self.reachable = cluster.is_reachable
 
     # -- planning and carrying out ----------------------------------------------------------------
@@ -411,134 +420,10 @@ class Publisher:
             return
         self.retained.apply(message)
 
-    def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
-        """Parts of queues are known to hold messages up to these ends (notify, a peer): wake
-        their readers, here and (`forward`) on the peers that have readers of them."""
-        woken: list[str] = []
-        peers: dict[str, dict[str, int]] = {}
-        store = self.store
-        queue_of_part = store.queue_of_part
-        for part, end in ends.items():
-            queue = queue_of_part(part)
-            if queue is None:
-                continue  # not a part of this store's queues (a peer on another store?)
-            store.note_end(part, end)
-            for reader in readers_of(queue, self.trie, self.reader_of):
-                if not is_peer(reader):
-                    woken.append(reader)
-                elif forward:
-                    peers.setdefault(peer_of(reader), {})[part] = end
-        if woken:
-            self.wake_readers(list(dict.fromkeys(woken)), [])
-        if self.cluster is not None:
-            for peer, peer_ends in peers.items():
-                self.cluster.grew(peer, peer_ends)
+    def wake_readers(self, reader_ids: list[str], queues: list[str]) -> None:
+        """Wake these readers of `queues` (the `Waker` role of subscriptions)."""
+        self.wakes.wake_readers(reader_ids, queues)
 
-    def queues_woken(self, queues: Iterable[str]) -> None:
-        """A peer stored messages on these parts of queues (their new ends unknown here): let
-        each reader that is caught up wait for at least one more message."""
-        woken: list[str] = []
-        store = self.store
-        queue_of_part = store.queue_of_part
-        for part in queues:
-            queue = queue_of_part(part)
-            if queue is None:
-                continue
-            for reader in readers_of(queue, self.trie, self.reader_of):
-                session = self.sessions.get(reader)
-                if session is None:
-                    continue
-                cursor = session.cursors.get(part)
-                if cursor is not None and cursor >= store.end_offset(part):
-                    store.note_end(part, cursor + 1)  # a read waits (long-polls) for it
-                    self._recheck_end_later(part)
-                woken.append(reader)
-        if woken:
-            self.wake_readers(list(dict.fromkeys(woken)), [])
-
-    def _recheck_end_later(self, part: str) -> None:
-        """Read `part`'s end again `RECHECK_AFTER` s after the last of a run of peer wakes,
-        then wake its readers that are behind it. A wake names the queue, not how many
-        messages came: the read it starts may find only the first of several, the others not
-        yet in the queue, and no later wake comes for them once their publishers stopped."""
-        rechecks = self._rechecks
-        if part in rechecks:
-            rechecks[part] = True  # once more after the one under way
-            return
-        rechecks[part] = False
-
-        async def recheck() -> None:
-            again = True
-            while again:
-                await asyncio.sleep(RECHECK_AFTER)
-                rechecks[part] = False
-                try:
-                    async with self._refresh_limit:
-                        end = await self.store.queue_end(part)
-                except StoreUnavailable:
-                    break
-                self._wake_behind(part, end)
-                again = rechecks[part]
-            rechecks.pop(part, None)
-
-        self.spawn(recheck())
-
-    def _wake_behind(self, part: str, end: int) -> None:
-        """Wake the local readers of `part` whose cursor is before `end`."""
-        queue = self.store.queue_of_part(part)
-        if queue is None:
-            return
-        behind = []
-        for reader in readers_of(queue, self.trie, self.reader_of):
-            session = self.sessions.get(reader)
-            cursor = session.cursors.get(part) if session is not None else None
-            if cursor is not None and cursor < end:
-                behind.append(reader)
-        if behind:
-            self.wake_readers(behind, [])
-
-    def wake_readers(self, reader_ids: list[str], queues: list[str], *, local: bool = True) -> None:
-        """Wake the local readers (unless `local` is False: woken already), tell each peer among
-        them once that `queues` grew, let housekeeping look at offline sessions' backlogs."""
-        deliveries = self.deliveries
-        told: set[str] | None = None  # made for the first peer: most wakes have none
-        ends: dict[str, int] | None = None
-        for reader in reader_ids:
-            delivery = deliveries.get(reader)
-            if delivery is not None:
-                if local:
-                    delivery.wake()
-            elif is_peer(reader):
-                if told is None:
-                    told = set()
-                if self.cluster is not None and reader not in told:
-                    told.add(reader)
-                    if ends is None:
-                        end_offset = self.store.end_offset
-                        parts = self.store.parts
-                        ends = {p: end_offset(p) for queue in queues for p in parts(queue)}
-                    self.cluster.wake(peer_of(reader), ends)
-            else:
-                self.offline_reader(reader)
-
-    async def refresh_queue_ends(self, client_id: str | None = None) -> None:
-        """Re-read the ends of the queues connected clients (or `client_id`) read, then wake
-        them (after a peer link was down, announcements of new messages may have been lost)."""
-        if client_id is None:
-            queues = {q for s in self.sessions.values() if s.connected for q in s.cursors}
-            deliveries = list(self.deliveries.values())
-        else:
-            session = self.sessions.get(client_id)
-            queues = set(session.cursors) if session is not None else set()
-            deliveries = [d for d in (self.deliveries.get(client_id),) if d is not None]
-        await reread_ends(self.store, queues, self._refresh_limit)
-        for delivery in deliveries:
-            delivery.wake()
-
-
-RECHECK_AFTER = 1.0
-"""Seconds after a peer's wake when the end of a caught-up reader's queue is read again: longer
-than the broker takes to put a confirmed message into its light queues."""
 
 _clock: Final = time.perf_counter  # compiled, `time.perf_counter()` is a lookup per call
 
@@ -590,7 +475,7 @@ class _Durable:
                 publisher.retained.apply(message)
             readers = self.readers
             if readers:
-                publisher.wake_readers(readers, self.queues, local=not self.early)
+                publisher.wakes.wake_readers(readers, self.queues, local=not self.early)
                 # Before the publisher is acknowledged: a lagging reader holds that ack.
                 commit_pass = publisher.store.commit_pass
                 publisher.congestion.stored(message.publisher, self.queues, readers, commit_pass)

@@ -109,7 +109,7 @@ async def _reread_ends(publisher: Publisher, topic: str) -> None:
         failed = await reread_ends(store, parts, limit)
         ends = {part: store.end_offset(part) for part in parts if part not in failed}
         if ends:
-            publisher.queues_grew(ends)
+            publisher.wakes.queues_grew(ends)
         if not failed:
             return
         parts = failed

@@ -1,0 +1,190 @@
+"""Waking the readers of queues that received messages, here, on peers and offline.
+
+A message stored on queues (by this node, a peer or a backend through notify) is read by the
+pull task (`Delivery`) of each connected session that reads them; that task sleeps while its
+cursors are at the queues' ends as this node knows them. `Wakes` is how it learns that they
+moved: from this node's own stores (`wake_readers`), from a peer's announcement with the ends it
+counted (`queues_grew`) or without them (`queues_woken`), and by asking the store again when
+announcements may have been lost (`refresh_queue_ends`: a link was down, a session moved here).
+A reader that is a peer (it holds the session) is told once per wake; an offline session is
+handed to housekeeping, which watches its backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from bridge.node.positions import reread_ends
+from bridge.node.roles import Spawner
+from bridge.router.plan import readers_of
+from bridge.router.queues import is_peer, peer_of
+from bridge.router.trie import SubscriptionTrie
+from bridge.session import Session
+from bridge.storage.base import MessageStore, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.cluster.cluster import Cluster
+    from bridge.node.delivery import Delivery
+
+RECHECK_AFTER = 1.0
+"""Seconds after a peer's wake when the end of a caught-up reader's queue is read again: longer
+than the broker takes to put a confirmed message into its light queues."""
+
+
+class Wakes:
+    """Tells the readers of queues that they hold more messages (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: MessageStore,
+        trie: SubscriptionTrie,
+        sessions: Mapping[str, Session],
+        deliveries: Mapping[str, Delivery],
+        reader_of: Callable[[str], str],
+        offline_reader: Callable[[str], None],
+        spawn: Spawner,
+    ) -> None:
+        self.store = store
+        self.trie = trie
+        self.sessions = sessions
+        self.deliveries = deliveries
+        self.reader_of = reader_of
+        """The client itself if its session is here, else the peer holding it (if known)."""
+        self.offline_reader = offline_reader
+        """Called for a woken reader with no delivery here (an offline session)."""
+        self.spawn = spawn
+        self.cluster: Cluster | None = None
+        """The cluster whose peers are told about their readers (None: a single node)."""
+        self._refresh_limit = asyncio.Semaphore(32)  # queue-end reads at once when re-read
+        self._rechecks: dict[str, bool] = {}  # part -> woken again meanwhile (_recheck_end_later)
+
+    def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
+        """Parts of queues are known to hold messages up to these ends (notify, a peer): wake
+        their readers, here and (`forward`) on the peers that have readers of them."""
+        woken: list[str] = []
+        peers: dict[str, dict[str, int]] = {}
+        store = self.store
+        queue_of_part = store.queue_of_part
+        for part, end in ends.items():
+            queue = queue_of_part(part)
+            if queue is None:
+                continue  # not a part of this store's queues (a peer on another store?)
+            store.note_end(part, end)
+            for reader in readers_of(queue, self.trie, self.reader_of):
+                if not is_peer(reader):
+                    woken.append(reader)
+                elif forward:
+                    peers.setdefault(peer_of(reader), {})[part] = end
+        if woken:
+            self.wake_readers(list(dict.fromkeys(woken)), [])
+        if self.cluster is not None:
+            for peer, peer_ends in peers.items():
+                self.cluster.grew(peer, peer_ends)
+
+    def queues_woken(self, queues: Iterable[str]) -> None:
+        """A peer stored messages on these parts of queues (their new ends unknown here): let
+        each reader that is caught up wait for at least one more message."""
+        woken: list[str] = []
+        store = self.store
+        queue_of_part = store.queue_of_part
+        for part in queues:
+            queue = queue_of_part(part)
+            if queue is None:
+                continue
+            for reader in readers_of(queue, self.trie, self.reader_of):
+                session = self.sessions.get(reader)
+                if session is None:
+                    continue
+                cursor = session.cursors.get(part)
+                if cursor is not None and cursor >= store.end_offset(part):
+                    store.note_end(part, cursor + 1)  # a read waits (long-polls) for it
+                    self._recheck_end_later(part)
+                woken.append(reader)
+        if woken:
+            self.wake_readers(list(dict.fromkeys(woken)), [])
+
+    def _recheck_end_later(self, part: str) -> None:
+        """Read `part`'s end again `RECHECK_AFTER` s after the last of a run of peer wakes,
+        then wake its readers that are behind it. A wake names the queue, not how many
+        messages came: the read it starts may find only the first of several, the others not
+        yet in the queue, and no later wake comes for them once their publishers stopped."""
+        rechecks = self._rechecks
+        if part in rechecks:
+            rechecks[part] = True  # once more after the one under way
+            return
+        rechecks[part] = False
+
+        async def recheck() -> None:
+            again = True
+            while again:
+                await asyncio.sleep(RECHECK_AFTER)
+                rechecks[part] = False
+                try:
+                    async with self._refresh_limit:
+                        end = await self.store.queue_end(part)
+                except StoreUnavailable:
+                    break
+                self._wake_behind(part, end)
+                again = rechecks[part]
+            rechecks.pop(part, None)
+
+        self.spawn(recheck())
+
+    def _wake_behind(self, part: str, end: int) -> None:
+        """Wake the local readers of `part` whose cursor is before `end`."""
+        queue = self.store.queue_of_part(part)
+        if queue is None:
+            return
+        behind = []
+        for reader in readers_of(queue, self.trie, self.reader_of):
+            session = self.sessions.get(reader)
+            cursor = session.cursors.get(part) if session is not None else None
+            if cursor is not None and cursor < end:
+                behind.append(reader)
+        if behind:
+            self.wake_readers(behind, [])
+
+    def wake_readers(self, reader_ids: list[str], queues: list[str], *, local: bool = True) -> None:
+        """Wake the local readers (unless `local` is False: woken already), tell each peer among
+        them once that `queues` grew, let housekeeping look at offline sessions' backlogs."""
+        deliveries = self.deliveries
+        told: set[str] | None = None  # made for the first peer: most wakes have none
+        ends: dict[str, int] | None = None
+        for reader in reader_ids:
+            delivery = deliveries.get(reader)
+            if delivery is not None:
+                if local:
+                    delivery.wake()
+            elif is_peer(reader):
+                if told is None:
+                    told = set()
+                if self.cluster is not None and reader not in told:
+                    told.add(reader)
+                    if ends is None:
+                        end_offset = self.store.end_offset
+                        parts = self.store.parts
+                        ends = {p: end_offset(p) for queue in queues for p in parts(queue)}
+                    self.cluster.wake(peer_of(reader), ends)
+            else:
+                self.offline_reader(reader)
+
+    async def refresh_queue_ends(self, client_id: str | None = None) -> None:
+        """Re-read the ends of the queues connected clients (or `client_id`) read, then wake
+        them (after a peer link was down, announcements of new messages may have been lost)."""
+        if client_id is None:
+            queues = {q for s in self.sessions.values() if s.connected for q in s.cursors}
+        else:
+            session = self.sessions.get(client_id)
+            queues = set(session.cursors) if session is not None else set()
+        await reread_ends(self.store, queues, self._refresh_limit)
+        # The deliveries as they are now: one made while the ends were read (a resumed
+        # session's CONNACK) looked at the ends before they were known.
+        if client_id is None:
+            deliveries = list(self.deliveries.values())
+        else:
+            deliveries = [d for d in (self.deliveries.get(client_id),) if d is not None]
+        for delivery in deliveries:
+            delivery.wake()
