@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from bridge.mqtt.packets import Publish, Subscription
+from bridge.mqtt.packets import Connack, Publish, Suback, Subscribe, Subscription
 from bridge.mqtt.properties import PropertyId
+from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
 from tests.support.mqtt5 import RawClient5
 from tests.support.processes import BridgeProcess
@@ -29,55 +30,46 @@ def three_nodes(cluster: ClusterLauncher) -> tuple[BridgeProcess, BridgeProcess,
     return nodes  # type: ignore[return-value]
 
 
-def subscribe_until_routed(node: BridgeProcess, publisher: RawClient5, topic: str) -> RawClient5:
-    """A persistent v5 session on `node` subscribed to `topic`/# at QoS 2; returns once a QoS 0
-    probe `publisher` sends (on another node) reaches it."""
-    sub = RawClient5(node.port)
-    assert sub.connect("resumer", False, properties=KEEP).return_code == 0
-    assert sub.subscribe_many(Subscription(f"{topic}/#", 2)) == [2]
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        publisher.publish(f"{topic}/probe", b"probe", 0)
-        try:
-            packet = sub.recv(0.2)
-        except Exception:
-            continue
-        if isinstance(packet, Publish):
-            time.sleep(0.3)
-            while True:
-                try:
-                    sub.recv(0.2)
-                except Exception:
-                    return sub
-    raise AssertionError("the subscription never reached the publishing node")
+def persistent(node: BridgeProcess, level: int = 5) -> tuple[RawClient, Connack]:
+    """A connection of the persistent session "resumer" on `node` at MQTT `level` (4: 3.1.1)."""
+    if level == 5:
+        client5 = RawClient5(node.port, timeout=10)
+        return client5, client5.connect("resumer", False, properties=KEEP)
+    client = RawClient(node.port, timeout=10)
+    return client, client.connect("resumer", False)
 
 
-def first_after_resume(node: BridgeProcess) -> tuple[float, list[Publish]]:
+def first_after_resume(node: BridgeProcess, level: int = 5) -> tuple[float, list[Publish]]:
     """Resume the session on `node`; seconds from CONNACK to the first PUBLISH, and what came
     within the next moment."""
-    client = RawClient5(node.port, timeout=10)
-    connack = client.connect("resumer", False, properties=KEEP)
+    client, connack = persistent(node, level)
     started = time.monotonic()
     assert connack.return_code == 0 and connack.session_present
-    first = client.recv_publish(10)
+    first = client.recv(10)
+    assert isinstance(first, Publish), first
     took = time.monotonic() - started
     got = [first]
     while True:
         try:
-            got.append(client.recv_publish(0.5))
+            got.append(client.recv(0.5))
         except Exception:
             break
     client.close()
     return took, [p for p in got if p.payload != b"probe"]
 
 
+@pytest.mark.parametrize("level", [4, 5])
 def test_in_flight_messages_come_back_at_once_on_a_node_that_never_held_the_session(
-    cluster: ClusterLauncher,
+    cluster: ClusterLauncher, level: int
 ) -> None:
+    """The session publishes a QoS 1 and a QoS 2 message to its own filter, receives them
+    without acknowledging and leaves (as Paho's test_redelivery_on_reconnect does)."""
     a, _b, c = three_nodes(cluster)
-    sub = RawClient5(a.port)
-    assert sub.connect("resumer", False, properties=KEEP).return_code == 0
-    assert sub.subscribe_many(Subscription("inflight/#", 2)) == [2]
+    sub, connack = persistent(a, level)
+    assert connack.return_code == 0
+    sub.send(Subscribe(1, [Subscription("inflight/#", 2)]))
+    suback = sub.recv(10)
+    assert isinstance(suback, Suback) and list(suback.return_codes) == [2], suback
     sub.send(Publish("inflight/x", b"one", 1, False, packet_id=1))
     sub.send(Publish("inflight/x", b"two", 2, False, packet_id=2))
     got = []
@@ -87,15 +79,18 @@ def test_in_flight_messages_come_back_at_once_on_a_node_that_never_held_the_sess
             got.append(packet.payload)
     assert sorted(got) == [b"one", b"two"]
     sub.close()
-    took, got = first_after_resume(c)
-    print(f"first redelivery on another node after {took * 1000:.1f} ms")
+    took, got = first_after_resume(c, level)
+    print(f"first redelivery (MQTT level {level}) on another node after {took * 1000:.1f} ms")
     assert sorted(p.payload for p in got) == [b"one", b"two"]
     assert all(p.dup for p in got if p.qos)
 
 
+@pytest.mark.parametrize("left", ["live", "stopped", "killed"])
 def test_the_offline_backlog_comes_at_once_on_a_node_that_never_held_the_session(
-    cluster: ClusterLauncher,
+    cluster: ClusterLauncher, left: str
 ) -> None:
+    """The node that held the session is `left` live, stopped (it drains) or killed -9 before
+    the session resumes on a third node."""
     a, b, c = three_nodes(cluster)
     publisher = RawClient5(b.port)
     publisher.connect("pub-backlog")
@@ -105,6 +100,10 @@ def test_the_offline_backlog_comes_at_once_on_a_node_that_never_held_the_session
     sub.disconnect()
     for i in range(5):
         publisher.publish("backlog/x", f"m{i}".encode(), 1, packet_id=i + 1)
+    if left == "stopped":
+        a.stop()
+    elif left == "killed":
+        a.kill()
     took, got = first_after_resume(c)
-    print(f"first backlog message on another node after {took * 1000:.1f} ms")
+    print(f"first backlog message on another node ({left} node left) after {took * 1000:.1f} ms")
     assert [p.payload for p in got] == [f"m{i}".encode() for i in range(5)]
