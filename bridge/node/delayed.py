@@ -225,6 +225,11 @@ class DelayedPublishes:
         if holds is None:
             return
         oldest, unread = self._oldest, self._unread
+        if len(oldest) > 2 * len(unread) + 64:
+            # Delivered ones behind an older pending one (a long delay) are dropped here,
+            # not only when they reach the top: the heap stays within twice what is pending.
+            oldest[:] = unread
+            heapq.heapify(oldest)
         while oldest and oldest[0] not in unread:
             heapq.heappop(oldest)
         end = holds.next_offset(DELAYED_QUEUE)

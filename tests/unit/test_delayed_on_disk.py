@@ -192,3 +192,24 @@ def test_an_index_record_of_an_earlier_version_holding_the_message_is_still_deli
         index.stop()
 
     on_store(tmp_path, body)
+
+
+def test_publishes_delivered_behind_a_long_pending_one_are_not_remembered(
+    tmp_path: Path,
+) -> None:
+    """The hold stays at the long one's offset; what was delivered after it is forgotten (the
+    node's memory follows what is pending, not what passed while it waits)."""
+
+    async def body(store: FileLogStore) -> None:
+        index = index_on(store)
+        index.start()
+        await publish(index, "long", "t", b"x", 3600)
+        for i in range(300):
+            await publish(index, f"short-{i}", "t", b"x", 0)
+        await until(lambda: store.end_offset(OUT) == 300)
+        await until(lambda: index.pending() == 1)
+        assert store.holds.held(DELAYED_QUEUE) == 0
+        assert len(index._oldest) <= 2 + 64 and index._unread == {0}
+        index.stop()
+
+    on_store(tmp_path, body)
