@@ -213,3 +213,21 @@ def test_publishes_delivered_behind_a_long_pending_one_are_not_remembered(
         index.stop()
 
     on_store(tmp_path, body)
+
+
+def test_a_due_publish_missing_from_the_log_is_dropped_with_its_record_and_a_log_line(
+    tmp_path: Path, caplog: Any
+) -> None:
+    async def body(store: FileLogStore) -> None:
+        entry = DelayedEntry(1_000, 5, "gone-pub", 10)  # offset 5 of an empty queue
+        await store.put_meta([MetaUpdate(KIND_DELAYED, "gone", entry.encode())])
+        index = index_on(store)
+        index.start()
+        assert index.tally.bytes == 10
+        await until(lambda: not store.meta(KIND_DELAYED))
+        await until(lambda: index.tally.bytes == 0)
+        assert store.end_offset(OUT) == 0
+        index.stop()
+
+    on_store(tmp_path, body)
+    assert "delayed publish gone dropped: not in the log at offset 5" in caplog.text
