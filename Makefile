@@ -78,7 +78,7 @@ lint: install
 		bridge/storage/rocketmq/queues.py bridge/storage/rocketmq/reads.py \
 		bridge/storage/rocketmq/sendframe.py bridge/storage/rocketmq/groups.py \
 		bridge/storage/rocketmq/acl.py bridge/storage/rocketmq/tls.py \
-		bridge/storage/filelog/segments.py bridge/storage/filelog/undo.py \
+		bridge/storage/filelog/segments.py bridge/storage/filelog/undo.py bridge/storage/filelog/holds.py \
 	bridge/storage/metadata.py bridge/node/outbound.py bridge/node/admission.py bridge/node/wills.py bridge/node/registry_entries.py \
 	bridge/node/delayed.py bridge/storage/base.py bridge/storage/message.py bridge/fields.py \
 	bridge/listeners/v5.py bridge/listeners/link.py bridge/listeners/enhanced_auth.py \

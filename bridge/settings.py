@@ -281,12 +281,14 @@ SETTINGS: dict[str, str] = {
     "delayed_max_seconds": "longest delay of a `$delayed/<seconds>/<topic>` publish (longer: "
     "PUBACK/PUBREC 0x83, 3.1.1: disconnect); 0 turns delayed publish off. With store=rocketmq "
     "keep it within the broker's timerMaxDelaySec (3 days by default)",
-    "delayed_max_pending": "delayed publishes the embedded store holds (their payloads stay in "
-    "memory); more get 0x97 (3.1.1: disconnect). RocketMQ's broker holds its own",
+    "delayed_max_pending": "delayed publishes waiting on the embedded store (their payloads wait "
+    "in the log; each keeps a small index record in memory); more get 0x97 (3.1.1: "
+    "disconnect). RocketMQ's broker holds its own",
     "delayed_max_bytes": "bytes of payload and topic the embedded store's delayed publishes "
-    "hold together; more get 0x97 (3.1.1: disconnect)",
+    "hold together, on disk in its log (retention keeps them until due); more get 0x97 (3.1.1: "
+    "disconnect)",
     "delayed_max_bytes_per_client": "bytes of payload and topic one client's delayed publishes "
-    "waiting in the embedded store may hold; more get 0x97 (3.1.1: disconnect)",
+    "waiting in the embedded store's log may hold; more get 0x97 (3.1.1: disconnect)",
     "retained_max_messages": "retained messages kept (the cluster's, every node holds them all); "
     "a retained PUBLISH for a new topic beyond it gets PUBACK/PUBREC 0x97 (QoS 0 and 3.1.1: "
     "disconnect); clearing one is always allowed",

@@ -24,8 +24,10 @@ KIND_ONLINE = "online"
 KIND_QOS2_IN = "q2in"
 """`ClientId NUL packet id` of inbound QoS 2 messages stored and not yet released."""
 KIND_DELAYED = "delayed"
-"""Message key -> a delayed publish waiting for its due time (embedded store only; the message
-as `encode_message` writes it, its timestamp the due time: `bridge.node.delayed`)."""
+"""Message key -> a delayed publish waiting for its due time (embedded store only): a
+`DelayedEntry` naming where the message waits on disk (`bridge.node.delayed`). Records of
+earlier versions hold the whole message instead, as `encode_message` writes it, its timestamp
+the due time."""
 
 RETAINED_DELIVERY = RETAINED_QOS
 """Property of a retained message queued for one subscriber: the QoS it was granted."""
@@ -98,3 +100,32 @@ class Unsettled:
             return cls(str(raw["t"]), str(raw["k"]))
         except (ValueError, KeyError, TypeError):
             return None
+
+
+@dataclass(slots=True, frozen=True)
+class DelayedEntry:
+    """A delayed publish waiting on the embedded store: its index record (kind `delayed`, under
+    the message key). The message itself, as it arrived (under its `$delayed/...` topic), is on
+    the store's delayed queue at `offset`; only this small record is kept in memory."""
+
+    due_ms: int
+    """When it is routed (ms since the epoch): the delivered message's timestamp."""
+    offset: int
+    """Its offset on the delayed queue (`bridge.router.queues.DELAYED_QUEUE`)."""
+    publisher: str
+    size: int
+    """Bytes of payload and target topic: what it counts against the delayed quotas."""
+
+    def encode(self) -> bytes:
+        """The record's stored form (JSON)."""
+        record = {"due": self.due_ms, "o": self.offset, "pub": self.publisher, "s": self.size}
+        return json.dumps(record, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> DelayedEntry | Message:
+        """The entry; for a record of an earlier version, the whole message it holds (its
+        timestamp the due time). ValueError, KeyError or TypeError if it is unreadable."""
+        raw = json.loads(data)
+        if "o" not in raw:
+            return decode_message(data)
+        return cls(int(raw["due"]), int(raw["o"]), str(raw["pub"]), int(raw["s"]))

@@ -248,7 +248,8 @@ def _delayed(node: Node, counters: Counter[str], notifier: Any) -> Iterator[Metr
         yield _gauge("delayed_pending", "delayed publishes waiting in the embedded index", pending)
         yield _gauge(
             "delayed_bytes",
-            "bytes (payload and target topic) of the delayed publishes in the embedded index",
+            "bytes (payload and target topic) of the delayed publishes waiting in the embedded "
+            "store's log",
             node.publisher.delayed.tally.bytes,
         )
 

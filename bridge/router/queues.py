@@ -1,13 +1,16 @@
 """Queue names and subscriber ids: built here, and parsed only here.
 
 A QoS 1/2 message is stored on *queues*; each connected reader keeps a cursor per queue it reads.
-There are three kinds, and the store treats every name as opaque text:
+There are three kinds of subscribers' queues, and the store treats every name as opaque text:
 
 * ``f:<filter>`` - every message matching a (non-shared) topic filter, read by each subscriber
   of that filter on any node;
 * ``c:<ClientId>`` - one client's private queue (retained messages sent on SUBSCRIBE);
 * ``s:<share filter>NUL<ClientId>`` - the messages picked for one member of a shared
-  subscription.
+  subscription;
+
+and one of the node's own on the embedded store, ``d:`` (`DELAYED_QUEUE`): delayed publishes
+waiting for their due time, read out of order by `bridge.node.delayed`, never by a subscriber.
 
 Subscribers in a node's trie are ClientIds, or a peer node standing for its own subscribers:
 ``NUL<node id>`` (no ClientId contains NUL, MQTT-1.5.3-2).
@@ -30,6 +33,9 @@ ANY_PEER = "*"
 node owns the ClientId from a refused registry write): the session's filters count as this
 pseudo-peer's interest for `interest_grace`, and its wakes go to every peer. No node id is "*"
 (`bridge.config` refuses it)."""
+
+DELAYED_QUEUE: Final = "d:"
+"""The queue delayed publishes wait on until due (embedded store: `bridge.node.delayed`)."""
 
 _FILTER_PREFIX = FILTER + ":"
 _CLIENT_PREFIX = CLIENT + ":"

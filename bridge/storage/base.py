@@ -168,8 +168,9 @@ class MessageStore(Protocol):
 @runtime_checkable
 class TimerStore(Protocol):
     """A store whose backend holds a delayed message until it is due (RocketMQ's timer
-    messages). A store without this keeps no timers: the node keeps a due-time index in its
-    keyed records instead (`bridge.node.delayed`)."""
+    messages). A store without this keeps no timers: the node keeps its delayed messages on a
+    queue of its own, held back from retention (`HoldingStore`), and a due-time index of them
+    in its keyed records (`bridge.node.delayed`)."""
 
     def submit_delayed(
         self,
@@ -183,3 +184,35 @@ class TimerStore(Protocol):
         order with it), to be routed to its topic's subscribers at `message.timestamp_ms` (its
         due time), once per cluster, by whoever reads what the backend delivers then (notify).
         `meta` as for `submit`."""
+
+
+class QueueHolds(Protocol):
+    """Holds on queues of a store that assigns every offset itself: a reader that reads a
+    queue out of order, long after (the node's delayed publishes), keeps its messages from
+    retention until it has read them."""
+
+    def next_offset(self, queue: str) -> int:
+        """The offset the next message `submit`ted to `queue` gets (durable or not; a write
+        that fails gives it to the next one). Known before the submit, so a keyed record
+        written with the message can name its place."""
+
+    def hold(self, queue: str, offset: int) -> None:
+        """Keep `queue`'s messages from `offset` on (and whatever the store must keep to keep
+        them) until a later hold moves the offset; retention deletes none of them. A hold
+        should only move forward (to the reader's oldest unread message, or to the queue's
+        next offset when it has read all). It outlives a restart: after one the store holds
+        from the last offset set or an earlier one (a crash may lose the latest moves, and
+        an earlier hold keeps more), never from a later one or none; and a hold set before a
+        message is submitted is durable once that message is. Never raises for a store
+        that takes no writes now: the hold stays where it was."""
+
+    def held(self, queue: str) -> int | None:
+        """The offset `queue` is held from (None: it was never held)."""
+
+
+@runtime_checkable
+class HoldingStore(Protocol):
+    """A store whose queues a reader can hold back from retention (the embedded log): the
+    node's delayed publishes wait on one of its queues (`bridge.node.delayed`)."""
+
+    holds: QueueHolds

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from bridge.storage import Message, MessageStore, MetaUpdate, Stored, metadata
+from bridge.storage.base import HoldingStore, TimerStore
 from tests.storage.conftest import Run, StoreFactory
 
 
@@ -360,5 +363,36 @@ def test_meta_passed_with_a_message_is_durable_when_it_is(
         await store.append(msg(0), ["q"], meta=[MetaUpdate("q2in", "c\x007", b"{}")])
         reopened = await store_factory.reopen()
         assert reopened.meta("q2in") == {"c\x007": b"{}"}
+
+    run(body())
+
+
+def test_every_backend_keeps_delayed_messages_by_timer_or_by_hold(store: MessageStore) -> None:
+    """`bridge.node.delayed` needs one of the two: a backend whose timer holds a delayed
+    message until due, or queues the node can hold back from retention while they wait."""
+    backend = store.store  # type: ignore[attr-defined]  # the OnePartView's store
+    assert isinstance(backend, (TimerStore, HoldingStore))
+
+
+def test_a_hold_names_the_next_offset_and_outlives_a_reopen(
+    store_factory: StoreFactory, store: MessageStore, run: Run[Any]
+) -> None:
+    backend = store.store  # type: ignore[attr-defined]
+    if not isinstance(backend, HoldingStore):
+        pytest.skip("this backend holds delayed messages in its timer (TimerStore)")
+
+    async def body() -> None:
+        holds = backend.holds
+        assert holds.held("d") is None
+        holds.hold("d", holds.next_offset("d"))
+        for i in range(3):
+            offset = holds.next_offset("d")
+            await store.append(msg(i), ["d"])
+            assert (await store.read("d", offset, 1)).messages[0].message.key == f"k{i}"
+        holds.hold("d", 1)
+        assert holds.held("d") == 1
+        reopened = await store_factory.reopen()
+        again = reopened.store.holds  # type: ignore[attr-defined]
+        assert (again.held("d"), again.next_offset("d")) == (1, 3)
 
     run(body())

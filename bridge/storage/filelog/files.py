@@ -188,6 +188,19 @@ def _cut(seg: Segment, size: int, fsync: bool) -> None:
     seg.size = seg.written = seg.allocated = size
 
 
+def close_segments(segments: list[Segment], fsync: bool) -> None:
+    """The store closes: sync what is unsynced, close every descriptor no read holds (a read
+    in flight closes its own when it is done: every segment is marked deleted)."""
+    for seg in segments:
+        seg.deleted = True
+        if seg.unsynced and seg.fd is not None and fsync:
+            sync_file(seg.fd)
+            seg.unsynced = False
+        if seg.pins == 0 and seg.fd is not None:
+            os.close(seg.fd)
+            seg.fd = None
+
+
 def segment_path(log_dir: Path, base: int) -> Path:
     return log_dir / f"{base:020d}.log"
 

@@ -86,6 +86,16 @@ class QueueIndex:
         before = self.cum[i - 1] if i > 0 else self.cum_base
         return self.seqs[i], self.lens[i], self.cum[i] - before
 
+    def seq_from(self, offset: int) -> int:
+        """The seq of the first record at or after `offset` that is still here (not deleted
+        by retention nor lost to corruption); HOLE if there is none."""
+        seqs = self.seqs
+        i = max(offset - self.base, self.head)
+        n = len(seqs)
+        while i < n and seqs[i] == HOLE:
+            i += 1
+        return seqs[i] if i < n else HOLE
+
     def backlog(self, offset: int) -> tuple[int, int]:
         """(messages, bytes) visible at or after `offset`."""
         first = self.base + self.head

@@ -33,7 +33,8 @@ class LogMaintenance:
     """Snapshot and retention scheduling of one `FileLogStore`.
 
     Handed the store's log, queue indexes, meta records, record cache and stats, its settings,
-    `barrier` (a future done once everything appended so far is durable) and `run_io`. Owns the
+    `barrier` (a future done once everything appended so far is durable), `run_io` and
+    `keep_from` (the oldest position a hold keeps, `LogHolds.keep_from`). Owns the
     snapshot position, the background tasks and the locks that keep one snapshot and one
     retention pass at a time.
     """
@@ -53,6 +54,7 @@ class LogMaintenance:
         snapshot_every_bytes: int,
         barrier: Callable[[], Awaitable[Any]],
         run_io: RunIO,
+        keep_from: Callable[[], int | None],
     ) -> None:
         self._log = log
         self._queues = queues
@@ -66,6 +68,7 @@ class LogMaintenance:
         self._snapshot_every_bytes = snapshot_every_bytes
         self._barrier = barrier
         self._run_io = run_io
+        self._keep_from = keep_from
         self._loop: asyncio.AbstractEventLoop | None = None
         self.snapshot_pos = 0
         """The position the meta snapshot on disk was taken at."""
@@ -140,9 +143,10 @@ class LogMaintenance:
             return True
 
     def _victims(self) -> list[Segment]:
-        """The oldest whole segments retention would delete now (never the active one)."""
+        """The oldest whole segments retention would delete now (never the active one, nor
+        one a hold keeps)."""
         too_old = time.time() - self._retention_seconds
-        return self._log.retention_victims(self._retention_bytes, too_old)
+        return self._log.retention_victims(self._retention_bytes, too_old, self._keep_from())
 
     async def retention(self) -> int:
         """Delete the segments retention allows to delete now (after a snapshot that covers
@@ -152,8 +156,8 @@ class LogMaintenance:
             if not victims or not await self.snapshot():
                 return 0
             count = len(victims)
-            if self._log.segments[:count] != victims:
-                return 0
+            if self._victims()[:count] != victims:
+                return 0  # the log or a hold changed while the snapshot was written
             boundary = self._log.drop_oldest(count)
             for q in self._queues.values():
                 q.trim_below(boundary)

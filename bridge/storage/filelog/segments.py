@@ -81,13 +81,17 @@ class SegmentLog:
         self.pos = start
         return removed, last, keep
 
-    def retention_victims(self, retention_bytes: int, too_old: float) -> list[Segment]:
+    def retention_victims(
+        self, retention_bytes: int, too_old: float, keep_from: int | None = None
+    ) -> list[Segment]:
         """The oldest whole durable segments beyond `retention_bytes`, or with no record newer
-        than `too_old` (wall-clock time); never the active one."""
+        than `too_old` (wall-clock time); never the active one, nor one holding the record at
+        `keep_from` or a later one (a hold's, `LogHolds.keep_from`)."""
         total = self.size
         victims = []
         for seg in self.segments[:-1]:
-            if seg.base + seg.size > self.durable:
+            end = seg.base + seg.size
+            if end > self.durable or (keep_from is not None and end > keep_from):
                 break
             if total > retention_bytes or seg.newest < too_old:
                 victims.append(seg)

@@ -9,8 +9,9 @@ snapshot file that makes old segments deletable.
 This module holds the store's lifecycle and write path (group commit, rollback, meta records).
 Its parts, each handed what it uses: the segments and positions (`SegmentLog`, segments.py),
 the read path (`LogReader`, reading.py), snapshots and retention (`LogMaintenance`,
-maintenance.py); file I/O run in worker threads is in files.py, the in-memory indexes in
-index.py, what a failed write takes back in undo.py.
+maintenance.py), the holds retention keeps (`LogHolds`, holds.py); file I/O run in worker
+threads is in files.py, the in-memory indexes in index.py, what a failed write takes back in
+undo.py.
 
 Threading: every method runs on the event loop thread. Blocking I/O (batch write + fsync, reads
 of records no longer cached, snapshot writes, file deletion) runs in the store's own executors.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,12 +32,13 @@ from bridge.storage.base import Message, MetaUpdate, ReadResult, StoreUnavailabl
 from bridge.storage.filelog.files import (
     Recovered,
     Segment,
+    close_segments,
     recover,
-    sync_file,
     truncate_log,
     write_all,
     write_batch,
 )
+from bridge.storage.filelog.holds import LogHolds
 from bridge.storage.filelog.index import QueueIndex, RecordCache
 from bridge.storage.filelog.maintenance import SNAPSHOT_NAME, LogMaintenance
 from bridge.storage.filelog.reading import LogReader
@@ -158,6 +159,8 @@ class FileLogStore:
         self._flush_task: asyncio.Task[None] | None = None
         self._stats: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
         self._reader = LogReader(self._log, self._queues, self._cache, self._stats, self._run_io)
+        self.holds = LogHolds(self._queues, self._meta, self._add_meta, self._check_usable)
+        """Holds on queues that retention keeps (`HoldingStore`: the node's delayed ones)."""
         self._maintenance = LogMaintenance(
             self._log,
             self._queues,
@@ -171,6 +174,7 @@ class FileLogStore:
             snapshot_every_bytes=snapshot_every_bytes,
             barrier=self._barrier,
             run_io=self._run_io,
+            keep_from=self.holds.keep_from,
         )
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -210,14 +214,7 @@ class FileLogStore:
             if self._broken is None:
                 await self._maintenance.snapshot()
         finally:
-            for seg in self._log.segments:
-                seg.deleted = True
-                if seg.unsynced and seg.fd is not None and self.fsync:
-                    sync_file(seg.fd)
-                    seg.unsynced = False
-                if seg.pins == 0 and seg.fd is not None:
-                    os.close(seg.fd)
-                    seg.fd = None
+            close_segments(self._log.segments, self.fsync)
             self._shutdown_executors()
             self._state = _CLOSED
 
