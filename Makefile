@@ -100,6 +100,7 @@ bench: test-deps
 	$(BIN)/python tests/bench/rocketmq_path.py
 	$(BIN)/python tests/bench/multi_filter.py
 	$(BIN)/python tests/bench/acl_delivery.py
+	$(BIN)/python -m tests.bench.login_flood
 	$(BIN)/python tests/bench/spark_bench.py
 
 # Hostile clients against one bridge for SECONDS (default 180; not part of `make test`): mutated

@@ -327,7 +327,9 @@ SETTINGS: dict[str, str] = {
     "login_queue": "password checks waiting for the hashing threads, at most; one more is "
     "answered at once with CONNACK 0x89 (3.1.1: 3)",
     "login_queue_per_address": "password checks from one IP address waiting, at most (0: only "
-    "login_queue); more get CONNACK 0x89 / 3. Waiting checks get the threads in turn by address",
+    "login_queue); more get CONNACK 0x89 / 3. Waiting checks get the threads in turn by address; "
+    "an address whose logins failed lately queues apart and hashes on a thread of its own at the "
+    "lowest CPU priority",
     "login_failure_delay": "seconds a failed login waits before its refusal, doubling with each "
     "failure from the same address in a row (0: no wait); the hashing threads are free meanwhile",
     "login_failure_delay_max": "longest wait of a failed login's refusal (at most half "
