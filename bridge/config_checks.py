@@ -174,6 +174,11 @@ def _validate_limits(config: Config) -> None:
             "refused_connect_log_interval: 0 to 86400 seconds, got "
             f"{config.refused_connect_log_interval}"
         )
+    if not 0 <= config.protocol_fault_log_interval <= 86400:  # also refuses nan
+        raise ConfigError(
+            "protocol_fault_log_interval: 0 to 86400 seconds, got "
+            f"{config.protocol_fault_log_interval}"
+        )
     if not 0 <= config.tls_failure_log_interval <= 86400:  # also refuses nan
         raise ConfigError(
             f"tls_failure_log_interval: 0 to 86400 seconds, got {config.tls_failure_log_interval}"

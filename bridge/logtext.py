@@ -2,7 +2,7 @@
 1 MiB DISCONNECT reason string can neither forge a log line (newlines, ANSI escapes) nor flood
 the log. `client_text` is for the sites that print client-controlled strings;
 `EscapingFilter` is the net under every other line; `RefusalLog` paces the lines about refused
-CONNECTs (docs/decisions.md, "Safe defaults")."""
+CONNECTs and protocol faults (docs/decisions.md, "Safe defaults")."""
 
 from __future__ import annotations
 
@@ -72,9 +72,10 @@ class EscapingFilter(logging.Filter):
 
 
 class RefusalLog:
-    """At most one log line per `interval` seconds for each kind of refusal (a CONNACK reason
-    code), carrying how many of that kind were not logged since its last line: a flood of bad
-    CONNECTs costs a few lines, and each line still says how big the flood was."""
+    """At most one log line per `interval` seconds for each kind of refusal (a reason code: of
+    a CONNACK refusing a CONNECT, or of the DISCONNECT closing a client for a protocol fault),
+    carrying how many of that kind were not logged since its last line: a flood of bad CONNECTs
+    or of malformed packets costs a few lines, and each line still says how big it was."""
 
     def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = interval

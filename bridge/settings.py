@@ -105,6 +105,7 @@ class Config:
     max_keepalive: int = 0
     connect_timeout: float = 10.0
     refused_connect_log_interval: float = 10.0
+    protocol_fault_log_interval: float = 10.0
     max_unauthenticated: int = 4096
     max_unauthenticated_per_address: int = 128
     max_unauthenticated_bytes: int = 64 * 1024
@@ -318,6 +319,10 @@ SETTINGS: dict[str, str] = {
     "refused_connect_log_interval": "at most one log line per this many seconds for each kind "
     "of refused CONNECT (reason code), saying how many more were refused (each is counted; 0: "
     "every one)",
+    "protocol_fault_log_interval": "at most one log line per this many seconds for each kind "
+    "of protocol fault a client is closed for (malformed packet, protocol error, packet too "
+    "large...: the reason code), saying how many more were closed (each is counted in "
+    "protocol_faults; 0: every one)",
     "max_unauthenticated": "sockets without a CONNACK yet this node holds (0: unlimited); one "
     "more is closed at once, unread",
     "max_unauthenticated_per_address": "sockets without a CONNACK yet from one IP address (0: "
@@ -329,7 +334,9 @@ SETTINGS: dict[str, str] = {
     "login_queue": "password checks waiting for the hashing threads, at most; one more is "
     "answered at once with CONNACK 0x89 (3.1.1: 3)",
     "login_queue_per_address": "password checks from one IP address waiting, at most (0: only "
-    "login_queue); more get CONNACK 0x89 / 3. Waiting checks get the threads in turn by address",
+    "login_queue); more get CONNACK 0x89 / 3. Waiting checks get the threads in turn by address; "
+    "an address whose logins failed lately queues apart and hashes on a thread of its own at the "
+    "lowest CPU priority",
     "login_failure_delay": "seconds a failed login waits before its refusal, doubling with each "
     "failure from the same address in a row (0: no wait); the hashing threads are free meanwhile",
     "login_failure_delay_max": "longest wait of a failed login's refusal (at most half "

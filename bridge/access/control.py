@@ -42,7 +42,8 @@ from bridge.access.auth import (
     parse_hash,
     parse_redis_scram_value,
 )
-from bridge.access.login_queue import LoginQueue
+from bridge.access.login_guard import FailedLogins
+from bridge.access.login_queue import Lane, LoginQueue, lowest_cpu_priority
 from bridge.access.scram import DEFAULT_ITERATIONS, ScramCredential, ScramServer
 
 if TYPE_CHECKING:
@@ -130,9 +131,21 @@ class AccessControl:
         )
         # Password hashes are slow on purpose and release the GIL: a small pool bounds their CPU,
         # and the queue in front of it bounds the checks that wait, fairly across addresses.
+        # Addresses whose logins failed lately get a lane of their own, on a thread the OS runs
+        # last: their flood of wrong passwords cannot slow the logins of other addresses.
         self._pool = ThreadPoolExecutor(max_workers=HASH_THREADS, thread_name_prefix="auth")
+        self._failing_pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="auth-failing", initializer=lowest_cpu_priority
+        )
+        longest = min(config.login_failure_delay_max, config.connect_timeout / 2)
+        self.failed_logins = FailedLogins(min(config.login_failure_delay, longest), longest)
+        """Failed logins by address: how long the next refusal of each waits, and which
+        addresses are failing (their checks take the failing lane)."""
+        queued, per_address = config.login_queue, config.login_queue_per_address
         self.checks = LoginQueue(
-            self._pool, HASH_THREADS, config.login_queue, config.login_queue_per_address
+            Lane(self._pool, HASH_THREADS, queued, per_address),
+            Lane(self._failing_pool, 1, queued, per_address),
+            self.failed_logins,
         )
         """The password checks running and waiting (`bridge.access.login_queue`)."""
         self._listener: asyncio.Task[None] | None = None
@@ -195,6 +208,7 @@ class AccessControl:
     async def stop(self) -> None:
         await stop_following(self._listener)
         self._pool.shutdown(wait=False)
+        self._failing_pool.shutdown(wait=False)
 
     def reload(self) -> list[str]:
         """SIGHUP: re-read the password and ACL files; returns the errors (a bad file keeps the

@@ -6,7 +6,9 @@ at once, before a byte of it is read, so a flood of sockets cannot hold the node
 file descriptors. `FailedLogins` makes failed logins from an address wait before their refusal,
 longer with each failure (`login_failure_delay` doubling up to `login_failure_delay_max`), so a
 password guesser's sockets each stay busy for a while and its rate of guesses falls; a success
-never waits. Both are pure: the caller gives the address and the clock.
+never waits. Such an address is `failing` until its failures are forgotten: its password checks
+take a lane of their own (`bridge.access.login_queue`). Both are pure: the caller gives the
+address and the clock.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from bridge.access.ratelimit import LogThrottle
 MAX_TRACKED_SOURCES: Final = 100_000
 """Addresses `FailedLogins` remembers at most (the longest-quiet ones are forgotten first)."""
 FORGET_AFTER_DELAYS: Final = 10
-"""An address's failures are forgotten after this many `login_failure_delay_max` of quiet."""
+"""An address's failures are forgotten after this many `login_failure_delay_max` of quiet (at
+least this many seconds)."""
 LOG_INTERVAL: Final = 10.0
 """Seconds between log lines about connections closed before their CONNACK."""
 
@@ -67,30 +70,40 @@ class UnauthenticatedSockets:
 class FailedLogins:
     """Recent failed logins per source address, and how long the next refusal waits."""
 
-    __slots__ = ("first_delay", "max_delay", "recent")
+    __slots__ = ("first_delay", "max_delay", "memory", "recent")
 
     def __init__(self, first_delay: float, max_delay: float) -> None:
         self.first_delay = first_delay
         """The wait of an address's first failure (0: failures never wait)."""
         self.max_delay = max(max_delay, first_delay)
+        self.memory = max(self.max_delay, 1.0) * FORGET_AFTER_DELAYS
+        """Seconds of quiet after which an address's failures are forgotten."""
         self.recent: dict[str, tuple[int, float]] = {}
         """Address -> (failures in a row, when the last one was), least recent first."""
 
     def failed(self, source: str, now: float) -> float:
-        """A login from `source` failed at `now`: seconds to wait before refusing it."""
-        if self.first_delay <= 0:
-            return 0.0
+        """A login from `source` failed at `now`: seconds to wait before refusing it (the
+        failure is remembered even when failures do not wait)."""
         recent = self.recent
         count, last = recent.pop(source, (0, now))
-        if now - last > self.max_delay * FORGET_AFTER_DELAYS:
+        if now - last > self.memory:
             count = 0
         count += 1
         recent[source] = (count, now)
         if len(recent) > MAX_TRACKED_SOURCES:
             del recent[next(iter(recent))]
+        if self.first_delay <= 0:
+            return 0.0
         delay: float = self.first_delay * 2.0 ** min(count - 1, 30)
         return min(delay, self.max_delay)
 
     def failures(self, source: str) -> int:
         """Failures in a row remembered for `source`."""
         return self.recent.get(source, (0, 0.0))[0]
+
+    def failing(self, source: str, now: float) -> bool:
+        """Whether logins from `source` failed lately (its failures are not forgotten yet at
+        `now`): its password checks then come after those of other addresses
+        (`bridge.access.login_queue`)."""
+        entry = self.recent.get(source)
+        return entry is not None and now - entry[1] <= self.memory

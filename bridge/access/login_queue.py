@@ -4,18 +4,33 @@ A password check costs tens of milliseconds of Argon2 or scrypt on a small threa
 (`AccessControl`); a flood of logins from one address must neither queue without bound nor make
 the logins of other addresses wait behind it. `FairQueue` is the pure rule: at most `max_total`
 checks wait, at most `max_per_source` of them from one address, and a free slot goes to the
-addresses in turn (round-robin), not to whoever queued first. `LoginQueue` applies it to the
-pool: a check runs at once while a worker is free, else waits its turn, else is refused at once
-with `LoginsBusy` (the CONNECT is answered "server busy": CONNACK 0x89, 3.1.1: 3).
+addresses in turn (round-robin), not to whoever queued first. A `Lane` applies it to a pool: a
+check runs at once while a worker is free, else waits its turn, else is refused at once with
+`LoginsBusy` (the CONNECT is answered "server busy": CONNACK 0x89, 3.1.1: 3).
+
+`LoginQueue` has two lanes. An address whose logins failed lately is *failing*
+(`bridge.access.login_guard.FailedLogins`): its checks take the failing lane, whose threads the
+OS runs last (`lowest_cpu_priority`); a check that waited in the other lane while its address
+failed moves to the failing lane when its turn comes. The other addresses' checks never wait
+behind a failing one for a worker, nor share the cores with its hashes: a client logs in at its
+usual pace while another address floods the node with wrong passwords, and the flood's hashes
+run on what CPU is left (when none is, its checks wait and the rest are refused busy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from bridge.access.login_guard import FailedLogins
 
 T = TypeVar("T")
 
@@ -96,9 +111,11 @@ class FairQueue(Generic[T]):
         return True
 
 
-class LoginQueue:
-    """Runs password checks on `pool` with at most `workers` at once; the rest wait in a
-    `FairQueue` (`login_queue`, `login_queue_per_address`) or are refused with `LoginsBusy`."""
+class Lane:
+    """Password checks on one pool, at most `workers` at once; the rest wait in a `FairQueue`
+    (`login_queue`, `login_queue_per_address`) or are refused with `LoginsBusy`."""
+
+    __slots__ = ("pool", "queue", "running", "workers")
 
     def __init__(self, pool: Executor, workers: int, max_total: int, max_per_source: int) -> None:
         self.pool = pool
@@ -107,22 +124,8 @@ class LoginQueue:
         """Checks on the pool now (at most `workers`)."""
         self.queue: FairQueue[asyncio.Future[None]] = FairQueue(max_total, max_per_source)
 
-    async def run(
-        self, source: str, check: Callable[..., T], *args: Any, wanted: Callable[[], bool] | None
-    ) -> T:
-        """`check(*args)` on the pool once it is `source`'s turn. Raises LoginsBusy if the
-        queue is full, or if `wanted()` says the check is no longer needed when its turn comes
-        (its client left: the slot goes to the next one)."""
-        await self._turn(source)
-        try:
-            if wanted is not None and not wanted():
-                raise LoginsBusy("the client left while its password check waited")
-            return await asyncio.get_running_loop().run_in_executor(self.pool, check, *args)
-        finally:
-            self._done()
-
-    async def _turn(self, source: str) -> None:
-        """Wait for a worker; return holding it."""
+    async def turn(self, source: str) -> None:
+        """Wait for a worker; return holding it (`done` gives it back)."""
         if self.running < self.workers and not len(self.queue):
             self.running += 1
             return
@@ -133,10 +136,10 @@ class LoginQueue:
             await ticket
         except asyncio.CancelledError:
             if not self.queue.discard(source, ticket) and ticket.done() and not ticket.cancelled():
-                self._done()  # the turn came as we were cancelled: hand it on
+                self.done()  # the turn came as we were cancelled: hand it on
             raise
 
-    def _done(self) -> None:
+    def done(self) -> None:
         """A worker is free: give it to the next waiting check, in turn."""
         self.running -= 1
         while (ticket := self.queue.take()) is not None:
@@ -144,3 +147,44 @@ class LoginQueue:
                 self.running += 1
                 ticket.set_result(None)
                 return
+
+
+class LoginQueue:
+    """Runs each password check in its lane: `lane` for addresses that did not fail lately,
+    `failing_lane` for those that did (as `failed_logins` says)."""
+
+    def __init__(self, lane: Lane, failing_lane: Lane, failed_logins: FailedLogins) -> None:
+        self.lane = lane
+        self.failing_lane = failing_lane
+        self.failed_logins = failed_logins
+
+    async def run(
+        self, source: str, check: Callable[..., T], *args: Any, wanted: Callable[[], bool] | None
+    ) -> T:
+        """`check(*args)` on its lane's pool once it is `source`'s turn. Raises LoginsBusy if the
+        lane's queue is full, or if `wanted()` says the check is no longer needed when its turn
+        comes (its client left: the slot goes to the next one)."""
+        loop = asyncio.get_running_loop()
+        failing = self.failed_logins.failing
+        lane = self.failing_lane if failing(source, loop.time()) else self.lane
+        await lane.turn(source)
+        if lane is self.lane and failing(source, loop.time()):
+            # Its address failed while it waited: the worker goes to the next check, this one
+            # waits in the failing lane.
+            lane.done()
+            lane = self.failing_lane
+            await lane.turn(source)
+        try:
+            if wanted is not None and not wanted():
+                raise LoginsBusy("the client left while its password check waited")
+            return await loop.run_in_executor(lane.pool, check, *args)
+        finally:
+            lane.done()
+
+
+def lowest_cpu_priority() -> None:
+    """Make the calling thread the one the OS runs last (nice 19), where threads have a
+    priority of their own (Linux); elsewhere, or if refused, it keeps its priority."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from bridge.access.reads import may_read
 from bridge.listeners import outbound_acks
 from bridge.listeners.enhanced_auth import Authentication
+from bridge.listeners.faults import close_for_fault, close_for_protocol_error
 from bridge.listeners.inbound import Inbound
 from bridge.listeners.pacing import ReadPacer
 from bridge.listeners.preauth import PreAuth
@@ -24,11 +25,10 @@ from bridge.listeners.tls import peer_cert_cn
 from bridge.listeners.v5 import NO_LIMIT, Version5, connack_accepting, disconnect_saying
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
-from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
+from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.packets import (
     TYPE_NUMBERS,
     Auth,
-    Connack,
     Connect,
     Disconnect,
     Pingreq,
@@ -188,22 +188,7 @@ class Connection(asyncio.Protocol):
                 continue
             self._handle(packet)
         if error is not None:
-            self._protocol_fault(error)
-
-    def _protocol_fault(self, error: MQTTProtocolError) -> None:
-        reason_code = getattr(error, "reason_code", ReasonCode.MALFORMED_PACKET)
-        if self.session is None and self.decoder.protocol_level >= 5:
-            # A v5 client that never got its CONNACK hears why in one (MQTT-3.1.4-1).
-            self.send(codec.encode(Connack(reason_code, False), 5))
-        if isinstance(error, PacketTooLarge):
-            self.node.metrics.inc("packets_too_large")
-            self.close(
-                f"packet of {error.size} bytes exceeds max_packet_size={error.limit}",
-                reason_code=ReasonCode.PACKET_TOO_LARGE,
-            )
-        else:
-            self.node.metrics.inc("protocol_errors")
-            self.close(f"protocol violation {error}", reason_code=reason_code)
+            close_for_protocol_error(self, error, self.decoder.protocol_level)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline = self.node.deadlines.remove(self, self._deadline)
@@ -440,9 +425,9 @@ class Connection(asyncio.Protocol):
                 if isinstance(packet, Connect):
                     self._start_connect(packet)
                 else:
-                    self.close(
-                        f"first packet is {type(packet).__name__}, not CONNECT (MQTT-3.1.0-1)"
-                    )
+                    first = type(packet).__name__
+                    fault = f"first packet is {first}, not CONNECT (MQTT-3.1.0-1)"
+                    close_for_fault(self, fault, ReasonCode.PROTOCOL_ERROR)
                 return
             kind = type(packet)
             if kind is Publish:  # the two packets of every QoS 1 message: called directly
@@ -460,7 +445,7 @@ class Connection(asyncio.Protocol):
                     if isinstance(packet, Connect)
                     else f"{type(packet).__name__} is not a packet a client may send"
                 )
-                self.close(fault, reason_code=ReasonCode.PROTOCOL_ERROR)
+                close_for_fault(self, fault, ReasonCode.PROTOCOL_ERROR)
                 return
             handler(self, packet)
         except Exception:
@@ -501,9 +486,10 @@ class Connection(asyncio.Protocol):
     def _on_auth(self, packet: Auth) -> None:
         auth = self.auth
         if auth is None:
-            self.close(
+            close_for_fault(
+                self,
                 "AUTH without enhanced authentication at CONNECT (MQTT-4.12.0-7)",
-                reason_code=ReasonCode.PROTOCOL_ERROR,
+                ReasonCode.PROTOCOL_ERROR,
             )
             return
         auth.on_auth(packet)

@@ -15,6 +15,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from bridge.access import SCRAM_SHA_256, ScramError, UserStoreUnavailable
+from bridge.listeners.faults import close_for_fault
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Auth, Connect
 from bridge.mqtt.properties import PropertyId
@@ -161,10 +162,11 @@ class Authentication:
             return
         method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
         if packet.reason_code != ReasonCode.RE_AUTHENTICATE or method != self.method:
-            self.conn.close(
+            close_for_fault(
+                self.conn,
                 f"AUTH 0x{packet.reason_code:02X} with method {method!r} out of place "
                 "(MQTT-4.12.0-6, -7)",
-                reason_code=ReasonCode.PROTOCOL_ERROR,
+                ReasonCode.PROTOCOL_ERROR,
             )
             return
         self.conn.node.spawn(self._reauthenticate(packet))

@@ -16,6 +16,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from bridge.access.acl import PUBLISH
+from bridge.listeners.faults import close_for_fault
 from bridge.listeners.v5 import ProtocolFault, Version5
 from bridge.logtext import client_text
 from bridge.mqtt import codec
@@ -85,18 +86,18 @@ class Inbound:
                 and self.pending + self.unreleased >= conn.receive_maximum
                 and not (packet.qos == 2 and packet.packet_id in session.inbound_qos2)
             ):
-                conn.close(
+                close_for_fault(
+                    conn,
                     f"more than Receive Maximum={conn.receive_maximum} QoS 1/2 messages "
                     "unacknowledged (MQTT-3.3.4-9)",
-                    reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                    ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 )
                 return False
         # Node.check_topic_limits, without a call into interpreted code
         error = topic_limit_error(packet.topic, self.max_topic_length, self.max_topic_levels)
         if error:
-            conn.close(
-                f"PUBLISH to {packet.topic[:64]!r}: {error}",
-                reason_code=ReasonCode.TOPIC_NAME_INVALID,
+            close_for_fault(
+                conn, f"PUBLISH to {packet.topic[:64]!r}: {error}", ReasonCode.TOPIC_NAME_INVALID
             )
             return False
         topic = packet.topic  # for a delayed publish: its target, which the checks apply to
@@ -160,7 +161,7 @@ class Inbound:
         try:
             packet.topic = v5.resolve_topic(packet)
         except ProtocolFault as fault:
-            self.conn.close(f"PUBLISH: {fault}", reason_code=fault.reason)
+            close_for_fault(self.conn, f"PUBLISH: {fault}", fault.reason)
             return False
         limit = self.config.max_message_properties
         if metadata_size(packet.properties) > limit:
@@ -271,7 +272,7 @@ class Inbound:
             return
         if packet.qos == 0:
             if reason == ReasonCode.PAYLOAD_FORMAT_INVALID:
-                conn.close(f"PUBLISH to {packet.topic[:64]!r}: {why}", reason_code=reason)
+                close_for_fault(conn, f"PUBLISH to {packet.topic[:64]!r}: {why}", reason)
             return
         kind = PacketType.PUBACK if packet.qos == 1 else PacketType.PUBREC
         # The reason code alone: some clients cannot read properties in PUBACK/PUBREC, and the

@@ -140,7 +140,9 @@ class PreAuth:
         timeout = conn.node.config.connect_timeout
         conn.node.metrics.inc("logins_timed_out")
         if not connecting:
-            conn.close(f"no CONNECT within connect_timeout={timeout} s")
+            why = f"no CONNECT within connect_timeout={timeout} s"
+            _log_throttled(conn, why)
+            conn.close(why, log_it=False)
             return
         why = f"login not decided within connect_timeout={timeout} s"
         _log_throttled(conn, why)

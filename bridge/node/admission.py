@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bridge.access.acl import PUBLISH
 from bridge.access.auth import AuthResult
 from bridge.access.bans import peer_ip
-from bridge.access.login_guard import LOG_INTERVAL, FailedLogins
+from bridge.access.login_guard import LOG_INTERVAL
 from bridge.access.login_queue import LoginsBusy
 from bridge.access.ownership import describe, refusal
 from bridge.access.ratelimit import LogThrottle
@@ -104,9 +104,6 @@ class Admission:
         """What is wrong with a topic under the configured limits (None: nothing)."""
         self.not_owner_log = LogThrottle(_NOT_OWNER_LOG_INTERVAL)
         """Paces the log lines about CONNECTs refused for another identity's session."""
-        longest = min(config.login_failure_delay_max, config.connect_timeout / 2)
-        self.failed_logins = FailedLogins(min(config.login_failure_delay, longest), longest)
-        """Failed logins by address: how long the next refusal of each waits."""
         self.busy_log = LogThrottle(LOG_INTERVAL)
         """One log line per `LOG_INTERVAL` about logins refused because too many wait: a
         flood of them must not flood the log."""
@@ -325,7 +322,7 @@ class Admission:
         self.metrics.inc("auth_failures")
         loop = asyncio.get_running_loop()
         unavailable = result is AuthResult.UNAVAILABLE
-        delay = 0.0 if unavailable else self.failed_logins.failed(source, loop.time())
+        delay = 0.0 if unavailable else self.access.failed_logins.failed(source, loop.time())
         if delay > 0:
             self.metrics.inc("login_failure_delays")
             await asyncio.sleep(delay)

@@ -30,6 +30,7 @@ from bridge.access.banlist import BanList
 from bridge.access.limits import LimitControl
 from bridge.access.login_guard import UnauthenticatedSockets
 from bridge.config import Config
+from bridge.logtext import RefusalLog
 from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import topic_limit_error
 from bridge.node.congestion import Congestion
@@ -115,6 +116,9 @@ class Node:
             config.max_unauthenticated, config.max_unauthenticated_per_address
         )
         """The sockets without a CONNACK yet, and their limits (`bridge.listeners.preauth`)."""
+        self.fault_log = RefusalLog(config.protocol_fault_log_interval)
+        """Paces the log lines about clients closed for a protocol fault, per reason code
+        (`bridge.listeners.faults`)."""
         self.deadlines = Deadlines()
         """The connections' CONNECT and keepalive deadlines, on one loop timer."""
         self._read_cached = getattr(store, "read_cached", None)

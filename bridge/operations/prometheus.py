@@ -54,6 +54,9 @@ LIMIT_COUNTERS = {
     "login_queue_per_address; CONNACK 0x89 / 3)",
     "logins_timed_out": "connections closed without a CONNACK within connect_timeout",
     "login_failure_delays": "failed logins whose refusal waited (login_failure_delay)",
+    "protocol_faults": "clients closed for a protocol fault: a malformed packet, a protocol "
+    "error, a packet over max_packet_size (logged at most once per protocol_fault_log_interval "
+    "per reason code)",
 }
 """Counters of the limits and listeners' guards, always exported (0 until one applies)."""
 

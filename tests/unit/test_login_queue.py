@@ -1,17 +1,29 @@
 """The login queue's rules: bounded overall and per address, served in turn by address
-(`FairQueue`, pure), and the asyncio glue that runs checks on a pool (`LoginQueue`); and the
-pre-authentication guards (`UnauthenticatedSockets`, `FailedLogins`)."""
+(`FairQueue`, pure), the asyncio glue that runs checks on a pool (`Lane`), the lane of its own
+for failing addresses (`LoginQueue`); and the pre-authentication guards (`UnauthenticatedSockets`,
+`FailedLogins`)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from bridge.access.login_guard import FailedLogins, UnauthenticatedSockets
-from bridge.access.login_queue import FairQueue, LoginQueue, LoginsBusy
+from bridge.access.login_queue import FairQueue, Lane, LoginQueue, LoginsBusy, lowest_cpu_priority
+
+
+def one_lane(pool: ThreadPoolExecutor, max_total: int, max_per_source: int) -> LoginQueue:
+    """A queue whose two lanes share `pool`, one worker each, and no address failing."""
+    return LoginQueue(
+        Lane(pool, 1, max_total, max_per_source),
+        Lane(pool, 1, max_total, max_per_source),
+        FailedLogins(0.0, 4.0),
+    )
 
 
 def drain(queue: FairQueue[str]) -> list[str]:
@@ -69,7 +81,7 @@ def test_a_discarded_item_is_not_taken_and_frees_its_place() -> None:
 def test_login_queue_runs_waiting_checks_in_turn_by_address_and_refuses_the_excess() -> None:
     gate = threading.Event()
     with ThreadPoolExecutor(1) as pool:
-        queue = LoginQueue(pool, workers=1, max_total=10, max_per_source=3)
+        queue = one_lane(pool, max_total=10, max_per_source=3)
         order: list[str] = []
         jobs = [("flood", f"f{n}") for n in range(5)] + [("alice", "a0")]
         pool.submit(gate.wait, 5)  # the one thread is busy until the jobs are queued
@@ -96,12 +108,12 @@ def test_login_queue_runs_waiting_checks_in_turn_by_address_and_refuses_the_exce
     assert order == ["f0", "f1", "a0", "f2", "f3"]
     assert isinstance(results[4], LoginsBusy) and "login_queue_per_address=3" in str(results[4])
     assert results[5] == "a0"
-    assert queue.running == 0 and len(queue.queue) == 0
+    assert queue.lane.running == 0 and len(queue.lane.queue) == 0
 
 
 def test_a_check_whose_client_left_before_its_turn_is_not_run() -> None:
     with ThreadPoolExecutor(1) as pool:
-        queue = LoginQueue(pool, workers=1, max_total=10, max_per_source=0)
+        queue = one_lane(pool, max_total=10, max_per_source=0)
         order: list[str] = []
 
         def check(name: str) -> str:
@@ -116,12 +128,12 @@ def test_a_check_whose_client_left_before_its_turn_is_not_run() -> None:
         results = asyncio.run(main())
     assert order == ["first"]
     assert isinstance(results[1], LoginsBusy) and "left" in str(results[1])
-    assert queue.running == 0
+    assert queue.lane.running == 0
 
 
 def test_a_cancelled_waiting_check_gives_up_its_place() -> None:
     with ThreadPoolExecutor(1) as pool:
-        queue = LoginQueue(pool, workers=1, max_total=1, max_per_source=0)
+        queue = one_lane(pool, max_total=1, max_per_source=0)
         gate = threading.Event()
 
         async def main() -> str:
@@ -129,17 +141,87 @@ def test_a_cancelled_waiting_check_gives_up_its_place() -> None:
             await asyncio.sleep(0)
             waiting = asyncio.ensure_future(queue.run("b", str, "b", wanted=None))
             await asyncio.sleep(0)
-            assert len(queue.queue) == 1
+            assert len(queue.lane.queue) == 1
             waiting.cancel()
             await asyncio.sleep(0)
-            assert len(queue.queue) == 0
+            assert len(queue.lane.queue) == 0
             later = asyncio.ensure_future(queue.run("c", str, "c", wanted=None))
             gate.set()
             await busy
             return await later
 
         assert asyncio.run(main()) == "c"
-        assert queue.running == 0
+        assert queue.lane.running == 0
+
+
+def test_a_check_of_another_address_runs_while_a_failing_address_holds_its_lane() -> None:
+    gate = threading.Event()
+    failed = FailedLogins(0.0, 4.0)
+    with ThreadPoolExecutor(1) as pool, ThreadPoolExecutor(1) as failing_pool:
+        queue = LoginQueue(Lane(pool, 1, 10, 0), Lane(failing_pool, 1, 10, 0), failed)
+
+        async def main() -> tuple[str, int]:
+            failed.failed("flood", asyncio.get_running_loop().time())
+            stuck = [
+                asyncio.ensure_future(queue.run("flood", gate.wait, 5, wanted=None))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0)
+            honest = await queue.run("alice", str, "a0", wanted=None)
+            waiting = len(queue.failing_lane.queue)  # the flood's checks still wait
+            gate.set()
+            await asyncio.gather(*stuck)
+            return honest, waiting
+
+        assert asyncio.run(main()) == ("a0", 2)
+        assert queue.lane.running == queue.failing_lane.running == 0
+
+
+def test_a_waiting_check_whose_address_failed_meanwhile_moves_to_the_failing_lane() -> None:
+    gate = threading.Event()
+    failed = FailedLogins(0.0, 4.0)
+    ran_on: list[str] = []
+
+    def check(name: str) -> str:
+        ran_on.append(threading.current_thread().name)
+        return name
+
+    with (
+        ThreadPoolExecutor(1) as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="failing") as failing_pool,
+    ):
+        queue = LoginQueue(Lane(pool, 1, 10, 0), Lane(failing_pool, 1, 10, 0), failed)
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            busy = asyncio.ensure_future(queue.run("alice", gate.wait, 5, wanted=None))
+            await asyncio.sleep(0)
+            later = asyncio.ensure_future(queue.run("flood", check, "f0", wanted=None))
+            await asyncio.sleep(0)
+            assert len(queue.lane.queue) == 1  # queued before its address failed
+            failed.failed("flood", loop.time())
+            gate.set()
+            await asyncio.gather(busy, later)
+
+        asyncio.run(main())
+    assert [name.split("_")[0] for name in ran_on] == ["failing"]
+    assert queue.failing_lane.running == queue.lane.running == 0
+    assert len(queue.lane.queue) == len(queue.failing_lane.queue) == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads have no nice value")
+def test_the_lowest_cpu_priority_is_set_on_the_calling_thread_only() -> None:
+    seen: list[int] = []
+
+    def lowered() -> None:
+        lowest_cpu_priority()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=lowered)
+    thread.start()
+    thread.join()
+    assert seen == [19]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) != 19
 
 
 def test_sockets_over_the_total_or_per_address_limit_are_refused_and_not_counted() -> None:
@@ -181,3 +263,12 @@ def test_failed_logins_are_forgotten_after_a_quiet_while() -> None:
         failed.failed("10.0.0.1", float(n))
     assert failed.failures("10.0.0.1") == 4
     assert failed.failed("10.0.0.1", 3.0 + 41.0) == 0.5
+
+
+def test_an_address_is_failing_from_its_first_failure_until_its_failures_are_forgotten() -> None:
+    failed = FailedLogins(0.0, 4.0)  # failures that do not wait are remembered all the same
+    assert not failed.failing("10.0.0.1", 0.0)
+    assert failed.failed("10.0.0.1", 1.0) == 0.0
+    assert failed.failing("10.0.0.1", 1.0) and failed.failing("10.0.0.1", 41.0)
+    assert not failed.failing("10.0.0.2", 1.0)
+    assert not failed.failing("10.0.0.1", 41.5)

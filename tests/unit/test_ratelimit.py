@@ -186,6 +186,7 @@ def test_stored_overrides_that_break_the_rules_are_skipped_and_named() -> None:
         ("max_connections", "-1"),
         ("ws_allowed_origins", "https://console.example/page"),
         ("tls_failure_log_interval", "-3"),
+        ("protocol_fault_log_interval", "nan"),
     ],
 )
 def test_the_configuration_refuses_nonsense_limits_naming_the_option(name: str, value: str) -> None:
