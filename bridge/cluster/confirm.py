@@ -16,16 +16,27 @@ goes out. The SUBSCRIBEs of one event-loop turn share one `Confirm` per link. Wi
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from bridge.cluster import wire
 
-if TYPE_CHECKING:
-    from bridge.cluster.peers import PeerLink
 
-log = logging.getLogger("bridge.cluster")
+class Link(Protocol):
+    """What confirmations use of a peer link (`bridge.cluster.peers.PeerLink`)."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the link is closed (or closing)."""
+        ...
+
+    def send(self, frame: wire.Frame) -> None:
+        """Write a frame on the link."""
+        ...
+
+    def close(self, reason: str) -> None:
+        """Close the link, logging why (its loss is then handled as any lost link's)."""
+        ...
 
 
 class _Round:
@@ -37,7 +48,7 @@ class _Round:
         self.token = token
         self.waiters: list[asyncio.Future[None]] = []
         """One future per SUBSCRIBE (so that one cancelled waiter cancels no other)."""
-        self.waiting: set[PeerLink] = set()
+        self.waiting: set[Link] = set()
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -45,7 +56,7 @@ class Confirmations:
     """The confirmations this node waits for from its peers (module docstring)."""
 
     def __init__(
-        self, links: dict[str, PeerLink], timeout: float, count: Callable[[str], None]
+        self, links: Mapping[str, Link], timeout: float, count: Callable[[str], None]
     ) -> None:
         self.links = links
         """Peer node -> its up link (the membership's own table)."""
@@ -87,7 +98,7 @@ class Confirmations:
         self._rounds[confirm.token] = confirm
         confirm.timer = asyncio.get_running_loop().call_later(self.timeout, self._expired, confirm)
 
-    def confirmed(self, link: PeerLink, token: int) -> None:
+    def confirmed(self, link: Link, token: int) -> None:
         """`link`'s peer answered `Confirmed(token)`."""
         confirm = self._rounds.get(token)
         if confirm is not None:
@@ -95,7 +106,7 @@ class Confirmations:
             if not confirm.waiting:
                 self._finish(confirm)
 
-    def link_lost(self, link: PeerLink) -> None:
+    def link_lost(self, link: Link) -> None:
         """`link` is down or replaced: its peer gets a replay on its next link, so nothing is
         waited for from it any more."""
         for confirm in list(self._rounds.values()):
