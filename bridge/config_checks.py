@@ -309,6 +309,10 @@ def validate(config: Config) -> None:
         for name in ("redis_timeout", "node_timeout", "takeover_timeout", "peer_handshake_timeout"):
             if getattr(config, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
+        if not 0 <= config.interest_confirm_timeout <= 10:
+            raise ConfigError(
+                "interest_confirm_timeout: from 0 (SUBACK without confirmation) to 10 seconds"
+            )
     if config.rocketmq_send_timeout <= 0:
         raise ConfigError("rocketmq_send_timeout: must be positive")
     _validate_rocketmq_security(config)

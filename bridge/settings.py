@@ -158,6 +158,7 @@ class Config:
     node_timeout: float = 6.0
     takeover_timeout: float = 3.0
     interest_grace: float = 5.0
+    interest_confirm_timeout: float = 0.5
 
     @property
     def has_user_source(self) -> bool:
@@ -407,6 +408,9 @@ SETTINGS: dict[str, str] = {
     "node_timeout": "seconds without a heartbeat before a node counts as dead",
     "takeover_timeout": "seconds to wait for the old node to release a ClientId taken over",
     "interest_grace": "seconds a node keeps advertising a filter after its last local subscriber",
+    "interest_confirm_timeout": "seconds a SUBACK waits for the peers to confirm a new filter; "
+    "a peer that does not is handled as a lost link (its link is closed and re-synced) and the "
+    "SUBACK goes out (0: SUBACK at once, without confirmation)",
 }
 
 ENV_PREFIX = "MQTT_BRIDGE_"

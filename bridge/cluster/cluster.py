@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from bridge.cluster import wire
 from bridge.cluster.announce import Announcer
+from bridge.cluster.confirm import Confirmations
 from bridge.cluster.interest import FRAMES as INTEREST_FRAMES
 from bridge.cluster.interest import Interest
 from bridge.cluster.peer_auth import peer_auth
@@ -77,6 +78,10 @@ class Cluster:
             self.links, registry, node, self.interest.handed_to, config.takeover_timeout
         )
         """ClientIds moving between this node and its peers (`Release`, `Released`)."""
+        self.confirmations = Confirmations(
+            self.links, config.interest_confirm_timeout, node.metrics.inc
+        )
+        """SUBSCRIBEs waiting for the peers to confirm their new interest."""
         self._server: asyncio.base_events.Server | None = None
         self._membership: asyncio.Task[None] | None = None
         self._keeper: asyncio.Task[None] | None = None
@@ -162,6 +167,7 @@ class Cluster:
         if self._server is not None:
             self._server.close()
         self.interest.stop()
+        self.confirmations.stop()
         self.announcer.stop()
 
     # -- membership ------------------------------------------------------------------------------
@@ -298,6 +304,7 @@ class Cluster:
         if old is not None and old is not link:
             old.up = False  # its loss must not unregister the new link
             old.close("replaced by a newer link")
+            self.confirmations.link_lost(old)
         self.links[link.peer_id] = link
         log.info("peer link to %s up (boot %s)", link.peer_id, link.peer_boot)
         self.stats["links_up"] += 1
@@ -316,6 +323,7 @@ class Cluster:
         await self.node.refresh_queue_ends()
 
     def link_down(self, link: PeerLink) -> None:
+        self.confirmations.link_lost(link)
         if self.links.get(link.peer_id) is link:
             del self.links[link.peer_id]
             self.interest.link_lost(link.peer_id)
@@ -330,6 +338,10 @@ class Cluster:
         peer = link.peer_id
         if isinstance(frame, INTEREST_FRAMES):
             self.interest.on_frame(peer, frame)
+        elif isinstance(frame, wire.Confirm):
+            link.send(wire.Confirmed(frame.token))  # every frame before it is applied
+        elif isinstance(frame, wire.Confirmed):
+            self.confirmations.confirmed(link, frame.token)
         elif isinstance(frame, wire.Release):
             self.node.spawn(self.releases.answer(link, frame))
         elif isinstance(frame, wire.Released):
@@ -362,9 +374,9 @@ class Cluster:
 
     # -- the node's calls for interest and messages (`Interest`) -------------------------------
 
-    def local_filter_added(self, topic_filter: str) -> None:
+    def local_filter_added(self, topic_filter: str) -> bool:
         """A session held here subscribed to `topic_filter` (`Interest.local_filter_added`)."""
-        self.interest.local_filter_added(topic_filter)
+        return self.interest.local_filter_added(topic_filter)
 
     def local_filter_removed(self, topic_filter: str) -> None:
         """A session held here left `topic_filter` (`Interest.local_filter_removed`)."""
@@ -377,6 +389,11 @@ class Cluster:
     def shared_member_removed(self, share_filter: str, client_id: str) -> None:
         """A shared membership held here ended (`Interest.shared_member_removed`)."""
         self.interest.shared_member_removed(share_filter, client_id)
+
+    def confirm_interest(self) -> asyncio.Future[None] | None:
+        """Until every peer confirmed the interest announced so far (`Confirmations.confirm`;
+        None: nothing to wait for)."""
+        return self.confirmations.confirm()
 
     def handed_to(self, peer: str, state: bytes) -> None:
         """A session went to `peer` (`Interest.handed_to`)."""

@@ -240,14 +240,17 @@ class Interest:
 
     # -- what this node advertises ---------------------------------------------------------------
 
-    def local_filter_added(self, topic_filter: str) -> None:
-        """A session held here subscribed to `topic_filter`: announced if it is the first."""
+    def local_filter_added(self, topic_filter: str) -> bool:
+        """A session held here subscribed to `topic_filter`: announced if it is the first (True:
+        the peers hear of it now; False: they know it already)."""
         self.local_counts[topic_filter] += 1
-        if self.local_counts[topic_filter] == 1:
-            if topic_filter in self._removals:
-                self._removals.discard(topic_filter)  # never withdrawn: nothing to re-announce
-            else:
-                self.membership.broadcast(wire.AddFilters((topic_filter,)))
+        if self.local_counts[topic_filter] != 1:
+            return False
+        if topic_filter in self._removals:
+            self._removals.discard(topic_filter)  # never withdrawn: nothing to re-announce
+            return False
+        self.membership.broadcast(wire.AddFilters((topic_filter,)))
+        return True
 
     def local_filter_removed(self, topic_filter: str) -> None:
         """A session held here left `topic_filter`: withdrawn after `interest_grace` if it was

@@ -7,6 +7,7 @@ and removes the peers' interest.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -81,10 +82,12 @@ class Subscriptions:
 
     # -- the tables ---------------------------------------------------------------------------
 
-    def add_subscription(self, client_id: str, topic_filter: str, qos: int) -> None:
-        """A local session subscribes (the cluster advertises a filter's first subscriber)."""
+    def add_subscription(self, client_id: str, topic_filter: str, qos: int) -> bool:
+        """A local session subscribes (the cluster advertises a filter's first subscriber);
+        True if the peers are told of new interest."""
         if self.trie.subscribe(topic_filter, client_id, qos) and self.cluster is not None:
-            self.cluster.local_filter_added(topic_filter)
+            return self.cluster.local_filter_added(topic_filter)
+        return False
 
     def remove_subscription(self, client_id: str, topic_filter: str) -> None:
         """A local session unsubscribes (the cluster withdraws a filter's last subscriber)."""
@@ -93,12 +96,15 @@ class Subscriptions:
 
     def add_shared(
         self, client_id: str, share_filter: str, parsed: tuple[str, str], qos: int
-    ) -> None:
-        """A local session joins a shared group (`parsed`: group, inner filter); peers hear."""
+    ) -> bool:
+        """A local session joins a shared group (`parsed`: group, inner filter); peers hear
+        (True: there is a cluster to tell)."""
         group, inner = parsed
         self.shared.subscribe(share_filter, group, inner, client_id, qos)
-        if self.cluster is not None:
-            self.cluster.shared_member_changed(share_filter, client_id, qos)
+        if self.cluster is None:
+            return False
+        self.cluster.shared_member_changed(share_filter, client_id, qos)
+        return True
 
     def remove_shared(self, client_id: str, share_filter: str) -> None:
         """A local session leaves a shared group; peers hear."""
@@ -128,16 +134,52 @@ class Subscriptions:
         """Register the filters at once where the store knows its queue ends itself (so a
         PUBLISH that arrives after this SUBSCRIBE, from any client, is routed by them), else as
         soon as the ends are learned; then, in the background, make them durable for a
-        persistent session, answer SUBACK and send the matching retained messages."""
+        persistent session, answer SUBACK (once the peers confirmed a new filter, the client's
+        later packets waiting until then: `bridge.cluster.confirm`) and send the matching
+        retained messages."""
         v5 = conn.level >= 5  # (No Local on a shared filter is refused by the codec: 0x82)
         if self.store.local_ends:
-            codes, retained_for = self._register_filters(
+            codes, retained_for, announced = self._register_filters(
                 session, packet, conn.username, v5, self.store.end_offset
             )
-            self.spawn(self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for))
+            confirmed = self._peers_confirm(announced)
+            if confirmed is None:
+                finish = self._finish_subscribe(
+                    conn, session, packet.packet_id, codes, retained_for
+                )
+            else:
+                conn.hold()
+                finish = self._confirmed_subscribe(
+                    conn, session, packet.packet_id, codes, retained_for, confirmed
+                )
+            self.spawn(finish)
             return
         conn.hold()
         self.spawn(self._subscribe(conn, session, packet, v5))
+
+    def _peers_confirm(self, announced: bool) -> asyncio.Future[None] | None:
+        """Until the peers confirmed the interest a SUBSCRIBE announced (None: nothing to wait
+        for: nothing new announced, no peer linked, a single node)."""
+        if not announced or self.cluster is None:
+            return None
+        return self.cluster.confirm_interest()
+
+    async def _confirmed_subscribe(
+        self,
+        conn: ClientLink,
+        session: Session,
+        packet_id: int,
+        codes: list[int],
+        retained_for: list[tuple[str, int, int]],
+        confirmed: asyncio.Future[None],
+    ) -> None:
+        """SUBACK once the peers know the new filters. The client's later packets wait
+        meanwhile, so none of their answers overtakes the SUBACK."""
+        try:
+            await confirmed
+        finally:
+            conn.release()
+        await self._finish_subscribe(conn, session, packet_id, codes, retained_for)
 
     async def _subscribe(
         self, conn: ClientLink, session: Session, packet: Subscribe, v5: bool
@@ -150,15 +192,23 @@ class Subscriptions:
                 _queue_of(sub.topic_filter, session.client_id) for sub in packet.subscriptions
             ]
             ends = await learn_ends(self.store, session, [q for q in queues if q])
-            codes, retained_for = self._register_filters(session, packet, conn.username, v5, ends)
+            codes, retained_for, announced = self._register_filters(
+                session, packet, conn.username, v5, ends
+            )
+            confirmed = self._peers_confirm(announced)
+            if confirmed is not None:
+                await confirmed  # SUBACK once the peers know the new filters
         finally:
             conn.release()
         await self._finish_subscribe(conn, session, packet.packet_id, codes, retained_for)
 
     def _register_filters(
         self, session: Session, packet: Subscribe, username: str | None, v5: bool, ends: Ends
-    ) -> tuple[list[int], list[tuple[str, int, int]]]:
+    ) -> tuple[list[int], list[tuple[str, int, int]], bool]:
+        """Each filter's SUBACK code, the filters to send retained messages for, and whether
+        the peers were told of new interest."""
         codes: list[int] = []
+        announced = False
         retained_for: list[tuple[str, int, int]] = []
         ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER)
         identifier = ids[0] if ids else 0
@@ -225,15 +275,17 @@ class Subscriptions:
                 continue
             if parsed is not None:
                 session.add_shared(topic_filter, granted)
-                self.add_shared(session.client_id, topic_filter, parsed, granted)
+                if self.add_shared(session.client_id, topic_filter, parsed, granted):
+                    announced = True
             else:
-                self.add_subscription(session.client_id, topic_filter, granted)
+                if self.add_subscription(session.client_id, topic_filter, granted):
+                    announced = True
                 session.set_subscription(topic_filter, granted)
                 # Retain Handling: 0 send retained messages, 1 only for a new subscription, 2 never.
                 if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
                     retained_for.append((topic_filter, granted, identifier))
             codes.append(granted)
-        return codes, retained_for
+        return codes, retained_for, announced
 
     def _refuse_filter(
         self, session: Session, topic_filter: str, reason: str, code: int = SUBACK_FAILURE

@@ -299,7 +299,9 @@ def test_a_session_moving_between_nodes_misses_nothing_published_on_the_node_it_
     """The node that hands a session over keeps routing to its filters until the new owner has
     announced them; a publisher on that node loses nothing while the session moves back and
     forth. The peer link is slow (0.2 s each way), as between two racks under load."""
-    a = cluster.start("a")
+    # A round trip of 0.4 s is near the default interest_confirm_timeout: give the SUBSCRIBE's
+    # confirmation room, as an operator of such a link would.
+    a = cluster.start("a", "interest_confirm_timeout=2")
     proxy = TcpProxy(cluster.peer_ports.setdefault("b", free_port()), delay=0.2).start()
     try:
         b = cluster.start("b", f"peer_advertise=127.0.0.1:{proxy.port}")

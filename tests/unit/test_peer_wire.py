@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from bridge.cluster import wire
 from bridge.cluster.wire import (
     AddFilters,
+    Confirm,
+    Confirmed,
     Deliver,
     DeliverMeta,
     Forward,
@@ -40,6 +42,15 @@ def test_hello_has_the_documented_layout() -> None:
 
 def test_a_frame_without_fields_is_its_type_byte() -> None:
     assert encode(Ping()) == b"\x00\x00\x00\x01\x10"
+
+
+def test_confirm_and_its_answer_carry_one_token() -> None:
+    token = b"\x00\x00\x00\x00\x00\x00\x01\x02"
+    assert encode(Confirm(258)) == b"\x00\x00\x00\x09\x15" + token
+    assert encode(Confirmed(258)) == b"\x00\x00\x00\x09\x16" + token
+    decoder = PeerDecoder()
+    decoder.receive_data(encode(AddFilters(("a/#",))) + encode(Confirm(2**64 - 1)))
+    assert decoder.frames() == [AddFilters(("a/#",)), Confirm(2**64 - 1)]
 
 
 def test_frames_split_anywhere_decode_the_same() -> None:
