@@ -101,6 +101,7 @@ bench: test-deps
 	$(BIN)/python tests/bench/multi_filter.py
 	$(BIN)/python tests/bench/acl_delivery.py
 	$(BIN)/python tests/bench/resume_moves.py
+	$(BIN)/python tests/bench/subscribe_latency.py
 	$(BIN)/python -m tests.bench.login_flood
 	$(BIN)/python tests/bench/spark_bench.py
 
