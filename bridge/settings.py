@@ -303,7 +303,8 @@ SETTINGS: dict[str, str] = {
     "max_subscriptions_per_client": "topic filters (shared ones included) one session may hold; "
     "a new filter beyond gets SUBACK 0x97 (3.1.1: 0x80); replacing a filter does not count",
     "max_awaiting_rel": "QoS 2 messages one client may have PUBRECed and not yet released "
-    "(PUBREL); one more gets PUBREC 0x97 (3.1.1: disconnect)",
+    "(PUBREL); one more closes a 3.1.1 connection; a v5 client is told a Receive Maximum no "
+    "larger (beyond it: DISCONNECT 0x93)",
     "max_will_bytes": "largest will payload a CONNECT may carry; larger gets CONNACK 0x97 "
     "(3.1.1: 3, server unavailable)",
     "server_reference": "MQTT 5.0: the address v5 clients are told to use instead when this "

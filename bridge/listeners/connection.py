@@ -116,8 +116,11 @@ class Connection(asyncio.Protocol):
         """Why reading the socket is paused: a set of `PAUSED_BY_*` bits (0: it is not)."""
         self.v5: Version5 | None = None
         """The MQTT 5.0 state once a v5 CONNECT is accepted (None: 3.1.1 / 3.1)."""
-        self.receive_maximum = node.config.receive_maximum
-        """QoS 1/2 messages a v5 client may have unacknowledged towards us."""
+        self.receive_maximum = min(node.config.receive_maximum, node.config.max_awaiting_rel)
+        """QoS 1/2 messages a v5 client may have unacknowledged towards us: never more than the
+        QoS 2 messages it may leave awaiting PUBREL, so a client that keeps to the Receive
+        Maximum it was told is never refused for that quota (one beyond it is disconnected with
+        0x93, as MQTT-3.3.4-9 says)."""
         self.auth: Authentication | None = None
         """The MQTT 5.0 enhanced authentication of the connection (None: none)."""
         self._keepalive_limit = 0.0

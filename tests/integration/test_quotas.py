@@ -268,28 +268,32 @@ def test_filters_past_max_subscriptions_get_0x97_in_v5_and_0x80_in_311(
 # -- QoS 2 awaiting PUBREL ---------------------------------------------------------------------
 
 
-def test_qos2_past_max_awaiting_rel_gets_pubrec_0x97_in_v5_and_a_close_in_311(
+def test_qos2_past_max_awaiting_rel_closes_311_and_v5_is_told_it_as_its_receive_maximum(
     node: tuple[BridgeProcess, AdminHttp],
 ) -> None:
+    """A v5 client that keeps to the Receive Maximum it was told is never refused for the
+    quota: the CONNACK says max_awaiting_rel, and one beyond it is the client's protocol error
+    (0x93). A 3.1.1 client has no Receive Maximum: one over the quota closes its connection."""
     bridge, api = node
     before = counter(api, "quota_refused_awaiting_rel")
-    client = v5_client(bridge.port, "quota-q5")
+    client = RawClient5(bridge.port)
+    assert client.connect("quota-q5").properties[P.RECEIVE_MAXIMUM] == 2
     for packet_id in (1, 2):
         assert ack_of(client, Publish("qq/t", b"m", 2, packet_id=packet_id)).reason_code == 0
-    assert ack_of(client, Publish("qq/t", b"m", 2, packet_id=3)).reason_code == R.QUOTA_EXCEEDED
     # A resend of one held is answered as before, never refused.
     assert ack_of(client, Publish("qq/t", b"m", 2, dup=True, packet_id=1)).reason_code == 0
     client.send(Pubrel(1))
     assert isinstance(client.recv(), Pubcomp)
     assert ack_of(client, Publish("qq/t", b"m", 2, packet_id=3)).reason_code == 0
-    client.disconnect()
+    client.send(Publish("qq/t", b"m", 2, packet_id=4))
+    client.expect_disconnect(R.RECEIVE_MAXIMUM_EXCEEDED)
     old = v311_client(bridge.port, "quota-q3")
     for packet_id in (1, 2):
         ack_of(old, Publish("qq/t", b"m", 2, packet_id=packet_id))
     old.send(Publish("qq/t", b"m", 2, packet_id=3))
     with pytest.raises(ConnectionError):
         old.recv()
-    assert counter(api, "quota_refused_awaiting_rel") == before + 2
+    assert counter(api, "quota_refused_awaiting_rel") == before + 1
     assert "max_awaiting_rel=2 QoS 2 messages await PUBREL already" in bridge.log_text()
 
 
