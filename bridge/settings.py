@@ -96,7 +96,7 @@ class Config:
     retained_max_messages_per_client: int = 10_000
     retained_max_bytes_per_client: int = 16 * MiB
     max_subscriptions_per_client: int = 1000
-    max_awaiting_rel: int = 100
+    max_awaiting_rel: int = 1000
     max_will_bytes: int = 64 * KiB
     server_reference: str = ""
     max_queued_messages: int = 10000
