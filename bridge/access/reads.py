@@ -80,6 +80,12 @@ def cleared(acl: Acl, session: Session) -> bool:
     )
 
 
+def checks_reads(acl: Acl | None, session: Session | None) -> bool:
+    """Whether a delivery to `session` must ask `may_read` (rules in force, a connected session
+    not `cleared`)."""
+    return acl is not None and session is not None and not cleared(acl, session)
+
+
 def may_read(acl: Acl, session: Session | None, username: str | None, topic: str) -> bool:
     """Whether a message on `topic` may be delivered to `session`'s client (logged in as
     `username`) under `acl`'s rules; remembers in the session what it worked out."""

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from bridge.access.acl import Acl
 from bridge.access.reads import may_read
 from bridge.listeners import outbound_acks
 from bridge.listeners.enhanced_auth import Authentication
@@ -73,7 +72,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_connecting", "_deadline", "_flush_handle", "_graceful", "_held", "_holds", "_inbound",
         "_keepalive_limit", "_last_rx", "_out", "_out_size", "_paused_writing", "_read_pauses",
-        "acl", "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder",
+        "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder",
         "detached", "keepalive", "level", "listener", "loop", "max_packet_out", "metrics",
         "msgs_in", "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer",
         "preauth", "receive_maximum", "session", "shared_encoding", "transport", "username", "v5",
@@ -84,7 +83,6 @@ class Connection(asyncio.Protocol):
     def __init__(self, node: Node) -> None:
         self.node = node
         self.metrics: Metrics = node.metrics  # per packet, not looked up on the (interpreted) node
-        self.acl: Acl = node.access.acl  # per delivery; it lasts as long as the node
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -391,7 +389,7 @@ class Connection(asyncio.Protocol):
         """Whether a message on `topic` may be delivered to this client under the ACL's rules
         on reading (`bridge.access.reads`: checked topic by topic only for a client a deny rule
         applies to or whose filters the rules no longer all grant; decisions are cached)."""
-        if may_read(self.acl, self.session, self.username, topic):
+        if may_read(self.node.access.acl, self.session, self.username, topic):
             return True
         self.node.metrics.inc("acl_filtered_deliveries")
         return False

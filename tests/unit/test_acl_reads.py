@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.access.acl import VERDICTS_KEPT, Acl, parse_rules
-from bridge.access.reads import cleared, filter_verdict, may_read, topic_verdict
+from bridge.access.reads import checks_reads, cleared, filter_verdict, may_read, topic_verdict
 from bridge.mqtt.topics import topic_matches
 from bridge.session import Session
 
@@ -183,3 +183,7 @@ def test_deliveries_are_cleared_only_once_judged_wholly_readable_under_the_rules
     assert may_read(acl, session, "alice", "alice/secret/pin")
     assert cleared(acl, session)
     assert cleared(Acl(None), session)
+    assert not checks_reads(None, session)  # no ACL
+    assert not checks_reads(acl, None)  # no session: nothing is delivered
+    acl.replace(parse_rules(["allow user:alice all alice/public/#"], "test"))
+    assert checks_reads(acl, session)
