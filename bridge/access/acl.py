@@ -14,6 +14,9 @@ Rules are lines of four words, checked top to bottom; the first rule that applie
 * action: `publish`, `subscribe` or `all`;
 * topic filter: an MQTT filter where `%c` is the ClientId and `%u` the user name.
 
+Lines `clientid user:NAME PREFIX` bind ClientIds starting with PREFIX to a user; they are
+checked at CONNECT, not against topics (`bridge.access.clientids`).
+
 With rules configured, a request no rule applies to is denied. A PUBLISH applies to a rule when
 its topic matches the rule's filter. A SUBSCRIBE applies to a rule when every topic the client's
 filter can match also matches the rule's (`sensors/#` allows `sensors/+/temp`, not the reverse).
@@ -40,6 +43,8 @@ from bridge.mqtt.topics import topic_matches
 
 PUBLISH = "publish"
 SUBSCRIBE = "subscribe"
+CLIENTID = "clientid"
+"""The action of a `clientid user:NAME PREFIX` line (`bridge.access.clientids`)."""
 DEFAULT_CACHE_TTL = 60.0
 DEFAULT_CACHE_SIZE = 100_000
 VERDICTS_KEPT = 1_000
@@ -162,6 +167,8 @@ class Rule:
 
     def text(self) -> str:
         """The rule as a line of the rules format."""
+        if self.action == CLIENTID:
+            return f"{CLIENTID} {self.who} {self.topic_filter}"
         return f"{self.decision.value} {self.who} {self.action} {self.topic_filter}"
 
 
@@ -170,6 +177,8 @@ def parse_rule(line: str, source: str = "") -> Rule | None:
     text = line.strip()
     if not text or text.startswith("#"):
         return None
+    if text.split(None, 1)[0].lower() == CLIENTID:
+        return _parse_clientid(text, source)
     words = text.split(None, 3)
     if len(words) != 4:
         raise AclError(f"{source}: expected 'allow|deny WHO ACTION FILTER', got {text!r}")
@@ -189,6 +198,22 @@ def parse_rule(line: str, source: str = "") -> Rule | None:
     if problem:
         raise AclError(f"{source}: filter {topic_filter!r}: {problem}")
     return Rule(decision, who, action, topic_filter, source)
+
+
+def _parse_clientid(text: str, source: str) -> Rule:
+    """`clientid user:NAME PREFIX`: a rule of its own kind (`bridge.access.clientids`), kept
+    as an `allow` whose action is `clientid` and whose filter is the prefix, so that it goes
+    wherever rules go (files, Redis, listings) and no topic check ever takes it for its own."""
+    words = text.split()
+    if len(words) != 3:
+        raise AclError(f"{source}: expected 'clientid user:NAME PREFIX', got {text!r}")
+    _, who, prefix = words
+    kind, colon, name = who.partition(":")
+    if not (colon and kind == "user" and name):
+        raise AclError(f"{source}: a ClientId prefix is bound to a user:NAME, not {who!r}")
+    if "\x00" in prefix:
+        raise AclError(f"{source}: ClientId prefix {prefix!r} contains NUL")
+    return Rule(Decision.ALLOW, who, CLIENTID, prefix, source)
 
 
 def _filter_problem(topic_filter: str) -> str | None:
@@ -294,7 +319,7 @@ class Acl:
             return kept
         found: list[ReadRule] = []
         for rule in self.rules or ():
-            if rule.action == PUBLISH or not rule.applies_to(client_id, username):
+            if rule.action not in ("all", SUBSCRIBE) or not rule.applies_to(client_id, username):
                 continue
             pattern = substitute(rule.topic_filter, client_id, username)
             if pattern is not None:
