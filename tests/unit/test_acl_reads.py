@@ -11,7 +11,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.access.acl import VERDICTS_KEPT, Acl, parse_rules
+from bridge.access.acl import SUBSCRIBE, VERDICTS_KEPT, Acl, Decision, Rule, parse_rules
 from bridge.access.reads import checks_reads, cleared, filter_verdict, may_read, topic_verdict
 from bridge.mqtt.topics import topic_matches
 from bridge.session import Session
@@ -187,3 +187,20 @@ def test_deliveries_are_cleared_only_once_judged_wholly_readable_under_the_rules
     assert not checks_reads(acl, None)  # no session: nothing is delivered
     acl.replace(parse_rules(["allow user:alice all alice/public/#"], "test"))
     assert checks_reads(acl, session)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), filters()), min_size=1, max_size=5),
+    st.lists(filters(), min_size=1, max_size=3),
+    st.data(),
+)
+def test_what_a_session_may_read_is_what_the_rules_decide_for_the_topic(rules, subscribed, data):
+    decisions = {True: Decision.ALLOW, False: Decision.DENY}
+    acl = Acl([Rule(decisions[allow], "all", SUBSCRIBE, f) for allow, f in rules])
+    session = Session("c", persistent=False)
+    for topic_filter in subscribed:
+        session.set_subscription(topic_filter, 1)
+    delivered = [t for t in WORLD if any(topic_matches(f, t) for f in subscribed)]
+    for topic in data.draw(st.lists(st.sampled_from(delivered), max_size=8)) if delivered else []:
+        assert may_read(acl, session, None, topic) == acl.decide(SUBSCRIBE, "c", None, topic)
