@@ -46,6 +46,10 @@ COMPILED = [
     "bridge/listeners/inbound.py",
     "bridge/listeners/outbound_acks.py",
     "bridge/listeners/connection.py",
+    # The ACL asked at every PUBLISH and delivery (issue 36).
+    "bridge/access/acl.py",
+    "bridge/access/reads.py",
+    "bridge/access/ttlcache.py",
     "bridge/operations/metrics.py",
 ]
 

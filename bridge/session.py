@@ -151,8 +151,8 @@ class Session:
     __slots__ = (
         "_inbound_qos2", "_inflight", "_options", "_qos2_sent", "_resend_below", "_shared",
         "_subscriptions", "client_id", "connected", "cursors", "disconnected_at",
-        "dropped_queue_full", "dropped_retention", "expiry", "owner", "persistent", "reads_cleared",
-        "released",
+        "dropped_queue_full", "dropped_retention", "expiry", "owner", "persistent", "read_verdicts",
+        "reads_judged", "released",
     )  # fmt: skip
 
     def __init__(
@@ -171,9 +171,12 @@ class Session:
         self.persistent = persistent
         self.owner = owner
         """The identity the session is bound to (`bridge.access.ownership`); None: unbound."""
-        self.reads_cleared = -1
-        """The ACL rules' generation under which all its filters were last found granted, so
-        its deliveries need no check (`bridge.access.reads`); -1: not yet looked at."""
+        self.reads_judged = -1
+        """The ACL rules' generation under which `read_verdicts` was worked out
+        (`bridge.access.reads`); -1: not yet, or its filters or user name changed since."""
+        self.read_verdicts: dict[str, bool] | None = None
+        """None when every topic of its filters may be read (deliveries need no check), else
+        the topics asked so far -> whether the client may read them."""
         self._subscriptions = subscriptions or None
         self._shared = shared or None
         self._options = options or None
@@ -204,6 +207,7 @@ class Session:
 
     def set_subscription(self, topic_filter: str, qos: int) -> None:
         self._subscriptions = _put(self._subscriptions, topic_filter, qos)
+        self.reads_judged = -1  # the new filter may hold topics the client may not read
 
     def drop_subscription(self, topic_filter: str) -> None:
         self._subscriptions = _without(self._subscriptions, topic_filter)
@@ -221,6 +225,7 @@ class Session:
 
     def add_shared(self, share_filter: str, qos: int) -> None:
         self._shared = _put(self._shared, share_filter, qos)
+        self.reads_judged = -1
 
     def drop_shared(self, share_filter: str) -> None:
         self._shared = _without(self._shared, share_filter)

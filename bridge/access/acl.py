@@ -14,14 +14,18 @@ Rules are lines of four words, checked top to bottom; the first rule that applie
 * action: `publish`, `subscribe` or `all`;
 * topic filter: an MQTT filter where `%c` is the ClientId and `%u` the user name.
 
+Lines `clientid user:NAME PREFIX` bind ClientIds starting with PREFIX to a user; they are
+checked at CONNECT, not against topics (`bridge.access.clientids`).
+
 With rules configured, a request no rule applies to is denied. A PUBLISH applies to a rule when
 its topic matches the rule's filter. A SUBSCRIBE applies to a rule when every topic the client's
 filter can match also matches the rule's (`sensors/#` allows `sensors/+/temp`, not the reverse).
 A `deny` rule that shares only some topics with a requested filter does not refuse it: `#` is
 granted past `deny all subscribe secret/#`, and messages on topics the client may not read are
-left out when they are delivered (`may_read`, asked only of clients some deny rule applies to),
-as Mosquitto and EMQX do. A substitution that cannot be made (no user name for `%u`; a ClientId
-or user name with `+`, `#` or NUL) makes the rule not apply to that client.
+left out when they are delivered (`bridge.access.reads`, which asks the topic only of filters
+the rules do not answer whole), as Mosquitto and EMQX do. A substitution that cannot be made
+(no user name for `%u`; a ClientId or user name with `+`, `#` or NUL) makes the rule not apply
+to that client.
 
 Pure: parsing, matching and the decision cache; `bridge.authstore` loads the rules from files and
 Redis.
@@ -39,8 +43,14 @@ from bridge.mqtt.topics import topic_matches
 
 PUBLISH = "publish"
 SUBSCRIBE = "subscribe"
+CLIENTID = "clientid"
+"""The action of a `clientid user:NAME PREFIX` line (`bridge.access.clientids`)."""
 DEFAULT_CACHE_TTL = 60.0
 DEFAULT_CACHE_SIZE = 100_000
+VERDICTS_KEPT = 1_000
+"""Topics whose answer one client keeps in front of the shared cache (its PUBLISHes, its
+deliveries: `bridge.access.reads`), then it starts afresh: bounds what a client on many topics
+makes the node hold."""
 
 
 class AclError(ValueError):
@@ -157,6 +167,8 @@ class Rule:
 
     def text(self) -> str:
         """The rule as a line of the rules format."""
+        if self.action == CLIENTID:
+            return f"{CLIENTID} {self.who} {self.topic_filter}"
         return f"{self.decision.value} {self.who} {self.action} {self.topic_filter}"
 
 
@@ -165,6 +177,8 @@ def parse_rule(line: str, source: str = "") -> Rule | None:
     text = line.strip()
     if not text or text.startswith("#"):
         return None
+    if text.split(None, 1)[0].lower() == CLIENTID:
+        return _parse_clientid(text, source)
     words = text.split(None, 3)
     if len(words) != 4:
         raise AclError(f"{source}: expected 'allow|deny WHO ACTION FILTER', got {text!r}")
@@ -184,6 +198,22 @@ def parse_rule(line: str, source: str = "") -> Rule | None:
     if problem:
         raise AclError(f"{source}: filter {topic_filter!r}: {problem}")
     return Rule(decision, who, action, topic_filter, source)
+
+
+def _parse_clientid(text: str, source: str) -> Rule:
+    """`clientid user:NAME PREFIX`: a rule of its own kind (`bridge.access.clientids`), kept
+    as an `allow` whose action is `clientid` and whose filter is the prefix, so that it goes
+    wherever rules go (files, Redis, listings) and no topic check ever takes it for its own."""
+    words = text.split()
+    if len(words) != 3:
+        raise AclError(f"{source}: expected 'clientid user:NAME PREFIX', got {text!r}")
+    _, who, prefix = words
+    kind, colon, name = who.partition(":")
+    if not (colon and kind == "user" and name):
+        raise AclError(f"{source}: a ClientId prefix is bound to a user:NAME, not {who!r}")
+    if "\x00" in prefix:
+        raise AclError(f"{source}: ClientId prefix {prefix!r} contains NUL")
+    return Rule(Decision.ALLOW, who, CLIENTID, prefix, source)
 
 
 def _filter_problem(topic_filter: str) -> str | None:
@@ -206,6 +236,11 @@ def parse_rules(lines: Iterable[str], origin: str) -> list[Rule]:
         if rule is not None:
             rules.append(rule)
     return rules
+
+
+ReadRule = tuple[str, bool]
+"""A rule on subscribing as it stands for one client: its filter (`%c`/`%u` filled in) and
+whether it allows."""
 
 
 class Acl:
@@ -233,6 +268,7 @@ class Acl:
         self._cache: TTLCache[tuple[str, str | None, str, str], bool] = TTLCache(
             cache_ttl, cache_size, clock
         )
+        self._read_rules: dict[tuple[str, str | None], list[ReadRule]] = {}
         self.cache_hits = 0
         self.cache_misses = 0
         self.generation = 0
@@ -249,6 +285,7 @@ class Acl:
         self.rules = rules
         self.generation += 1
         self._cache.clear()
+        self._read_rules.clear()
 
     def allows(self, action: str, client_id: str, username: str | None, topic: str) -> bool:
         """Whether `client_id` (logged in as `username`) may `action` (PUBLISH: a topic name;
@@ -272,27 +309,25 @@ class Acl:
             return not may_see_client_events(topic_filter)
         return self.allows(SUBSCRIBE, client_id, username, topic_filter)
 
-    def filters_reads(self, client_id: str, username: str | None) -> bool:
-        """Whether some deny rule on subscribing applies to this client, so what it receives
-        must be checked topic by topic (`may_read`). Cached like every decision."""
-        if self.rules is None:
-            return False
-        key = (client_id, username, "filters-reads", "")
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = any(
-                rule.decision is Decision.DENY
-                and rule.action in ("all", SUBSCRIBE)
-                and rule.applies_to(client_id, username)
-                for rule in self.rules
-            )
-            self._cache.put(key, cached)
-        return cached
-
-    def may_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        """Whether a message on topic name `topic` may be delivered to this client under the
-        rules on subscribing (a topic name is the narrowest filter)."""
-        return self.allows(SUBSCRIBE, client_id, username, topic)
+    def read_rules(self, client_id: str, username: str | None) -> list[ReadRule]:
+        """The rules on subscribing that apply to this client, in order, each as its filter
+        with `%c`/`%u` filled in and whether it allows: what decides which topics the client
+        may read (`bridge.access.reads`). Kept per client until the rules change."""
+        key = (client_id, username)
+        kept = self._read_rules.get(key)
+        if kept is not None:
+            return kept
+        found: list[ReadRule] = []
+        for rule in self.rules or ():
+            if rule.action not in ("all", SUBSCRIBE) or not rule.applies_to(client_id, username):
+                continue
+            pattern = substitute(rule.topic_filter, client_id, username)
+            if pattern is not None:
+                found.append((pattern, rule.decision is Decision.ALLOW))
+        if len(self._read_rules) >= self._cache.size:
+            self._read_rules.clear()
+        self._read_rules[key] = found
+        return found
 
     def decide(self, action: str, client_id: str, username: str | None, topic: str) -> bool:
         """The decision without the cache: the first rule that applies, else deny."""

@@ -42,6 +42,7 @@ from bridge.access.auth import (
     parse_hash,
     parse_redis_scram_value,
 )
+from bridge.access.clientids import ClientIdPrefixes
 from bridge.access.login_guard import FailedLogins
 from bridge.access.login_queue import Lane, LoginQueue, lowest_cpu_priority
 from bridge.access.scram import DEFAULT_ITERATIONS, ScramCredential, ScramServer
@@ -129,6 +130,11 @@ class AccessControl:
             cache_ttl=config.acl_cache_ttl,
             private_client_events=self.authenticating,
         )
+        self.client_ids = ClientIdPrefixes(self.acl.rules or ())
+        """The ClientId prefixes the rules bind to users (`bridge.access.clientids`)."""
+        self.rules_changed: Callable[[], None] | None = None
+        """Called once new rules are in force (set by the node: it disconnects the clients
+        whose ClientId they refuse)."""
         # Password hashes are slow on purpose and release the GIL: a small pool bounds their CPU,
         # and the queue in front of it bounds the checks that wait, fairly across addresses.
         # Addresses whose logins failed lately get a lane of their own, on a thread the OS runs
@@ -222,11 +228,25 @@ class AccessControl:
         if self.config.acl_file:
             try:
                 self._file_rules = load_acl_file(self.config.acl_file)
-                self.acl.replace(self._combined_rules())
+                self._put_in_force()
                 log.info("ACL file %s: %d rules", self.config.acl_file, len(self._file_rules))
             except AclError as exc:
                 errors.append(f"ACL file not reloaded, the previous rules stay: {exc}")
         return errors
+
+    def _put_in_force(self) -> None:
+        """The file's and Redis's rules, combined, become the ACL in force."""
+        rules = self._combined_rules()
+        self.acl.replace(rules)
+        self.client_ids = ClientIdPrefixes(rules or ())
+        if self.rules_changed is not None:
+            self.rules_changed()
+
+    def clientid_refusal(self, client_id: str, username: str | None) -> str | None:
+        """Why the rules refuse `client_id` to a client logged in as `username` (a ClientId
+        prefix bound to another user, or one it is bound to that the ClientId is not under);
+        None if they do not."""
+        return self.client_ids.refusal(client_id, username)
 
     async def _load_redis_rules(self) -> None:
         if not self.config.acl_redis:
@@ -239,7 +259,7 @@ class AccessControl:
             log.error("ACL rules in Redis not applied, the previous rules stay: %s", exc)
             return
         self._redis_rules = rules
-        self.acl.replace(self._combined_rules())
+        self._put_in_force()
         log.info("ACL rules from Redis: %d", len(rules))
 
     async def changed(self) -> None:

@@ -182,6 +182,8 @@ class Authentication:
             conn.node.metrics.inc("auth_failures")
             conn.close(f"re-authentication failed: {failed}", reason_code=ReasonCode.NOT_AUTHORIZED)
             return
+        if username != conn.username and conn.session is not None:
+            conn.session.reads_judged = -1  # what it may read is judged anew for this name
         conn.username = username
         self.final = final
         conn.send(auth_packet(ReasonCode.SUCCESS, self.method, final))

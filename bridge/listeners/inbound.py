@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from bridge.access.acl import PUBLISH
+from bridge.access.acl import PUBLISH, VERDICTS_KEPT
 from bridge.listeners.faults import close_for_fault
 from bridge.listeners.v5 import ProtocolFault, Version5
 from bridge.logtext import client_text
@@ -43,7 +43,8 @@ class Inbound:
     """The inbound message flow of one connection."""
 
     __slots__ = (
-        "_ack_gate", "_denied_topics", "_paused_reading", "acl", "config", "conn",
+        "_ack_gate", "_denied_topics", "_paused_reading", "_published", "_published_as",
+        "_published_under", "acl", "config", "conn",
         "max_pending", "max_topic_length", "max_topic_levels", "pending", "publisher",
         "unreleased",
     )  # fmt: skip
@@ -68,6 +69,11 @@ class Inbound:
         self._paused_reading = False
         self._ack_gate: _AckGate | None = None
         self._denied_topics: set[str] | None = None
+        self._published: dict[str, bool] | None = None
+        """Topic -> whether the ACL lets this client publish to it, under the rules'
+        generation `_published_under` and the user name `_published_as`."""
+        self._published_under = -1
+        self._published_as: str | None = None
 
     # -- PUBLISH ---------------------------------------------------------------------------------
 
@@ -116,8 +122,7 @@ class Inbound:
                     "$SYS topics are the broker's",
                 )
                 return False
-        acl = self.acl
-        if acl.rules is not None and not acl.allows(PUBLISH, conn.client_id, conn.username, topic):
+        if self.acl.rules is not None and not self._may_publish(topic):
             self._refuse(
                 packet, ReasonCode.NOT_AUTHORIZED, "acl_denied_publish", "denied by the ACL"
             )
@@ -154,6 +159,27 @@ class Inbound:
         publish_again(
             self.publisher, session, packet, lambda error: self._acknowledge(error, 2, packet_id)
         )
+
+    def _may_publish(self, topic: str) -> bool:
+        """Whether the ACL lets this client publish to `topic`: each topic's answer is kept for
+        the connection until the rules (or its user name, re-authenticated) change, so a
+        PUBLISH costs one dictionary lookup."""
+        acl = self.acl
+        conn = self.conn
+        username = conn.username
+        kept = self._published
+        generation = acl.generation
+        if kept is None or self._published_under != generation or self._published_as != username:
+            kept = self._published = {}
+            self._published_under = generation
+            self._published_as = username
+        verdict = kept.get(topic)
+        if verdict is None:
+            verdict = acl.allows(PUBLISH, conn.client_id, username, topic)
+            if len(kept) >= VERDICTS_KEPT:
+                kept.clear()
+            kept[topic] = verdict
+        return verdict
 
     def _check_v5_properties(self, v5: Version5, packet: Publish) -> bool:
         """Resolve the PUBLISH's Topic Alias and check its payload against its Payload Format

@@ -263,6 +263,11 @@ class Admission:
                 )
                 return False, None, client_id
             client_id = username
+        refused = self.access.clientid_refusal(client_id, username)
+        if refused is not None:
+            self.metrics.inc("connections_refused_clientid_prefix")
+            self.refuse(conn, ReasonCode.NOT_AUTHORIZED, refused, level, client_id)
+            return False, None, client_id
         ban = None
         if username != packet.username or client_id != packet.client_id:
             # a certificate's or enhanced authentication's user, or a ClientId set here

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from bridge.access.reads import checks_reads
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Pubrel
 from bridge.node.outbound import stored_copy
@@ -336,7 +337,7 @@ class Delivery:
             self.metrics.inc("dropped_expired")
             return False  # its Message Expiry Interval passed while it waited (MQTT-3.3.2-5)
         acl = self.acl
-        if acl is not None and acl.rules is not None and not self.conn.may_read(message.topic):
+        if checks_reads(acl, session) and not self.conn.may_read(message.topic):
             return False
         kind = queue_kind(logical)
         if kind == FILTER:

@@ -240,7 +240,7 @@ class SessionLifecycle:
             client_id, packet.clean_session, persistent, handed_over, level >= 5, identity
         )
         session.expiry = expiry
-        session.reads_cleared = -1  # its filters are judged anew for this login's user name
+        session.reads_judged = -1  # its filters are judged anew for this login's user name
         self.sessions[client_id] = session
         session.connected = True
         conn.session = session

@@ -30,7 +30,7 @@ from bridge.access.banlist import BanList
 from bridge.access.limits import LimitControl
 from bridge.access.login_guard import UnauthenticatedSockets
 from bridge.config import Config
-from bridge.logtext import RefusalLog
+from bridge.logtext import RefusalLog, client_text
 from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import topic_limit_error
 from bridge.node.congestion import Congestion
@@ -74,6 +74,8 @@ if TYPE_CHECKING:
 __all__ = ["Node", "Unsettled"]
 
 log = logging.getLogger("bridge.node")
+_SWEEP_LOG_LINES = 10
+"""Clients named in the log when a change of rules disconnects them; the rest are counted."""
 
 
 class Node:
@@ -111,6 +113,7 @@ class Node:
         self.limits = LimitControl(config)
         """The connection and rate limits in force (the configured ones, or the admin API's)."""
         self.limits.changed = self._limits_changed
+        self.access.rules_changed = self._rules_changed
         self.connection_count = 0
         self.unauthenticated = UnauthenticatedSockets(
             config.max_unauthenticated, config.max_unauthenticated_per_address
@@ -244,6 +247,33 @@ class Node:
         CONNECT)."""
         for conn in self.connections.values():
             conn.limit_publishes(limits.client_publish_rate, limits.client_publish_bytes_rate)
+
+    def _rules_changed(self) -> None:
+        """New ACL rules: a connected client whose ClientId they refuse (`clientid` lines) is
+        disconnected, 0x87 Not authorized (3.1.1: the connection closed), as a revoked
+        subscription stops delivering. Its will is published; a persistent session stays."""
+        refusal = self.access.clientid_refusal
+        refused = [
+            (conn, reason)
+            for conn in self.connections.values()
+            if (reason := refusal(conn.client_id, conn.username)) is not None
+        ]
+        for shown, (conn, reason) in enumerate(refused):
+            if shown < _SWEEP_LOG_LINES:
+                log.warning(
+                    "client %s from %s disconnected: %s",
+                    client_text(conn.client_id),
+                    conn.peer,
+                    reason,
+                )
+            self.metrics.inc("clients_disconnected_clientid_prefix")
+            conn.close(reason, reason_code=ReasonCode.NOT_AUTHORIZED)
+            self.lifecycle.disconnected(conn, graceful=False)
+        if len(refused) > _SWEEP_LOG_LINES:
+            log.warning(
+                "%d clients disconnected in all: the new ACL rules refuse their ClientIds",
+                len(refused),
+            )
 
     # -- start-up and shutdown ------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
+from bridge.access.reads import checks_reads
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import DelayedTopic
 from bridge.mqtt.packets import Publish
@@ -164,10 +165,10 @@ class Publisher:
         connections = self.connections
         sent = 0
         acl = self.acl
-        check_reads = acl is not None and acl.rules is not None
         for client_id in client_ids:
             conn = connections[client_id]
-            if check_reads and not conn.may_read(message.topic):
+            session = conn.session
+            if checks_reads(acl, session) and not conn.may_read(message.topic):
                 continue
             shared = conn.shared_encoding
             if shared == 4:
@@ -175,7 +176,6 @@ class Publisher:
                     data = codec.encode_publish(message.topic, payload, 0)
                 sent += conn.send_droppable(data, size, publisher)
                 continue
-            session = conn.session
             options = session is not None and session.options
             if shared == 5 and not options:
                 if data5 is None:

@@ -9,12 +9,13 @@ and nothing when no rule applies". One bridge, started three ways in one invocat
   devices/uNNN/#` for other users, then `allow anonymous all bench/#`, the one rule that grants
   the benchmark's clients (anonymous clients stay allowed, `allow_anonymous true`: the loadgen
   sends no user name). Last in the file, so every uncached decision reads all 1,000 rules. No
-  deny rule applies: each delivery is the one integer comparison of `bridge/access/reads.py`;
+  deny rule applies: every filter is answered whole, deliveries ask nothing;
 - `acl-reload`: started like `acl`, then, before the warm-up, the ACL file is rewritten with a
   deny rule in place of one of the 999 (`deny all subscribe bench/+/private`: it applies to every
   client and shares no topic with the benchmark's) and the bridge gets a SIGHUP. The rules'
-  generation changes, and since a deny rule now applies to the clients, every delivery takes
-  the topic-by-topic path (`Acl.may_read`, a cached decision per client and topic).
+  generation changes, so each session's filters are judged anew under rules with a deny rule
+  that applies to its client (`bridge/access/reads.py`: it shares no topic with the filter, so
+  the filter is answered whole and its deliveries go unchecked).
 
 Per way and round: a fresh bridge (own temp dir and port), an unreported QoS 1 warm-up, then
 the load: loadgen QoS 1 1 -> 1, 100-byte payloads, 20 in flight (libmosquitto's default),
