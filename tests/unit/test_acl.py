@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import re
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from bridge.access.acl import (
     PUBLISH,
@@ -21,6 +19,7 @@ from bridge.access.acl import (
     substitute,
 )
 from bridge.mqtt.topics import topic_matches
+from tests.support.topic_world import WORLD, filters
 
 RULES = """
 # decision who action filter
@@ -177,23 +176,6 @@ def test_rule_text_round_trips():
 
 
 # -- coverage and overlap against brute force over a finite universe of topics --------------
-
-LEVELS = ["a", "b", "$x", ""]
-WORLD = [
-    "/".join(parts)
-    for depth in range(1, 5)
-    for parts in itertools.product([*LEVELS, "z"], repeat=depth)
-]
-
-level = st.sampled_from(LEVELS)
-
-
-@st.composite
-def filters(draw):
-    parts = draw(st.lists(st.one_of(level, st.just("+")), min_size=1, max_size=3))
-    if draw(st.booleans()):
-        parts.append("#")
-    return "/".join(parts)
 
 
 @settings(max_examples=300, deadline=None)

@@ -6,8 +6,6 @@ the session's filters or its user name change."""
 
 from __future__ import annotations
 
-import itertools
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +13,7 @@ from bridge.access.acl import SUBSCRIBE, VERDICTS_KEPT, Acl, Decision, Rule, par
 from bridge.access.reads import checks_reads, cleared, filter_verdict, may_read, topic_verdict
 from bridge.mqtt.topics import topic_matches
 from bridge.session import Session
+from tests.support.topic_world import WORLD, filters
 
 
 def acl_of(text: str) -> Acl:
@@ -124,23 +123,6 @@ def test_percent_substitutions_are_judged_per_client() -> None:
 
 
 # -- one answer per filter against brute force over a finite universe of topics -------------
-
-LEVELS = ["a", "b", "$x", ""]
-WORLD = [
-    "/".join(parts)
-    for depth in range(1, 5)
-    for parts in itertools.product([*LEVELS, "z"], repeat=depth)
-]
-
-level = st.sampled_from(LEVELS)
-
-
-@st.composite
-def filters(draw: st.DrawFn) -> str:
-    parts = draw(st.lists(st.one_of(level, st.just("+")), min_size=1, max_size=3))
-    if draw(st.booleans()):
-        parts.append("#")
-    return "/".join(parts)
 
 
 rule_lists = st.lists(st.tuples(filters(), st.booleans()), max_size=5)
