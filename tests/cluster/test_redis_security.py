@@ -11,7 +11,6 @@ Servers are shared within the module: each costs a start.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import subprocess
@@ -29,7 +28,7 @@ from tests.support.certs import TLSFiles, make_tls_files
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
 from tests.support.processes import REPO, BridgeProcess, free_port
-from tests.support.redis import LocalRedis, LocalSentinelRedis, RedisAuth
+from tests.support.redis import LocalRedis, LocalSentinelRedis, RedisAuth, run_and_collect
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(240)]
@@ -296,14 +295,14 @@ async def _open_registry(access: RedisAccess) -> bool:
 def test_the_registry_reaches_a_master_through_sentinels_that_have_their_own_password(
     sentinel_group: LocalSentinelRedis,
 ) -> None:
-    assert asyncio.run(_open_registry(_sentinel_access(sentinel_group)))
+    assert run_and_collect(_open_registry(_sentinel_access(sentinel_group)))
     for changes, message in (
         ({"sentinel_password": "wrong"}, "redis_sentinel_password: the Sentinels refused"),
         ({"sentinel_password": ""}, "redis_sentinel_password: the Sentinels require a password"),
         ({"password": "wrong"}, "redis_password: Redis refused the credentials"),
     ):
         with pytest.raises(RedisSetupError, match=message) as refused:
-            asyncio.run(_open_registry(_sentinel_access(sentinel_group, **changes)))
+            run_and_collect(_open_registry(_sentinel_access(sentinel_group, **changes)))
         assert sentinel_group.auth.password not in str(refused.value)
 
 

@@ -14,7 +14,7 @@ from bridge.cluster.redis_access import RedisAccess
 from bridge.cluster.registry import RedisRegistry, redis_client
 from bridge.state import KIND_OFFSETS, KIND_ONLINE, KIND_RETAINED, KIND_SESSION
 from bridge.storage.base import MetaUpdate, SessionBound, StaleOwner
-from tests.support.redis import LocalRedis
+from tests.support.redis import LocalRedis, run_and_collect
 
 
 def run(
@@ -40,7 +40,7 @@ def run(
             for registry in made:
                 await registry.close()
 
-    asyncio.run(main())
+    run_and_collect(main())
 
 
 def test_a_claim_fences_the_previous_owner_whose_later_writes_are_refused(
