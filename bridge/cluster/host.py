@@ -51,6 +51,11 @@ class ClusterHost(Protocol):
         """(share filter, ClientId, QoS) of every shared membership of a session held here."""
         ...
 
+    def queue_ends_known(self, queues: list[str]) -> dict[str, int]:
+        """The ends this node's store knows of the parts of `queues` (parts it knows nothing of
+        left out)."""
+        ...
+
     # -- sessions moving between nodes --------------------------------------------------------
 
     def adopt_session(self, client_id: str, claim: Claim) -> object:

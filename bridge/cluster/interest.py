@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bridge.cluster import wire
 from bridge.cluster.takeover import HandedInterest, handed_filters
 from bridge.mqtt.topics import parse_shared
-from bridge.router.queues import ANY_PEER, peer_subscriber
+from bridge.router.queues import ANY_PEER, filter_queue, peer_subscriber
 
 if TYPE_CHECKING:
     from bridge.cluster.announce import Announcer
@@ -95,6 +95,9 @@ class Interest:
         self.handed = HandedInterest(self.add_filters, self.remove_filters, config)
         self.synced: set[str] = set()
         """Peers whose interest replay ended on their current link."""
+        self.added = 0
+        """Counts the times peers' filters were added: a message whose route was planned
+        before a change may have readers on peers that its plan does not name."""
 
     def stop(self) -> None:
         """The node leaves: withdrawals still waiting for `interest_grace` are not sent."""
@@ -113,7 +116,9 @@ class Interest:
         elif isinstance(frame, wire.Deliver | wire.DeliverMeta):
             node.deliver_to(frame.client_id, wire.message_of(frame))
         elif isinstance(frame, wire.AddFilters):
-            self.add_filters(peer, frame.filters)
+            new = self.add_filters(peer, frame.filters)
+            if new and peer not in self._replay_filters:
+                self._tell_ends(peer, new)
         elif isinstance(frame, wire.RemoveFilters):
             self.remove_filters(peer, frame.filters)
         elif isinstance(frame, wire.SharedMember):
@@ -146,12 +151,14 @@ class Interest:
 
     # -- what peers subscribe to -----------------------------------------------------------------
 
-    def add_filters(self, peer: str, filters: tuple[str, ...]) -> None:
-        """`peer` has subscribers for `filters` (announced, replayed or handed to it)."""
+    def add_filters(self, peer: str, filters: tuple[str, ...]) -> list[str]:
+        """`peer` has subscribers for `filters` (announced, replayed or handed to it); returns
+        those that were new."""
         known = self.peer_filters.setdefault(peer, set())
         replay = self._replay_filters.get(peer)
         handed = self.handed.pending.get(peer)
         subscriber = peer_subscriber(peer)
+        new: list[str] = []
         for topic_filter in filters:
             if replay is not None:
                 replay.add(topic_filter)
@@ -160,6 +167,21 @@ class Interest:
             if topic_filter not in known:
                 known.add(topic_filter)
                 self.node.trie.subscribe(topic_filter, subscriber, 0)
+                new.append(topic_filter)
+        if new:
+            self.added += 1
+        return new
+
+    def _tell_ends(self, peer: str, filters: list[str]) -> None:
+        """A live SUBSCRIBE on `peer` announced `filters`: tell it where their queues end as
+        this node knows them. The subscriber started reading where the store said the queue
+        ended when the SUBSCRIBE came; a message this node stored after that, and before it
+        knew of the new reader, was announced to nobody on `peer`, so without this it would
+        wait there for the next message on the queue. Sent before the `Confirmed` that
+        answers the announcement (the link is ordered), so it arrives before the SUBACK."""
+        ends = self.node.queue_ends_known([filter_queue(f) for f in filters])
+        if ends:
+            self.grew(peer, ends)
 
     def remove_filters(self, peer: str, filters: tuple[str, ...] | set[str]) -> None:
         """`peer` has no subscribers for `filters` any more."""

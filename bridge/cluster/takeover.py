@@ -112,7 +112,7 @@ class HandedInterest:
 
     def __init__(
         self,
-        add: Callable[[str, tuple[str, ...]], None],
+        add: Callable[[str, tuple[str, ...]], object],
         remove: Callable[[str, set[str]], None],
         config: Config,
     ) -> None:

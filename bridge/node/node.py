@@ -404,6 +404,13 @@ class Node:
             for share_filter, qos in session.shared.items()
         ]
 
+    def queue_ends_known(self, queues: list[str]) -> dict[str, int]:
+        """The ends this node's store knows of the parts of `queues` (its own stores counted),
+        leaving out the parts it knows nothing of."""
+        store = self.store
+        ends = {part: store.end_offset(part) for queue in queues for part in store.parts(queue)}
+        return {part: end for part, end in ends.items() if end > 0}
+
     # -- acting on clients -------------------------------------------------------------------------
 
     def kick(self, client_id: str, reason: str) -> bool:

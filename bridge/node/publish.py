@@ -27,7 +27,7 @@ from bridge.node.roles import DurableCallback, Spawner
 from bridge.node.stamp import Stamper
 from bridge.node.wakes import Wakes
 from bridge.operations.metrics import LatencyHistogram, Metrics
-from bridge.router.plan import ConnectionTable, DirectRoutes, RoutePlan, plan_route
+from bridge.router.plan import ConnectionTable, DirectRoutes, RoutePlan, plan_route, readers_of
 from bridge.router.queues import peer_subscriber
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
@@ -122,6 +122,18 @@ class Publisher:
             return client_id
         peer = self.cluster.node_of(client_id)
         return peer_subscriber(peer) if peer else client_id
+
+    def readers_now(self, queues: list[str], planned: list[str]) -> list[str]:
+        """The readers of `queues` now, `planned` first. A peer that announced a new filter
+        while a message was being stored reads it from the queue the plan named already, but
+        the plan's readers do not name that peer, and its subscriber would otherwise wait for
+        the next message on the queue."""
+        found = list(planned)
+        for queue in queues:
+            for reader in readers_of(queue, self.trie, self.reader_of):
+                if reader not in found:
+                    found.append(reader)
+        return found
 
     def plan(self, message: Message) -> RoutePlan:
         """Where `message` goes (advances the round-robin of matching shared groups). On a node
@@ -373,7 +385,8 @@ class Publisher:
         self._send_now(message, plan)
         readers, store = plan.readers, self.store
         early = bool(readers) and message.qos < 2 and self.early_reads
-        durable = _Durable(self, message, plan.queues, readers, early, on_durable, started)
+        added = self.cluster.interest.added if self.cluster is not None else 0
+        durable = _Durable(self, message, plan.queues, readers, early, on_durable, started, added)
         store.submit(message, plan.queues, meta=meta, callback=durable, early=early)
         if early:
             if store.read_early:  # read while its commit runs (bridge.node.early_reads)
@@ -458,6 +471,7 @@ class _Durable:
         early: bool,
         on_durable: DurableCallback,
         started: float,
+        added: int,
     ) -> None:
         self.publisher = publisher
         self.message = message
@@ -466,6 +480,8 @@ class _Durable:
         self.early = early
         self.on_durable = on_durable
         self.started = started
+        self.added = added
+        """The cluster's count of peers' filters added when the route was planned."""
 
     def __call__(self, seq: int | None, error: BaseException | None) -> None:
         if error is None:
@@ -474,6 +490,9 @@ class _Durable:
             if message.retain:
                 publisher.retained.apply(message)
             readers = self.readers
+            cluster = publisher.cluster
+            if cluster is not None and cluster.interest.added != self.added:
+                readers = publisher.readers_now(self.queues, readers)
             if readers:
                 publisher.wakes.wake_readers(readers, self.queues, local=not self.early)
                 # Before the publisher is acknowledged: a lagging reader holds that ack.

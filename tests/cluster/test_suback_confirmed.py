@@ -19,6 +19,7 @@ from bridge.mqtt.packets import Puback, Publish, Suback, Subscribe, Subscription
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
 from tests.support.processes import free_port
+from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
@@ -58,6 +59,66 @@ def test_a_publish_on_another_node_right_after_the_suback_reaches_the_new_subscr
         for client in (sub, pub):
             if client is not None:
                 client.close()
+        proxy.stop()
+
+
+def test_a_message_another_node_stores_while_the_new_filter_travels_there_reaches_the_subscriber(
+    cluster: ClusterLauncher, rocketmq: LocalRocketMQ | ExternalRocketMQ
+) -> None:
+    """Client `reader` on b already reads topic T, so b stores what is published on T. `sub`
+    subscribes to T on a: a reads where T's queue ends, then announces the filter over a link
+    that takes 0.3 s. A message b stores meanwhile is after `sub`'s start, but b announces it
+    to the readers it knows, not to a. Twice: stored before the filter reached b (b tells a
+    the queue's end when the filter arrives), and still being stored when it arrives (the
+    broker frozen meanwhile: once stored it is announced to the readers the queue has then)."""
+    broker = rocketmq.pid("broker") if isinstance(rocketmq, LocalRocketMQ) else None
+    if broker is None:
+        pytest.skip("freezes the broker: needs the RocketMQ this test session started")
+    a = cluster.start("a", "interest_confirm_timeout=3")
+    proxy = TcpProxy(cluster.peer_ports.setdefault("b", free_port()), delay=0.3).start()
+    clients: list[RawClient] = []
+    frozen = False
+    try:
+        b = cluster.start(
+            "b", f"peer_advertise=127.0.0.1:{proxy.port}", "interest_confirm_timeout=3"
+        )
+        cluster.wait_linked()
+        reader, pub, sub = (RawClient(n.port, timeout=10) for n in (b, b, a))
+        clients += [reader, pub, sub]
+        run = uuid.uuid4().hex[:8]
+        for client, name in ((reader, "reader"), (pub, "pub"), (sub, "sub")):
+            assert client.connect(f"travel-{name}-{run}").return_code == 0
+        for i, in_flight in enumerate((False, True), start=1):
+            topic = f"travel/{run}/{i}"
+            assert reader.subscribe(topic, 1, packet_id=i) == [1]
+            sub.send(Subscribe(i, [Subscription(topic, 1)]))
+            time.sleep(0.1)  # a has read the queue's end; its filter reaches b at 0.3 s
+            if in_flight:
+                os.kill(broker, signal.SIGSTOP)
+                frozen = True
+                pub.send(Publish(topic, b"in flight", 1, False, packet_id=i))
+                time.sleep(0.5)  # the filter reaches b while the message waits on the broker
+                os.kill(broker, signal.SIGCONT)
+                frozen = False
+                ack = pub.recv()
+                assert isinstance(ack, Puback) and ack.packet_id == i, ack
+            else:
+                pub.publish(topic, b"stored", qos=1, packet_id=i)
+            got = reader.recv()
+            assert isinstance(got, Publish), got
+            reader.send(Puback(got.packet_id or 0))
+            suback = sub.recv()
+            assert isinstance(suback, Suback) and list(suback.return_codes) == [1], suback
+            got = sub.recv(5)
+            assert isinstance(got, Publish) and got.topic == topic, got
+            sub.send(Puback(got.packet_id or 0))
+        # Not by the re-read of every queue end that follows a lost link:
+        assert a.log_text().count("peer link to b up") == 1, a.log_text()
+    finally:
+        if frozen:
+            os.kill(broker, signal.SIGCONT)
+        for client in clients:
+            client.close()
         proxy.stop()
 
 
