@@ -12,14 +12,17 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from bridge.mqtt.packets import Puback, Publish, Suback, Subscribe, Subscription
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
-from tests.support.processes import free_port
-from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
+from tests.support.processes import BridgeProcess, free_port
+from tests.support.redis import LocalRedis
+from tests.support.rocketmq import LocalRocketMQ
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
@@ -63,22 +66,27 @@ def test_a_publish_on_another_node_right_after_the_suback_reaches_the_new_subscr
 
 
 def test_a_message_another_node_stores_while_the_new_filter_travels_there_reaches_the_subscriber(
-    cluster: ClusterLauncher, rocketmq: LocalRocketMQ | ExternalRocketMQ
+    bridge_factory: Callable[..., BridgeProcess], redis_server: LocalRedis, tmp_path: Path
 ) -> None:
     """Client `reader` on b already reads topic T, so b stores what is published on T. `sub`
     subscribes to T on a: a reads where T's queue ends, then announces the filter over a link
     that takes 0.3 s. A message b stores meanwhile is after `sub`'s start, but b announces it
     to the readers it knows, not to a. Twice: stored before the filter reached b (b tells a
     the queue's end when the filter arrives), and still being stored when it arrives (the
-    broker frozen meanwhile: once stored it is announced to the readers the queue has then)."""
-    broker = rocketmq.pid("broker") if isinstance(rocketmq, LocalRocketMQ) else None
-    if broker is None:
-        pytest.skip("freezes the broker: needs the RocketMQ this test session started")
-    a = cluster.start("a", "interest_confirm_timeout=3")
-    proxy = TcpProxy(cluster.peer_ports.setdefault("b", free_port()), delay=0.3).start()
+    broker frozen meanwhile: once stored it is announced to the readers the queue has then).
+    The broker it freezes is its own, not the one other tests share."""
+    mq = LocalRocketMQ(tmp_path / "rocketmq").start()
+    cluster = ClusterLauncher(
+        bridge_factory, mq.namesrv_addr, tuple(redis_server.bridge_settings())
+    )
+    proxy: TcpProxy | None = None
     clients: list[RawClient] = []
+    broker = mq.pid("broker")
     frozen = False
     try:
+        assert broker is not None
+        a = cluster.start("a", "interest_confirm_timeout=3")
+        proxy = TcpProxy(cluster.peer_ports.setdefault("b", free_port()), delay=0.3).start()
         b = cluster.start(
             "b", f"peer_advertise=127.0.0.1:{proxy.port}", "interest_confirm_timeout=3"
         )
@@ -115,11 +123,14 @@ def test_a_message_another_node_stores_while_the_new_filter_travels_there_reache
         # Not by the re-read of every queue end that follows a lost link:
         assert a.log_text().count("peer link to b up") == 1, a.log_text()
     finally:
-        if frozen:
+        if frozen and broker is not None:
             os.kill(broker, signal.SIGCONT)
         for client in clients:
             client.close()
-        proxy.stop()
+        if proxy is not None:
+            proxy.stop()
+        cluster.stop_all()
+        mq.stop(graceful=False)
 
 
 def test_a_peer_that_does_not_confirm_delays_the_suback_only_until_its_link_is_dropped(
