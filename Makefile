@@ -9,7 +9,7 @@ COMPILE_STAMP := $(VENV)/.compiled-stamp
 COMPILED_SRC := $(shell sed -n 's/^    "\(bridge\/.*\.py\)",$$/\1/p' setup.py)
 LISTEN ?= 127.0.0.1:1883
 DATA   ?= ./data
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=5
 N      ?= 3
 DEMO_ARGS ?=
 
