@@ -26,6 +26,7 @@ from tests.support.clients import PahoClient, RawClient, paho_client
 from tests.support.mqtt5 import paho5, sub_options
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]
 
@@ -474,13 +475,6 @@ class AckCountingPublisher(threading.Thread):
                 self.acked.append(number)
         except (ConnectionError, OSError) as exc:  # the bridge died: expected
             self.error = exc
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_kill_9_restart_still_delivers_every_acknowledged_queued_message_to_offline_subscriber(
