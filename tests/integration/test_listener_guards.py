@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.integration.admin_http import TOKEN, AdminHttp
 from tests.integration.test_listeners import TIMEOUT, Certs, connected, start_with_every_listener
 from tests.integration.test_listeners import certs as certs  # the fixture
+from tests.support.admin_http import TOKEN, AdminHttp
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
