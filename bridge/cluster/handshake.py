@@ -3,8 +3,8 @@
 PURE: no sockets, no event loop, no clock. `Handshake.receive_data(bytes)` buffers what arrived,
 `next_event()` returns `PeerAuthenticated` once the peer has proved itself (None: need more
 data), `data_to_send()` returns the bytes to write. Every rule is unit-tested with byte literals
-(tests/unit/test_peer_handshake.py). The asyncio glue (deadline, admission against the registry,
-logging) is `bridge.cluster.peers`.
+(tests/unit/cluster/test_peer_handshake.py). The asyncio glue (deadline, admission against the
+registry, logging) is `bridge.cluster.peers`.
 
 The exchange, with a shared secret::
 

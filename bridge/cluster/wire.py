@@ -2,7 +2,8 @@
 
 PURE: no sockets, no event loop. `PeerDecoder.receive_data(bytes)` buffers what arrived and
 `next_frame()` returns the next complete frame (or None: need more data); `encode(frame)` returns
-the bytes to write. Every rule is unit-tested with byte literals (tests/unit/test_peer_wire.py).
+the bytes to write. Every rule is unit-tested with byte literals
+(tests/unit/cluster/test_peer_wire.py).
 
 A frame on the wire is::
 

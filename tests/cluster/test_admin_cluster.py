@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bridge.mqtt.packets import Will
-from tests.integration.admin_http import start_cluster_admin_node
+from tests.support.admin_http import start_cluster_admin_node
 from tests.support.clients import RawClient, paho_client
 from tests.support.cluster import ClusterLauncher, wait_for_route
 

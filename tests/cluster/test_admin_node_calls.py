@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import redis
 
-from tests.integration.admin_http import (
+from tests.support.admin_http import (
     TOKEN,
     AdminHttp,
     node_call_headers,

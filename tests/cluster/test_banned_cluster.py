@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.mqtt.reasons import ReasonCode
-from tests.integration.admin_http import start_cluster_admin_node
+from tests.support.admin_http import start_cluster_admin_node
 from tests.support.cluster import ClusterLauncher
 from tests.support.mqtt5 import connect_5, paho5
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.admin_http import node_call_headers, start_cluster_admin_node
+from tests.support.admin_http import node_call_headers, start_cluster_admin_node
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
 

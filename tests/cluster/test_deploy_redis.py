@@ -24,8 +24,9 @@ import redis
 from redis.sentinel import Sentinel
 
 from tests.support.haproxy import LocalHAProxy
-from tests.support.redis import SCRIPTS, LocalRedis, LocalSentinelRedis, wait_until
+from tests.support.redis import SCRIPTS, LocalRedis, LocalSentinelRedis
 from tests.support.rocketmq import free_port_block
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,8 +39,8 @@ def _port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _replicates(server: LocalRedis, master: LocalRedis) -> bool | None:
-    """Whether server is an in-sync replica of master (None, not False, for wait_until)."""
+def _replicates(server: LocalRedis, master: LocalRedis) -> bool:
+    """Whether server is an in-sync replica of master."""
     with server.client() as client:
         info = client.info("replication")
     synced = (
@@ -47,7 +48,7 @@ def _replicates(server: LocalRedis, master: LocalRedis) -> bool | None:
         and info["master_port"] == master.port
         and info["master_link_status"] == "up"
     )
-    return synced or None
+    return synced
 
 
 # -- Redis ------------------------------------------------------------------------------------
@@ -139,11 +140,11 @@ def test_a_process_counts_as_running_while_a_thread_holds_its_files_after_its_ma
         try:
             assert proc.stdout is not None
             port = int(proc.stdout.readline())
-            wait_until(lambda: main_thread_state(proc.pid).startswith("Z") or None, 10, "a zombie")
+            wait_until(lambda: main_thread_state(proc.pid).startswith("Z"), 10, "a zombie")
             assert _port_open(port)
             assert alive(proc.pid)
             proc.kill()
-            wait_until(lambda: not alive(proc.pid) or None, 10, "every thread gone")
+            wait_until(lambda: not alive(proc.pid), 10, "every thread gone")
             assert not _port_open(port)
         finally:
             proc.kill()
@@ -213,7 +214,12 @@ def test_sentinels_fail_over_on_their_own_when_the_master_is_killed(tmp_path: Pa
         # The crashed server comes back as a replica of the new master (start.sh --replicaof).
         first.replicaof = replica.addr
         first.restart()
-        wait_until(lambda: _replicates(first, replica), 15, "restarted server replicating")
+        wait_until(
+            lambda: _replicates(first, replica),
+            15,
+            "restarted server replicating",
+            retrying=(redis.RedisError,),
+        )
 
 
 # -- HAProxy ----------------------------------------------------------------------------------

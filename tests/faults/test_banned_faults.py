@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bridge.mqtt.reasons import ReasonCode
-from tests.integration.admin_http import AdminHttp, start_cluster_admin_node
+from tests.support.admin_http import AdminHttp, start_cluster_admin_node
 from tests.support.cluster import ClusterLauncher
 from tests.support.mqtt5 import connect_5, paho5
 from tests.support.processes import BridgeProcess

@@ -23,10 +23,11 @@ from tests.support.certs import make_tls_files
 from tests.support.clients import RawClient, paho_client
 from tests.support.cluster import ClusterLauncher, wait_for_route
 from tests.support.haproxy import LocalHAProxy
-from tests.support.load import Qos1Publisher, Qos1Subscriber, poll_until, wait_until
+from tests.support.load import Qos1Publisher, Qos1Subscriber
 from tests.support.processes import BridgeProcess
 from tests.support.redis import LocalRedis, LocalSentinelRedis, RedisAuth, connect
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
+from tests.support.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.rocketmq, pytest.mark.timeout(300)]
 

@@ -16,7 +16,7 @@ import pytest
 
 from bridge.mqtt.packets import Connack, Connect
 from bridge.mqtt.reasons import ReasonCode as R
-from tests.integration.admin_http import AdminHttp, start_cluster_admin_node
+from tests.support.admin_http import AdminHttp, start_cluster_admin_node
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
 from tests.support.mqtt5 import paho5

@@ -26,12 +26,11 @@ from tests.support.load import (
     Qos1Subscriber,
     ReconnectingClient,
     finish,
-    poll_until,
-    wait_until,
 )
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
-from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq import LocalRocketMQ, own_rocketmq, rocketmq_nodes
+from tests.support.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.rocketmq, pytest.mark.timeout(300)]
 
@@ -47,28 +46,16 @@ QUIET = 2.0
 @pytest.fixture
 def mq(tmp_path: Path) -> Iterator[LocalRocketMQ]:
     """This test's own NameServer + broker; always stopped (SIGKILL) at the end."""
-    rocketmq = LocalRocketMQ(tmp_path / "rocketmq")
-    rocketmq.start()
-    try:
+    with own_rocketmq(tmp_path / "rocketmq") as rocketmq:
         yield rocketmq
-    finally:
-        rocketmq.stop(graceful=False)
 
 
 @pytest.fixture
 def start_bridge(
     mq: LocalRocketMQ, bridge_factory: Callable[..., BridgeProcess]
-) -> Callable[[], BridgeProcess]:
+) -> Callable[..., BridgeProcess]:
     """Start a store=rocketmq node on `mq` (bridge_factory kills it before `mq` stops)."""
-
-    def start() -> BridgeProcess:
-        return bridge_factory(
-            "store=rocketmq",
-            f"rocketmq_namesrv={mq.namesrv_addr}",
-            f"rocketmq_send_timeout={SEND_TIMEOUT:g}",
-        )
-
-    return start
+    return rocketmq_nodes(bridge_factory, mq, f"rocketmq_send_timeout={SEND_TIMEOUT:g}")
 
 
 def assert_exactly_once(delivered: Counter[str], expected: set[str]) -> None:

@@ -26,12 +26,11 @@ from tests.support.load import (
     Qos1Subscriber,
     Qos2Publisher,
     finish,
-    poll_until,
-    wait_until,
 )
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
 from tests.support.rocketmq import LocalRocketMQ
+from tests.support.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.rocketmq, pytest.mark.timeout(420)]
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.integration.admin_http import MAX_PACKET, TOKEN, AdminHttp, start_admin_node
+from tests.support.admin_http import MAX_PACKET, TOKEN, AdminHttp, start_admin_node
 from tests.support.processes import BridgeProcess
 
 

@@ -1,6 +1,7 @@
 """The node the console tests run against (test_console_browser.py, test_admin_console.py): the
 admin API with the fixed token, a password file with one user (anonymous clients allowed too)
-and an ACL file, so every page of the console has something to show."""
+and an ACL file, so every page of the console has something to show. A module that imports the
+`admin_node` fixture from here runs its tests on that node."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from bridge.access.auth import hash_password
 from bridge.mqtt.packets import Connect
-from tests.integration.admin_http import TOKEN, AdminHttp, start_admin_node
+from tests.support.admin_http import TOKEN, AdminHttp, start_admin_node
 from tests.support.clients import RawClient
 from tests.support.processes import BridgeProcess
 
@@ -41,6 +44,15 @@ def start_console_node(
         "allow_anonymous=true",
         f"acl_file={acl}",
     )
+
+
+@pytest.fixture
+def admin_node(
+    bridge_factory: Callable[..., BridgeProcess], tmp_path: Path
+) -> tuple[BridgeProcess, AdminHttp]:
+    """The console's node in place of conftest.py's admin node, for the modules that import
+    this fixture: their `api` and `mqtt_port` (conftest.py) are this node's."""
+    return start_console_node(bridge_factory, tmp_path / "access")
 
 
 def connect_as_user(port: int, client_id: str, *, clean_session: bool = True) -> RawClient:

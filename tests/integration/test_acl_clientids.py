@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
-from tests.integration.admin_http import TOKEN, AdminHttp, start_admin_node
+from tests.support.admin_http import TOKEN, AdminHttp, start_admin_node
 from tests.support.identities import (
     ACL,
     access_settings,

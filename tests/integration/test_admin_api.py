@@ -5,8 +5,8 @@ routes and methods, the OpenAPI document against the application's routes and re
 (in process, where the drain can be held open).
 
 The endpoint groups are in test_admin_clients.py (/nodes, /connections/count, /clients) and
-test_admin_messages.py (/subscriptions, /retained, /publish); the client and the fixtures in
-admin_http.py and conftest.py."""
+test_admin_messages.py (/subscriptions, /retained, /publish); the client in
+tests/support/admin_http.py, the fixtures in conftest.py."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import pytest
 from bridge.config import Config, load_config
 from bridge.listeners.server import Server
 from bridge.operations.admin import API_PREFIX, ROUTES, AdminAPI
-from tests.integration.admin_http import TOKEN, AdminHttp, node_call_headers, start_admin_node
+from tests.support.admin_http import TOKEN, AdminHttp, node_call_headers, start_admin_node
 from tests.support.clients import RawClient
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
 

@@ -13,7 +13,7 @@ from urllib.parse import quote, urlencode
 import pytest
 
 from bridge.mqtt.packets import Connack, Connect, Publish, Will
-from tests.integration.admin_http import AdminHttp
+from tests.support.admin_http import AdminHttp
 from tests.support.clients import RawClient, paho_client
 
 pytestmark = pytest.mark.integration

@@ -7,36 +7,17 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridge.operations.admin import ROUTES
-from tests.integration.admin_http import AdminHttp
-from tests.integration.console_node import ACL_RULES, USER, connect_as_user, start_console_node
+from tests.integration.console_node import ACL_RULES, USER, connect_as_user
+from tests.integration.console_node import admin_node as admin_node  # the fixture
+from tests.support.admin_http import AdminHttp
 from tests.support.clients import RawClient
-from tests.support.processes import BridgeProcess
 
 pytestmark = [pytest.mark.integration]
-
-
-@pytest.fixture
-def node(
-    bridge_factory: Callable[..., BridgeProcess], tmp_path: Path
-) -> tuple[BridgeProcess, AdminHttp]:
-    return start_console_node(bridge_factory, tmp_path / "access")
-
-
-@pytest.fixture
-def api(node: tuple[BridgeProcess, AdminHttp]) -> AdminHttp:
-    return node[1]
-
-
-@pytest.fixture
-def mqtt_port(node: tuple[BridgeProcess, AdminHttp]) -> int:
-    return node[0].port
 
 
 def raw_get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:

@@ -25,7 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.config import Config
 from bridge.operations.admin import API_PREFIX, AdminAPI
-from tests.integration.admin_http import TOKEN, AdminHttp, start_admin_node
+from tests.support.admin_http import TOKEN, AdminHttp, start_admin_node
 from tests.support.processes import BridgeProcess
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.integration.admin_http import MAX_PACKET, AdminHttp
+from tests.support.admin_http import MAX_PACKET, AdminHttp
 from tests.support.clients import RawClient, paho_client
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,8 @@ import pytest
 
 from bridge.mqtt.packets import Puback, Publish
 from tests.support.clients import RawClient
-from tests.support.load import Qos1Publisher, wait_until
+from tests.support.load import Qos1Publisher
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 
 from bridge.mqtt.packets import Connect
 from bridge.mqtt.reasons import ReasonCode
-from tests.integration.admin_http import TOKEN, AdminHttp, start_admin_node
+from tests.support.admin_http import TOKEN, AdminHttp, start_admin_node
 from tests.support.clients import RawClient, paho_client
 from tests.support.mqtt5 import connect_5, paho5
 from tests.support.processes import BridgeProcess, free_port, wait_for_port

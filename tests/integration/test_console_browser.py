@@ -8,8 +8,7 @@ holds the ones docs/operations.md shows)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
@@ -19,11 +18,11 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 
 from bridge.mqtt.packets import Publish
-from tests.integration.admin_http import TOKEN, AdminHttp
-from tests.integration.console_node import ACL_RULES, USER, connect_as_user, start_console_node
+from tests.integration.console_node import ACL_RULES, USER, connect_as_user
+from tests.integration.console_node import admin_node as admin_node  # the fixture
+from tests.support.admin_http import TOKEN, AdminHttp
 from tests.support.browser import Console, headless_chromium
 from tests.support.clients import RawClient
-from tests.support.processes import BridgeProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -34,23 +33,6 @@ PAGE_FIGURES = ("connections", "sessions", "subscriptions", "retained")
 def chromium() -> Iterator[webdriver.Chrome]:
     with headless_chromium() as driver:
         yield driver
-
-
-@pytest.fixture
-def node(
-    bridge_factory: Callable[..., BridgeProcess], tmp_path: Path
-) -> tuple[BridgeProcess, AdminHttp]:
-    return start_console_node(bridge_factory, tmp_path / "access")
-
-
-@pytest.fixture
-def api(node: tuple[BridgeProcess, AdminHttp]) -> AdminHttp:
-    return node[1]
-
-
-@pytest.fixture
-def mqtt_port(node: tuple[BridgeProcess, AdminHttp]) -> int:
-    return node[0].port
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel, Will
 from bridge.mqtt.reasons import ReasonCode
-from tests.integration.admin_http import AdminHttp
+from tests.support.admin_http import AdminHttp
 from tests.support.clients import RawClient
 from tests.support.mqtt5 import RawClient5, publish_bytes
 from tests.support.processes import BridgeProcess

@@ -3,7 +3,7 @@ for the commit, QoS 2 waits for it entirely, and a failed write after such an ea
 skips nor loses the messages that come next.
 
 Runs the node in-process on a real FileLogStore (its disk writes watched or made to fail), with
-the connections' transports replaced by recorders (tests/integration/test_store_failure.py).
+the connections' transports replaced by recorders (tests/support/transport.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from bridge.mqtt.packets import Puback, Publish, Pubrec, Subscribe, Subscription
 from bridge.node import Node
 from bridge.storage import FileLogStore
 from bridge.storage.filelog import store as filelog_store
-from tests.integration.test_store_failure import RecordingTransport, open_connection
+from tests.support.transport import RecordingTransport, open_connection
 
 
 class EventTransport(RecordingTransport):

@@ -23,7 +23,7 @@ import pytest
 
 from bridge.mqtt.packets import Connack, Connect
 from bridge.mqtt.reasons import ReasonCode as R
-from tests.integration.admin_http import TOKEN, AdminHttp
+from tests.support.admin_http import TOKEN, AdminHttp
 from tests.support.clients import RawClient, paho_client
 from tests.support.mqtt5 import RawClient5, paho5
 from tests.support.processes import REPO, BridgeProcess, free_port, wait_for_port

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.integration.admin_http import TOKEN, AdminHttp
-from tests.integration.test_listeners import TIMEOUT, Certs, connected, start_bridge
+from tests.integration.test_listeners import TIMEOUT, Certs, connected, start_with_every_listener
 from tests.integration.test_listeners import certs as certs  # the fixture
+from tests.support.admin_http import TOKEN, AdminHttp
 from tests.support.processes import BridgeProcess, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
@@ -82,14 +82,14 @@ def test_failed_tls_handshakes_are_counted_and_logged_once_per_interval_with_the
     bridge_factory: Callable[..., BridgeProcess], certs: Certs
 ) -> None:
     factory = admin(bridge_factory, "tls_failure_log_interval=3")
-    listeners = start_bridge(factory, certs)
+    listeners = start_with_every_listener(factory, certs)
     api: AdminHttp = factory.api  # type: ignore[attr-defined]
     node = listeners.node
     plain_bytes_to(listeners.ports["tls"])
     distrustful_client_to(listeners.ports["tls"])
     plain_bytes_to(listeners.ports["wss"])
     wait_metric(api, "tls_handshake_failures_total", 3)
-    # start_bridge's probes of the two ports opened and closed: not failures.
+    # start_with_every_listener's probes of the two ports opened and closed: not failures.
     assert metric(api, "tls_handshakes_abandoned_total") == 2
     lines = [line for line in node.log_text().splitlines() if FAILED in line]
     assert len(lines) == 1, lines  # the first; the two after it within 3 s are only counted
@@ -111,7 +111,7 @@ def test_a_tls_client_that_never_finishes_its_handshake_is_dropped_and_counted(
     bridge_factory: Callable[..., BridgeProcess], certs: Certs
 ) -> None:
     factory = admin(bridge_factory, "connect_timeout=1")
-    listeners = start_bridge(factory, certs)
+    listeners = start_with_every_listener(factory, certs)
     api: AdminHttp = factory.api  # type: ignore[attr-defined]
     with socket.create_connection(("127.0.0.1", listeners.ports["tls"]), timeout=TIMEOUT) as sock:
         sock.settimeout(TIMEOUT)
@@ -153,7 +153,7 @@ def test_websocket_upgrades_from_other_origins_get_403_and_a_log_line(
     bridge_factory: Callable[..., BridgeProcess], certs: Certs
 ) -> None:
     factory = admin(bridge_factory, "ws_allowed_origins=https://console.example")
-    listeners = start_bridge(factory, certs)
+    listeners = start_with_every_listener(factory, certs)
     api: AdminHttp = factory.api  # type: ignore[attr-defined]
     port = listeners.ports["ws"]
     host = f"127.0.0.1:{port}"

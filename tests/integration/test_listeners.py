@@ -173,7 +173,9 @@ class Listeners:
     ports: dict[str, int]
 
 
-def start_bridge(factory: Callable[..., BridgeProcess], certs: Certs, *settings: str) -> Listeners:
+def start_with_every_listener(
+    factory: Callable[..., BridgeProcess], certs: Certs, *settings: str
+) -> Listeners:
     """A bridge listening for MQTT over TCP, TLS, WebSocket and secure WebSocket."""
     tcp, tls, ws, wss = free_ports(4)
     ports = {"tls": tls, "ws": ws, "wss": wss}
@@ -313,7 +315,7 @@ def tls_connect(
 
 @pytest.mark.parametrize("kind", ["tls", "ws", "wss"])
 def test_publish_subscribe_round_trip_at_qos_0_1_2(bridge_factory, certs, kind):
-    listeners = start_bridge(bridge_factory, certs)
+    listeners = start_with_every_listener(bridge_factory, certs)
     with (
         connected(listeners, kind, certs) as subscriber,
         connected(listeners, kind, certs) as publisher,
@@ -327,7 +329,7 @@ def test_publish_subscribe_round_trip_at_qos_0_1_2(bridge_factory, certs, kind):
 
 
 def test_messages_cross_between_tcp_tls_ws_and_wss_clients(bridge_factory, certs):
-    listeners = start_bridge(bridge_factory, certs)
+    listeners = start_with_every_listener(bridge_factory, certs)
     kinds = ["tcp", "tls", "ws", "wss"]
     subscribers = [Client(listeners, kind, certs) for kind in kinds]
     try:
@@ -347,7 +349,7 @@ def test_messages_cross_between_tcp_tls_ws_and_wss_clients(bridge_factory, certs
 def test_persistent_session_resumed_over_another_transport_gets_what_queued_offline(
     bridge_factory, certs
 ):
-    listeners = start_bridge(bridge_factory, certs)
+    listeners = start_with_every_listener(bridge_factory, certs)
     with connected(listeners, "wss", certs, client_id="roamer", clean_session=False) as roamer:
         roamer.subscribe("fleet/roamer/#", 1)
     with connected(listeners, "tcp", certs) as publisher:
@@ -366,7 +368,7 @@ def test_persistent_session_resumed_over_another_transport_gets_what_queued_offl
 def test_required_client_certificate_refuses_none_and_a_foreign_ca_and_accepts_ours(
     bridge_factory, certs
 ):
-    listeners = start_bridge(bridge_factory, certs, "tls_client_cert=required")
+    listeners = start_with_every_listener(bridge_factory, certs, "tls_client_cert=required")
     tls_port = listeners.ports["tls"]
     for refused in (None, (certs.rogue, certs.rogue_key)):
         with pytest.raises((ssl.SSLError, ConnectionError)):
@@ -381,7 +383,7 @@ def test_certificate_cn_is_the_user_name_and_a_tls_client_without_one_gets_conna
     bridge_factory, certs
 ):
     # Needs the node to authenticate `Connection.cert_cn` when tls_cn_as_username is set.
-    listeners = start_bridge(
+    listeners = start_with_every_listener(
         bridge_factory,
         certs,
         "tls_client_cert=optional",
@@ -398,7 +400,7 @@ def test_certificate_cn_is_the_user_name_and_a_tls_client_without_one_gets_conna
 def test_a_certificate_identity_owns_its_connection_and_another_certificate_is_refused(
     bridge_factory, certs
 ):
-    listeners = start_bridge(
+    listeners = start_with_every_listener(
         bridge_factory,
         certs,
         "tls_client_cert=optional",
@@ -470,7 +472,7 @@ def test_client_certificates_without_a_tls_listener_exit_2(tmp_path, certs):
 
 
 def test_websocket_request_on_another_path_gets_404(bridge_factory, certs):
-    listeners = start_bridge(bridge_factory, certs)
+    listeners = start_with_every_listener(bridge_factory, certs)
     request = (
         "GET /not-mqtt HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
         "Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"

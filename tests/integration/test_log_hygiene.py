@@ -13,8 +13,8 @@ import pytest
 from bridge.access.passwd import hash_password
 from bridge.mqtt.packets import Connect, Disconnect
 from bridge.mqtt.properties import PropertyId
-from tests.integration.admin_http import AdminHttp
 from tests.integration.test_listener_guards import admin, wait_metric
+from tests.support.admin_http import AdminHttp
 from tests.support.clients import RawClient
 from tests.support.mqtt5 import RawClient5
 from tests.support.processes import BridgeProcess

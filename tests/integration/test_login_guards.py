@@ -17,8 +17,8 @@ from bridge.access.auth import hash_password
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Auth, Connack, Connect, Publish, Suback, Subscribe, Subscription
 from bridge.mqtt.properties import PropertyId as P
-from tests.integration.admin_http import AdminHttp
 from tests.integration.test_listener_guards import admin, metric, wait_metric
+from tests.support.admin_http import AdminHttp
 from tests.support.clients import RawClient
 from tests.support.mqtt5 import RawClient5
 from tests.support.processes import BridgeProcess, require_loopback_alias

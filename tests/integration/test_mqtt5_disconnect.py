@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from bridge.mqtt.reasons import ReasonCode
-from tests.integration.admin_http import TOKEN, start_admin_node
+from tests.support.admin_http import TOKEN, start_admin_node
 from tests.support.clients import RawClient
 from tests.support.mqtt5 import paho5, sub_options
 from tests.support.processes import BridgeProcess

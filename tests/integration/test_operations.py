@@ -16,13 +16,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.mqtt.packets import Connect, Puback, Publish
+from tests.support.admin_http import TOKEN
 from tests.support.clients import RawClient, paho_client
 from tests.support.processes import BridgeProcess, free_port
 from tests.support.redis import LocalRedis
 
 pytestmark = pytest.mark.integration
-
-TOKEN = "test-token-0123456789"
 
 
 def scrape(admin_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel, Subscription, Will
 from bridge.mqtt.properties import PropertyId as P
 from bridge.mqtt.reasons import ReasonCode as R
-from tests.integration.admin_http import TOKEN, AdminHttp
+from tests.support.admin_http import TOKEN, AdminHttp
 from tests.support.clients import RawClient
 from tests.support.mqtt5 import RawClient5
 from tests.support.processes import BridgeProcess, free_port, wait_for_port

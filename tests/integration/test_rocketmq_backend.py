@@ -26,6 +26,8 @@ from tests.support.clients import PahoClient, RawClient, paho_client
 from tests.support.mqtt5 import paho5, sub_options
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
+from tests.support.rocketmq import rocketmq_nodes
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]
 
@@ -45,15 +47,7 @@ def start_bridge(
 ) -> Callable[..., BridgeProcess]:
     """Start a store=rocketmq node with a light-queue namespace of its own test."""
     namespace = unique("ns")
-
-    def start(*settings: str) -> BridgeProcess:
-        return bridge_factory(
-            "store=rocketmq",
-            f"rocketmq_namesrv={rocketmq.namesrv_addr}",
-            f"rocketmq_namespace={namespace}",
-            *settings,
-        )
-
+    start = rocketmq_nodes(bridge_factory, rocketmq, f"rocketmq_namespace={namespace}")
     start.namespace = namespace  # type: ignore[attr-defined]
     return start
 
@@ -474,13 +468,6 @@ class AckCountingPublisher(threading.Thread):
                 self.acked.append(number)
         except (ConnectionError, OSError) as exc:  # the bridge died: expected
             self.error = exc
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_kill_9_restart_still_delivers_every_acknowledged_queued_message_to_offline_subscriber(

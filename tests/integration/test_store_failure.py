@@ -2,7 +2,7 @@
 store failed is stored when the client resends it (not merely acknowledged as a duplicate).
 
 Runs the node in-process on a real FileLogStore whose disk writes are made to fail (ENOSPC),
-with the connection's transport replaced by a recorder."""
+with the connection's transport replaced by a recorder (tests/support/transport.py)."""
 
 from __future__ import annotations
 
@@ -15,63 +15,12 @@ import pytest
 import uvloop
 
 from bridge.config import Config
-from bridge.listeners.connection import Connection
 from bridge.mqtt import codec
-from bridge.mqtt.codec import Decoder
-from bridge.mqtt.packets import Connect, Publish, Pubrec, Subscribe, Subscription
+from bridge.mqtt.packets import Publish, Pubrec, Subscribe, Subscription
 from bridge.node import Node
 from bridge.storage import FileLogStore
 from bridge.storage.filelog import store as filelog_store
-
-
-class RecordingTransport:
-    """Collects what the node writes; closing is recorded, as a socket close would be."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def get_extra_info(self, name: str) -> Any:
-        return ("127.0.0.1", 1) if name == "peername" else None
-
-    def set_write_buffer_limits(self, high: int) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-    def packets(self) -> list[Any]:
-        decoder = Decoder()
-        decoder.feed(bytes(self.data))
-        return decoder.packets()
-
-
-async def open_connection(
-    node: Node, client_id: str, transport: RecordingTransport | None = None
-) -> tuple[Connection, RecordingTransport]:
-    """A persistent-session client on `transport` (a new recorder by default), CONNACK read."""
-    conn = Connection(node)
-    if transport is None:
-        transport = RecordingTransport()
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    conn.data_received(codec.encode(Connect(client_id, clean_session=False)))
-    for _ in range(50):
-        await asyncio.sleep(0.01)
-        if transport.packets():
-            break
-    return conn, transport
+from tests.support.transport import open_connection
 
 
 def test_failed_store_sends_no_pubrec_and_a_resend_is_stored(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq import LocalRocketMQ, own_rocketmq
 
 # No skip when java is missing: `make test` installs a JRE, and a machine without one must fail
 # here with the reason (LocalRocketMQ.start raises), never pass by skipping.
@@ -26,14 +26,10 @@ TOPIC = "deploy_test"
 
 @pytest.fixture(scope="module")
 def mq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
-    node = LocalRocketMQ(tmp_path_factory.mktemp("rocketmq"))
     began = time.monotonic()
-    node.start()
-    node.start_seconds = time.monotonic() - began  # type: ignore[attr-defined]
-    try:
+    with own_rocketmq(tmp_path_factory.mktemp("rocketmq")) as node:
+        node.start_seconds = time.monotonic() - began  # type: ignore[attr-defined]
         yield node
-    finally:
-        node.stop(graceful=False)
 
 
 def _port_open(port: int) -> bool:

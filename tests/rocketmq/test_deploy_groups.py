@@ -16,7 +16,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -24,7 +23,7 @@ import pytest
 from bridge.storage.rocketmq.messages import decode_messages
 from bridge.storage.rocketmq.remoting import RocketMQClient, SendStatus
 from bridge.storage.rocketmq.wire import PullSysFlag, RequestCode, ResponseCode
-from tests.support.rocketmq import LocalRocketMQ, broker_role
+from tests.support.rocketmq import LocalRocketMQ, broker_role, own_rocketmq
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(400)]
 
@@ -34,12 +33,8 @@ PERM_WRITE = 2
 
 @pytest.fixture(scope="module")
 def mq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
-    node = LocalRocketMQ(Path(tmp_path_factory.mktemp("rocketmq-groups")), groups=2, slaves=1)
-    node.start()
-    try:
+    with own_rocketmq(tmp_path_factory.mktemp("rocketmq-groups"), groups=2, slaves=1) as node:
         yield node
-    finally:
-        node.stop(graceful=False)
 
 
 def _name(prefix: str) -> str:

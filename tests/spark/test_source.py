@@ -23,9 +23,9 @@ from tests.spark.conftest import (
     run_available_now,
     unique,
 )
-from tests.support.load import wait_until
 from tests.support.processes import BridgeProcess
 from tests.support.rocketmq import LocalRocketMQ
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]
 

@@ -7,26 +7,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from tests.support.clients import RawClient
 
 RECONNECT_PAUSE = 0.2
-
-
-def poll_until(check: Callable[[], bool], timeout: float) -> bool:
-    """Whether `check` became true within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    assert poll_until(check, timeout), f"timed out after {timeout} s waiting for {what}"
 
 
 def finish(stop: threading.Event, clients: Sequence[ReconnectingClient]) -> None:

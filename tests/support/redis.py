@@ -29,7 +29,7 @@ import subprocess
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Self, TypeVar
 from urllib.parse import quote
@@ -41,6 +41,7 @@ from redis.retry import Retry
 from tests.support.redis_auth import NO_AUTH, RedisAuth
 from tests.support.rocketmq import free_port_block
 from tests.support.scripts import DEPLOY, log_tail, recorded_pid, run_script
+from tests.support.waiting import wait_until
 
 SCRIPTS = DEPLOY / "redis"
 # Time a start script may take beyond its own start-up timeout: installing the Debian packages
@@ -63,24 +64,6 @@ def connect(addr: str, **kwargs: Any) -> redis.Redis:
         "decode_responses": True,
     }
     return redis.Redis(host=host, port=int(port), **(options | kwargs))
-
-
-def wait_until(probe: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll probe until it returns something other than None (a RedisError counts as None);
-    return that, or raise TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            result = probe()
-        except redis.RedisError as exc:
-            result, last_error = None, exc
-        if result is not None:
-            return result
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_error!r})" if last_error else ""
-            raise TimeoutError(f"{what}: not reached within {timeout} s{detail}")
-        time.sleep(0.05)
 
 
 class _RedisProcess:
@@ -340,13 +323,19 @@ class LocalSentinelRedis:
         try:
             for server in self.servers:
                 server.start()
-            wait_until(self._replica_in_sync, self.start_timeout, "replica in sync with master")
+            wait_until(
+                self._replica_in_sync,
+                self.start_timeout,
+                "replica in sync with master",
+                retrying=(redis.RedisError,),
+            )
             for sentinel in self.sentinel_processes:
                 sentinel.start()
             wait_until(
                 self._sentinels_ready,
                 self.start_timeout,
                 "every Sentinel knows the replica and the two other Sentinels",
+                retrying=(redis.RedisError,),
             )
         except BaseException:
             self.stop()
@@ -390,7 +379,9 @@ class LocalSentinelRedis:
             with self._sentinel_client() as sentinel:
                 return bool(sentinel.sentinel_failover(self.master_name))
 
-        wait_until(request, timeout, "a Sentinel accepting SENTINEL FAILOVER")
+        wait_until(
+            request, timeout, "a Sentinel accepting SENTINEL FAILOVER", retrying=(redis.RedisError,)
+        )
         return self.wait_for_new_master(old, timeout)
 
     def kill_master(self) -> LocalRedis:
@@ -415,7 +406,12 @@ class LocalSentinelRedis:
                 client.set(WRITE_PROBE_KEY, time.time())  # ReadOnlyError while still a replica
             return reports[0]
 
-        return wait_until(new_master, timeout, f"a new master instead of {old_addr}")
+        return wait_until(
+            new_master,
+            timeout,
+            f"a new master instead of {old_addr}",
+            retrying=(redis.RedisError,),
+        )
 
     # -- internals ------------------------------------------------------------------------
     def _sentinel_client(self) -> redis.Redis:
@@ -439,11 +435,11 @@ class LocalSentinelRedis:
                 reports.append(f"{reply[0]}:{reply[1]}")
         return reports
 
-    def _replica_in_sync(self) -> bool | None:
+    def _replica_in_sync(self) -> bool:
         with self.servers[1].client() as client:
-            return client.info("replication").get("master_link_status") == "up" or None
+            return client.info("replication").get("master_link_status") == "up"
 
-    def _sentinels_ready(self) -> bool | None:
+    def _sentinels_ready(self) -> bool:
         for sentinel in self.sentinel_processes:
             with sentinel.client() as client:
                 master = client.sentinel_master(self.master_name)
@@ -456,7 +452,7 @@ class LocalSentinelRedis:
                 and r.get("master-link-status") == "ok"
             ]
             if master["num-other-sentinels"] != 2 or not usable:
-                return None
+                return False
         return True
 
 

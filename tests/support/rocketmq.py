@@ -23,7 +23,9 @@ what a client needs to talk to it:
 
 `rocketmq_for_tests(data_dir)` is a context manager for a session fixture: it uses the external
 NameServer in $ROCKETMQ_NAMESRV ("host:port") when set, else starts a LocalRocketMQ and always
-stops it. Start-up fetches the jars once (Maven, ~90 MB, cached under ~/.cache/mqtt-bridge).
+stops it; `own_rocketmq(data_dir, **options)` is a LocalRocketMQ of a test's or module's own,
+always stopped; `rocketmq_nodes(bridge_factory, mq, *settings)` starts store=rocketmq nodes on
+one. Start-up fetches the jars once (Maven, ~90 MB, cached under ~/.cache/mqtt-bridge).
 """
 
 from __future__ import annotations
@@ -37,10 +39,14 @@ import socket
 import subprocess
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from bridge.storage.rocketmq import Credentials, TlsOptions
+
+if TYPE_CHECKING:
+    from tests.support.processes import BridgeProcess
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "rocketmq"
@@ -485,6 +491,19 @@ class ExternalRocketMQ:
 
 
 @contextlib.contextmanager
+def own_rocketmq(data_dir: Path | str, **options: Any) -> Iterator[LocalRocketMQ]:
+    """A LocalRocketMQ (`options` as its constructor takes them) of the caller's own, apart from
+    the session's: for tests that kill its brokers or need another layout. Started, and always
+    stopped (SIGKILL) at the end."""
+    mq = LocalRocketMQ(data_dir, **options)
+    mq.start()
+    try:
+        yield mq
+    finally:
+        mq.stop(graceful=False)
+
+
+@contextlib.contextmanager
 def rocketmq_for_tests(data_dir: Path | str) -> Iterator[LocalRocketMQ | ExternalRocketMQ]:
     """The RocketMQ tests talk to: $ROCKETMQ_NAMESRV if set, else a local one (stopped after).
 
@@ -498,9 +517,21 @@ def rocketmq_for_tests(data_dir: Path | str) -> Iterator[LocalRocketMQ | Externa
     if external:
         yield ExternalRocketMQ(external, data_dir).start()
         return
-    mq = LocalRocketMQ(data_dir)
-    mq.start()
-    try:
+    with own_rocketmq(data_dir) as mq:
         yield mq
-    finally:
-        mq.stop(graceful=False)
+
+
+def rocketmq_nodes(
+    bridge_factory: Callable[..., BridgeProcess],
+    mq: LocalRocketMQ | ExternalRocketMQ,
+    *settings: str,
+) -> Callable[..., BridgeProcess]:
+    """What starts a store=rocketmq node on `mq` with `settings` and the call's own; the nodes
+    are `bridge_factory`'s, killed at the end of the test (before a fixture's `mq` stops)."""
+
+    def start(*more: str) -> BridgeProcess:
+        return bridge_factory(
+            "store=rocketmq", f"rocketmq_namesrv={mq.namesrv_addr}", *settings, *more
+        )
+
+    return start

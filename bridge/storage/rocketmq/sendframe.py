@@ -6,7 +6,7 @@ birth time, properties and body, so `SendFrames` keeps the binary ("ROCKETMQ") h
 parts as bytes (per topic: producer group, topic, default topic, queue count; for all: the
 constant fields) and joins them with the varying ones. The result is the frame `encode_command`
 makes of the same request with `SerializeType.ROCKETMQ` (the fields in another order, which the
-broker does not care about); `tests/unit/test_rocketmq_wire.py` decodes both and compares.
+broker does not care about); `tests/unit/storage/test_rocketmq_wire.py` decodes both and compares.
 
 With a `RequestSigner` (a cluster with authentication on) each frame also carries AccessKey
 (SecurityToken) and Signature. The signature is over the header values in key order, and the

@@ -24,7 +24,7 @@ from bridge.storage.rocketmq.mapping import (
     to_rocketmq,
     unescape_name,
 )
-from tests.unit.metadata_strategies import stored_metadata
+from tests.support.metadata_strategies import stored_metadata
 
 ROCKETMQ_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)

@@ -1,6 +1,7 @@
-"""The admin API tests' client and node starter (test_admin_*.py here, tests/cluster's
-test_admin_cluster.py): the fixed admin token and cluster secret, the packet size limit of the
-`admin_node` fixture (conftest.py), AdminHttp, a blocking JSON client of one node's admin API,
+"""The admin API's test client and node starters, for tests/integration's test_admin_*.py,
+tests/cluster's test_admin_cluster.py and every other test that asks a node's admin API: the
+fixed admin token and cluster secret, the packet size limit of the `admin_node` fixture
+(tests/integration/conftest.py), AdminHttp, a blocking JSON client of one node's admin API,
 start_admin_node and start_cluster_admin_node."""
 
 from __future__ import annotations

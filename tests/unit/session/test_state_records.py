@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bridge.state import decode_message, encode_message, will_of
 from bridge.storage.base import Message
-from tests.unit.metadata_strategies import mqtt_text, stored_metadata
+from tests.support.metadata_strategies import mqtt_text, stored_metadata
 
 
 @given(

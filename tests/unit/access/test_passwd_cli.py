@@ -16,7 +16,7 @@ from bridge.access import passwd
 from bridge.access.auth import AuthResult, PasswordFile, hash_password
 from bridge.access.passwd import main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)

@@ -15,31 +15,10 @@ from bridge.storage.rocketmq.connection import (
     _Protocol,
 )
 from bridge.storage.rocketmq.wire import (
-    FrameDecoder,
-    RemotingCommand,
     RequestCode,
     SerializeType,
 )
-
-
-class RecordingTransport:
-    """Keeps every `write` call; never pauses, never fails."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(bytes(data))
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def frames(self) -> list[RemotingCommand]:
-        return FrameDecoder().feed(b"".join(self.writes))
+from tests.support.transport import RecordingTransport
 
 
 def _connected() -> tuple[RemotingConnection, RecordingTransport]:

@@ -25,7 +25,7 @@ from bridge.cluster.wire import (
     encode,
 )
 from bridge.storage.base import Message
-from tests.unit.metadata_strategies import stored_metadata
+from tests.support.metadata_strategies import stored_metadata
 
 
 def test_hello_has_the_documented_layout() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from bridge.config import SETTINGS, Config, ConfigError, load_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_every_setting_is_documented_in_code_and_in_the_readme():

@@ -12,7 +12,7 @@ import pytest
 
 from bridge import stale_compiled
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def compiled_list() -> list[str]:

@@ -20,7 +20,7 @@ import pytest
 from bridge.config import ENV_PREFIX, SETTINGS, ConfigError, load_config
 from tests.support import mini_yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bridge.config import ENV_PREFIX, load_config
-from tests.unit.test_deploy_files import (
+from tests.unit.project.test_deploy_files import (
     COMPOSE,
     DOCKERFILE,
     DOCKERIGNORE,

@@ -9,7 +9,7 @@ from bridge.storage import metadata
 from bridge.storage.base import Message
 from bridge.storage.rocketmq.mapping import from_rocketmq, to_rocketmq
 from spark.rows import ARROW_SCHEMA, RowBatcher
-from tests.unit.metadata_strategies import stored_metadata
+from tests.support.metadata_strategies import stored_metadata
 
 META_COLUMNS = [
     "properties",
