@@ -16,7 +16,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,11 @@ ROOMS: dict[str, Room] = {
 }
 
 # A property test runs once per mutant of every function it calls: a few dozen examples find
-# what a wrong comparison or constant breaks; the full counts stay in `make test`.
+# what a wrong comparison or constant breaks; the full counts stay in `make test`. A mutant is
+# killed by the first failing example: shrinking it (the slowest part of a failing property
+# test, and nobody reads the example) is skipped.
 MAX_EXAMPLES = int(os.environ.get("MUTATION_MAX_EXAMPLES", "30"))
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate)
 
 
 def chosen(path: Path) -> bool:
@@ -83,6 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
         max_examples=MAX_EXAMPLES,
         deadline=None,
         database=None,
+        phases=PHASES,
         suppress_health_check=[HealthCheck.too_slow],
     )
     settings.load_profile("mutation")
@@ -95,14 +99,17 @@ def pytest_ignore_collect(collection_path: Path) -> bool | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that set their own `@settings(max_examples=...)` get at most MAX_EXAMPLES and no
-    deadline: a mutated function is slower (mutmut's trampoline) and a deadline would kill its
-    mutants for time, not for a wrong answer. Hypothesis keeps a test's settings on this
-    attribute; the profile alone does not reach tests that name their own count."""
+    """Tests with settings of their own (`@settings(max_examples=...)`) get at most MAX_EXAMPLES,
+    no shrinking and no deadline: a mutated function is slower (mutmut's trampoline) and a
+    deadline would kill its mutants for time, not for a wrong answer. Hypothesis keeps a test's
+    settings on this attribute; the profile alone does not reach tests that name their own."""
     for item in items:
         test = getattr(item, "obj", None)
         own = getattr(test, "_hypothesis_internal_use_settings", None)
-        if isinstance(own, settings) and own.max_examples > MAX_EXAMPLES:
+        if isinstance(own, settings) and own.phases != PHASES:
             test._hypothesis_internal_use_settings = settings(  # type: ignore[union-attr]
-                own, max_examples=MAX_EXAMPLES, deadline=None
+                own,
+                max_examples=min(own.max_examples, MAX_EXAMPLES),
+                deadline=None,
+                phases=PHASES,
             )
