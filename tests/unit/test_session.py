@@ -234,7 +234,8 @@ def test_every_part_of_a_persistent_session_survives_a_restore():
         "a/#": SubOptions(no_local=False, retain_as_published=True, identifier=7),
         "b": SubOptions(no_local=True),
     }
-    assert Session.restore("dev", Session("dev", persistent=True).encode_subscriptions(), None).expiry is None
+    unlimited = Session("dev", persistent=True).encode_subscriptions()
+    assert Session.restore("dev", unlimited, None).expiry is None
 
 
 def test_records_without_their_optional_parts_restore_with_the_defaults():
