@@ -13,7 +13,7 @@ PYTEST_ARGS ?= --durations=5
 N      ?= 3
 DEMO_ARGS ?=
 
-.PHONY: install install-spark compile pure run test test-deps lint bench hostile clean cluster cluster-stop spark-demo
+.PHONY: install install-spark compile pure run test test-deps lint bench hostile mutation clean cluster cluster-stop spark-demo
 
 install: $(STAMP)
 
@@ -113,6 +113,23 @@ SECONDS ?= 180
 hostile: install
 	$(BIN)/python -m tests.faults.hostile_run --seconds $(SECONDS)
 
+# Mutation testing of the pure rooms (not part of `make test`; tests/README.md "Mutation testing"):
+# mutmut changes one thing at a time in bridge/mqtt, router, session.py, access's decisions and
+# spark's table logic, and the room's unit tests must notice. Pure Python only (it removes the
+# compiled modules: `make compile` brings them back). Niced, one room at a time, each bounded.
+# ROOMS="router session" runs some; tests/mutation.py lists them and the tests each one uses.
+MUTATION_STAMP := $(VENV)/.mutation-stamp
+ROOMS ?=
+MUTATION_JOBS ?= 2
+MUTATION_ROOM_TIMEOUT ?= 3600
+$(MUTATION_STAMP): $(STAMP)
+	MQTT_BRIDGE_COMPILE=0 $(BIN)/python -m pip install -q -e '.[test,mutation]'
+	touch $(MUTATION_STAMP)
+
+mutation: $(MUTATION_STAMP) pure
+	nice -n 19 $(BIN)/python -m tests.mutation_run --jobs $(MUTATION_JOBS) \
+		--room-timeout $(MUTATION_ROOM_TIMEOUT) $(ROOMS)
+
 # The factory BI pipeline end to end in a few minutes (spark/demo.py): RocketMQ, a bridge,
 # simulated devices, the streaming and back-fill jobs, their tables and a chart, all under
 # ./.spark-demo; everything it starts is stopped at the end. Options: DEMO_ARGS="--help".
@@ -141,4 +158,4 @@ cluster-stop:
 	deploy/cluster/stop.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache mutants

@@ -292,19 +292,63 @@ def test_every_change_of_the_connection_table_moves_its_version():
     versions = [table.version]
     table["a"] = 1
     versions.append(table.version)
-    table.update(b=2)
+    table["a"] = 5
+    versions.append(table.version)
+    table.update({"b": 2}, e=6)
     versions.append(table.version)
     table |= {"c": 3}
     versions.append(table.version)
-    table.setdefault("d", 4)
+    assert table.setdefault("d", 4) == 4
     versions.append(table.version)
+    assert table == {"a": 5, "b": 2, "e": 6, "c": 3, "d": 4}
     del table["a"]
     versions.append(table.version)
-    table.pop("b")
+    assert table.pop("b") == 2
     versions.append(table.version)
     table.popitem()
     versions.append(table.version)
     table.clear()
     versions.append(table.version)
     assert versions == sorted(set(versions)), "each change moved the version"
-    assert "c" not in table and isinstance(table, dict)
+    assert table == {} and isinstance(table, dict)
+
+
+def test_a_remembered_qos0_plan_is_handed_out_again_until_the_match_or_the_connections_change():
+    trie = SubscriptionTrie()
+    trie.subscribe("a", "c1", 0)
+    connected: ConnectionTable[object] = ConnectionTable()
+    connected["c1"] = object()
+    routes = DirectRoutes(size=8)
+    first = routes.plan("a", trie, connected)
+    assert first.direct and routes.plan("a", trie, connected) is first
+    connected["c2"] = object()
+    second = routes.plan("a", trie, connected)
+    assert second is not first and routes.plan("a", trie, connected) is second
+    trie.subscribe("a", "c2", 0)
+    third = routes.plan("a", trie, connected)
+    assert third is not second and len(third.direct) == 2
+
+
+def test_a_remembered_qos1_plan_is_handed_out_again_until_the_match_changes():
+    trie = SubscriptionTrie()
+    trie.subscribe("a", "c1", 1)
+    routes = DirectRoutes(size=8)
+    first = routes.queued_plan("a", trie)
+    assert first.queues and routes.queued_plan("a", trie) is first
+    trie.subscribe("+", "c1", 1)
+    second = routes.queued_plan("a", trie)
+    assert second is not first and routes.queued_plan("a", trie) is second
+
+
+def test_remembered_plans_are_forgotten_when_size_topics_are_remembered():
+    trie = SubscriptionTrie()
+    trie.subscribe("#", "c1", 1)
+    connected: ConnectionTable[object] = ConnectionTable()
+    routes = DirectRoutes(size=2)
+    plan_a, queued_a = routes.plan("a", trie, connected), routes.queued_plan("a", trie)
+    routes.plan("b", trie, connected), routes.queued_plan("b", trie)
+    assert routes.plan("a", trie, connected) is plan_a
+    assert routes.queued_plan("a", trie) is queued_a
+    routes.plan("c", trie, connected), routes.queued_plan("c", trie)
+    assert routes.plan("a", trie, connected) is not plan_a
+    assert routes.queued_plan("a", trie) is not queued_a

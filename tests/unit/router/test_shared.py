@@ -250,7 +250,9 @@ def test_group_rotation_through_the_table() -> None:
 def test_conflicting_registration_of_a_share_key_is_rejected() -> None:
     shared = SharedSubscriptions()
     shared.subscribe("$share/g/a", "g", "a", "c1", 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(
+        ValueError, match=r"registered for group 'g' and filter 'a', not 'g' and 'b'"
+    ):
         shared.subscribe("$share/g/a", "g", "b", "c2", 0)
 
 

@@ -28,6 +28,15 @@ def test_packet_id_for_any_seq_is_a_valid_nonzero_id_MQTT_2_3_1_1(seq):
     assert 1 <= packet_id_for(seq) <= PACKET_ID_SPACE
 
 
+def test_packet_ids_run_from_1_to_65535_then_start_again_at_1():
+    assert [packet_id_for(seq) for seq in (0, 1, PACKET_ID_SPACE - 1, PACKET_ID_SPACE)] == [
+        1,
+        2,
+        PACKET_ID_SPACE,
+        1,
+    ]
+
+
 def test_consecutive_seqs_get_distinct_packet_ids_across_a_full_id_space():
     ids = {packet_id_for(seq) for seq in range(1000, 1000 + PACKET_ID_SPACE)}
     assert len(ids) == PACKET_ID_SPACE
@@ -177,9 +186,11 @@ def test_first_copy_refuses_another_copy_of_a_key_sent_within_the_window_not_the
     assert session.first_copy("k1", 10, window=2)  # the same stored copy, sent again
     assert not session.first_copy("k1", 99, window=2)  # another copy of it
     assert session.first_copy("k2", 11, window=2)
+    assert not session.first_copy("k1", 98, window=2)  # two keys: k1 is still in the window
     assert session.first_copy("k3", 12, window=2)  # k1 leaves the window
     assert session.first_copy("k1", 99, window=2)
     assert session.first_copy("k4", 13, window=0) and session.first_copy("k4", 14, window=0)
+    assert session.first_copy("k5", 15, window=1) and not session.first_copy("k5", 16, window=1)
 
 
 def test_the_identity_a_session_belongs_to_survives_a_restore():
@@ -204,3 +215,70 @@ def test_only_an_offline_persistent_session_expires_after_its_own_interval_or_th
     session.connected = True
     assert not session.expired(9999.0, default_expiry=60.0)
     assert not Session("c", persistent=False).expired(9999.0, default_expiry=60.0)
+
+
+def test_every_part_of_a_persistent_session_survives_a_restore():
+    session = Session("dev", persistent=True, expiry=300.0, owner="user:alice")
+    session.set_subscription("a/#", 1)
+    session.set_subscription("b", 2)
+    session.add_shared("$share/g/x", 1)
+    session.add_shared("$share/h/y", 0)
+    session.set_options("a/#", SubOptions(no_local=False, retain_as_published=True, identifier=7))
+    session.set_options("b", SubOptions(no_local=True))
+    restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
+    assert restored.client_id == "dev" and restored.persistent is True
+    assert restored.expiry == 300.0 and restored.owner == "user:alice"
+    assert restored.subscriptions == {"a/#": 1, "b": 2}
+    assert restored.shared == {"$share/g/x": 1, "$share/h/y": 0}
+    assert restored.options == {
+        "a/#": SubOptions(no_local=False, retain_as_published=True, identifier=7),
+        "b": SubOptions(no_local=True),
+    }
+    unlimited = Session("dev", persistent=True).encode_subscriptions()
+    assert Session.restore("dev", unlimited, None).expiry is None
+
+
+def test_records_without_their_optional_parts_restore_with_the_defaults():
+    restored = Session.restore("dev", b"{}", b'{"c":{"f:a":4}}')
+    assert restored.subscriptions == {} and restored.shared == {} and restored.options == {}
+    assert restored.cursors == {"f:a": 4} and restored.resend_below == {}
+    assert restored.released is None and restored.disconnected_at == 0.0
+
+
+def test_a_new_session_is_offline_since_0_has_dropped_nothing_and_its_reads_are_unjudged():
+    session = Session("dev", persistent=True)
+    assert session.connected is False and session.disconnected_at == 0.0
+    assert session.dropped_queue_full == 0 and session.dropped_retention == 0
+    assert session.reads_judged == -1 and session.read_verdicts is None
+
+
+def test_adding_or_dropping_one_filter_keeps_the_others():
+    session = Session("dev", persistent=True)
+    session.add_shared("$share/g/x", 1)
+    session.add_shared("$share/g/y", 2)
+    session.set_options("a", SubOptions(no_local=True))
+    session.set_options("b", SubOptions(identifier=3))
+    session.drop_shared("$share/g/x")
+    session.drop_options("a")
+    assert session.shared == {"$share/g/y": 2}
+    assert session.options == {"b": SubOptions(identifier=3)}
+
+
+def test_inbound_qos2_ids_are_held_each_with_its_state():
+    session = Session("dev", persistent=True)
+    session.hold_qos2_in(1, "stored")
+    session.hold_qos2_in(2, "writing")
+    assert session.inbound_qos2 == {1: "stored", 2: "writing"}
+
+
+def test_asking_about_what_a_session_never_had_answers_nothing():
+    session = Session("dev", persistent=True)
+    assert session.committed("f:never") == 0
+    assert session.drop_inflight(9) is None and session.pop_resend_below("f:never") is None
+    session.track(outbound(1, "f:a", 5, 1))
+    assert session.drop_inflight(9) is None and session.committed("f:never") == 0
+
+
+def test_an_outbound_copy_keeps_what_it_was_made_with():
+    out = Outbound(5, "q", 3, 9, 2, "t/1", b"x", True, Phase.AWAITING_PUBCOMP, "m")
+    assert (out.topic, out.payload, out.retain, out.message) == ("t/1", b"x", True, "m")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -83,6 +84,20 @@ def test_a_sample_older_than_one_already_applied_is_counted_late_and_left_out() 
     track.advance([sample(0, 0), sample(9000, 5, "IDLE")], watermark=T0 + 10_000)
     closed, late = track.advance([sample(4000, 3, "DOWN")], watermark=T0 + 10_000)
     assert (closed, late) == ([], 1)
+
+
+def test_a_sample_is_late_only_if_it_comes_before_the_last_applied_in_time_then_sequence() -> None:
+    track = DeviceTrack("d1")
+    track.advance([sample(1000, 5)], watermark=T0 + 1000)
+    _, late = track.advance([sample(1000, 6, "IDLE"), sample(2000, 1, "DOWN")], watermark=T0)
+    assert late == 0 and len(track.pending) == 2
+    _, late = track.advance([sample(1000, 4, "SETUP"), sample(999, 9, "SETUP")], watermark=T0)
+    assert late == 2
+
+
+def test_intervals_name_the_device_line_and_station_they_belong_to() -> None:
+    (interval,) = batch_intervals("d7", [sample(0, 0), sample(5000, 1, "IDLE")])
+    assert interval == Interval("state", "d7", "L1", "S1", "RUNNING", T0, T0 + 5000)
 
 
 def test_a_retransmitted_sample_is_taken_once() -> None:
@@ -194,10 +209,57 @@ def test_shift_pieces_add_up_to_the_interval(offset: int, length: int) -> None:
     assert all(p[3] > 0 for p in pieces)
 
 
-@pytest.mark.parametrize("text", ["", "6", "25:00", "06:00,06:00", "ab:cd"])
-def test_bad_shift_starts_are_refused(text: str) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "expected HH:MM"),
+        ("6", "expected HH:MM"),
+        ("ab:cd", "expected HH:MM"),
+        ("ab:30", "expected HH:MM"),
+        ("06:xy", "expected HH:MM"),
+        ("25:00", "not a time of day"),
+        ("24:00", "not a time of day"),
+        ("06:00,06:00", "distinct"),
+    ],
+)
+def test_bad_shift_starts_are_refused_saying_why(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
         Shifts.parse(text)
+
+
+def test_shift_starts_are_minutes_of_the_day_in_order_from_midnight_to_23_59() -> None:
+    assert Shifts.parse("22:00, 06:30,14:15").starts_minutes == (390, 855, 1320)
+    assert Shifts.parse("00:00,23:59").starts_minutes == (0, 1439)
+
+
+def test_shift_boundaries_reach_back_no_further_than_the_day_before_and_stop_before_the_end() -> (
+    None
+):
+    start = ms("2026-01-06T07:00")
+    bounds = Shifts().boundaries(start, ms("2026-01-06T22:00"))
+    assert bounds[-3:] == [
+        (ms("2026-01-05T22:00"), "2026-01-05", 3),
+        (ms("2026-01-06T06:00"), "2026-01-06", 1),
+        (ms("2026-01-06T14:00"), "2026-01-06", 2),
+    ]
+    assert ms("2026-01-05T00:00") <= bounds[0][0]
+
+
+def test_shifts_are_cut_in_utc_whatever_the_machines_time_zone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TZ", "Asia/Shanghai")
+    time.tzset()
+    try:
+        pieces = Shifts().pieces(ms("2026-01-06T01:00"), ms("2026-01-06T02:00"))
+        alarm_day = days_touched(
+            [("alarm", ms("2026-01-06T20:00"), ms("2026-01-06T21:00"))], Shifts()
+        )
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert pieces == [("2026-01-05", 3, ms("2026-01-05T22:00"), 3_600_000)]
+    assert alarm_day == {"2026-01-06"}
 
 
 def test_an_interval_across_midnight_touches_the_next_days_shifts_too() -> None:
