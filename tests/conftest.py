@@ -1,5 +1,7 @@
 """Shared fixtures: real bridge processes on loopback ports, cleaned up after every test; one
-RocketMQ and one Redis for the session, started on first use."""
+RocketMQ and one Redis for the session, started on first use. Every test also fails when an
+event loop in this process reported an unhandled error while it ran (tests/support/loop_guard.py)
+and when a bridge it started logged a traceback (`bridge_factory`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from tests.support.clients import close_all_raw_clients
 from tests.support.processes import BridgeProcess
 from tests.support.redis import LocalRedis, RedisAuth
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ, rocketmq_for_tests
+
+pytest_plugins = ["tests.support.loop_guard"]
 
 
 def _interrupted(_signum: int, _frame: FrameType | None) -> None:
