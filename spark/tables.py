@@ -167,9 +167,9 @@ def interval_frame(closed: list[Interval]) -> pd.DataFrame:
             "what": text([i.what for i in closed]),
             "start": pd.to_datetime(pd.Series([i.start for i in closed], dtype="int64"), unit="ms"),
             "end": pd.to_datetime(pd.Series([i.end for i in closed], dtype="int64"), unit="ms"),
-            "duration_s": pd.Series(
-                [round((i.end - i.start) / 1000, SECONDS_DIGITS) for i in closed], dtype="float64"
-            ),
+            # Whole milliseconds divided by 1000 is already the float nearest the decimal
+            # seconds (division rounds correctly): no noise to round away, unlike a sum.
+            "duration_s": pd.Series([(i.end - i.start) / 1000 for i in closed], dtype="float64"),
         }
     )
 

@@ -4,7 +4,10 @@ seconds (0.1 + 0.2 = 0.30000000000000004) never reach a reader as float noise.""
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 
+from hypothesis import example, given
+from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from spark import tables
@@ -58,8 +61,14 @@ def test_scrap_rate_is_a_ratio_to_four_places_and_null_without_parts(spark: Spar
     assert rates == {"L1": 0.3333, "L2": None}
 
 
-def test_interval_durations_are_whole_milliseconds_in_seconds() -> None:
-    start = 1_700_000_000_123
-    closed = [Interval("state", "d1", "L1", "S1", "RUNNING", start, start + 1_199_999)]
-    frame = tables.interval_frame(closed)
-    assert frame["duration_s"].tolist() == [1199.999]
+@example(start=1_700_000_000_123, duration=1_199_999)
+@given(
+    start=st.integers(0, 4_102_444_800_000),  # 1970 to 2100 in epoch milliseconds
+    duration=st.integers(0, 10 * 365 * 86_400_000),
+)
+def test_interval_durations_are_whole_milliseconds_in_seconds(start: int, duration: int) -> None:
+    closed = [Interval("state", "d1", "L1", "S1", "RUNNING", start, start + duration)]
+    (seconds,) = tables.interval_frame(closed)["duration_s"].tolist()
+    # What a reader sees (the shortest text of the float) is the whole milliseconds, never
+    # noise: 1199.999, not 1199.9990000724792 as seconds subtracted from seconds would give.
+    assert Decimal(repr(seconds)) == Decimal(duration) / 1000

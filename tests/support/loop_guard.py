@@ -137,7 +137,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def _nothing_escapes_unseen() -> Iterator[None]:
-    check(_errors, "before this test began (between tests, or in a shared fixture's teardown)")
+    check(_errors, "before this test began (in a fixture several tests share, or between tests)")
     _loops.clear()
     yield
     if _loops.in_use():
