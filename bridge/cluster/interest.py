@@ -95,9 +95,6 @@ class Interest:
         self.handed = HandedInterest(self.add_filters, self.remove_filters, config)
         self.synced: set[str] = set()
         """Peers whose interest replay ended on their current link."""
-        self.added = 0
-        """Counts the times peers' filters were added: a message whose route was planned
-        before a change may have readers on peers that its plan does not name."""
 
     def stop(self) -> None:
         """The node leaves: withdrawals still waiting for `interest_grace` are not sent."""
@@ -168,8 +165,6 @@ class Interest:
                 known.add(topic_filter)
                 self.node.trie.subscribe(topic_filter, subscriber, 0)
                 new.append(topic_filter)
-        if new:
-            self.added += 1
         return new
 
     def _tell_ends(self, peer: str, filters: list[str]) -> None:

@@ -124,10 +124,11 @@ class Publisher:
         return peer_subscriber(peer) if peer else client_id
 
     def readers_now(self, queues: list[str], planned: list[str]) -> list[str]:
-        """The readers of `queues` now, `planned` first. A peer that announced a new filter
-        while a message was being stored reads it from the queue the plan named already, but
-        the plan's readers do not name that peer, and its subscriber would otherwise wait for
-        the next message on the queue."""
+        """The readers of `queues` now, `planned` first. A subscriber (here, or a peer's
+        announced filter) added while a message was being stored may read it from a queue the
+        plan named (its start was read from the store before the message got there), but the
+        plan's readers do not name it, and it would otherwise wait for the next message on
+        the queue."""
         found = list(planned)
         for queue in queues:
             for reader in readers_of(queue, self.trie, self.reader_of):
@@ -385,7 +386,7 @@ class Publisher:
         self._send_now(message, plan)
         readers, store = plan.readers, self.store
         early = bool(readers) and message.qos < 2 and self.early_reads
-        added = self.cluster.interest.added if self.cluster is not None else 0
+        added = self.trie.added
         durable = _Durable(self, message, plan.queues, readers, early, on_durable, started, added)
         store.submit(message, plan.queues, meta=meta, callback=durable, early=early)
         if early:
@@ -481,7 +482,7 @@ class _Durable:
         self.on_durable = on_durable
         self.started = started
         self.added = added
-        """The cluster's count of peers' filters added when the route was planned."""
+        """The trie's count of subscriptions added when the route was planned."""
 
     def __call__(self, seq: int | None, error: BaseException | None) -> None:
         if error is None:
@@ -490,8 +491,7 @@ class _Durable:
             if message.retain:
                 publisher.retained.apply(message)
             readers = self.readers
-            cluster = publisher.cluster
-            if cluster is not None and cluster.interest.added != self.added:
+            if publisher.trie.added != self.added:
                 readers = publisher.readers_now(self.queues, readers)
             if readers:
                 publisher.wakes.wake_readers(readers, self.queues, local=not self.early)

@@ -87,7 +87,7 @@ class SubscriptionTrie:
       emptied by every successful subscribe or unsubscribe, QoS updates included.
     """
 
-    __slots__ = ("_cache", "_cache_size", "_count", "_filters", "_root", "_subs_cache")
+    __slots__ = ("_cache", "_cache_size", "_count", "_filters", "_root", "_subs_cache", "added")
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         if cache_size < 0:
@@ -95,6 +95,9 @@ class SubscriptionTrie:
         self._root = _Node()
         self._filters: dict[str, _Node] = {}
         self._count = 0
+        self.added = 0
+        """Subscriptions ever added (a subscriber new to a filter; never goes down): whoever
+        kept readers it matched earlier can tell that they may be out of date."""
         self._cache_size = cache_size
         self._cache: dict[str, list[Entry]] = {}
         # topic -> merged {subscriber: qos}; not live, so emptied on *every* change.
@@ -116,6 +119,7 @@ class SubscriptionTrie:
             subs[subscriber] = qos
             if is_new:
                 self._count += 1
+                self.added += 1
             return is_new
 
         node = self._root
@@ -136,6 +140,7 @@ class SubscriptionTrie:
         node.entry = (topic_filter, {subscriber: qos})
         self._filters[topic_filter] = node
         self._count += 1
+        self.added += 1
         self._cache.clear()
         return True
 
