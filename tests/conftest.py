@@ -5,8 +5,11 @@ and when a bridge it started logged a traceback (`bridge_factory`)."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -16,7 +19,7 @@ import pytest
 from tests.support.clients import close_all_raw_clients
 from tests.support.processes import BridgeProcess
 from tests.support.redis import LocalRedis, RedisAuth
-from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ, rocketmq_for_tests
+from tests.support.rocketmq import SHARED_ENV, ExternalRocketMQ, LocalRocketMQ, rocketmq_for_tests
 
 pytest_plugins = ["tests.support.loop_guard"]
 
@@ -28,8 +31,56 @@ def _interrupted(_signum: int, _frame: FrameType | None) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """A test run stopped with SIGTERM (a CI timeout, `kill`) ends like one stopped with Ctrl-C:
     pytest unwinds the fixtures, so the servers they started (RocketMQ, Redis, bridges) are
-    stopped by PID instead of being left running."""
+    stopped by PID instead of being left running.
+
+    A pytest-xdist controller starts the one RocketMQ its workers' `rocketmq` fixtures share
+    (each test keeps to names of its own on it, as tests in one process always have): one
+    broker's memory and start-up instead of one per worker. If it cannot start, each worker
+    tries its own and the tests that need it fail saying why."""
     signal.signal(signal.SIGTERM, _interrupted)
+    if _runs_workers(config) and not os.environ.get("ROCKETMQ_NAMESRV"):
+        data_dir = Path(tempfile.mkdtemp(prefix="rocketmq-shared-"))
+        mq = LocalRocketMQ(data_dir)
+        try:
+            mq.start()
+        except RuntimeError:
+            mq.stop(graceful=False)
+            shutil.rmtree(data_dir, ignore_errors=True)
+            return
+        config.stash[_SHARED_ROCKETMQ] = mq
+        os.environ[SHARED_ENV] = mq.shared_spec()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    mq = config.stash.get(_SHARED_ROCKETMQ, None)
+    if mq is not None:
+        os.environ.pop(SHARED_ENV, None)
+        mq.stop(graceful=False)
+        shutil.rmtree(mq.data_dir, ignore_errors=True)
+
+
+def _runs_workers(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist controller about to start workers."""
+    return bool(getattr(config.option, "numprocesses", 0)) and not hasattr(config, "workerinput")
+
+
+_SHARED_ROCKETMQ = pytest.StashKey[LocalRocketMQ]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist (`make test` runs `-n`) a module's tests run on one worker, in order,
+    so its module-scoped servers start once; all Spark tests share one worker and so one Spark
+    JVM. (pytest-xdist's own `--dist loadgroup` cannot express this with pytest 9, which no
+    longer lets a plugin rename a test's node id.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/spark" if path.startswith("tests/spark/") else path
+
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ never leave servers behind.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -15,24 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support.ports import free_port, free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` different free ports: each stays bound until all are picked, so the kernel
-    cannot hand one out twice (a node given the same port for two listeners cannot start)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
+__all__ = ["free_port", "free_ports"]
 
 
 def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:

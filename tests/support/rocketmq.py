@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import random
 import secrets
 import socket
 import subprocess
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.storage.rocketmq import Credentials, TlsOptions
+from tests.support.ports import free_port_block
 
 if TYPE_CHECKING:
     from tests.support.processes import BridgeProcess
@@ -57,6 +57,8 @@ SLAVE_PORT_OFFSET = 10
 """... and its slave 10 above its master."""
 BROKER_PORT_OFFSETS = (-2, 0, 1)
 """A broker binds listenPort-2 (fast channel), listenPort and listenPort+1 (HA)."""
+SHARED_ENV = "TESTS_SHARED_ROCKETMQ"
+"""Set by a pytest-xdist controller that started one RocketMQ for all its workers."""
 PERM_READ_WRITE = 6
 PERM_READ = 4
 
@@ -100,19 +102,6 @@ def _can_bind(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def free_port_block(offsets: tuple[int, ...] = (0,)) -> int:
-    """A port P such that P+offset is free on 127.0.0.1 for every offset.
-
-    Chosen below Linux's ephemeral range (32768+) so client connections do not take it later.
-    """
-    rng = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "big"))
-    for _ in range(500):
-        port = rng.randrange(20000, 32000)
-        if all(_can_bind(port + off) for off in offsets):
-            return port
-    raise RuntimeError(f"no free port block {offsets} found on 127.0.0.1")
 
 
 class LocalRocketMQ:
@@ -160,6 +149,20 @@ class LocalRocketMQ:
         self._started = False
         # Never leave JVMs behind, even when a test run is interrupted (runs at exit too).
         self._finalizer = weakref.finalize(self, _kill_quietly, self.data_dir, self._env())
+
+    @classmethod
+    def shared(cls, spec: str) -> LocalRocketMQ:
+        """The RocketMQ another process of this test run started and will stop (the
+        pytest-xdist controller, `SHARED_ENV`): used here, never stopped or killed here."""
+        data_dir, namesrv_port, broker_port = spec.rsplit(",", 2)
+        mq = cls(data_dir, int(namesrv_port), int(broker_port))
+        mq._finalizer.detach()
+        mq._started = True
+        return mq
+
+    def shared_spec(self) -> str:
+        """What `shared` needs to use this RocketMQ from another process."""
+        return f"{self.data_dir},{self.namesrv_port},{self.broker_port}"
 
     # -- addresses -------------------------------------------------------------------------
     @property
@@ -516,6 +519,10 @@ def rocketmq_for_tests(data_dir: Path | str) -> Iterator[LocalRocketMQ | Externa
     external = os.environ.get("ROCKETMQ_NAMESRV")
     if external:
         yield ExternalRocketMQ(external, data_dir).start()
+        return
+    shared = os.environ.get(SHARED_ENV)
+    if shared:
+        yield LocalRocketMQ.shared(shared)
         return
     with own_rocketmq(data_dir) as mq:
         yield mq
