@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.clients import close_all_raw_clients
 from tests.support.processes import BridgeProcess
@@ -22,6 +23,13 @@ from tests.support.redis import LocalRedis, RedisAuth
 from tests.support.rocketmq import SHARED_ENV, ExternalRocketMQ, LocalRocketMQ, rocketmq_for_tests
 
 pytest_plugins = ["tests.support.loop_guard"]
+
+# A property holds or not whatever the machine's load: no example fails for taking longer than
+# hypothesis's default 200 ms, and no test for generating slowly (timings are never pass/fail).
+settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 def _interrupted(_signum: int, _frame: FrameType | None) -> None:

@@ -447,18 +447,19 @@ def test_reads_while_retention_deletes(tmp_path: Path, run: Run[Any]) -> None:
     run(body())
 
 
-def test_append_path_is_cheap(tmp_path: Path, run: Run[Any]) -> None:
-    """Not a benchmark: catches accidental per-append executor calls or fsyncs."""
+def test_appends_that_nobody_waits_for_share_commits_and_never_sync(
+    tmp_path: Path, run: Run[Any]
+) -> None:
+    """Catches a per-append commit (a write and a thread hand-off each) or fsync, by counting
+    them rather than timing them."""
 
     async def body() -> None:
         store = await opened(tmp_path, fsync=False)
-        t0 = time.perf_counter()
         for i in range(5000):
             await store.append(msg(i), ["q"], durable=False)
-        elapsed = time.perf_counter() - t0
         await store.close()
-        assert store.stats()["commits"] < 5000
-        assert elapsed < 5.0
+        assert store.stats()["commits"] < 500
+        assert store.stats()["fsyncs"] == 0
 
     run(body())
 
