@@ -139,20 +139,17 @@ spark-demo: install install-spark
 	deploy/rocketmq/fetch.sh
 	$(BIN)/python -m spark.demo $(DEMO_ARGS)
 
-# A local N-node cluster behind HAProxy on 127.0.0.1:1883 (Redis, RocketMQ, N bridges). Its
-# RocketMQ runs with full JIT (deploy/rocketmq alone starts C1-only, which starts fast for tests
-# but halves peak throughput); RMQ_JIT= keeps the fast-starting default.
+# A local N-node cluster behind HAProxy on 127.0.0.1:1883 (Redis, RocketMQ, N bridges).
 # RocketMQ's shape (deploy/rocketmq/env.sh): RMQ_GROUPS broker groups (default 1: broker-a;
 # then broker-b, ...), with RMQ_SLAVES=1 a slave each (masters SYNC_MASTER), e.g.
 #   RMQ_GROUPS=2 RMQ_SLAVES=1 make cluster N=3    # 2 masters + 2 slaves, 256 MiB heap each
 # deploy/rocketmq/add-group.sh broker-c (with ROCKETMQ_DATA_DIR=data/cluster/rocketmq) adds a
 # group to the running cluster; kill-broker.sh / start-broker.sh GROUP ID stop and start one.
-RMQ_JIT ?= -XX:TieredStopAtLevel=4
 cluster: install
 	deploy/ensure-debian-packages.sh default-jre-headless:java maven:mvn \
 		redis-server redis-tools:redis-cli haproxy
 	$(if $(RMQ_GROUPS),RMQ_GROUPS=$(RMQ_GROUPS)) $(if $(RMQ_SLAVES),RMQ_SLAVES=$(RMQ_SLAVES)) \
-		ROCKETMQ_JAVA_OPTS="$(RMQ_JIT) $$ROCKETMQ_JAVA_OPTS" deploy/cluster/start.sh $(N)
+		deploy/cluster/start.sh $(N)
 
 cluster-stop:
 	deploy/cluster/stop.sh
