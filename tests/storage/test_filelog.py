@@ -7,7 +7,6 @@ import errno
 import logging
 import os
 import struct
-import time
 import zlib
 from pathlib import Path
 from typing import Any

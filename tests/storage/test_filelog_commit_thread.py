@@ -18,6 +18,12 @@ from tests.storage.test_contract import msg, read_all
 from tests.storage.test_filelog import fill, opened
 from tests.support.loop_guard import LoopErrors
 
+INLINE = 0.005
+"""The store's bound on a commit run on the loop. The stores here do not fsync, so a commit's
+time is the `Disk`'s chosen delay plus a copy into the page cache: far under this bound while
+the delay is 0, even on a loaded machine, and ten times over it while the disk is slow."""
+SLOW = 0.05
+
 
 class Disk:
     """`_write_all` with a chosen delay, noting the thread each write ran on."""
@@ -45,12 +51,12 @@ def test_commits_move_to_the_writer_thread_while_the_disk_is_slow_and_come_back(
     tmp_path: Path, run: Run[Any], disk: Disk
 ) -> None:
     async def body() -> None:
-        store = await opened(tmp_path, inline_commit_seconds=0.002)
+        store = await opened(tmp_path, fsync=False, inline_commit_seconds=INLINE)
         loop_thread = threading.get_ident()
         await fill(store, 5, ["q"])
         assert set(disk.threads) == {loop_thread}  # a fast disk: on the loop
         disk.threads.clear()
-        disk.delay = 0.02
+        disk.delay = SLOW
         await fill(store, 10, ["q"], start=5)
         # The first slow commit ran on the loop (the average said "fast"); the rest moved.
         assert disk.threads[0] == loop_thread
@@ -83,9 +89,9 @@ def test_a_batch_that_needs_no_sync_is_written_on_the_loop_while_the_disk_is_slo
     tmp_path: Path, run: Run[Any], disk: Disk
 ) -> None:
     async def body() -> None:
-        store = await opened(tmp_path, inline_commit_seconds=0.002)
+        store = await opened(tmp_path, fsync=False, inline_commit_seconds=INLINE)
         loop_thread = threading.get_ident()
-        disk.delay = 0.02
+        disk.delay = SLOW
         await fill(store, 10, ["q"])
         assert loop_thread not in disk.threads[-5:]  # slow synced commits: on the thread
         disk.threads.clear()
@@ -110,7 +116,7 @@ def test_a_commit_on_the_loop_runs_as_a_callback_without_a_task(
     tmp_path: Path, run: Run[Any], disk: Disk
 ) -> None:
     async def body() -> None:
-        store = await opened(tmp_path, inline_commit_seconds=0.002)
+        store = await opened(tmp_path, fsync=False, inline_commit_seconds=INLINE)
         before = asyncio.all_tasks()
         waiters = [store.submit(msg(i), ["q"]) for i in range(3)]
         assert asyncio.all_tasks() == before  # the commit is scheduled, no task made for it
