@@ -384,7 +384,8 @@ def test_a_group_added_under_load_and_a_drained_group_lose_nothing(
         try:
             wait_until(lambda: acked() >= 150, 90, "150 PUBACKs on one group")
             mq.add_group("broker-b")
-            time.sleep(6)  # the node looks for new groups every 5 s
+            # The node looks for new groups every 5 s and says when it found one.
+            node.wait_for_log("reading their parts of every queue", timeout=30)
             # Topics first used now are spread over both groups.
             late_topics = topics_on("broker-b", 2, "n")
             for i, topic in enumerate(late_topics):
