@@ -1,17 +1,19 @@
 """kill -9 faults with `store=rocketmq`: of the RocketMQ broker under QoS 1 load, and of the bridge
 with QoS 2 handshakes open on either side.
 
-Every test starts its own NameServer + broker (SYNC_FLUSH) in its tmp_path, so killing the broker
-touches no other test, and stops it at the end. The clients behave as the spec requires of a
-client (reconnect with their persistent session, resend unacknowledged PUBLISHes with DUP and
-PUBRELs, keep QoS 2 receive state by packet id), so what is tested is the bridge's half: a PUBACK
-or PUBREC only for what RocketMQ answered SEND_OK, nothing acknowledged lost, no QoS 2 message
-delivered twice. Counts are printed (`pytest -s`)."""
+The test that kills the broker starts its own NameServer + broker (SYNC_FLUSH) in its tmp_path,
+so the kill touches no other test, and stops it at the end; the tests that kill the bridge use
+the session's broker (SYNC_FLUSH too), each bridge in a namespace of its own. The clients behave
+as the spec requires of a client (reconnect with their persistent session, resend
+unacknowledged PUBLISHes with DUP and PUBRELs, keep QoS 2 receive state by packet id), so what
+is tested is the bridge's half: a PUBACK or PUBREC only for what RocketMQ answered SEND_OK,
+nothing acknowledged lost, no QoS 2 message delivered twice. Counts are printed (`pytest -s`)."""
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,6 +58,19 @@ def start_bridge(
 ) -> Callable[..., BridgeProcess]:
     """Start a store=rocketmq node on `mq` (bridge_factory kills it before `mq` stops)."""
     return rocketmq_nodes(bridge_factory, mq, f"rocketmq_send_timeout={SEND_TIMEOUT:g}")
+
+
+@pytest.fixture
+def start_bridge_on_session_broker(
+    rocketmq: LocalRocketMQ, bridge_factory: Callable[..., BridgeProcess]
+) -> Callable[..., BridgeProcess]:
+    """Start a store=rocketmq node on the session's broker, in a namespace of this test's own."""
+    return rocketmq_nodes(
+        bridge_factory,
+        rocketmq,
+        f"rocketmq_send_timeout={SEND_TIMEOUT:g}",
+        f"rocketmq_namespace=kill{uuid.uuid4().hex[:8]}",
+    )
 
 
 def assert_exactly_once(delivered: Counter[str], expected: set[str]) -> None:
@@ -185,8 +200,10 @@ def _queue_qos2_while_offline(
     return payloads
 
 
-def test_offline_qos2_subscriber_gets_every_message_once_after_kill_9_of_the_bridge(start_bridge):
-    bridge = start_bridge()
+def test_offline_qos2_subscriber_gets_every_message_once_after_kill_9_of_the_bridge(
+    start_bridge_on_session_broker,
+):
+    bridge = start_bridge_on_session_broker()
     subscriber = ExactlyOnceReceiver(bridge.port, "offline-sub")
     payloads = _queue_qos2_while_offline(
         bridge, subscriber, "inbox/#", lambda i: f"inbox/dev{i % 3}", clean_session=False
@@ -240,8 +257,10 @@ class WithholdingReceiver(ExactlyOnceReceiver):
         super().handle(packet)
 
 
-def test_kill_9_of_the_bridge_mid_qos2_delivery_delivers_each_message_exactly_once(start_bridge):
-    bridge = start_bridge()
+def test_kill_9_of_the_bridge_mid_qos2_delivery_delivers_each_message_exactly_once(
+    start_bridge_on_session_broker,
+):
+    bridge = start_bridge_on_session_broker()
     subscriber = WithholdingReceiver(bridge.port, "mid-sub")
     payloads = _queue_qos2_while_offline(bridge, subscriber, "meter/#", lambda i: "meter/a")
 
@@ -352,9 +371,9 @@ class PipelinedQos2Publisher(ReconnectingClient):
 
 
 def test_qos2_publisher_resuming_after_kill_9_of_the_bridge_stores_each_message_once(
-    start_bridge,
+    start_bridge_on_session_broker,
 ):
-    bridge = start_bridge()
+    bridge = start_bridge_on_session_broker()
     subscriber = ExactlyOnceReceiver(bridge.port, "stream-sub")
     assert subscriber.connect().subscribe("stream/#", 2) == [2]
     assert subscriber.client is not None

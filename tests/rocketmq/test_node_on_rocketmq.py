@@ -1,7 +1,9 @@
 """The broker node on the RocketMQ store, in-process: notify wakes pull tasks for messages other
 writers stored, and QoS 2 ids whose store was never confirmed are settled by the broker's key
 index (stored once, never twice). The session's real RocketMQ serves every test; each test has
-its own namespace and first-level topic."""
+its own namespace and first-level topic; notify reads every topic of the broker and one test
+switches a broker setting, so under pytest-xdist, where the workers share the session's broker,
+the module has a broker of its own."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +30,26 @@ from notify.core import Notifier
 from notify.embedded import embedded_notifier
 from tests.integration.test_store_failure import open_connection
 from tests.support.clients import paho_client
-from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq import (
+    ExternalRocketMQ,
+    LocalRocketMQ,
+    rocketmq_of_its_own_when_shared,
+)
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
 
 _ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def rocketmq(
+    rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalRocketMQ | ExternalRocketMQ]:
+    """The broker this module's tests use (see the module's docstring)."""
+    with rocketmq_of_its_own_when_shared(
+        rocketmq, tmp_path_factory.mktemp("rocketmq-notify")
+    ) as mq:
+        yield mq
 
 
 def _unique(prefix: str) -> str:

@@ -363,7 +363,17 @@ class LocalRocketMQ:
 
     # -- admin tool ------------------------------------------------------------------------
     def admin(self, *args: str, timeout: float = 120) -> str:
-        """Run mqadmin (deploy/rocketmq/admin.sh) against this NameServer; return its output."""
+        """Run mqadmin (deploy/rocketmq/admin.sh) against this NameServer; return its output.
+
+        mqadmin waits 3-5 s for each answer, which a broker on a machine busy with other tests
+        can miss: a command that asks or sets (not `sendMessage`, which could store twice) is
+        run again, up to three times in all, when it failed only for such a timeout."""
+        for _ in range(2):
+            try:
+                return self._script("admin.sh", *args, timeout=timeout)
+            except RuntimeError as exc:
+                if args[:1] == ("sendMessage",) or "RemotingTimeoutException" not in str(exc):
+                    raise
         return self._script("admin.sh", *args, timeout=timeout)
 
     def create_topic(self, name: str, queues: int = 4) -> None:
@@ -523,6 +533,21 @@ def rocketmq_for_tests(data_dir: Path | str) -> Iterator[LocalRocketMQ | Externa
     shared = os.environ.get(SHARED_ENV)
     if shared:
         yield LocalRocketMQ.shared(shared)
+        return
+    with own_rocketmq(data_dir) as mq:
+        yield mq
+
+
+@contextlib.contextmanager
+def rocketmq_of_its_own_when_shared(
+    session_mq: LocalRocketMQ | ExternalRocketMQ, data_dir: Path | str
+) -> Iterator[LocalRocketMQ | ExternalRocketMQ]:
+    """The session's RocketMQ, unless pytest-xdist's workers share it (`SHARED_ENV`): then a
+    LocalRocketMQ of the caller's own. For a module whose tests see the whole broker (notify
+    reads every topic and counts what it read; a test switches a broker setting) and so must
+    not run beside other workers' tests on it."""
+    if not os.environ.get(SHARED_ENV):
+        yield session_mq
         return
     with own_rocketmq(data_dir) as mq:
         yield mq
