@@ -9,7 +9,9 @@ COMPILE_STAMP := $(VENV)/.compiled-stamp
 COMPILED_SRC := $(shell sed -n 's/^    "\(bridge\/.*\.py\)",$$/\1/p' setup.py)
 LISTEN ?= 127.0.0.1:1883
 DATA   ?= ./data
-PYTEST_ARGS ?= --durations=5
+# Four pytest-xdist workers: most tests wait on servers and timers, so on two cores the workers
+# overlap the waits (tests/README.md: how tests are spread over them). PYTEST_ARGS= runs serially.
+PYTEST_ARGS ?= -n 4 --durations=5
 N      ?= 3
 DEMO_ARGS ?=
 
