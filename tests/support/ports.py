@@ -33,7 +33,8 @@ def worker_share() -> tuple[int, int]:
     return first, first + width
 
 
-def _can_bind(port: int) -> bool:
+def can_bind(port: int) -> bool:
+    """Whether nothing holds `port` on 127.0.0.1 now."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -61,7 +62,7 @@ class _Dealer:
                 self.cursor = self.cursor + 1 if self.cursor + 1 < end else first
                 if port + low < first or port + high >= end:
                     continue
-                if all(_can_bind(port + offset) for offset in offsets):
+                if all(can_bind(port + offset) for offset in offsets):
                     # The next pick starts after the block, so it is not handed out twice.
                     if port + high + 1 < end:
                         self.cursor = max(self.cursor, port + high + 1)

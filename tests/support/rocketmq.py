@@ -34,7 +34,6 @@ import contextlib
 import importlib.util
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import weakref
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.storage.rocketmq import Credentials, TlsOptions
-from tests.support.ports import free_port_block
+from tests.support.ports import can_bind, free_port_block
 
 if TYPE_CHECKING:
     from tests.support.processes import BridgeProcess
@@ -93,15 +92,6 @@ def _load_probe():  # type: ignore[no-untyped-def]
 
 
 probe = _load_probe()
-
-
-def _can_bind(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class LocalRocketMQ:
@@ -292,7 +282,7 @@ class LocalRocketMQ:
         if index >= self.groups + self.spare_groups:
             # Its ports were not looked for: check them now rather than fail in the JVM.
             base = self.broker_port_of(name)
-            busy = [base + off for off in self._port_offsets(1) if not _can_bind(base + off)]
+            busy = [base + off for off in self._port_offsets(1) if not can_bind(base + off)]
             if busy:
                 raise RuntimeError(f"ports {busy} of group {name} are taken")
         self._added.append(name)
