@@ -33,10 +33,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 # The tests' Spark JVMs (the session's, and those of the jobs and the demo they start) live for
 # seconds to a minute: C1-only JIT and the serial collector cut their CPU by a third (measured on
-# tests/spark/test_jobs.py, 194 -> 134 CPU seconds) without changing what they compute.
+# tests/spark/test_jobs.py, 194 -> 134 CPU seconds) without changing what they compute. A Python
+# worker Spark starts has 15 s by default to connect back and authenticate, which a JVM on a
+# machine busy with the other workers' servers has missed ("Python worker failed to connect
+# back"): 120 s here.
 os.environ.setdefault(
     "PYSPARK_SUBMIT_ARGS",
-    "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell",
+    "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC'"
+    " --conf spark.python.authenticate.socketTimeout=120s pyspark-shell",
 )
 
 
