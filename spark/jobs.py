@@ -51,6 +51,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from spark import tables
 from spark.intervals import DeviceTrack, Shifts, days_touched
 from spark.options import parse_options
+from spark.restarts import RestartPolicy
 from spark.source import start_offsets
 from spark.telemetry import TOPIC_PREFIX
 
@@ -463,15 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     return run_streams(spark, config, args)
 
 
-RESTARTS = 3
-"""Times the streaming job restarts its queries from their checkpoints after a failure."""
-
-
 def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace) -> int:
     """Run the streaming queries until SIGINT/SIGTERM (or `--for`, or all data with
     `--available-now`). A query that fails (a broker restart, or Spark's Python worker not
     connecting back in time on a loaded machine) stops them all; they are restarted from their
-    checkpoints, which is exactly-once, up to RESTARTS times."""
+    checkpoints, which is exactly-once, after the wait `RestartPolicy` gives, until failures
+    come too often for it."""
     deadline = None if args.run_for is None else time.monotonic() + args.run_for
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -480,7 +478,8 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
     gold = GoldRefresher(
         config, Path(args.checkpoint) / "intervals", 0.0 if args.available_now else 60.0
     )
-    for attempt in range(RESTARTS + 1):
+    restarts = RestartPolicy()
+    while True:
         queries = start_streams(
             spark,
             config,
@@ -501,11 +500,18 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
                 log.info("stopping: availability left for the next run (days kept in %s)",
                          gold.path)  # fmt: skip
             return 0
-        if attempt == RESTARTS:
-            print(f"error: query {failed[0]} failed: {failed[1]}", file=sys.stderr)
+        wait = restarts.failed(time.monotonic())
+        if wait is None:
+            print(f"error: query {failed[0]} failed: {failed[1]} ({restarts.limit + 1} failures "
+                  f"within {restarts.window_s:.0f} s)", file=sys.stderr)  # fmt: skip
             return 1
-        log.error("query %s failed (%s); restarting from the checkpoints", *failed)
-    return 1
+        log.error("query %s failed (%s); restarting from the checkpoints in %.0f s",
+                  *failed, wait)  # fmt: skip
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - time.monotonic()))
+        if stop.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
+            log.info("stopping before the restart; the checkpoints hold where to resume")
+            return 0
 
 
 def _await_queries(

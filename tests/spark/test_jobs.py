@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -226,10 +227,17 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait(30)
 
 
-def wait_for(condition, timeout: float, what: str, process: subprocess.Popen) -> None:  # type: ignore[no-untyped-def]
+def wait_for(
+    condition: Callable[[], bool], timeout: float, what: str, process: subprocess.Popen, log: Path
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert process.poll() is None, f"the stream job exited early ({process.returncode})"
+        if process.poll() is not None:
+            errors = [line for line in log.read_text(errors="replace").splitlines()
+                      if "ERROR" in line or line.startswith(("error:", "Caused by"))]  # fmt: skip
+            raise AssertionError(
+                f"the stream job exited early ({process.returncode}):\n" + "\n".join(errors[-12:])
+            )
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.5)
 
@@ -245,7 +253,13 @@ def test_streaming_job_killed_mid_way_and_restarted_counts_every_message_exactly
         rocketmq.namesrv_addr, top, out, ck, "--trigger", "1", "--max-per-trigger", str(per_trigger)
     )
     try:
-        wait_for(lambda: commits(ck, "intervals") >= 2, 300, "two committed micro-batches", job)
+        wait_for(
+            lambda: commits(ck, "intervals") >= 2,
+            300,
+            "two committed micro-batches",
+            job,
+            tmp_path / "stream.log",
+        )
     finally:
         kill_group(job)
     done = commits(ck, "intervals")
