@@ -28,7 +28,6 @@ progress (`numRowsDroppedByWatermark`). Table layouts: docs/spark.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -42,7 +41,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -51,7 +49,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from spark import tables
 from spark.intervals import DeviceTrack, Shifts, days_touched
 from spark.options import parse_options
-from spark.restarts import RestartPolicy
+from spark.running import started, supervise
 from spark.source import start_offsets
 from spark.telemetry import TOPIC_PREFIX
 
@@ -299,7 +297,7 @@ def start_streams(
             .option("path", config.table(name))
             .option("checkpointLocation", str(ck / name))
         )
-        queries.append(trigger(writer).queryName(name).start())
+        queries.append(started(trigger(writer).queryName(name).start()))
 
     to_files(deduplicated().select(*tables.TELEMETRY_COLUMNS), "telemetry")
     to_files(tables.quarantined(parsed()), "quarantine")
@@ -321,9 +319,11 @@ def start_streams(
         gold = GoldRefresher(config, ck / "intervals", 0.0 if available_now else 60.0)
     intervals = stateful.writeStream.foreachBatch(_intervals_batch(config, gold))
     queries.append(
-        trigger(intervals.option("checkpointLocation", str(ck / "intervals")))
-        .queryName("intervals")
-        .start()
+        started(
+            trigger(intervals.option("checkpointLocation", str(ck / "intervals")))
+            .queryName("intervals")
+            .start()
+        )
     )
     return queries
 
@@ -469,8 +469,7 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
     `--available-now`). A query that fails (a broker restart, or Spark's Python worker not
     connecting back in time on a loaded machine) stops them all; they are restarted from their
     checkpoints, which is exactly-once, after the wait `RestartPolicy` gives, until failures
-    come too often for it."""
-    deadline = None if args.run_for is None else time.monotonic() + args.run_for
+    come too often for it (`spark/running.py`)."""
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         # Stop between micro-batches rather than interrupt a call into the JVM.
@@ -478,9 +477,18 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
     gold = GoldRefresher(
         config, Path(args.checkpoint) / "intervals", 0.0 if args.available_now else 60.0
     )
-    restarts = RestartPolicy()
-    while True:
-        queries = start_streams(
+
+    def finish() -> None:
+        try:
+            gold.maybe_refresh(spark, force=True)
+        except Exception:
+            if not stop.is_set():
+                raise
+            log.info("stopping: availability left for the next run (days kept in %s)",
+                     gold.path)  # fmt: skip
+
+    return supervise(
+        lambda: start_streams(
             spark,
             config,
             args.checkpoint,
@@ -489,66 +497,12 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
             max_per_trigger=args.max_per_trigger,
             starting_offsets=args.starting_offsets,
             gold=gold,
-        )
-        failed = _await_queries(queries, args.available_now, deadline, stop)
-        if failed is None:
-            try:
-                gold.maybe_refresh(spark, force=True)
-            except Exception:
-                if not stop.is_set():
-                    raise
-                log.info("stopping: availability left for the next run (days kept in %s)",
-                         gold.path)  # fmt: skip
-            return 0
-        wait = restarts.failed(time.monotonic())
-        if wait is None:
-            print(f"error: query {failed[0]} failed: {failed[1]} ({restarts.limit + 1} failures "
-                  f"within {restarts.window_s:.0f} s)", file=sys.stderr)  # fmt: skip
-            return 1
-        log.error("query %s failed (%s); restarting from the checkpoints in %.0f s",
-                  *failed, wait)  # fmt: skip
-        if deadline is not None:
-            wait = min(wait, max(0.0, deadline - time.monotonic()))
-        if stop.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
-            log.info("stopping before the restart; the checkpoints hold where to resume")
-            return 0
-
-
-def _await_queries(
-    queries: list[StreamingQuery],
-    available_now: bool,
-    deadline: float | None,
-    stop: threading.Event,
-) -> tuple[str, str] | None:
-    """Wait as asked; None when the queries ended well (or were asked to stop), else (query
-    name, first line of its error)."""
-    failure = None
-    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-        try:
-            for query in queries:
-                with contextlib.suppress(StreamingQueryException):
-                    query.awaitTermination(0.2)
-        except Exception:
-            if stop.is_set():  # a signal to the whole process group stops the JVM too
-                break
-            raise
-        ended = [q for q in queries if not q.isActive]
-        failure = next(
-            ((q.name or "?", str(q.exception())) for q in ended if q.exception() is not None),
-            None,
-        )
-        if failure is not None or (ended and (not available_now or len(ended) == len(queries))):
-            break
-    for query in queries:
-        try:
-            query.stop()
-        except Exception as exc:  # the JVM may be going down with us
-            if not stop.is_set():
-                raise
-            log.info("stopping %s: %s", query.name, str(exc).strip().splitlines()[0][:200])
-    if failure is None or stop.is_set():
-        return None
-    return failure[0], failure[1].strip().splitlines()[0][:300]
+        ),
+        finish,
+        available_now=args.available_now,
+        deadline=None if args.run_for is None else time.monotonic() + args.run_for,
+        stop=stop,
+    )
 
 
 if __name__ == "__main__":
