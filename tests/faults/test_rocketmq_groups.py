@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -124,20 +125,28 @@ def publish_rounds(port: int, client_id: str, rounds: range, topics: list[str]) 
     return payloads
 
 
-def node_on(mq: LocalRocketMQ, bridge_factory: Callable[..., BridgeProcess]) -> BridgeProcess:
+def node_on(
+    mq: LocalRocketMQ, bridge_factory: Callable[..., BridgeProcess], *extra: str
+) -> BridgeProcess:
+    """A store=rocketmq node with light queues of its own (a namespace of its own): the module's
+    tests share one two-group cluster, and a ClientId of one test finds no queue of another's."""
     return bridge_factory(
         "store=rocketmq",
         f"rocketmq_namesrv={mq.namesrv_addr}",
         f"rocketmq_send_timeout={SEND_TIMEOUT:g}",
+        f"rocketmq_namespace=g{uuid.uuid4().hex[:8]}",
+        *extra,
     )
 
 
 # --- two groups -----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def two_groups(tmp_path: Path) -> Iterator[LocalRocketMQ]:
-    mq = LocalRocketMQ(tmp_path / "rocketmq", groups=2)
+@pytest.fixture(scope="module")
+def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
+    """Two broker groups the module's tests that kill nothing share (each in a namespace of
+    its own); the tests that kill a broker or add a group start their own."""
+    mq = LocalRocketMQ(tmp_path_factory.mktemp("two-groups") / "rocketmq", groups=2)
     mq.start()
     try:
         yield mq
@@ -485,11 +494,7 @@ def test_an_offline_session_over_its_limit_drops_its_oldest_messages_of_both_gro
 ) -> None:
     """The queue limit of an offline session counts every part, and trimming drops the oldest
     messages whichever group holds them (by time: seqs of two groups are not comparable)."""
-    node = bridge_factory(
-        "store=rocketmq",
-        f"rocketmq_namesrv={two_groups.namesrv_addr}",
-        "max_queued_messages=60",
-    )
+    node = node_on(two_groups, bridge_factory, "max_queued_messages=60")
     sleeper = start_collector(collectors, node.port, "sleeper", ["+/x"])
     sleeper.stop.set()
     sleeper.join(10)
