@@ -35,7 +35,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -49,7 +49,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from spark import tables
 from spark.intervals import DeviceTrack, Shifts, days_touched
 from spark.options import parse_options
-from spark.running import started, supervise
+from spark.running import supervise
 from spark.source import start_offsets
 from spark.telemetry import TOPIC_PREFIX
 
@@ -251,7 +251,7 @@ def _overwrite_partitions(frame: DataFrame, path: str, column: str) -> None:
         spark.conf.set("spark.sql.sources.partitionOverwriteMode", previous or "static")
 
 
-def start_streams(
+def stream_starters(
     spark: SparkSession,
     config: JobConfig,
     checkpoint: str,
@@ -261,8 +261,9 @@ def start_streams(
     max_per_trigger: int | None = None,
     starting_offsets: str = "earliest",
     gold: GoldRefresher | None = None,
-) -> list[StreamingQuery]:
-    """Start the four queries; each resumes from its checkpoint under `checkpoint`. A new
+) -> dict[str, Callable[[], StreamingQuery]]:
+    """The four queries, by name, each as a function that starts it; a query resumes from its
+    checkpoint under `checkpoint`, so starting one again after it failed is exactly-once. A new
     query starts at `starting_offsets`, resolved once here so that all four start at the same
     offsets (each would otherwise resolve "latest" at its own first trigger)."""
     options = config.source_options()
@@ -287,45 +288,54 @@ def start_streams(
         return writer.trigger(processingTime=f"{trigger_s} seconds")
 
     ck = Path(checkpoint)
-    queries = []
 
-    def to_files(frame: DataFrame, name: str) -> None:
-        # Spark's file sink: a micro-batch's files count only once its commit is logged.
-        writer = (
-            frame.writeStream.format("parquet")
-            .outputMode("append")
-            .option("path", config.table(name))
-            .option("checkpointLocation", str(ck / name))
-        )
-        queries.append(started(trigger(writer).queryName(name).start()))
+    def to_files(frame: Callable[[], DataFrame], name: str) -> Callable[[], StreamingQuery]:
+        def start() -> StreamingQuery:
+            # Spark's file sink: a micro-batch's files count only once its commit is logged.
+            writer = (
+                frame()
+                .writeStream.format("parquet")
+                .outputMode("append")
+                .option("path", config.table(name))
+                .option("checkpointLocation", str(ck / name))
+            )
+            return trigger(writer).queryName(name).start()
 
-    to_files(deduplicated().select(*tables.TELEMETRY_COLUMNS), "telemetry")
-    to_files(tables.quarantined(parsed()), "quarantine")
-    to_files(tables.line_minute(deduplicated()), "line_minute")
-    columns = ["device", "line", "station", "seq", "ts", "ts_ms", "state", "alarms"]
-    stateful = (
-        deduplicated()
-        .select(*columns)
-        .groupBy("device")
-        .applyInPandasWithState(
-            _track_devices,
-            tables.INTERVAL_DDL,
-            "track STRING",
-            "append",
-            GroupStateTimeout.EventTimeTimeout,
-        )
-    )
+        return start
+
     if gold is None:
         gold = GoldRefresher(config, ck / "intervals", 0.0 if available_now else 60.0)
-    intervals = stateful.writeStream.foreachBatch(_intervals_batch(config, gold))
-    queries.append(
-        started(
-            trigger(intervals.option("checkpointLocation", str(ck / "intervals")))
+    batch_writer = _intervals_batch(config, gold)
+
+    def intervals() -> StreamingQuery:
+        columns = ["device", "line", "station", "seq", "ts", "ts_ms", "state", "alarms"]
+        stateful = (
+            deduplicated()
+            .select(*columns)
+            .groupBy("device")
+            .applyInPandasWithState(
+                _track_devices,
+                tables.INTERVAL_DDL,
+                "track STRING",
+                "append",
+                GroupStateTimeout.EventTimeTimeout,
+            )
+        )
+        writer = stateful.writeStream.foreachBatch(batch_writer)
+        return (
+            trigger(writer.option("checkpointLocation", str(ck / "intervals")))
             .queryName("intervals")
             .start()
         )
-    )
-    return queries
+
+    return {
+        "telemetry": to_files(
+            lambda: deduplicated().select(*tables.TELEMETRY_COLUMNS), "telemetry"
+        ),
+        "quarantine": to_files(lambda: tables.quarantined(parsed()), "quarantine"),
+        "line_minute": to_files(lambda: tables.line_minute(deduplicated()), "line_minute"),
+        "intervals": intervals,
+    }
 
 
 # --- reading the tables ---------------------------------------------------------------------
@@ -467,9 +477,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace) -> int:
     """Run the streaming queries until SIGINT/SIGTERM (or `--for`, or all data with
     `--available-now`). A query that fails (a broker restart, or Spark's Python worker not
-    connecting back in time on a loaded machine) stops them all; they are restarted from their
-    checkpoints, which is exactly-once, after the wait `RestartPolicy` gives, until failures
-    come too often for it (`spark/running.py`)."""
+    connecting back in time on a loaded machine) is restarted from its checkpoint, which is
+    exactly-once, after the wait `RestartPolicy` gives, while the others run on; the job gives
+    up when failures come too often (`spark/running.py`)."""
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         # Stop between micro-batches rather than interrupt a call into the JVM.
@@ -488,7 +498,7 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
                      gold.path)  # fmt: skip
 
     return supervise(
-        lambda: start_streams(
+        stream_starters(
             spark,
             config,
             args.checkpoint,

@@ -1,6 +1,6 @@
-"""Running the streaming job's queries: started one after another, awaited until the job is
-told to stop (or `--for` ends, or all data is read with `--available-now`), and restarted from
-their checkpoints when one fails, as `RestartPolicy` allows.
+"""Running the streaming job's queries: started one after another, watched until the job is
+told to stop (or `--for` ends, or all data is read with `--available-now`), and a query that
+fails restarted alone from its checkpoint, as `RestartPolicy` allows.
 
 `spark/jobs.py` defines the queries; this module only starts, watches and stops them.
 """
@@ -42,7 +42,7 @@ def started(query: StreamingQuery) -> StreamingQuery:
 
 
 def supervise(
-    start: Callable[[], list[StreamingQuery]],
+    starters: dict[str, Callable[[], StreamingQuery]],
     finish: Callable[[], None],
     *,
     available_now: bool,
@@ -50,64 +50,72 @@ def supervise(
     stop: threading.Event,
     restarts: RestartPolicy | None = None,
 ) -> int:
-    """Start the queries (`start`), wait for them, and return the job's exit status.
+    """Start the queries (each by its function in `starters`, one after another), watch them,
+    and return the job's exit status.
 
-    When they end well (or `stop` is set, or `deadline` passes), `finish` runs and the status
-    is 0. A query that fails stops them all; they are started again after the wait `restarts`
-    gives, and when it gives none (failures come too often) the job prints why and the status
-    is 1."""
+    When they end well (or `stop` is set, or `deadline` passes), they are stopped, `finish`
+    runs and the status is 0. A query that fails is started again, alone, after the wait
+    `restarts` gives, while the others run on (each has its own checkpoint); when it gives none
+    (failures come too often) every query is stopped, the job prints why and the status is 1."""
     restarts = restarts or RestartPolicy()
-    while True:
-        failed = await_queries(start(), available_now, deadline, stop)
-        if failed is None:
-            finish()
-            return 0
-        wait = restarts.failed(time.monotonic())
-        if wait is None:
-            print(f"error: query {failed[0]} failed: {failed[1]} ({restarts.limit + 1} failures "
-                  f"within {restarts.window_s:.0f} s)", file=sys.stderr)  # fmt: skip
-            return 1
-        log.error("query %s failed (%s); restarting from the checkpoints in %.0f s",
-                  *failed, wait)  # fmt: skip
-        if deadline is not None:
-            wait = min(wait, max(0.0, deadline - time.monotonic()))
-        if stop.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
-            log.info("stopping before the restart; the checkpoints hold where to resume")
-            return 0
+    running: dict[str, StreamingQuery] = {}
+    try:
+        for name, start in starters.items():
+            running[name] = started(start())
+        while (failed := _watch(running, available_now, deadline, stop)) is not None:
+            name, error = failed
+            wait = restarts.failed(time.monotonic())
+            if wait is None:
+                print(f"error: query {name} failed: {error} ({restarts.limit + 1} failures "
+                      f"within {restarts.window_s:.0f} s)", file=sys.stderr)  # fmt: skip
+                return 1
+            log.error("query %s failed (%s); restarting it from its checkpoint in %.0f s",
+                      name, error, wait)  # fmt: skip
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - time.monotonic()))
+            if stop.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
+                log.info("stopping before the restart; the checkpoints hold where to resume")
+                return 0
+            running[name] = started(starters[name]())
+    finally:
+        _stop_all(running, stop)
+    finish()
+    return 0
 
 
-def await_queries(
-    queries: list[StreamingQuery],
+def _watch(
+    running: dict[str, StreamingQuery],
     available_now: bool,
     deadline: float | None,
     stop: threading.Event,
 ) -> tuple[str, str] | None:
-    """Wait as asked, then stop the queries; None when they ended well (or were asked to
-    stop), else (query name, first line of its error)."""
-    failure = None
+    """Wait until a query fails, (name, first line of its error), or until the job is done:
+    None when told to stop, at the deadline, when any query ended on its own (or, with
+    `available_now`, when all of them have)."""
     while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
         try:
-            for query in queries:
+            for query in running.values():
                 with contextlib.suppress(StreamingQueryException):
                     query.awaitTermination(0.2)
         except Exception:
             if stop.is_set():  # a signal to the whole process group stops the JVM too
-                break
+                return None
             raise
-        ended = [q for q in queries if not q.isActive]
-        failure = next(
-            ((q.name or "?", str(q.exception())) for q in ended if q.exception() is not None),
-            None,
-        )
-        if failure is not None or (ended and (not available_now or len(ended) == len(queries))):
-            break
-    for query in queries:
+        ended = {name: query for name, query in running.items() if not query.isActive}
+        for name, query in ended.items():
+            error = query.exception()
+            if error is not None and not stop.is_set():
+                return name, str(error).strip().splitlines()[0][:300]
+        if ended and (not available_now or len(ended) == len(running)):
+            return None
+    return None
+
+
+def _stop_all(running: dict[str, StreamingQuery], stop: threading.Event) -> None:
+    for query in running.values():
         try:
             query.stop()
         except Exception as exc:  # the JVM may be going down with us
             if not stop.is_set():
                 raise
             log.info("stopping %s: %s", query.name, str(exc).strip().splitlines()[0][:200])
-    if failure is None or stop.is_set():
-        return None
-    return failure[0], failure[1].strip().splitlines()[0][:300]

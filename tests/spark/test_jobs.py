@@ -2,9 +2,10 @@
 RocketMQ, then the back-fill and the streaming job (a real local Spark), with every table
 compared row for row with what the published messages must give.
 
-The streaming job is killed with SIGKILL part-way (driver and JVM, mid-micro-batch as it
-happens) and restarted from its checkpoints: every count must still be exact, nothing lost and
-nothing counted twice.
+The streaming job first loses one query's source (its Python worker, SIGKILL), which it
+restarts alone; then the whole job is killed with SIGKILL part-way (driver and JVM,
+mid-micro-batch as it happens) and restarted from its checkpoints: every count must still be
+exact, nothing lost and nothing counted twice.
 """
 
 from __future__ import annotations
@@ -216,6 +217,27 @@ def stream_job(nameserver: str, top: str, out: Path, ck: Path, *extra: str) -> s
         )
 
 
+RESTARTED = "restarting it from its checkpoint"
+"""What the job logs when it restarts a failed query."""
+
+
+def source_runners(job: subprocess.Popen) -> list[int]:
+    """PIDs of the stream job's Python workers that run its queries' sources (one per query)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != job.pid:
+                continue
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ProcessLookupError):
+            continue
+        if b"python_streaming_source_runner" in command:
+            found.append(int(entry.name))
+    return found
+
+
 def commits(ck: Path, query: str) -> int:
     directory = ck / query / "commits"
     return len([p for p in directory.iterdir() if p.name.isdigit()]) if directory.exists() else 0
@@ -242,7 +264,7 @@ def wait_for(
         time.sleep(0.5)
 
 
-def test_streaming_job_killed_mid_way_and_restarted_counts_every_message_exactly_once(
+def test_streaming_job_that_loses_a_query_and_then_is_killed_counts_every_message_exactly_once(
     spark: SparkSession, rocketmq, published, tmp_path: Path
 ) -> None:
     top, messages, valid = published
@@ -252,14 +274,16 @@ def test_streaming_job_killed_mid_way_and_restarted_counts_every_message_exactly
     job = stream_job(
         rocketmq.namesrv_addr, top, out, ck, "--trigger", "1", "--max-per-trigger", str(per_trigger)
     )
+    log = tmp_path / "stream.log"
     try:
-        wait_for(
-            lambda: commits(ck, "intervals") >= 2,
-            300,
-            "two committed micro-batches",
-            job,
-            tmp_path / "stream.log",
-        )
+        wait_for(lambda: commits(ck, "intervals") >= 1, 300, "a committed micro-batch", job, log)
+        # One query's source dies (its Python worker, SIGKILL): that query alone is restarted
+        # from its checkpoint while the others run on.
+        runners = source_runners(job)
+        assert len(runners) == 4, runners
+        os.kill(runners[0], signal.SIGKILL)
+        wait_for(lambda: RESTARTED in log.read_text(), 120, "the failed query's restart", job, log)
+        wait_for(lambda: commits(ck, "intervals") >= 2, 300, "two micro-batches", job, log)
     finally:
         kill_group(job)
     done = commits(ck, "intervals")
