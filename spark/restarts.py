@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 class RestartPolicy:
     """Counts a job's recent failures and answers how long to wait before the next restart."""
 
-    limit: int = 5
+    limit: int = 10
     """Failures within `window_s` that are restarted; one more and the job gives up."""
     window_s: float = 600.0
     """How long a failure counts against the job."""
