@@ -119,7 +119,8 @@ class Child:
         return False
 
 
-def _can_bind(port: int) -> bool:
+def can_bind(port: int) -> bool:
+    """Whether nothing holds `port` on 127.0.0.1 now."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -135,7 +136,7 @@ def free_ports(taken: set[int], offsets: tuple[int, ...] = (0,)) -> int:
     for _ in range(500):
         port = rng.randrange(20000, 32000)
         wanted = {port + off for off in offsets}
-        if not wanted & taken and all(_can_bind(p) for p in wanted):
+        if not wanted & taken and all(can_bind(p) for p in wanted):
             taken |= wanted
             return port
     raise DemoError(f"no free loopback port block {offsets} found")

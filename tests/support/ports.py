@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import threading
+
+from spark.demo_servers import can_bind
 
 LOW = 10000
 HIGH = 32768
@@ -31,16 +32,6 @@ def worker_share() -> tuple[int, int]:
     width = (HIGH - LOW) // max(count, 1)
     first = LOW + min(index, count - 1) * width
     return first, first + width
-
-
-def can_bind(port: int) -> bool:
-    """Whether nothing holds `port` on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class _Dealer:
