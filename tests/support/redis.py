@@ -27,6 +27,7 @@ import asyncio
 import gc
 import subprocess
 import time
+import traceback
 import warnings
 import weakref
 from collections.abc import Coroutine
@@ -464,10 +465,33 @@ def run_and_collect(coro: Coroutine[Any, Any, T]) -> T:
     Sentinel) without waiting for its transport to finish closing (`disconnect(nowait=True)`).
     Once `asyncio.run` has closed the loop that transport never finishes, and the collector
     reports it as an unclosed socket in whichever later, unrelated test it happens to run in
-    (filterwarnings = error): seen in full runs, never in the test alone."""
+    (filterwarnings = error): seen in full runs, never in the test alone.
+
+    An exception the coroutine raises holds, through its traceback's frames, the loop and the
+    connections it failed on, and an exception raised in an `except` block sits in a cycle with
+    its own frame. Those frames' locals are cleared before collecting here; otherwise the
+    connections outlive this call and reach the collector in pytest's next phase instead."""
     try:
         return asyncio.run(coro)
+    except BaseException as exc:
+        _clear_frames(exc)
+        raise
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
+
+
+def _clear_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames in `exc`'s traceback and in those of the
+    exceptions it was raised from or during (frames still running are left as they are)."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
+        pending += getattr(current, "exceptions", ())
