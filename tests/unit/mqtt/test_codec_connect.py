@@ -58,6 +58,16 @@ def test_connect_with_unknown_level_and_unparseable_rest_still_decodes_MQTT_3_1_
     assert packet == Connect(client_id="", protocol_level=9, protocol_name="MQTT")
 
 
+def test_connect_with_an_unknown_level_keeps_its_name_and_reads_a_later_level_as_5_0() -> None:
+    # What can be read is kept for the CONNACK 0x01/0x84 and its log line: the client id, and
+    # the protocol name even when nothing else parses.
+    packet = decode_one(frame(0x10, s("MQIsdp") + b"\x09\xff"))
+    assert packet == Connect(client_id="", protocol_level=9, protocol_name="MQIsdp")
+    for name, level in (("MQTT", 6), ("MQIsdp", 5)):
+        data = frame(0x10, connect_body(0x02, b"\x00" + s("c5"), name=name, level=level))
+        assert decode_one(data) == Connect("c5", protocol_level=level, protocol_name=name)
+
+
 def test_connect_with_level_3_but_name_mqtt_is_an_unsupported_pair_MQTT_3_1_2_2() -> None:
     decoder = Decoder()
     decoder.feed(frame(0x10, connect_body(0x02, s("c"), name="MQTT", level=3)))

@@ -117,3 +117,30 @@ def test_delayed_settings_are_checked() -> None:
     for bad in (Config(delayed_max_seconds=-1), Config(delayed_max_pending=0)):
         with pytest.raises(ConfigError):
             validate(bad)
+
+
+@pytest.mark.parametrize(
+    ("topic", "maximum", "answer"),
+    [
+        ("$delayed/1/t", 0, "0x83 delayed publish is off (delayed_max_seconds=0)"),
+        ("$delayed/x/t", 1, "0x90 a delayed publish needs `$delayed/<seconds>/<topic>` with whole"),
+        ("$delayed/5", 1, "0x90 a delayed publish needs a topic after `$delayed/<seconds>/`"),
+        ("$delayed/5/", 1, "0x90 a delayed publish needs a topic after `$delayed/<seconds>/`"),
+        ("$delayed/2/t", 1, "0x83 delay of 2 seconds is over delayed_max_seconds=1"),
+        ("$delayed/12345678901234/t", None, "0x83 delay of 123456789012 seconds is over"),
+        ("$delayed/1/a\x00", 1, "0x90 the topic of a delayed publish must not contain wildcards"),
+        ("$delayed/1/$delayed/1/t", 1, "0x90 a delayed publish cannot target another $delayed"),
+    ],
+)
+def test_a_refused_delayed_topic_says_why_with_its_reason_code(
+    topic: str, maximum: int | None, answer: str
+) -> None:
+    with pytest.raises(DelayedTopicError) as caught:
+        parse_delayed(topic, maximum)
+    assert caught.value.args == (caught.value.why,)
+    assert f"0x{caught.value.reason:02X} {caught.value.why}".startswith(answer)
+
+
+def test_the_longest_delay_has_ten_digits_and_a_maximum_of_one_second_is_not_off() -> None:
+    assert parse_delayed("$delayed/9999999999/t") == DelayedTopic(9_999_999_999, "t")
+    assert parse_delayed("$delayed/0000000001/t", 1) == DelayedTopic(1, "t")

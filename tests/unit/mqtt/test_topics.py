@@ -252,3 +252,24 @@ def test_parse_shared_rejects_unsplittable_shared_filters() -> None:
     for topic_filter in ("$share/", "$share/g", "$share//a"):
         with pytest.raises(MQTTProtocolError):
             parse_shared(topic_filter)
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "answer"),
+    [
+        ("", "MQTT-4.7.3-1: topic filter must be at least one character long"),
+        ("a\x00", "MQTT-4.7.3-2: topic filter must not contain U+0000"),
+        ("a/#/b", "MQTT-4.7.1-2: '#' in topic filter 'a/#/b' must be the whole last level"),
+        ("a/b+", "MQTT-4.7.1-3: '+' in topic filter 'a/b+' must occupy a whole level"),
+        ("$share//a", "MQTT-4.8.2-1: shared subscription '$share//a' needs a non-empty share name"),
+        ("$share/g", "MQTT-4.8.2-2: share name in '$share/g' must be followed by '/' and a topic"),
+        ("$share/g+/a", "MQTT-4.8.2-2: share name 'g+' must not contain '/', '+' or '#'"),
+        ("$share/g/", "MQTT-4.8.2-2: shared subscription '$share/g/' must end in a topic filter"),
+    ],
+)
+def test_a_refused_topic_filter_names_the_rule_and_the_filter(
+    topic_filter: str, answer: str
+) -> None:
+    with pytest.raises(MQTTProtocolError) as info:
+        validate_topic_filter(topic_filter)
+    assert str(info.value).startswith(answer)
