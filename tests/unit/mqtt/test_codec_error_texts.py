@@ -30,6 +30,7 @@ from bridge.mqtt.codec import (
     encode_pubrel,
 )
 from bridge.mqtt.decoder import _first_byte_problem
+from bridge.mqtt.encoder import _encode_ack
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.packets import (
     Auth,
@@ -51,7 +52,7 @@ from bridge.mqtt.packets import (
 )
 from bridge.mqtt.properties import encode_varint
 
-from .codec_bytes import connect_body, frame, s, varint
+from .codec_bytes import connect_body, decode_one, frame, s, varint
 
 MALFORMED = 0x81
 PROTOCOL_ERROR = 0x82
@@ -63,8 +64,8 @@ def _answer(error: MQTTProtocolError) -> str:
     return f"0x{error.reason_code:02X} {error}"
 
 
-def decode_answer(data: bytes, level: int, from_server: bool = False) -> str:
-    decoder = Decoder(from_server=from_server)
+def decode_answer(data: bytes, level: int) -> str:
+    decoder = Decoder()  # a server's: its clients may not send Subscription Identifiers
     decoder.protocol_level = level
     decoder.feed(data)
     with pytest.raises(MQTTProtocolError) as refused:
@@ -94,6 +95,9 @@ DECODED: list[Any] = [
         "0x81 MQTT-2.2.2-1: reserved flags of CONNECT must be 0b0000, got 0b0001"),
     ("five-byte remaining length", 4, b"\x30\xff\xff\xff\xff\x01",
         "0x81 malformed-remaining-length: remaining length is longer than 4 bytes"),
+    ("AUTH after a 3.1.1 CONNECT in the same read", 4,
+        frame(0x10, connect_body(0x02, s("c"))) + b"\xf0\x00",
+        "0x81 invalid-packet-type: packet type 15 is reserved (first byte 0xF0)"),
     # -- PUBLISH on the inline path (3.1.1, and 5.0 with no properties)
     ("PUBLISH of one byte", 4, b"\x30\x01\x00",
         "0x81 malformed-packet: PUBLISH too short for its topic length"),
@@ -535,3 +539,31 @@ def test_encode_accepts_each_field_up_to_its_edges() -> None:
     assert encode(Subscribe(1, [Subscription("a", retain_handling=2)]), 5) == frame(
         0x82, b"\x00\x01\x00" + s("a") + b"\x20"
     )
+
+
+@pytest.mark.parametrize(("cls", "packet_type", "what"), _ACKS, ids=[a[2] for a in _ACKS])
+def test_an_acknowledgement_encoder_writes_the_short_form_below_5_and_the_reason_from_5(
+    cls: Any, packet_type: int, what: str
+) -> None:
+    first = {Puback: 0x40, Pubrec: 0x50, Pubrel: 0x62, Pubcomp: 0x70}[cls]
+    encode_one = _encode_ack(packet_type, what)
+    code = 0x92 if packet_type in (PacketType.PUBREL, PacketType.PUBCOMP) else 0x10
+    assert encode_one(cls(0x1234), 4) == bytes((first, 2, 0x12, 0x34))
+    assert encode_one(cls(0x1234, code, {}), 4) == bytes((first, 2, 0x12, 0x34))
+    assert encode_one(cls(0x1234), 5) == bytes((first, 2, 0x12, 0x34))
+    assert encode_one(cls(0x1234, code, {}), 5) == bytes((first, 3, 0x12, 0x34, code))
+    with_reason = encode_one(cls(7, code, {0x1F: "why"}), 5)
+    assert with_reason == frame(first, b"\x00\x07" + bytes((code, 6, 0x1F)) + s("why"))
+    with pytest.raises(MQTTProtocolError) as refused:
+        encode_one(cls(0), 4)
+    assert _answer(refused.value) == (
+        f"0x81 MQTT-2.3.1-1: {what} needs a packet identifier in 1..65535, got 0"
+    )
+
+
+def test_plain_publishes_decode_with_empty_properties_and_short_forms_encode_to_two_bytes() -> None:
+    for level, data in ((4, frame(0x30, s("t") + b"p")), (4, frame(0x32, s("t") + b"\x00\x01p"))):
+        packet = decode_one(data, level)
+        assert packet.properties == {} and packet.payload == b"p"
+    assert decode_one(frame(0x30, s("t") + b"\x00p"), 5).properties == {}
+    assert encode_disconnect5() == b"\xe0\x00"
