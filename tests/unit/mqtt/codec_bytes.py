@@ -11,8 +11,16 @@ from __future__ import annotations
 import pytest
 
 from bridge.mqtt.codec import MAX_PACKET_SIZE, Decoder
-from bridge.mqtt.errors import MQTTProtocolError
-from bridge.mqtt.packets import Packet
+from bridge.mqtt.errors import MQTTProtocolError, PacketTooLarge
+from bridge.mqtt.packets import Packet, PacketType, Puback, Pubcomp, Pubrec, Pubrel
+
+ACKS = [
+    (Puback, PacketType.PUBACK, "PUBACK"),
+    (Pubrec, PacketType.PUBREC, "PUBREC"),
+    (Pubrel, PacketType.PUBREL, "PUBREL"),
+    (Pubcomp, PacketType.PUBCOMP, "PUBCOMP"),
+]
+"""The four acknowledgements: their class, packet type and name in error texts."""
 
 
 def s(text: str | bytes) -> bytes:
@@ -58,3 +66,12 @@ def connect_body(
     flags: int, payload: bytes, name: str = "MQTT", level: int = 4, keepalive: int = 60
 ) -> bytes:
     return s(name) + bytes((level, flags)) + keepalive.to_bytes(2, "big") + payload
+
+
+def answer_of(error: MQTTProtocolError) -> str:
+    """The reason code a 5.0 peer receives, then the log text: "0x81 rule: message"."""
+    if isinstance(error, PacketTooLarge):
+        assert error.args == (error.size, error.limit)
+    else:
+        assert error.args == (error.rule, error.message)
+    return f"0x{error.reason_code:02X} {error}"

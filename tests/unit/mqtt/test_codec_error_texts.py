@@ -1,13 +1,13 @@
-"""What the codec says when it refuses a packet: the rule, the message and the reason code.
+"""What the codec says when it refuses bytes it reads: the rule, the message and the reason code.
 
 A refused packet closes the connection with a log line built from `str(error)` ("rule: message")
 and, for MQTT 5.0, a CONNACK or DISCONNECT carrying `error.reason_code`. The other codec tests
 check which rule a packet breaks; these pin the whole answer an operator reads in the log and a
-5.0 client receives, one case per place the codec refuses something, decoding (through the
-`Decoder`, and the body decoders on their own where the `Decoder` never calls them) and encoding.
-They also check the two tables built when the codec is imported (the fixed header's first byte
-and the four acknowledgement decoders) by building them again here, so a change to the code that
-builds them is seen.
+5.0 client receives, one case per place the decoder refuses something (through the `Decoder`,
+and the body decoders on their own where the `Decoder` never calls them). They also check the two
+tables built when the codec is imported (the fixed header's first byte and the four
+acknowledgement decoders) by building them again here, so a change to the code that builds them
+is seen. What the encoders refuse: test_codec_encode_texts.py.
 """
 
 from __future__ import annotations
@@ -17,60 +17,21 @@ from typing import Any
 import pytest
 
 from bridge.mqtt.body_decoders import BODY_DECODERS, _make_ack_decoder
-from bridge.mqtt.codec import (
-    Decoder,
-    encode,
-    encode_ack5,
-    encode_disconnect5,
-    encode_property_block_content,
-    encode_puback,
-    encode_pubcomp,
-    encode_publish5,
-    encode_pubrec,
-    encode_pubrel,
-)
+from bridge.mqtt.codec import Decoder, encode_disconnect5
 from bridge.mqtt.decoder import _first_byte_problem
-from bridge.mqtt.encoder import _encode_ack
 from bridge.mqtt.errors import MQTTProtocolError
-from bridge.mqtt.packets import (
-    Auth,
-    Connack,
-    Connect,
-    Disconnect,
-    Packet,
-    PacketType,
-    Puback,
-    Pubcomp,
-    Pubrec,
-    Pubrel,
-    Suback,
-    Subscribe,
-    Subscription,
-    Unsuback,
-    Unsubscribe,
-    Will,
-)
-from bridge.mqtt.properties import encode_varint
+from bridge.mqtt.packets import PacketType
 
-from .codec_bytes import connect_body, decode_one, frame, s, varint
-
-MALFORMED = 0x81
-PROTOCOL_ERROR = 0x82
+from .codec_bytes import ACKS, answer_of, connect_body, decode_one, frame, s
 
 
-def _answer(error: MQTTProtocolError) -> str:
-    """The reason code a 5.0 peer receives, then the log text: "0x81 rule: message"."""
-    assert error.args == (error.rule, error.message)
-    return f"0x{error.reason_code:02X} {error}"
-
-
-def decode_answer(data: bytes, level: int) -> str:
+def decodeanswer_of(data: bytes, level: int) -> str:
     decoder = Decoder()  # a server's: its clients may not send Subscription Identifiers
     decoder.protocol_level = level
     decoder.feed(data)
     with pytest.raises(MQTTProtocolError) as refused:
         decoder.packets()
-    return _answer(refused.value)
+    return answer_of(refused.value)
 
 
 def _connect5(flags: int, rest: bytes) -> bytes:
@@ -133,6 +94,12 @@ DECODED: list[Any] = [
     ("5.0 PUBLISH from a client with a Subscription Identifier", 5,
         frame(0x30, s("a") + b"\x02\x0b\x01"),
         "0x82 MQTT-3.3.4-6: a PUBLISH from a client must not carry a Subscription Identifier"),
+    ("5.0 PUBLISH with a property twice", 5, frame(0x30, s("a") + b"\x04\x01\x01\x01\x01"),
+        "0x82 duplicate-property: property 0x01 appears more than once"),
+    ("5.0 PUBLISH four-byte property past the block", 5, frame(0x30, s("a") + b"\x03\x02\x00\x00"),
+        "0x81 malformed-packet: property value runs past the property block"),
+    ("5.0 PUBLISH two-byte property past the block", 5, frame(0x30, s("a") + b"\x02\x23\x00"),
+        "0x81 malformed-packet: property value runs past the property block"),
     # -- CONNECT
     ("unknown protocol name", 4, frame(0x10, s("MQTX") + b"\x04\x02\x00\x3c"),
         "0x81 MQTT-3.1.2-1: unknown protocol name 'MQTX'"),
@@ -262,7 +229,7 @@ DECODED: list[Any] = [
 def test_a_refused_packet_is_answered_with_its_rule_message_and_reason_code(
     data: bytes, level: int, answer: str
 ) -> None:
-    assert decode_answer(data, level) == answer
+    assert decodeanswer_of(data, level) == answer
 
 
 def test_a_client_reading_a_server_accepts_a_subscription_identifier() -> None:
@@ -332,15 +299,8 @@ def test_every_first_byte_is_judged_by_the_fixed_header_rules(level: int) -> Non
 
 _BLOCK_PAST_END = "malformed-packet: property block runs past the end of the packet"
 
-_ACKS = [
-    (Puback, PacketType.PUBACK, "PUBACK"),
-    (Pubrec, PacketType.PUBREC, "PUBREC"),
-    (Pubrel, PacketType.PUBREL, "PUBREL"),
-    (Pubcomp, PacketType.PUBCOMP, "PUBCOMP"),
-]
 
-
-@pytest.mark.parametrize(("cls", "packet_type", "what"), _ACKS, ids=[a[2] for a in _ACKS])
+@pytest.mark.parametrize(("cls", "packet_type", "what"), ACKS, ids=[a[2] for a in ACKS])
 def test_an_acknowledgement_decoder_reads_the_id_the_reason_and_the_properties(
     cls: Any, packet_type: int, what: str
 ) -> None:
@@ -365,200 +325,6 @@ def test_an_acknowledgement_decoder_reads_the_id_the_reason_and_the_properties(
         with pytest.raises(MQTTProtocolError) as refused:
             decode(data, 0, len(data), 0, level)
         assert str(refused.value) == text, data
-
-
-# -- encoding: what a caller gets for a packet the protocol does not allow ---------------------
-
-# fmt: off
-ENCODED: list[Any] = [
-    ("protocol level 256", Connect("c", protocol_level=256), 4,
-        "0x81 invalid-protocol-level: protocol level 256 not a byte"),
-    ("protocol level -1", Connect("c", protocol_level=-1), 4,
-        "0x81 invalid-protocol-level: protocol level -1 not a byte"),
-    ("keep alive 65536", Connect("c", keepalive=65536), 4,
-        "0x81 invalid-keepalive: keep alive 65536 not 16-bit"),
-    ("keep alive -1", Connect("c", keepalive=-1), 4,
-        "0x81 invalid-keepalive: keep alive -1 not 16-bit"),
-    ("3.1.1 password without user", Connect("c", password=b"p"), 4,
-        "0x81 MQTT-3.1.2-22: a password needs a user name before MQTT 5.0"),
-    ("will QoS 3", Connect("c", will=Will("w", b"", qos=3)), 4,
-        "0x81 MQTT-3.1.2-14: will QoS must be 0, 1 or 2, got 3"),
-    ("CONNACK code 6", Connack(6), 4,
-        "0x81 connack-return-code: CONNACK return code 6 is reserved"),
-    ("CONNACK session present with a refusal", Connack(5, session_present=True), 4,
-        "0x81 MQTT-3.2.2-4: session present must be 0 with a non-zero return code"),
-    ("5.0 CONNACK code 1", Connack(1), 5,
-        "0x82 invalid-reason-code: CONNACK reason code 1 is not defined"),
-    ("SUBSCRIBE without filters", Subscribe(1, []), 4,
-        "0x82 MQTT-3.8.3-3: SUBSCRIBE must contain at least one filter"),
-    ("SUBSCRIBE empty filter", Subscribe(1, [Subscription("")]), 4,
-        "0x81 MQTT-4.7.3-1: topic filter must not be empty"),
-    ("SUBSCRIBE QoS 3", Subscribe(1, [Subscription("a", 3)]), 4,
-        "0x81 MQTT-3-8.3-4: requested QoS must be 0..2, got 3"),
-    ("SUBSCRIBE QoS -1", Subscribe(1, [Subscription("a", -1)]), 4,
-        "0x81 MQTT-3-8.3-4: requested QoS must be 0..2, got -1"),
-    ("SUBSCRIBE id 0", Subscribe(0, [Subscription("a")]), 4,
-        "0x81 MQTT-2.3.1-1: SUBSCRIBE needs a packet identifier in 1..65535, got 0"),
-    ("5.0 SUBSCRIBE retain handling 3", Subscribe(1, [Subscription("a", retain_handling=3)]), 5,
-        "0x82 invalid-subscription-options: retain handling must be 0..2, got 3"),
-    ("5.0 shared SUBSCRIBE with No Local",
-        Subscribe(1, [Subscription("$share/g/a", no_local=True)]), 5,
-        "0x82 MQTT-3.8.3-4: No Local must not be set on a shared subscription"),
-    ("SUBACK without codes", Suback(1, []), 4,
-        "0x81 malformed-packet: SUBACK must contain at least one return code"),
-    ("3.1.1 SUBACK code 0x87", Suback(1, [0x87]), 4,
-        "0x82 MQTT-3.9.3-2: SUBACK return code 135 is reserved"),
-    ("SUBACK id 0", Suback(0, [0]), 4,
-        "0x81 MQTT-2.3.1-1: SUBACK needs a packet identifier in 1..65535, got 0"),
-    ("UNSUBSCRIBE without filters", Unsubscribe(1, []), 4,
-        "0x82 MQTT-3.10.3-2: UNSUBSCRIBE must contain at least one filter"),
-    ("UNSUBSCRIBE empty filter", Unsubscribe(1, [""]), 4,
-        "0x81 MQTT-4.7.3-1: topic filter must not be empty"),
-    ("UNSUBSCRIBE id 70000", Unsubscribe(70000, ["a"]), 4,
-        "0x81 MQTT-2.3.1-1: UNSUBSCRIBE needs a packet identifier in 1..65535, got 70000"),
-    ("UNSUBACK id 0", Unsuback(0), 4,
-        "0x81 MQTT-2.3.1-1: UNSUBACK needs a packet identifier in 1..65535, got 0"),
-    ("5.0 UNSUBACK code 1", Unsuback(1, [1]), 5,
-        "0x82 invalid-reason-code: UNSUBACK reason code 1 is not defined"),
-    ("PUBACK id 0", Puback(0), 4,
-        "0x81 MQTT-2.3.1-1: PUBACK needs a packet identifier in 1..65535, got 0"),
-    ("PUBREL id 65536", Pubrel(65536), 4,
-        "0x81 MQTT-2.3.1-1: PUBREL needs a packet identifier in 1..65535, got 65536"),
-    ("5.0 PUBREC reason 1", Pubrec(1, 1), 5,
-        "0x82 invalid-reason-code: PUBREC reason code 1 is not defined"),
-    ("AUTH in 3.1.1", Auth(), 4,
-        "0x81 invalid-packet-type: AUTH exists only in MQTT 5.0"),
-    ("AUTH reason 1", Auth(1), 5,
-        "0x82 invalid-reason-code: AUTH reason code 1 is not defined"),
-    ("5.0 DISCONNECT reason 1", Disconnect(1), 5,
-        "0x82 invalid-reason-code: DISCONNECT reason code 1 is not defined"),
-    ("unknown property", Disconnect(0, {0x7F: 1}), 5,
-        "0x81 invalid-property: property 0x7F is not allowed in DISCONNECT"),
-]
-# fmt: on
-
-
-@pytest.mark.parametrize(
-    ("packet", "level", "answer"),
-    [pytest.param(packet, level, answer, id=what) for what, packet, level, answer in ENCODED],
-)
-def test_encoding_a_packet_the_protocol_forbids_names_the_rule(
-    packet: Packet, level: int, answer: str
-) -> None:
-    with pytest.raises(MQTTProtocolError) as refused:
-        encode(packet, level)
-    assert _answer(refused.value) == answer
-    assert refused.value.packets == []
-
-
-# what is called -> reason code and log text
-# fmt: off
-REFUSED_BY_FAST_ENCODERS: list[Any] = [
-    (lambda: encode_puback(0),
-        "0x81 MQTT-2.3.1-1: PUBACK needs a packet identifier in 1..65535, got 0"),
-    (lambda: encode_pubrec(65536),
-        "0x81 MQTT-2.3.1-1: PUBREC needs a packet identifier in 1..65535, got 65536"),
-    (lambda: encode_pubrel(-1),
-        "0x81 MQTT-2.3.1-1: PUBREL needs a packet identifier in 1..65535, got -1"),
-    (lambda: encode_pubcomp(65536),
-        "0x81 MQTT-2.3.1-1: PUBCOMP needs a packet identifier in 1..65535, got 65536"),
-    (lambda: encode_ack5(PacketType.PUBACK, 1, 0x01, {}),
-        "0x82 invalid-reason-code: PUBACK reason code 1 is not defined"),
-    (lambda: encode_disconnect5(0x01),
-        "0x82 invalid-reason-code: DISCONNECT reason code 1 is not defined"),
-    (lambda: encode_disconnect5(0x00, {0x7F: 1}),
-        "0x81 invalid-property: property 0x7F is not allowed in DISCONNECT"),
-    (lambda: encode_publish5("a", b"", 1, False, False, 0),
-        "0x81 MQTT-2.3.1-1: PUBLISH needs a packet identifier in 1..65535, got 0"),
-    (lambda: encode_varint(-1),
-        "0x81 malformed-variable-byte-integer: negative value -1"),
-    (lambda: encode_varint(268_435_456),
-        "0x81 malformed-variable-byte-integer: 268435456 does not fit a Variable Byte Integer"),
-    (lambda: encode_property_block_content({0x7F: 1}),
-        "0x81 invalid-property: unknown property 0x7F"),
-    (lambda: encode_property_block_content({0x26: ("k", "v")}),
-        "0x81 invalid-property: repeatable property 0x26 needs a list"),
-    (lambda: encode_property_block_content({0x21: "x"}),
-        "0x81 invalid-property: property 0x21 needs an int, got 'x'"),
-    (lambda: encode_property_block_content({0x21: 65536}),
-        "0x81 invalid-property: property 0x21 needs an int, got 65536"),
-    (lambda: encode_property_block_content({0x1F: 1}),
-        "0x81 invalid-property: property 0x1F needs a str, got 1"),
-    (lambda: encode_property_block_content({0x09: "x"}),
-        "0x81 invalid-property: property 0x09 needs bytes, got 'x'"),
-    (lambda: encode_property_block_content({0x26: [("k",)]}),
-        "0x81 invalid-property: property 0x26 needs a (name, value) pair"),
-    (lambda: encode_property_block_content({0x26: ["kv"]}),
-        "0x81 invalid-property: property 0x26 needs a (name, value) pair"),
-]
-# fmt: on
-
-
-@pytest.mark.parametrize(("call", "answer"), REFUSED_BY_FAST_ENCODERS)
-def test_the_fast_encoders_refuse_what_encode_refuses(call: Any, answer: str) -> None:
-    with pytest.raises(MQTTProtocolError) as refused:
-        call()
-    assert _answer(refused.value) == answer
-
-
-def test_the_fast_encoders_write_big_endian_ids_and_lengths_past_one_byte() -> None:
-    assert encode_puback(0x1234) == b"\x40\x02\x12\x34"
-    assert encode_pubrec(0xFFFF) == b"\x50\x02\xff\xff"
-    assert encode_pubrel(0x0102) == b"\x62\x02\x01\x02"
-    assert encode_pubcomp(0x0201) == b"\x70\x02\x02\x01"
-    assert encode(Puback(0x1234), 4) == b"\x40\x02\x12\x34"
-    assert encode(Puback(0x1234, 0x10), 5) == b"\x40\x03\x12\x34\x10"
-    # Each length on both sides of the one-byte Variable Byte Integer (127 and 128).
-    for qos, packet_id in ((0, None), (1, 0x0102)):
-        id_bytes = b"\x01\x02" if packet_id else b""
-        for value_size in (62, 63):  # a property block of 127, then 128 bytes
-            block = encode_property_block_content({0x26: [("k" * 60, "v" * value_size)]})
-            data = encode_publish5("t" * 0x101, b"p", qos, False, False, packet_id, block)
-            body = s("t" * 0x101) + id_bytes + varint(len(block)) + block + b"p"
-            assert data == frame(0x30 | qos << 1, body), (qos, len(block))
-        for payload_size in (123, 124):  # a remaining length of 127, then 128 (QoS 0)
-            payload = b"p" * (payload_size - len(id_bytes))
-            data = encode_publish5("t", payload, qos, False, False, packet_id, b"")
-            assert data == frame(0x30 | qos << 1, s("t") + id_bytes + b"\x00" + payload)
-
-
-def test_encode_accepts_each_field_up_to_its_edges() -> None:
-    # A client may send any protocol level byte (the server answers an unknown one with
-    # CONNACK 0x01); keep alive is any 16-bit value.
-    for level in (0, 255):
-        assert encode(Connect("c", protocol_level=level))[8] == level
-    for keepalive in (0, 0xFFFF):
-        assert encode(Connect("c", keepalive=keepalive))[10:12] == keepalive.to_bytes(2, "big")
-    assert encode(Connect("c", will=Will("w", b"", qos=2)))[9] == 0x02 | 0x04 | 0x10
-    assert encode(Connack(5), 4) == b"\x20\x02\x00\x05"
-    assert encode(Suback(0xFFFF, [0x80]), 4) == b"\x90\x03\xff\xff\x80"
-    assert encode(Suback(1, [0x87]), 5) == b"\x90\x04\x00\x01\x00\x87"
-    assert encode(Subscribe(1, [Subscription("a", 2)]), 4) == frame(
-        0x82, b"\x00\x01" + s("a") + b"\x02"
-    )
-    assert encode(Subscribe(1, [Subscription("a", retain_handling=2)]), 5) == frame(
-        0x82, b"\x00\x01\x00" + s("a") + b"\x20"
-    )
-
-
-@pytest.mark.parametrize(("cls", "packet_type", "what"), _ACKS, ids=[a[2] for a in _ACKS])
-def test_an_acknowledgement_encoder_writes_the_short_form_below_5_and_the_reason_from_5(
-    cls: Any, packet_type: int, what: str
-) -> None:
-    first = {Puback: 0x40, Pubrec: 0x50, Pubrel: 0x62, Pubcomp: 0x70}[cls]
-    encode_one = _encode_ack(packet_type, what)
-    code = 0x92 if packet_type in (PacketType.PUBREL, PacketType.PUBCOMP) else 0x10
-    assert encode_one(cls(0x1234), 4) == bytes((first, 2, 0x12, 0x34))
-    assert encode_one(cls(0x1234, code, {}), 4) == bytes((first, 2, 0x12, 0x34))
-    assert encode_one(cls(0x1234), 5) == bytes((first, 2, 0x12, 0x34))
-    assert encode_one(cls(0x1234, code, {}), 5) == bytes((first, 3, 0x12, 0x34, code))
-    with_reason = encode_one(cls(7, code, {0x1F: "why"}), 5)
-    assert with_reason == frame(first, b"\x00\x07" + bytes((code, 6, 0x1F)) + s("why"))
-    with pytest.raises(MQTTProtocolError) as refused:
-        encode_one(cls(0), 4)
-    assert _answer(refused.value) == (
-        f"0x81 MQTT-2.3.1-1: {what} needs a packet identifier in 1..65535, got 0"
-    )
 
 
 def test_plain_publishes_decode_with_empty_properties_and_short_forms_encode_to_two_bytes() -> None:
