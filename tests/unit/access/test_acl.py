@@ -191,3 +191,14 @@ def test_overlaps_means_some_topic_matches_both(a, b):
     expected = any(topic_matches(a, t) and topic_matches(b, t) for t in WORLD)
     assert overlaps(a, b) == expected
     assert overlaps(b, a) == expected
+
+
+def test_with_the_acl_off_client_events_are_private_only_when_asked() -> None:
+    private = Acl(None, private_client_events=True)
+    assert not private.subscribe_allowed("c", "u", "$SYS/#")
+    assert private.subscribe_allowed("c", None, "#")  # '#' never matches a $SYS topic
+    assert private.subscribe_allowed("c", "u", "a/b")
+    assert Acl(None).subscribe_allowed("c", "u", "$SYS/#")
+    ruled = Acl(parse_rules(["allow user:u subscribe $SYS/#"], "acl"), private_client_events=True)
+    assert ruled.subscribe_allowed("c", "u", "$SYS/#")
+    assert not ruled.subscribe_allowed("c", "v", "$SYS/#")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.access.acl import PUBLISH, SUBSCRIBE, Acl, Rule, parse_rules
+from bridge.access.acl import PUBLISH, SUBSCRIBE, Acl, Decision, Rule, parse_rules
 from bridge.access.explain import (
     DECIDES,
     NO_MATCH,
@@ -16,6 +16,7 @@ from bridge.access.explain import (
     NOT_REACHED,
     OTHER_ACTION,
     OTHER_CLIENT,
+    Explanation,
     explain,
 )
 
@@ -110,3 +111,44 @@ def test_the_explanation_agrees_with_the_acl(
     assert answer.allowed == Acl(drawn).decide(action, client_id, username, topic)
     deciding = [i for i, s in enumerate(answer.steps) if s.outcome == DECIDES]
     assert deciding == ([] if answer.deciding is None else [answer.deciding])
+
+
+def test_acl_off_explains_itself_and_refuses_client_events_when_users_are_configured() -> None:
+    allowed = Explanation(False, True, None, [], "ACL off: every request is allowed", [])
+    refused = Explanation(
+        False,
+        False,
+        None,
+        [],
+        "ACL off with users configured: the $SYS client events are refused",
+        [],
+    )
+    assert explain(None, SUBSCRIBE, "c", "u", "$SYS/#", private_client_events=True) == refused
+    for action, topic, private in (
+        (SUBSCRIBE, "$SYS/#", False),  # the default: client events are not private
+        (PUBLISH, "$SYS/#", True),
+        (SUBSCRIBE, "a/b", True),
+    ):
+        assert explain(None, action, "c", "u", topic, private_client_events=private) == allowed
+    assert explain(None, SUBSCRIBE, "c", "u", "$SYS/#") == allowed
+
+
+def test_an_explanation_names_its_rule_with_or_without_a_source_and_the_user_it_applies_to() -> (
+    None
+):
+    rules = parse_rules(["deny user:bob subscribe a/#", "allow all subscribe #"], "acl")
+    for_bob = explain(rules, SUBSCRIBE, "c", "bob", "#")
+    assert (for_bob.enabled, for_bob.allowed, for_bob.deciding) == (True, True, 1)
+    assert for_bob.reason == "allowed by rule 2 (acl:2): allow all subscribe #"
+    assert for_bob.may_filter == [0]
+    assert explain(rules, SUBSCRIBE, "c", "ann", "#").may_filter == []
+    assert explain(rules, SUBSCRIBE, "c", "bob", "a/b").reason == (
+        "denied by rule 1 (acl:1): deny user:bob subscribe a/#"
+    )
+    unsourced = [Rule(Decision.ALLOW, "all", SUBSCRIBE, "users/%u/#")]
+    answer = explain(unsourced, SUBSCRIBE, "c", "bob", "users/bob/x")
+    assert answer.reason == "allowed by rule 1: allow all subscribe users/%u/#"
+    assert answer.steps[0].pattern == "users/bob/#"
+    denied = explain(unsourced, SUBSCRIBE, "c", None, "users/bob/x")
+    assert denied == Explanation(True, False, None, denied.steps, "no rule applies: denied", [])
+    assert [step.outcome for step in denied.steps] == [NO_SUBSTITUTION]
