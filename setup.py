@@ -40,6 +40,7 @@ COMPILED = [
     "bridge/storage/filelog/files.py",
     "bridge/storage/filelog/index.py",
     "bridge/storage/filelog/store.py",
+    "bridge/storage/filelog/commit.py",
     "bridge/storage/filelog/segments.py",
     "bridge/storage/filelog/reading.py",
     "bridge/storage/filelog/undo.py",

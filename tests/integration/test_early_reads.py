@@ -22,7 +22,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.packets import Puback, Publish, Pubrec, Subscribe, Subscription
 from bridge.node import Node
 from bridge.storage import FileLogStore
-from bridge.storage.filelog import store as filelog_store
+from bridge.storage.filelog import commit as filelog_commit
 from tests.support.transport import RecordingTransport, open_connection
 
 
@@ -63,7 +63,7 @@ def test_a_subscriber_gets_qos1_while_its_commit_runs_and_qos2_only_after_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, qos: int, setting: bool, before: bool
 ) -> None:
     events: list[str] = []
-    real_write = filelog_store._write_all
+    real_write = filelog_commit._write_all
 
     def watched(fd: int, data: Any) -> None:
         events.append("commit")
@@ -79,7 +79,7 @@ def test_a_subscriber_gets_qos1_while_its_commit_runs_and_qos2_only_after_it(
         sub.data_received(codec.encode(Subscribe(1, [Subscription("plant/#", 2)])))
         pub, pub_t = await connect(node, "publisher", events)
         await asyncio.sleep(0.1)
-        monkeypatch.setattr(filelog_store, "_write_all", watched)
+        monkeypatch.setattr(filelog_commit, "_write_all", watched)
         events.clear()
         pub.data_received(codec.encode(Publish("plant/x", b"m", qos, packet_id=7)))
         await settle(lambda: publishes(sub_t) and len(pub_t.packets()) > 1)
@@ -123,7 +123,7 @@ def test_a_failed_write_after_an_early_read_neither_skips_nor_loses_the_next_mes
                     acked.add(p.packet_id)
                     sub.data_received(codec.encode(Puback(p.packet_id)))
 
-        monkeypatch.setattr(filelog_store, "_write_all", disk_full)
+        monkeypatch.setattr(filelog_commit, "_write_all", disk_full)
         pub.data_received(codec.encode(Publish("plant/x", b"first", 1, packet_id=1)))
         await settle(lambda: pub_t.closed)
         # The subscriber had it before the write failed; its publisher was never acknowledged

@@ -19,7 +19,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.packets import Publish, Pubrec, Subscribe, Subscription
 from bridge.node import Node
 from bridge.storage import FileLogStore
-from bridge.storage.filelog import store as filelog_store
+from bridge.storage.filelog import commit as filelog_commit
 from tests.support.transport import open_connection
 
 
@@ -40,7 +40,7 @@ def test_failed_store_sends_no_pubrec_and_a_resend_is_stored(
 
         pub, transport = await open_connection(node, "publisher")
         assert transport.packets()[0].return_code == 0
-        monkeypatch.setattr(filelog_store, "_write_all", disk_full)
+        monkeypatch.setattr(filelog_commit, "_write_all", disk_full)
         pub.data_received(codec.encode(Publish("plant/x", b"once", 2, packet_id=5)))
         await asyncio.sleep(0.2)
         assert not any(isinstance(p, Pubrec) for p in transport.packets())

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bridge.storage import FileLogStore, MetaUpdate, StoreUnavailable
 from bridge.storage.base import Message
-from bridge.storage.filelog import store as filelog
+from bridge.storage.filelog import commit as filelog_commit
 from bridge.storage.filelog.files import write_all
 from bridge.storage.records import (
     HEADER,
@@ -384,7 +384,7 @@ def test_write_failure_surfaces_and_rolls_back(
         await fill(store, 3, ["q"])
         await store.put_meta([MetaUpdate("m", "a", b"1")])
         good_size = segments(tmp_path)[0].stat().st_size
-        monkeypatch.setattr(filelog, "_write_all", disk_full)
+        monkeypatch.setattr(filelog_commit, "_write_all", disk_full)
         results = await asyncio.gather(
             store.append(msg(3), ["q", "new"], meta=[MetaUpdate("m", "a", b"2")]),
             store.put_meta([MetaUpdate("m", "b", b"3")]),

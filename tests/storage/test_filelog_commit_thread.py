@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bridge.storage.filelog import store as filelog
+from bridge.storage.filelog import commit as filelog_commit
 from bridge.storage.filelog.files import write_all
 from tests.storage.conftest import Run
 from tests.storage.test_contract import msg, read_all
@@ -43,7 +43,7 @@ class Disk:
 def disk(monkeypatch: pytest.MonkeyPatch) -> Disk:
     """The store's writes go through a `Disk`."""
     disk = Disk()
-    monkeypatch.setattr(filelog, "_write_all", disk.write)
+    monkeypatch.setattr(filelog_commit, "_write_all", disk.write)
     return disk
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bridge.storage import FileLogStore, StoreUnavailable
-from bridge.storage.filelog import store as filelog
+from bridge.storage.filelog import commit as filelog_commit
 from tests.storage.conftest import Run
 from tests.storage.test_contract import msg, read_all
 
@@ -89,7 +89,7 @@ def test_a_failed_write_rewinds_what_readers_could_read_and_the_offsets_go_to_th
         await store.append(msg(0), ["q"])
         rewound: list[dict[str, int]] = []
         store.on_rewind = rewound.append
-        monkeypatch.setattr(filelog, "_write_all", disk_full)
+        monkeypatch.setattr(filelog_commit, "_write_all", disk_full)
         seen, callback = outcomes()
         store.submit(msg(1), ["q"], callback=callback, early=True)
         store.submit(msg(2), ["q", "r"], callback=callback, early=True)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bridge.storage import FileLogStore, StoreUnavailable
-from bridge.storage.filelog import store as filelog
+from bridge.storage.filelog import commit as filelog_commit
 from bridge.storage.filelog.files import write_all
 from tests.storage.conftest import Run
 from tests.storage.test_contract import msg
@@ -118,7 +118,7 @@ def test_a_failed_write_takes_back_a_hold_it_carried_and_gives_its_offset_again(
         def disk_full(fd: int, data: bytes | bytearray) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(filelog, "_write_all", disk_full)
+        monkeypatch.setattr(filelog_commit, "_write_all", disk_full)
         store.holds.hold(HELD, 2)
         failed = store.submit(msg(2), [HELD])
         assert failed is not None
@@ -126,7 +126,7 @@ def test_a_failed_write_takes_back_a_hold_it_carried_and_gives_its_offset_again(
             await failed
         assert store.holds.held(HELD) == 1  # taken back with the write: an earlier one
         assert store.holds.next_offset(HELD) == 1
-        monkeypatch.setattr(filelog, "_write_all", write_all)
+        monkeypatch.setattr(filelog_commit, "_write_all", write_all)
         await store.append(msg(3), [HELD])
         assert [s.message.key for s in (await store.read(HELD, 1, 5)).messages] == ["k3"]
         await store.close()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from bridge.storage import MetaUpdate, StoreUnavailable
 from bridge.storage.base import Message
-from bridge.storage.filelog import store as filelog
+from bridge.storage.filelog import commit as filelog_commit
 from bridge.storage.records import (
     HEADER_SIZE,
     encode_message,
@@ -134,7 +134,7 @@ def test_a_failed_write_into_zeros_written_ahead_rolls_back_to_the_records(
         store = await opened(tmp_path, preallocate_bytes=AHEAD)
         await fill(store, 3, ["q"])
         end = store.stats()["log_position"]
-        monkeypatch.setattr(filelog, "_write_all", disk_full)
+        monkeypatch.setattr(filelog_commit, "_write_all", disk_full)
         with pytest.raises(StoreUnavailable):
             await store.append(msg(3), ["q"])
         monkeypatch.undo()

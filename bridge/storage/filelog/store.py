@@ -6,12 +6,14 @@ indexes rebuilt from the log at `open`; a single flusher writes and fsyncs whate
 while the previous write was running (group commit); meta records live in memory and in a
 snapshot file that makes old segments deletable.
 
-This module holds the store's lifecycle and write path (group commit, rollback, meta records).
-Its parts, each handed what it uses: the segments and positions (`SegmentLog`, segments.py),
-the read path (`LogReader`, reading.py), snapshots and retention (`LogMaintenance`,
-maintenance.py), the holds retention keeps (`LogHolds`, holds.py); file I/O run in worker
-threads is in files.py, the in-memory indexes in index.py, what a failed write takes back in
-undo.py.
+This module holds the store's lifecycle, the store contract's write side (offsets, the records
+of messages and meta updates, who waits for them) and the keyed records. The store is a
+`GroupCommit` (commit.py): the group commit under it, which writes what accumulated and takes
+back a failed write. Its other parts, each handed what it uses: the segments and positions
+(`SegmentLog`, segments.py), the read path (`LogReader`, reading.py), snapshots and retention
+(`LogMaintenance`, maintenance.py), the holds retention keeps (`LogHolds`, holds.py); file I/O
+run in worker threads is in files.py, the in-memory indexes in index.py, what a failed write
+takes back in undo.py.
 
 Threading: every method runs on the event loop thread. Blocking I/O (batch write + fsync, reads
 of records no longer cached, snapshot writes, file deletion) runs in the store's own executors.
@@ -29,35 +31,17 @@ from pathlib import Path
 from typing import Any, Final
 
 from bridge.storage.base import Message, MetaUpdate, ReadResult, StoreUnavailable
-from bridge.storage.filelog.files import (
-    Recovered,
-    Segment,
-    close_segments,
-    recover,
-    truncate_log,
-    write_all,
-    write_batch,
-)
+from bridge.storage.filelog.commit import GroupCommit
+from bridge.storage.filelog.files import Recovered, close_segments, recover
 from bridge.storage.filelog.holds import LogHolds
 from bridge.storage.filelog.index import QueueIndex, RecordCache
 from bridge.storage.filelog.maintenance import SNAPSHOT_NAME, LogMaintenance
 from bridge.storage.filelog.reading import LogReader
 from bridge.storage.filelog.segments import SegmentLog
-from bridge.storage.filelog.undo import (
-    Batch,
-    DurableCallback,
-    Undo,
-    Waiter,
-    apply_meta,
-    made_durable,
-    resolve,
-    take_back,
-)
+from bridge.storage.filelog.undo import DurableCallback, apply_meta
 from bridge.storage.records import encode_message, encode_meta
 
 log = logging.getLogger("bridge.storage")
-
-COMMIT_AVERAGE_WEIGHT: Final = 0.2  # of the latest commit in the running average of durations
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -72,16 +56,12 @@ _CLOSING: Final = 2
 _CLOSED: Final = 3
 
 
-def _write_all(fd: int, data: bytes | bytearray) -> None:
-    """Write all of `data` to `fd` (module level so tests can make it fail)."""
-    write_all(fd, data)
-
-
-class FileLogStore:
+class FileLogStore(GroupCommit):
     """A `MessageStore` keeping everything in one local append-only log. See the module doc.
 
-    Owns the lifecycle, the executors, the write path (pending records, their waiters and undo
-    information, the flusher) and the meta records; reads, snapshots and retention are done by
+    Owns the lifecycle, the executors, what a message or meta update becomes on its way to the
+    group commit (offsets on its queues, its record, its undo entry, its waiter) and the meta
+    records. The commit itself is `GroupCommit`'s; reads, snapshots and retention are done by
     its parts.
     """
 
@@ -110,54 +90,28 @@ class FileLogStore:
         if segment_bytes <= 0 or retention_bytes < 0 or retention_seconds < 0 or cache_bytes < 0:
             raise ValueError("sizes and durations must not be negative")
         self.data_dir = Path(data_dir)
-        self.log_dir = self.data_dir / "log"
-        self.segment_bytes = segment_bytes
+        log_dir = self.data_dir / "log"
+        super().__init__(
+            SegmentLog(log_dir, segment_bytes),
+            {},
+            RecordCache(cache_bytes),
+            dict.fromkeys(_COUNTERS, 0),
+            log_dir=log_dir,
+            fsync=fsync,
+            segment_bytes=segment_bytes,
+            inline_commit_seconds=inline_commit_seconds,
+            preallocate_bytes=preallocate_bytes,
+        )
         self.retention_bytes = retention_bytes
         self.retention_seconds = retention_seconds
-        self.fsync = fsync
         self.snapshot_every_bytes = snapshot_every_bytes
-        self.inline_commit_seconds = inline_commit_seconds
-        """A group commit runs on the event loop's thread while commits take at most this long
-        on average (0: always on the writer thread); see `_flush_soon`."""
-        self.preallocate_bytes = preallocate_bytes
-        """Zeros written after the records whenever the active segment's file grows (never past
-        `segment_bytes`), so that the commits after it overwrite them (`files.write_batch`);
-        0: none."""
-        self._commit_average = 0.0
         self._loop_arg = loop
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wexec: ThreadPoolExecutor | None = None
         self._rexec: ThreadPoolExecutor | None = None
         self._state = _NEW
-        self._broken: BaseException | None = None
-
-        self._log = SegmentLog(self.log_dir, segment_bytes)
-        self._queues: dict[str, QueueIndex] = {}
         self._meta: dict[str, dict[str, bytes]] = {}
-        self._cache = RecordCache(cache_bytes)
-
-        self._pending: list[tuple[Segment, list[bytes]]] = []
-        """Each segment's framed records of the next commit (joined once as it is written)."""
-        self._pending_bytes = 0
         self._appends = 0
-        self._waiters: list[tuple[Waiter, int | None]] = []
-        self._inflight: list[tuple[Waiter, int | None]] | None = None
-        self._early = False
-        """Whether a record was made readable before its commit since the flusher last looked."""
         self.read_early = False
         """Whether the message last submitted could be read at once (see `submit`)."""
-        self.on_rewind: Callable[[dict[str, int]], None] | None = None
-        """Called, on the loop and before any other work, with queue -> new end for the queues
-        a failed write rolled back below what readers could already read (`submit`'s `early`):
-        their readers must go back to that end, since the offsets from it on will be given to
-        other messages."""
-        self.commit_pass = 0
-        """See `MessageStore.commit_pass`: moves before each commit's durability callbacks."""
-        self._undo: list[Undo] = []
-        self._last_written: Segment | None = None
-        self._flushing = False  # a commit is due or running (`_flush_soon`, `_flush_task`)
-        self._flush_task: asyncio.Task[None] | None = None
-        self._stats: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
         self._reader = LogReader(self._log, self._queues, self._cache, self._stats, self._run_io)
         self.holds = LogHolds(self._queues, self._meta, self._add_meta, self._check_usable)
         """Holds on queues that retention keeps (`HoldingStore`: the node's delayed ones)."""
@@ -226,6 +180,9 @@ class FileLogStore:
     def _run_io(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run `fn(*args)` in the read executor (file reads, snapshots, deletions)."""
         return self._loop.run_in_executor(self._rexec, fn, *args)  # type: ignore[union-attr]
+
+    def _after_commit(self) -> None:
+        self._maintenance.after_commit(self.retention_check_interval)
 
     def _check_usable(self) -> None:
         if self._state != _OPEN:
@@ -373,153 +330,6 @@ class FileLogStore:
             raise ValueError(f"meta update out of range: {exc}") from None
         seq = self._add_record(header, body)
         self._undo.append((seq, [], apply_meta(self._meta, updates)))
-
-    def _add_record(self, header: bytes, body: bytes) -> int:
-        """Queue a framed record for the next group commit; returns its seq."""
-        n = len(header) + len(body)
-        seg, seq = self._log.place(n)
-        pending = self._pending
-        if pending and pending[-1][0] is seg:
-            parts = pending[-1][1]
-        else:
-            parts = []
-            pending.append((seg, parts))
-        parts.append(header)
-        parts.append(body)
-        self._pending_bytes += n
-        if not self._flushing:
-            self._flushing = True
-            self._loop.call_soon(self._flush_soon, 2)  # type: ignore[union-attr]
-        return seq
-
-    def _barrier(self) -> asyncio.Future[Any]:
-        """A future done once everything appended so far is durable (or failed)."""
-        fut: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
-        if self._pending:
-            self._waiters.append((fut, None))
-        elif self._inflight is not None:
-            self._inflight.append((fut, None))
-        else:
-            fut.set_result(None)
-        return fut
-
-    def _flush_soon(self, yields: int) -> None:
-        """The group commit: a loop callback, not a task per commit (a fifth of a commit's round).
-        While records read early wait (`_early`) it first lets `yields` loop turns go: the readers
-        they woke send meanwhile. A fast disk's write + fsync beats a round trip to the writer
-        thread; a slow disk's goes there (`_slow_steps`) until the average of synced commits is
-        low again; a batch with no sync (QoS 0 for analytics) stays on the loop."""
-        try:
-            while self._pending and self._broken is None:
-                if self._early and yields > 0:
-                    self._loop.call_soon(self._flush_soon, yields - 1)  # type: ignore[union-attr]
-                    return
-                self._early, yields = False, 2
-                batch = self._take_batch()  # what is appended from here on is the next batch
-                inline = self.inline_commit_seconds
-                if inline <= 0 or (batch[5] and self._commit_average > inline):
-                    self._slow_commit(batch, None)
-                    return
-                try:
-                    seconds, fsyncs = write_batch(
-                        batch[0], self.log_dir, self.fsync, _write_all, batch[5],
-                        self._last_written, self.preallocate_bytes, self.segment_bytes,
-                    )  # fmt: skip
-                except Exception as exc:
-                    self._slow_commit(batch, exc)
-                    return
-                self._committed(batch, seconds, fsyncs)
-        except BaseException:
-            self._flushing = False  # a bug's exception: the next append commits again, no hang
-            raise
-        if self._broken is not None:
-            waiters, self._waiters, self._pending = self._waiters, [], []
-            resolve(waiters, StoreUnavailable(f"the store failed: {self._broken}"))
-        self._flushing = False
-
-    def _slow_commit(self, batch: Batch, error: BaseException | None) -> None:
-        slow = self._slow_steps(batch, error)
-        self._flush_task = self._loop.create_task(slow)  # type: ignore[union-attr]
-
-    async def _slow_steps(self, batch: Batch, error: BaseException | None) -> None:
-        """A batch's commit on the writer thread, or the rollback of its failed write (`error`);
-        then the batches after it."""
-        try:
-            if error is None:
-                try:
-                    seconds, fsyncs = await self._loop.run_in_executor(  # type: ignore[union-attr]
-                        self._wexec, write_batch, batch[0], self.log_dir, self.fsync, _write_all,
-                        batch[5], self._last_written, self.preallocate_bytes, self.segment_bytes,
-                    )  # fmt: skip
-                except Exception as exc:
-                    error = exc
-                else:
-                    self._committed(batch, seconds, fsyncs)
-            if error is not None:
-                await self._write_failed(batch[2], error)
-        except BaseException:
-            self._flushing = False
-            raise
-        finally:
-            self._flush_task = None
-        self._flush_soon(2)
-
-    def _take_batch(self) -> Batch:
-        need_sync = bool(self._waiters) or any(u[1] for u in self._undo)
-        chunks = [(seg, b"".join(parts)) for seg, parts in self._pending]
-        waiters = self._inflight = self._waiters
-        self._pending, self._waiters, self._pending_bytes = [], [], 0
-        return chunks, waiters, self._log.durable, self._log.pos, len(self._undo), need_sync
-
-    def _committed(self, batch: Batch, seconds: float, fsyncs: int) -> None:
-        """A batch is written (and synced): its records become durable, its waiters are told."""
-        chunks, waiters, start, end, records, need_sync = batch
-        if need_sync:
-            self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
-        self._inflight = None
-        self._last_written = chunks[-1][0]
-        self._log.durable = end
-        made_durable(self._undo, records)
-        self._cache.evict(end)
-        stats = self._stats
-        stats["commits"] += 1
-        stats["fsyncs"] += fsyncs
-        stats["committed_bytes"] += end - start
-        stats["last_commit_seconds"] = seconds
-        stats["last_commit_records"] = records
-        self.commit_pass += 1
-        resolve(waiters, None)
-        self._maintenance.after_commit(self.retention_check_interval)
-
-    async def _write_failed(self, start: int, exc: BaseException) -> None:
-        """Undo everything from `start` on, in memory and on disk, and fail its waiters."""
-        self._stats["write_errors"] += 1
-        log.error("log write at position %d failed: %s; rolling back", start, exc)
-        waiters = (self._inflight or []) + self._waiters
-        self._inflight, self._pending, self._waiters, self._pending_bytes = None, [], [], 0
-        rewound = take_back(self._undo, self._queues)
-        if rewound:
-            log.warning(
-                "%d queues held messages readable before this failed write; readers go back",
-                len(rewound),
-            )
-            if self.on_rewind is not None:
-                try:
-                    self.on_rewind(rewound)
-                except Exception:
-                    log.exception("rewinding the readers of rolled back messages failed")
-        self._cache.drop_from(start)
-        removed, last, keep = self._log.truncate(start)
-        self._last_written = None
-        try:
-            await self._loop.run_in_executor(  # type: ignore[union-attr]
-                self._wexec, truncate_log, removed, last, keep, self.log_dir, self.fsync
-            )
-        except OSError as exc2:
-            log.critical("cannot roll the log back after a failed write: %s", exc2)
-            self._broken = exc2
-        # Waiters learn of the failure only once the rollback is done.
-        resolve(waiters, StoreUnavailable(f"writing the log failed: {exc}"))
 
     # --- reading ---------------------------------------------------------------------------------
 

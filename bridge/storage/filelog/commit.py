@@ -1,0 +1,295 @@
+"""The file log's group commit: records queued while one write runs are written, and synced,
+together by the next.
+
+`GroupCommit` is the write path under `FileLogStore` (store.py), which is this class with the
+store contract on top: the store frames a message or a meta update and queues it here
+(`_add_record`, with an undo entry and, if someone waits, a waiter), and this class writes
+whatever has accumulated as one batch. A fast disk's write and fsync run on the event loop's
+thread (a round trip to a worker thread costs more); a slow disk's run on the store's writer
+thread until commits are fast again. A batch whose write fails is taken back, in memory and on
+disk, before its waiters learn of it; everything after it is taken back too.
+
+Threading: every method runs on the event loop thread; the write and fsync of a slow batch and
+a rollback's file truncation run on the writer thread, which the loop does not touch meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+from bridge.storage.base import StoreUnavailable
+from bridge.storage.filelog.files import Segment, truncate_log, write_all, write_batch
+from bridge.storage.filelog.index import QueueIndex, RecordCache
+from bridge.storage.filelog.segments import SegmentLog
+from bridge.storage.filelog.undo import Undo, Waiter, made_durable, resolve, take_back
+
+log = logging.getLogger("bridge.storage")
+
+COMMIT_AVERAGE_WEIGHT: Final = 0.2  # of the latest commit in the running average of durations
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    """Write all of `data` to `fd` (module level so tests can make it fail)."""
+    write_all(fd, data)
+
+
+class Batch:
+    """One group commit: what it writes, who waits for it, and where it ends."""
+
+    __slots__ = ("chunks", "end", "need_sync", "records", "start", "waiters")
+
+    def __init__(
+        self,
+        chunks: list[tuple[Segment, bytes]],
+        waiters: list[tuple[Waiter, int | None]],
+        start: int,
+        end: int,
+        records: int,
+        need_sync: bool,
+    ) -> None:
+        self.chunks = chunks
+        """Each segment's records of this batch, joined into one write."""
+        self.waiters = waiters
+        """Who waits for a record of this batch (a future or a callback), with its seq."""
+        self.start = start
+        """The log position durable before this batch: where a failed write is cut back to."""
+        self.end = end
+        """The log position after this batch: durable once it is written."""
+        self.records = records
+        """How many undo entries this batch made durable (the oldest ones)."""
+        self.need_sync = need_sync
+        """Whether it must be synced: someone waits for one of its records, or one is on a
+        queue. A batch of QoS 0 messages kept for analytics only is written without a sync."""
+
+
+class GroupCommit:
+    """Records queued for the next commit, the commit itself, and taking back a failed one.
+
+    The state of the write path: the framed records not yet written (`_pending`, by segment),
+    who waits for them (`_waiters`; `_inflight` while their batch is written), each record's
+    undo entry until it is durable (`_undo`), and whether a commit is due or running
+    (`_flushing`). A store that has failed to take back a write is broken (`_broken`) and
+    refuses everything after.
+    """
+
+    def __init__(
+        self,
+        log: SegmentLog,
+        queues: dict[str, QueueIndex],
+        cache: RecordCache,
+        stats: dict[str, float],
+        *,
+        log_dir: Path,
+        fsync: bool,
+        segment_bytes: int,
+        inline_commit_seconds: float,
+        preallocate_bytes: int,
+    ) -> None:
+        self._log = log
+        self._queues = queues
+        self._cache = cache
+        self._stats = stats
+        self.log_dir = log_dir
+        self.fsync = fsync
+        self.segment_bytes = segment_bytes
+        self.inline_commit_seconds = inline_commit_seconds
+        """A group commit runs on the event loop's thread while commits take at most this long
+        on average (0: always on the writer thread); see `_flush_soon`."""
+        self.preallocate_bytes = preallocate_bytes
+        """Zeros written after the records whenever the active segment's file grows (never past
+        `segment_bytes`), so that the commits after it overwrite them (`files.write_batch`);
+        0: none."""
+        self._commit_average = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wexec: ThreadPoolExecutor | None = None
+        self._broken: BaseException | None = None
+        self._pending: list[tuple[Segment, list[bytes]]] = []
+        """Each segment's framed records of the next commit (joined once as it is written)."""
+        self._pending_bytes = 0
+        self._waiters: list[tuple[Waiter, int | None]] = []
+        self._inflight: list[tuple[Waiter, int | None]] | None = None
+        self._early = False
+        """Whether a record was made readable before its commit since the flusher last looked."""
+        self.on_rewind: Callable[[dict[str, int]], None] | None = None
+        """Called, on the loop and before any other work, with queue -> new end for the queues
+        a failed write rolled back below what readers could already read (`submit`'s `early`):
+        their readers must go back to that end, since the offsets from it on will be given to
+        other messages."""
+        self.commit_pass = 0
+        """See `MessageStore.commit_pass`: moves before each commit's durability callbacks."""
+        self._undo: list[Undo] = []
+        self._last_written: Segment | None = None
+        self._flushing = False  # a commit is due or running (`_flush_soon`, `_flush_task`)
+        self._flush_task: asyncio.Task[None] | None = None
+
+    def _after_commit(self) -> None:
+        """Called after each commit's waiters are told (the store checks whether retention has
+        work)."""
+
+    def _add_record(self, header: bytes, body: bytes) -> int:
+        """Queue a framed record for the next group commit; returns its seq."""
+        n = len(header) + len(body)
+        seg, seq = self._log.place(n)
+        pending = self._pending
+        if pending and pending[-1][0] is seg:
+            parts = pending[-1][1]
+        else:
+            parts = []
+            pending.append((seg, parts))
+        parts.append(header)
+        parts.append(body)
+        self._pending_bytes += n
+        if not self._flushing:
+            self._flushing = True
+            self._loop.call_soon(self._flush_soon, 2)  # type: ignore[union-attr]
+        return seq
+
+    def _barrier(self) -> asyncio.Future[Any]:
+        """A future done once everything appended so far is durable (or failed)."""
+        fut: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
+        if self._pending:
+            self._waiters.append((fut, None))
+        elif self._inflight is not None:
+            self._inflight.append((fut, None))
+        else:
+            fut.set_result(None)
+        return fut
+
+    def _flush_soon(self, yields: int) -> None:
+        """The group commit: a loop callback, not a task per commit (a fifth of a commit's round).
+        While records read early wait (`_early`) it first lets `yields` loop turns go: the readers
+        they woke send meanwhile. A fast disk's write + fsync beats a round trip to the writer
+        thread; a slow disk's goes there (`_slow_steps`) until the average of synced commits is
+        low again; a batch with no sync (QoS 0 for analytics) stays on the loop."""
+        try:
+            while self._pending and self._broken is None:
+                if self._early and yields > 0:
+                    self._loop.call_soon(self._flush_soon, yields - 1)  # type: ignore[union-attr]
+                    return
+                self._early, yields = False, 2
+                batch = self._take_batch()  # what is appended from here on is the next batch
+                inline = self.inline_commit_seconds
+                if inline <= 0 or (batch.need_sync and self._commit_average > inline):
+                    self._slow_commit(batch, None)
+                    return
+                try:
+                    seconds, fsyncs = write_batch(
+                        batch.chunks,
+                        self.log_dir,
+                        self.fsync,
+                        _write_all,
+                        batch.need_sync,
+                        self._last_written,
+                        self.preallocate_bytes,
+                        self.segment_bytes,
+                    )
+                except Exception as exc:
+                    self._slow_commit(batch, exc)
+                    return
+                self._committed(batch, seconds, fsyncs)
+        except BaseException:
+            self._flushing = False  # a bug's exception: the next append commits again, no hang
+            raise
+        if self._broken is not None:
+            waiters, self._waiters, self._pending = self._waiters, [], []
+            resolve(waiters, StoreUnavailable(f"the store failed: {self._broken}"))
+        self._flushing = False
+
+    def _slow_commit(self, batch: Batch, error: BaseException | None) -> None:
+        slow = self._slow_steps(batch, error)
+        self._flush_task = self._loop.create_task(slow)  # type: ignore[union-attr]
+
+    async def _slow_steps(self, batch: Batch, error: BaseException | None) -> None:
+        """A batch's commit on the writer thread, or the rollback of its failed write (`error`);
+        then the batches after it."""
+        try:
+            if error is None:
+                try:
+                    seconds, fsyncs = await self._loop.run_in_executor(  # type: ignore[union-attr]
+                        self._wexec,
+                        write_batch,
+                        batch.chunks,
+                        self.log_dir,
+                        self.fsync,
+                        _write_all,
+                        batch.need_sync,
+                        self._last_written,
+                        self.preallocate_bytes,
+                        self.segment_bytes,
+                    )
+                except Exception as exc:
+                    error = exc
+                else:
+                    self._committed(batch, seconds, fsyncs)
+            if error is not None:
+                await self._write_failed(batch.start, error)
+        except BaseException:
+            self._flushing = False
+            raise
+        finally:
+            self._flush_task = None
+        self._flush_soon(2)
+
+    def _take_batch(self) -> Batch:
+        need_sync = bool(self._waiters) or any(u[1] for u in self._undo)
+        chunks = [(seg, b"".join(parts)) for seg, parts in self._pending]
+        waiters = self._inflight = self._waiters
+        self._pending, self._waiters, self._pending_bytes = [], [], 0
+        log_ = self._log
+        return Batch(chunks, waiters, log_.durable, log_.pos, len(self._undo), need_sync)
+
+    def _committed(self, batch: Batch, seconds: float, fsyncs: int) -> None:
+        """A batch is written (and synced): its records become durable, its waiters are told."""
+        end = batch.end
+        records = batch.records
+        if batch.need_sync:
+            self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
+        self._inflight = None
+        self._last_written = batch.chunks[-1][0]
+        self._log.durable = end
+        made_durable(self._undo, records)
+        self._cache.evict(end)
+        stats = self._stats
+        stats["commits"] += 1
+        stats["fsyncs"] += fsyncs
+        stats["committed_bytes"] += end - batch.start
+        stats["last_commit_seconds"] = seconds
+        stats["last_commit_records"] = records
+        self.commit_pass += 1
+        resolve(batch.waiters, None)
+        self._after_commit()
+
+    async def _write_failed(self, start: int, exc: BaseException) -> None:
+        """Undo everything from `start` on, in memory and on disk, and fail its waiters."""
+        self._stats["write_errors"] += 1
+        log.error("log write at position %d failed: %s; rolling back", start, exc)
+        waiters = (self._inflight or []) + self._waiters
+        self._inflight, self._pending, self._waiters, self._pending_bytes = None, [], [], 0
+        rewound = take_back(self._undo, self._queues)
+        if rewound:
+            log.warning(
+                "%d queues held messages readable before this failed write; readers go back",
+                len(rewound),
+            )
+            if self.on_rewind is not None:
+                try:
+                    self.on_rewind(rewound)
+                except Exception:
+                    log.exception("rewinding the readers of rolled back messages failed")
+        self._cache.drop_from(start)
+        removed, last, keep = self._log.truncate(start)
+        self._last_written = None
+        try:
+            await self._loop.run_in_executor(  # type: ignore[union-attr]
+                self._wexec, truncate_log, removed, last, keep, self.log_dir, self.fsync
+            )
+        except OSError as exc2:
+            log.critical("cannot roll the log back after a failed write: %s", exc2)
+            self._broken = exc2
+        # Waiters learn of the failure only once the rollback is done.
+        resolve(waiters, StoreUnavailable(f"writing the log failed: {exc}"))
