@@ -178,16 +178,7 @@ class GroupCommit:
                     self._slow_commit(batch, None)
                     return
                 try:
-                    seconds, fsyncs = write_batch(
-                        batch.chunks,
-                        self.log_dir,
-                        self.fsync,
-                        _write_all,
-                        batch.need_sync,
-                        self._last_written,
-                        self.preallocate_bytes,
-                        self.segment_bytes,
-                    )
+                    seconds, fsyncs = write_batch(*self._write_args(batch))
                 except Exception as exc:
                     self._slow_commit(batch, exc)
                     return
@@ -211,16 +202,7 @@ class GroupCommit:
             if error is None:
                 try:
                     seconds, fsyncs = await self._loop.run_in_executor(  # type: ignore[union-attr]
-                        self._wexec,
-                        write_batch,
-                        batch.chunks,
-                        self.log_dir,
-                        self.fsync,
-                        _write_all,
-                        batch.need_sync,
-                        self._last_written,
-                        self.preallocate_bytes,
-                        self.segment_bytes,
+                        self._wexec, write_batch, *self._write_args(batch)
                     )
                 except Exception as exc:
                     error = exc
@@ -234,6 +216,20 @@ class GroupCommit:
         finally:
             self._flush_task = None
         self._flush_soon(2)
+
+    def _write_args(self, batch: Batch) -> tuple[Any, ...]:
+        """`files.write_batch`'s arguments for `batch`, taken on the loop: on the writer thread
+        too, the batch is written as the loop saw the log when it took the batch."""
+        return (
+            batch.chunks,
+            self.log_dir,
+            self.fsync,
+            _write_all,
+            batch.need_sync,
+            self._last_written,
+            self.preallocate_bytes,
+            self.segment_bytes,
+        )
 
     def _take_batch(self) -> Batch:
         need_sync = bool(self._waiters) or any(u[1] for u in self._undo)
