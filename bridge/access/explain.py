@@ -55,7 +55,8 @@ class Explanation:
     may_filter: list[int]
     """For a granted SUBSCRIBE: indices of the deny rules on subscribing that apply to the
     client and share topics with its filter. Deliveries to such a client are checked topic by
-    topic (`Acl.may_read`), so these may leave out messages on some of the filter's topics."""
+    topic (`bridge.access.reads.may_read`), so these may leave out messages on some of the
+    filter's topics."""
 
 
 def explain(

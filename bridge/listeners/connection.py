@@ -373,10 +373,11 @@ class Connection(asyncio.Protocol):
             )
         return data
 
-    def may_read(self, topic: str) -> bool:
+    def screen_delivery(self, topic: str) -> bool:
         """Whether a message on `topic` may be delivered to this client under the ACL's rules
         on reading (`bridge.access.reads`: checked topic by topic only for a client a deny rule
-        applies to or whose filters the rules no longer all grant; decisions are cached)."""
+        applies to or whose filters the rules no longer all grant; decisions are cached). A
+        message held back is counted (`acl_filtered_deliveries`)."""
         if may_read(self.node.access.acl, self.session, self.username, topic):
             return True
         self.node.metrics.inc("acl_filtered_deliveries")

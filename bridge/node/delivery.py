@@ -337,7 +337,7 @@ class Delivery:
             self.metrics.inc("dropped_expired")
             return False  # its Message Expiry Interval passed while it waited (MQTT-3.3.2-5)
         acl = self.acl
-        if checks_reads(acl, session) and not self.conn.may_read(message.topic):
+        if checks_reads(acl, session) and not self.conn.screen_delivery(message.topic):
             return False
         kind = queue_kind(logical)
         if kind == FILTER:

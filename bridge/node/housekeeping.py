@@ -63,7 +63,7 @@ class Housekeeper:
         count, size = self.backlog(session)
         return count > self.config.max_queued_messages or size > self.config.max_queued_bytes
 
-    def check_backlog(self, client_id: str) -> None:
+    def trim_if_over_limits(self, client_id: str) -> None:
         """Trim the session of `client_id` in the background if it is over its limits."""
         session = self.sessions.get(client_id)
         if session is None or client_id in self._trimming:
@@ -125,7 +125,7 @@ class Housekeeper:
         if dropped:
             # Messages that came while this trim read were not counted by it (their checks saw
             # it running): look again, now that it made progress.
-            self.check_backlog(session.client_id)
+            self.trim_if_over_limits(session.client_id)
 
     async def run(self) -> None:
         """Flush offsets every `offset_flush_interval`; expire sessions every so often."""

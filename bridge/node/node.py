@@ -156,7 +156,7 @@ class Node:
             retained=self.retained,
             stamper=self.stamper,
             spawn=self.spawn,
-            offline_reader=self.housekeeper.check_backlog,
+            offline_grew=self.housekeeper.trim_if_over_limits,
             congestion=self.congestion,
             acl=self.access.acl,
         )

@@ -63,7 +63,7 @@ class Publisher:
         retained: RetainedMessages,
         stamper: Stamper,
         spawn: Spawner,
-        offline_reader: Callable[[str], None],
+        offline_grew: Callable[[str], None],
         congestion: Congestion,
         acl: Acl | None = None,
     ) -> None:
@@ -78,7 +78,7 @@ class Publisher:
         self.retained = retained
         self.stamper = stamper
         self.spawn = spawn
-        self.offline_reader = offline_reader
+        self.offline_grew = offline_grew
         """Called for a woken reader with no delivery here (an offline session)."""
         self.congestion = congestion
         self.early_reads = store.early_reads and config.deliver_before_commit
@@ -92,7 +92,7 @@ class Publisher:
             sessions=sessions,
             deliveries=deliveries,
             reader_of=self.reader_of,
-            offline_reader=offline_reader,
+            offline_grew=offline_grew,
             spawn=spawn,
         )
         """Who is told that queues hold more messages: readers here, peers, offline sessions."""
@@ -181,7 +181,7 @@ class Publisher:
         for client_id in client_ids:
             conn = connections[client_id]
             session = conn.session
-            if checks_reads(acl, session) and not conn.may_read(message.topic):
+            if checks_reads(acl, session) and not conn.screen_delivery(message.topic):
                 continue
             shared = conn.shared_encoding
             if shared == 4:

@@ -106,9 +106,9 @@ class ClientLink(Protocol):
         """False while the socket's buffer is over its high-water mark."""
         ...
 
-    def may_read(self, topic: str) -> bool:
+    def screen_delivery(self, topic: str) -> bool:
         """Whether the ACL lets a message on `topic` reach this client (a deny rule narrower
-        than one of its subscriptions leaves such topics out)."""
+        than one of its subscriptions leaves such topics out); one held back is counted."""
         ...
 
     def send(self, data: bytes) -> None:

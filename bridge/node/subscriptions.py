@@ -335,7 +335,7 @@ class Subscriptions:
         for message, best in self.retained.matching([(f, q) for f, q, _i in filters]):
             if message.properties and expired(message.properties, message.timestamp_ms, now_ms):
                 continue
-            if not conn.may_read(message.topic):
+            if not conn.screen_delivery(message.topic):
                 continue
             sub_ids = tuple(
                 sorted({i for f, i in identifiers.items() if topic_matches(f, message.topic)})

@@ -44,7 +44,7 @@ class Wakes:
         sessions: Mapping[str, Session],
         deliveries: Mapping[str, Delivery],
         reader_of: Callable[[str], str],
-        offline_reader: Callable[[str], None],
+        offline_grew: Callable[[str], None],
         spawn: Spawner,
     ) -> None:
         self.store = store
@@ -53,8 +53,9 @@ class Wakes:
         self.deliveries = deliveries
         self.reader_of = reader_of
         """The client itself if its session is here, else the peer holding it (if known)."""
-        self.offline_reader = offline_reader
-        """Called for a woken reader with no delivery here (an offline session)."""
+        self.offline_grew = offline_grew
+        """Called with a woken reader that has no delivery here (an offline session whose queues
+        grew: the housekeeper trims it if it is over its limits)."""
         self.spawn = spawn
         self.cluster: Cluster | None = None
         """The cluster whose peers are told about their readers (None: a single node)."""
@@ -169,7 +170,7 @@ class Wakes:
                         ends = {p: end_offset(p) for queue in queues for p in parts(queue)}
                     self.cluster.wake(peer_of(reader), ends)
             else:
-                self.offline_reader(reader)
+                self.offline_grew(reader)
 
     async def refresh_queue_ends(self, client_id: str | None = None) -> None:
         """Re-read the ends of the queues connected clients (or `client_id`) read, then wake

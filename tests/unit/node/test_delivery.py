@@ -49,7 +49,7 @@ class RecordingLink:
     max_packet_out = 268_435_460
     receive_window = 65535
 
-    def may_read(self, topic: str) -> bool:
+    def screen_delivery(self, topic: str) -> bool:
         return True
 
     def encode_message(
@@ -267,7 +267,7 @@ def test_housekeeping_trims_an_offline_backlog_over_its_limit_oldest_first(tmp_p
             await put(store, "t", 1, [queue])
         keeper, owner = make_keeper(store, {"dev": session}, max_queued_messages=10)
         assert keeper.over_limits(session)
-        keeper.check_backlog("dev")
+        keeper.trim_if_over_limits("dev")
         await asyncio.gather(*owner.tasks)
         assert session.cursors[queue] == 11, "the 11 oldest go, leaving 90% of the limit"
         assert session.dropped_queue_full == 11
