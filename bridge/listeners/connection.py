@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from bridge.access.reads import may_read
 from bridge.listeners import outbound_acks
+from bridge.listeners.control import HANDLERS
 from bridge.listeners.enhanced_auth import Authentication
 from bridge.listeners.faults import close_for_fault, close_for_protocol_error
 from bridge.listeners.inbound import Inbound
@@ -31,15 +31,8 @@ from bridge.mqtt.packets import (
     Auth,
     Connect,
     Disconnect,
-    Pingreq,
-    Pingresp,
     Puback,
-    Pubcomp,
     Publish,
-    Pubrec,
-    Pubrel,
-    Subscribe,
-    Unsubscribe,
     Will,
 )
 from bridge.mqtt.reasons import ReasonCode
@@ -54,7 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bridge.connection")
 
-PINGRESP = codec.encode(Pingresp())
 LINGER_SECONDS = 1.0
 """How long a closed connection still reads after telling the client why (see `close`)."""
 SOCKET_HIGH_WATER: Final = 256 * 1024
@@ -442,7 +434,7 @@ class Connection(asyncio.Protocol):
             if kind is Puback:
                 outbound_acks.on_puback(self, packet)
                 return
-            handler = _HANDLERS.get(kind)
+            handler = HANDLERS.get(kind)
             if handler is None:
                 fault = (
                     "second CONNECT on one connection (MQTT-3.1.0-2)"
@@ -486,17 +478,6 @@ class Connection(asyncio.Protocol):
             self._keepalive_limit = keepalive * 1.5
             self._deadline = self.node.deadlines.add(self, self.loop.time() + self._keepalive_limit)
         self._handle_held()
-
-    def _on_auth(self, packet: Auth) -> None:
-        auth = self.auth
-        if auth is None:
-            close_for_fault(
-                self,
-                "AUTH without enhanced authentication at CONNECT (MQTT-4.12.0-7)",
-                ReasonCode.PROTOCOL_ERROR,
-            )
-            return
-        auth.on_auth(packet)
 
     def hold(self) -> None:
         """Keep further packets of this client unhandled until `release` (while the node
@@ -543,18 +524,10 @@ class Connection(asyncio.Protocol):
         """One reason to hold acknowledgements is gone (see `Inbound.release_acks`)."""
         self.inbound.release_acks(reason)
 
-    def _on_subscribe(self, packet: Subscribe) -> None:
-        assert self.session is not None
-        self.node.subscriptions.subscribe(self, self.session, packet)
-
-    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
-        assert self.session is not None
-        self.node.subscriptions.unsubscribe(self, self.session, packet)
-
-    def _on_pingreq(self, packet: Pingreq) -> None:
-        self.send(PINGRESP)
-
-    def _on_disconnect(self, packet: Disconnect) -> None:
+    def disconnect_received(self, packet: Disconnect) -> None:
+        """The client said DISCONNECT: a v5 client may change its session expiry with it (or
+        be refused for asking wrongly); then the session's connection ends, gracefully unless
+        the reason code asks for the will."""
         assert self.session is not None
         if self.v5 is not None and not self.node.lifecycle.disconnect_v5(
             self, self.session, packet
@@ -573,17 +546,3 @@ def _can_write_eof(transport: asyncio.Transport) -> bool:
         return transport.can_write_eof()
     except NotImplementedError:  # a transport of our own (WebSocket) that cannot
         return False
-
-
-_HANDLERS: dict[type, Callable[[Connection, Any], None]] = {
-    Pubrec: outbound_acks.on_pubrec,
-    Pubrel: lambda conn, packet: conn.inbound.on_pubrel(packet),
-    Pubcomp: outbound_acks.on_pubcomp,
-    Subscribe: Connection._on_subscribe,
-    Unsubscribe: Connection._on_unsubscribe,
-    Pingreq: Connection._on_pingreq,
-    Disconnect: Connection._on_disconnect,
-    Auth: Connection._on_auth,
-}
-"""Packet type -> handler but PUBLISH and PUBACK (`_handle` calls theirs directly), once for the
-class (a table per connection cost ~0.9 KiB of each connection's memory: docs/performance.md)."""
