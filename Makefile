@@ -88,10 +88,10 @@ lint: install
 		bridge/storage/rocketmq/sendframe.py bridge/storage/rocketmq/groups.py \
 		bridge/storage/rocketmq/acl.py bridge/storage/rocketmq/tls.py \
 		bridge/storage/filelog/segments.py bridge/storage/filelog/undo.py bridge/storage/filelog/holds.py \
-	bridge/storage/metadata.py bridge/node/outbound.py bridge/node/admission.py bridge/node/wills.py bridge/node/registry_entries.py \
+	bridge/storage/metadata.py bridge/node/copies.py bridge/node/admission.py bridge/node/wills.py bridge/node/registry_entries.py \
 	bridge/node/delayed.py bridge/storage/base.py bridge/storage/message.py bridge/fields.py \
 	bridge/listeners/v5.py bridge/listeners/link.py bridge/listeners/enhanced_auth.py \
-	bridge/listeners/inbound.py bridge/listeners/outbound_acks.py bridge/listeners/preauth.py \
+	bridge/listeners/inbound.py bridge/listeners/delivery_acks.py bridge/listeners/preauth.py \
 	bridge/access/login_queue.py bridge/access/login_guard.py \
 	bridge/access/ratelimit.py bridge/access/watch.py bridge/listeners/origins.py bridge/listeners/pacing.py \
 		bridge/logtext.py bridge/private_files.py bridge/listeners/exposure.py \

@@ -3,11 +3,12 @@
 Pure bookkeeping, no I/O. The node persists what `snapshot()` returns and rebuilds a session with
 `Session.restore()`.
 
-Outbound packet ids are derived from the message's store-wide `seq` (`packet_id_for`). That makes
-them the same after a crash without writing anything before a send: a QoS 2 PUBLISH resent after a
-restart carries the id the client already knows, so the client treats it as a duplicate. Only the
-move to the PUBREL phase is written durably (the client may forget the id once it has PUBCOMPed, so
-we must never send that PUBLISH again); see docs/design.md.
+The packet ids of messages sent to the client are derived from the message's store-wide `seq`
+(`packet_id_for`). That makes them the same after a crash without writing anything before a send:
+a QoS 2 PUBLISH resent after a restart carries the id the client already knows, so the client
+treats it as a duplicate. Only the move to the PUBREL phase is written durably (the client may
+forget the id once it has PUBCOMPed, so we must never send that PUBLISH again); see
+docs/design.md.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Phase(Enum):
     """PUBREL sent (QoS 2); waiting for PUBCOMP."""
 
 
-class Outbound(Fields):
+class InFlight(Fields):
     """A message sent to the client and not yet fully acknowledged: one per QoS 1/2 message
     sent, so a plain class rather than a dataclass (`bridge.fields`).
 
@@ -49,19 +50,6 @@ class Outbound(Fields):
     - `sub_ids`: the Subscription Identifiers it was sent with.
     """
 
-    __slots__ = (
-        "message",
-        "offset",
-        "packet_id",
-        "payload",
-        "phase",
-        "qos",
-        "queue",
-        "retain",
-        "seq",
-        "sub_ids",
-        "topic",
-    )
     FIELDS = (
         "packet_id",
         "queue",
@@ -75,6 +63,7 @@ class Outbound(Fields):
         "message",
         "sub_ids",
     )
+    __slots__ = FIELDS
 
     def __init__(
         self,
@@ -186,7 +175,7 @@ class Session:
         self.cursors: dict[str, int] = {}
         """Queue -> next offset to read."""
         self._resend_below: dict[str, int] | None = None
-        self._inflight: dict[int, Outbound] | None = None
+        self._inflight: dict[int, InFlight] | None = None
         self.released: set[int] | None = None
         """Seqs of QoS 2 messages whose PUBREC arrived (PUBREL phase), durable when persistent;
         None until the first (an empty set is 216 bytes, and most sessions never see QoS 2)."""
@@ -213,8 +202,8 @@ class Session:
         self._subscriptions = _without(self._subscriptions, topic_filter)
 
     @property
-    def inflight(self) -> Mapping[int, Outbound]:
-        """Packet id -> outbound message, in send order (written by `track`, the acknowledgements
+    def inflight(self) -> Mapping[int, InFlight]:
+        """Packet id -> message in flight, in send order (written by `track`, the acknowledgements
         and `drop_inflight`)."""
         return self._inflight or _EMPTY
 
@@ -307,7 +296,7 @@ class Session:
         inflight = self._inflight
         return inflight is not None and packet_id in inflight
 
-    def track(self, out: Outbound) -> None:
+    def track(self, out: InFlight) -> None:
         """Record a QoS>0 message as sent. (The table, once made, stays: a busy subscriber's
         window empties and fills again many times a second.)"""
         inflight = self._inflight
@@ -315,17 +304,17 @@ class Session:
             inflight = self._inflight = {}
         inflight[out.packet_id] = out
 
-    def drop_inflight(self, packet_id: int) -> Outbound | None:
+    def drop_inflight(self, packet_id: int) -> InFlight | None:
         """Forget the message in flight under `packet_id` (refused or no longer wanted)."""
         inflight = self._inflight
         return None if inflight is None else inflight.pop(packet_id, None)
 
-    def _sent(self, packet_id: int) -> Outbound | None:
+    def _sent(self, packet_id: int) -> InFlight | None:
         """The message in flight under `packet_id`, if any."""
         inflight = self._inflight
         return None if inflight is None else inflight.get(packet_id)
 
-    def on_puback(self, packet_id: int) -> Outbound | None:
+    def on_puback(self, packet_id: int) -> InFlight | None:
         """PUBACK: the QoS 1 message is done. None if the id is unknown or not QoS 1."""
         out = self._sent(packet_id)
         if out is None or out.qos != 1:
@@ -333,7 +322,7 @@ class Session:
         self.drop_inflight(packet_id)
         return out
 
-    def on_pubrec(self, packet_id: int) -> Outbound | None:
+    def on_pubrec(self, packet_id: int) -> InFlight | None:
         """PUBREC: the QoS 2 message moves to the PUBREL phase (a repeated PUBREC is harmless)."""
         out = self._sent(packet_id)
         if out is None or out.qos != 2:
@@ -344,7 +333,7 @@ class Session:
         self.released.add(out.seq)
         return out
 
-    def on_pubcomp(self, packet_id: int) -> Outbound | None:
+    def on_pubcomp(self, packet_id: int) -> InFlight | None:
         """PUBCOMP: the QoS 2 message is done."""
         out = self._sent(packet_id)
         if out is None or out.phase is not Phase.AWAITING_PUBCOMP:
@@ -377,7 +366,7 @@ class Session:
             del sent[next(iter(sent))]
         return True
 
-    def forget_inflight(self) -> list[Outbound]:
+    def forget_inflight(self) -> list[InFlight]:
         """Drop everything in flight (clean session end); returns what was dropped."""
         inflight, self._inflight = self._inflight, None
         return [] if inflight is None else list(inflight.values())

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from bridge.access.reads import may_read
-from bridge.listeners import outbound_acks
+from bridge.listeners import delivery_acks
 from bridge.listeners.control import HANDLERS
 from bridge.listeners.enhanced_auth import Authentication
 from bridge.listeners.faults import close_for_fault, close_for_protocol_error
@@ -432,7 +432,7 @@ class Connection(asyncio.Protocol):
                     self.payload_in += len(packet.payload)
                 return
             if kind is Puback:
-                outbound_acks.on_puback(self, packet)
+                delivery_acks.on_puback(self, packet)
                 return
             handler = HANDLERS.get(kind)
             if handler is None:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from bridge.listeners import outbound_acks
+from bridge.listeners import delivery_acks
 from bridge.listeners.enhanced_auth import Authentication
 from bridge.listeners.faults import close_for_fault
 from bridge.listeners.inbound import Inbound
@@ -89,9 +89,9 @@ def on_disconnect(conn: Controlled, packet: Disconnect) -> None:
 
 
 HANDLERS: dict[type, Callable[[Controlled, Any], None]] = {
-    Pubrec: outbound_acks.on_pubrec,
+    Pubrec: delivery_acks.on_pubrec,
     Pubrel: on_pubrel,
-    Pubcomp: outbound_acks.on_pubcomp,
+    Pubcomp: delivery_acks.on_pubcomp,
     Subscribe: on_subscribe,
     Unsubscribe: on_unsubscribe,
     Pingreq: on_pingreq,

@@ -1,4 +1,4 @@
-"""What the helpers of a connection (`inbound`, `outbound_acks`, `enhanced_auth`) use of it.
+"""What the helpers of a connection (`inbound`, `delivery_acks`, `enhanced_auth`) use of it.
 
 `Connection` fulfils this; the helpers never import it, so the listeners' modules form no
 circle.

@@ -103,8 +103,8 @@ class Publish(Fields):
     A plain class, not a dataclass, as are the acknowledgements below: one is made for every
     message (`bridge.fields` says why)."""
 
-    __slots__ = ("dup", "packet_id", "payload", "properties", "qos", "retain", "topic")
     FIELDS = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
+    __slots__ = FIELDS
 
     def __init__(
         self,
@@ -128,8 +128,8 @@ class Publish(Fields):
 class _Ack(Fields):
     """The shape PUBACK, PUBREC, PUBREL and PUBCOMP share."""
 
-    __slots__ = ("packet_id", "properties", "reason_code")
     FIELDS = ("packet_id", "reason_code", "properties")
+    __slots__ = FIELDS
 
     def __init__(
         self, packet_id: int, reason_code: int = 0, properties: Properties | None = None

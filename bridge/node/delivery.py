@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Protocol
 from bridge.access.reads import checks_reads
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Pubrel
-from bridge.node.outbound import stored_copy
+from bridge.node.copies import stored_copy
 from bridge.router.queues import CLIENT, FILTER, filter_of, queue_kind, share_filter_of
-from bridge.session import Outbound, Phase, Session, packet_id_for
+from bridge.session import InFlight, Phase, Session, packet_id_for
 from bridge.storage.base import StoreUnavailable
 from bridge.storage.metadata import SUBSCRIPTION_IDS, expired, retained_qos
 
@@ -409,7 +409,7 @@ class Delivery:
             data = conn.encode_message(message, qos, retain, dup, packet_id, sub_ids)
             if data is None:
                 return False  # too large for the client: as if sent (MQTT-3.1.2-25)
-        out = Outbound(
+        out = InFlight(
             packet_id,
             queue,
             stored.offset,

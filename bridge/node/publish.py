@@ -20,8 +20,8 @@ from bridge.mqtt import codec
 from bridge.mqtt.delayed import DelayedTopic
 from bridge.mqtt.packets import Publish
 from bridge.node.congestion import Congestion
+from bridge.node.copies import live_copy, shared_v5_publish
 from bridge.node.delayed import DelayedPublishes, delayed_quota
-from bridge.node.outbound import live_copy, shared_v5_publish
 from bridge.node.retained import RetainedMessages
 from bridge.node.roles import DurableCallback, Spawner
 from bridge.node.stamp import Stamper

@@ -27,17 +27,6 @@ class Message(Fields):
     - `properties`: MQTT 5.0 properties kept with the message (a new dict if not given).
     """
 
-    __slots__ = (
-        "key",
-        "node",
-        "payload",
-        "properties",
-        "publisher",
-        "qos",
-        "retain",
-        "timestamp_ms",
-        "topic",
-    )
     FIELDS = (
         "topic",
         "payload",
@@ -49,6 +38,7 @@ class Message(Fields):
         "node",
         "properties",
     )
+    __slots__ = FIELDS
 
     def __init__(
         self,
@@ -84,8 +74,8 @@ class Stored(Fields):
     - `size`: bytes the message occupies (payload + topic), for backlog accounting.
     """
 
-    __slots__ = ("message", "offset", "queues", "seq", "size")
     FIELDS = ("offset", "seq", "message", "queues", "size")
+    __slots__ = FIELDS
 
     def __init__(
         self, offset: int, seq: int, message: Message, queues: tuple[str, ...], size: int = 0
@@ -107,8 +97,8 @@ class ReadResult(Fields):
       retention.
     """
 
-    __slots__ = ("lost", "messages", "next_offset")
     FIELDS = ("messages", "next_offset", "lost")
+    __slots__ = FIELDS
 
     def __init__(self, messages: list[Stored], next_offset: int, lost: int = 0) -> None:
         self.messages = messages

@@ -1,4 +1,4 @@
-"""How a message goes out under MQTT 5.0 subscription options (`bridge.node.outbound`),
+"""How a message goes out under MQTT 5.0 subscription options (`bridge.node.copies`),
 checked against a brute-force reading of the specification: one copy per client, from the filter
 with the highest granted QoS that No Local does not exclude, with the identifiers of every
 matching filter No Local lets through, RETAIN kept only under Retain As Published."""
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.mqtt.topics import topic_matches
-from bridge.node.outbound import live_copy, stored_copy
+from bridge.node.copies import live_copy, stored_copy
 from bridge.session import Session, SubOptions
 
 FILTERS = ["a/b", "a/+", "a/#", "#", "+/b", "b/#"]

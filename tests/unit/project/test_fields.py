@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
-from bridge.session import Outbound, Phase
+from bridge.session import InFlight, Phase
 from bridge.storage.base import Message, ReadResult, Stored
 
 
@@ -95,7 +95,7 @@ def test_acknowledgements_of_different_types_are_never_equal():
         ReadResult([], 4),
         Publish("t", b"x", 1, packet_id=5),
         Puback(5),
-        Outbound(5, "q", 3, 9, 1, "t", b"x", False),
+        InFlight(5, "q", 3, 9, 1, "t", b"x", False),
     ],
     ids=lambda value: type(value).__name__,
 )
@@ -108,11 +108,11 @@ def test_the_plain_classes_are_unhashable_and_print_every_field(value):
         assert f"{name}=" in text
 
 
-def test_an_outbound_keeps_its_defaults_and_changes_phase():
-    out = Outbound(5, "q", 3, 9, 2, "t", b"x", False)
+def test_a_message_in_flight_keeps_its_defaults_and_changes_phase():
+    out = InFlight(5, "q", 3, 9, 2, "t", b"x", False)
     assert out.phase is Phase.AWAITING_ACK and out.message is None and out.sub_ids == ()
     out.phase = Phase.AWAITING_PUBCOMP
-    assert out == Outbound(5, "q", 3, 9, 2, "t", b"x", False, Phase.AWAITING_PUBCOMP)
+    assert out == InFlight(5, "q", 3, 9, 2, "t", b"x", False, Phase.AWAITING_PUBCOMP)
 
 
 @pytest.mark.skipif(

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from bridge.router.queues import client_queue, filter_queue
 from bridge.session import (
     PACKET_ID_SPACE,
-    Outbound,
+    InFlight,
     Phase,
     Session,
     SubOptions,
@@ -17,8 +17,10 @@ from bridge.session import (
 )
 
 
-def outbound(packet_id: int, queue: str, offset: int, qos: int, seq: int | None = None) -> Outbound:
-    return Outbound(
+def sent_message(
+    packet_id: int, queue: str, offset: int, qos: int, seq: int | None = None
+) -> InFlight:
+    return InFlight(
         packet_id, queue, offset, seq if seq is not None else offset, qos, "t", b"", False
     )
 
@@ -44,7 +46,7 @@ def test_consecutive_seqs_get_distinct_packet_ids_across_a_full_id_space():
 
 def test_qos1_message_is_done_on_puback_only():
     session = Session("c", persistent=True)
-    session.track(outbound(5, "f:a", 0, 1))
+    session.track(sent_message(5, "f:a", 0, 1))
     assert session.on_pubrec(5) is None
     assert session.on_pubcomp(5) is None
     assert session.on_puback(5) is not None
@@ -54,7 +56,7 @@ def test_qos1_message_is_done_on_puback_only():
 
 def test_qos2_message_moves_to_pubrel_phase_then_done_on_pubcomp():
     session = Session("c", persistent=True)
-    session.track(outbound(9, "f:a", 3, 2, seq=100))
+    session.track(sent_message(9, "f:a", 3, 2, seq=100))
     assert session.on_puback(9) is None
     assert session.on_pubcomp(9) is None  # PUBCOMP before PUBREC is ignored
     out = session.on_pubrec(9)
@@ -68,8 +70,8 @@ def test_qos2_message_moves_to_pubrel_phase_then_done_on_pubcomp():
 def test_committed_offset_is_the_lowest_unacknowledged_per_queue():
     session = Session("c", persistent=True)
     session.cursors = {"f:a": 10, "f:b": 4}
-    session.track(outbound(1, "f:a", 6, 1))
-    session.track(outbound(2, "f:a", 8, 1))
+    session.track(sent_message(1, "f:a", 6, 1))
+    session.track(sent_message(2, "f:a", 8, 1))
     assert session.committed("f:a") == 6
     assert session.committed("f:b") == 4
     session.on_puback(1)
@@ -93,7 +95,7 @@ def test_queues_are_the_private_queue_then_one_per_filter():
 def test_restore_round_trips_subscriptions_offsets_and_pubrel_phase():
     session = Session("dev", persistent=True, subscriptions={"a/+": 2}, shared={"$share/g/x": 1})
     session.cursors = {"f:a/+": 12, "c:dev": 3}
-    session.track(outbound(7, "f:a/+", 9, 2, seq=777))
+    session.track(sent_message(7, "f:a/+", 9, 2, seq=777))
     session.on_pubrec(7)
     restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
     assert restored.subscriptions == {"a/+": 2}
@@ -171,8 +173,8 @@ def test_the_in_flight_table_is_made_by_the_first_send_and_the_window_checks_rea
     session = Session("sub", persistent=False)
     assert session.drop_inflight(3) is None and session.on_puback(3) is None
     assert session.on_pubrec(3) is None and session.on_pubcomp(3) is None
-    session.track(outbound(3, "f:a", 0, 1))
-    session.track(outbound(4, "f:a", 1, 2))
+    session.track(sent_message(3, "f:a", 0, 1))
+    session.track(sent_message(4, "f:a", 1, 2))
     assert session.window_free(20) == 18
     assert session.in_flight(3) and session.in_flight(4) and not session.in_flight(5)
     assert session.drop_inflight(3) is not None and not session.in_flight(3)
@@ -275,10 +277,10 @@ def test_asking_about_what_a_session_never_had_answers_nothing():
     session = Session("dev", persistent=True)
     assert session.committed("f:never") == 0
     assert session.drop_inflight(9) is None and session.pop_resend_below("f:never") is None
-    session.track(outbound(1, "f:a", 5, 1))
+    session.track(sent_message(1, "f:a", 5, 1))
     assert session.drop_inflight(9) is None and session.committed("f:never") == 0
 
 
-def test_an_outbound_copy_keeps_what_it_was_made_with():
-    out = Outbound(5, "q", 3, 9, 2, "t/1", b"x", True, Phase.AWAITING_PUBCOMP, "m")
+def test_a_message_in_flight_keeps_what_it_was_made_with():
+    out = InFlight(5, "q", 3, 9, 2, "t/1", b"x", True, Phase.AWAITING_PUBCOMP, "m")
     assert (out.topic, out.payload, out.retain, out.message) == ("t/1", b"x", True, "m")
