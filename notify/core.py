@@ -191,7 +191,7 @@ class Notifier:
         mine: set[tuple[str, str, int]] = set()
         for topic in topics:
             try:
-                route = await self.client.get_route(topic, refresh=True)
+                route = await self.client.fetch_route(topic)
             except RemotingError as exc:
                 if exc.code == ResponseCode.TOPIC_NOT_EXIST:
                     continue

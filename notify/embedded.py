@@ -35,7 +35,7 @@ class NodeSink:
             self.node.queues_grew(mine)
 
     def route(self, message: Message) -> Sequence[str]:
-        return [self.store.lmq_of(q) for q in self.node.route_backend_message(message)]
+        return [self.store.register_lmq(q) for q in self.node.route_backend_message(message)]
 
 
 def embedded_notifier(node: Node, store: RocketMQStore) -> Notifier:

@@ -119,7 +119,7 @@ async def list_queues(client: RocketMQClient, options: SourceOptions) -> list[Qu
     queues: list[QueueKey] = []
     for topic in topics:
         try:
-            route = await client.get_route(topic, refresh=True)
+            route = await client.fetch_route(topic)
         except RemotingError as exc:
             if exc.code == ResponseCode.TOPIC_NOT_EXIST:
                 continue

@@ -239,10 +239,10 @@ class Delivery:
         self._unblock(queue)
         logical = self.store.queue_of_part(queue) or queue  # `queue` is a part (positions.py)
         while not self._stopped:
-            wanted = self._wanted(queue)
-            if wanted is None:
+            planned = self._next_read_or_block(queue)
+            if planned is None:
                 return
-            cursor, limit = wanted
+            cursor, limit = planned
             result = await self.store.read(queue, cursor, limit)
             if self._stopped or self.session.cursors.get(queue) != cursor:
                 return
@@ -260,10 +260,10 @@ class Delivery:
         logical = self.store.queue_of_part(queue) or queue
         try:
             while not self._stopped:
-                wanted = self._wanted(queue)
-                if wanted is None:
+                planned = self._next_read_or_block(queue)
+                if planned is None:
                     return True
-                cursor, limit = wanted
+                cursor, limit = planned
                 result = read_now(queue, cursor, limit)
                 if result is None:
                     return False
@@ -276,10 +276,11 @@ class Delivery:
             self.conn.close("internal error in delivery")
         return True
 
-    def _wanted(self, queue: str) -> tuple[int, int] | None:
+    def _next_read_or_block(self, queue: str) -> tuple[int, int] | None:
         """The cursor of `queue` and how many messages to read there, or None: caught up, the
-        window full (noted in `_window_blocked`) or the socket not writable (resume_writing
-        wakes us)."""
+        window full (then `queue` is marked blocked on the window, `_block`, so that the
+        acknowledgement that frees a place wakes it) or the socket not writable
+        (resume_writing wakes us)."""
         session = self.session
         cursor = session.cursors.get(queue)
         if cursor is None or cursor >= self.store.end_offset(queue):

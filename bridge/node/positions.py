@@ -35,9 +35,9 @@ async def start_reading(store: MessageStore, session: Session, queue: str) -> No
     if not missing:
         return
     if len(missing) == 1:
-        ends = [await store.queue_end(missing[0])]
+        ends = [await store.track_queue(missing[0])]
     else:
-        ends = await asyncio.gather(*(store.queue_end(part) for part in missing))
+        ends = await asyncio.gather(*(store.track_queue(part) for part in missing))
     for part, end in zip(missing, ends, strict=True):
         session.start_queue(part, end)
 
@@ -61,7 +61,7 @@ async def learn_ends(store: MessageStore, session: Session, queues: Iterable[str
         dict.fromkeys(p for q in queues for p in store.parts(q) if p not in session.cursors)
     )
     answers = await asyncio.gather(
-        *(store.queue_end(part) for part in parts), return_exceptions=True
+        *(store.track_queue(part) for part in parts), return_exceptions=True
     )
     known = dict(zip(parts, answers, strict=True))
 
@@ -132,7 +132,7 @@ async def reread_ends(
     async def reread(part: str) -> None:
         async with limit:
             try:
-                await store.queue_end(part)
+                await store.track_queue(part)
             except StoreUnavailable:
                 failed.append(part)
 

@@ -443,7 +443,7 @@ class Subscriptions:
         to other members; False if the store cannot be read (they stay queued)."""
         start = session.committed(queue)
         try:
-            end = await self.store.queue_end(queue)
+            end = await self.store.track_queue(queue)
         except StoreUnavailable as exc:
             log.error("shared messages of %s stay queued: %s", session.client_id, exc)
             return False

@@ -125,7 +125,7 @@ class Wakes:
                 rechecks[part] = False
                 try:
                     async with self._refresh_limit:
-                        end = await self.store.queue_end(part)
+                        end = await self.store.track_queue(part)
                 except StoreUnavailable:
                     break
                 self._wake_behind(part, end)

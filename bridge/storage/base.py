@@ -62,7 +62,7 @@ class MessageStore(Protocol):
     names a message which may not exist: see `find_key`)."""
     local_ends: bool
     """True if `end_offset` is always the truth (this store assigns every offset itself), so a
-    reader can start at a queue's end without asking anyone (`queue_end` need not be awaited)."""
+    reader can start at a queue's end without asking anyone (`track_queue` need not be awaited)."""
     early_reads: bool
     """True if `submit(..., early=True)` may make a message readable before it is durable: then
     `read_early` says whether the last submitted message is readable already, and a failed
@@ -121,7 +121,7 @@ class MessageStore(Protocol):
 
     def parts(self, queue: str) -> tuple[str, ...]:
         """The parts `queue` is read as, each with offsets of its own: a reader keeps one
-        position per part, and `read`, `end_offset`, `queue_end`, `note_end` and `backlog` take
+        position per part, and `read`, `end_offset`, `track_queue`, `note_end` and `backlog` take
         a part. A store with one log has one part per queue, the queue itself; RocketMQ has one
         per broker group (a message is stored on one group only)."""
 
@@ -138,11 +138,14 @@ class MessageStore(Protocol):
     def end_offset(self, queue: str) -> int:
         """The end of `queue` (the offset its next message gets) as far as this store knows: at
         least the end after every message this store appended (once durable) and every end it
-        learned (`queue_end`, `note_end`, reads). 0 for a queue it knows nothing of. A backend
+        learned (`track_queue`, `note_end`, reads). 0 for a queue it knows nothing of. A backend
         whose queues other writers fill (RocketMQ) may lag behind the true end."""
 
-    async def queue_end(self, queue: str) -> int:
-        """The true end of `queue` now (asks the backend if need be); `end_offset` follows."""
+    async def track_queue(self, queue: str) -> int:
+        """Keep track of `queue` from now on and learn its true end: record the queue where
+        the backend must know its queues (RocketMQ keeps a record of each queue it has made),
+        ask the backend for the end if need be, and return it; `end_offset` follows. A command,
+        not a question: it may write and does I/O."""
 
     def note_end(self, queue: str, end: int) -> None:
         """Learn that `queue` holds messages up to `end` (from a notification)."""

@@ -42,7 +42,7 @@ def topic_of(i: int, lines: int) -> str:
 async def pull_all(store: RocketMQStore, topic: str, tags: str) -> tuple[int, int, float]:
     """(messages, bytes, seconds) pulling every queue of `topic` with a tag expression."""
     client = store.reader_client
-    route = await client.get_route(topic, refresh=True)
+    route = await client.fetch_route(topic)
     count = size = 0
     started = time.perf_counter()
     for info in route.queues:

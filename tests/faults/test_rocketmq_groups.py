@@ -72,7 +72,7 @@ def groups_of_topics(namesrv: str, topics: list[str]) -> dict[str, set[str]]:
         ) as client:
             out = {}
             for topic in topics:
-                route = await client.get_route(topic, refresh=True)
+                route = await client.fetch_route(topic)
                 out[topic] = {q.broker_name for q in route.queues}
             return out
 
@@ -85,7 +85,7 @@ def stored_on_group(namesrv: str, topic: str, group: str) -> int:
 
     async def count() -> int:
         async with RocketMQClient(namesrv, client_id="test-count", producer_group="t") as client:
-            route = await client.get_route(topic, refresh=True)
+            route = await client.fetch_route(topic)
             queues = [qid for name, qid in route.read_queues() if name == group]
             return sum([await client.max_offset(topic, qid, broker_name=group) for qid in queues])
 

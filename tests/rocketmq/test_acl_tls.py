@@ -105,7 +105,7 @@ def _first_call_error(mq: LocalRocketMQ, **security: Any) -> BrokerUnavailable:
             **security,
         )
         try:
-            await client.cluster_brokers(refresh=True)
+            await client.fetch_cluster_brokers()
         except BrokerUnavailable as exc:
             return exc
         finally:

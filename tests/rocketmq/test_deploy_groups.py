@@ -102,7 +102,7 @@ async def _topic_on(client: RocketMQClient, group: str) -> str:
     deadline = time.monotonic() + 10
     while True:
         try:
-            await client.get_route(topic, refresh=True)
+            await client.fetch_route(topic)
             return topic
         except Exception:
             assert time.monotonic() < deadline, f"no route for {topic}"
@@ -255,7 +255,7 @@ def test_a_group_made_read_only_offers_no_write_queues_until_made_writable(
     mq: LocalRocketMQ,
 ) -> None:
     async def perm_of(client: RocketMQClient, topic: str) -> int:
-        route = await client.get_route(topic, refresh=True)
+        route = await client.fetch_route(topic)
         (queue,) = [q for q in route.queues if q.broker_name == "broker-b"]
         return queue.perm
 

@@ -75,7 +75,7 @@ async def pull_all(
     while True:
         out: list[StoredMessage] = []
         try:
-            route = await client.get_route(topic, refresh=True)
+            route = await client.fetch_route(topic)
         except RemotingError:  # not routed yet
             route = None
         for queue in route.queues if route else ():
@@ -93,7 +93,7 @@ async def await_route(client: RocketMQClient, topic: str, within: float = 30.0) 
     deadline = loop.time() + within
     while True:
         try:
-            await client.get_route(topic, refresh=True)
+            await client.fetch_route(topic)
             return
         except RemotingError:
             if loop.time() > deadline:
@@ -136,7 +136,7 @@ def test_a_stored_message_carries_its_metadata_as_readable_properties_in_topic_a
             group, queue = split_part(part) or ("", "")
             async with client_for(rocketmq.namesrv_addr) as client:
                 [in_topic] = await pull_all(client, rocketmq_topic(message.topic))
-                lmq = await client.pull(store.lmq_of(queue), 0, 0, 32, broker_name=group)
+                lmq = await client.pull(store.register_lmq(queue), 0, 0, 32, broker_name=group)
                 [in_lmq] = lmq.messages
         finally:
             await store.close()

@@ -98,7 +98,7 @@ async def _dispatch_copies(
     other = RocketMQStore(rocketmq.namesrv_addr, tmp_path / "other", namespace=namespace)
     await other.open()
     try:
-        lmq = other.lmq_of(f"f:{topic}/#")
+        lmq = other.register_lmq(f"f:{topic}/#")
         for i in range(count):
             await other.dispatch(
                 Message(f"{topic}/m", f"m{i}".encode(), qos=1, key=f"o{i}"), [lmq], f"origin{i}"
@@ -259,7 +259,7 @@ def test_qos2_resend_after_an_unanswered_send_is_not_stored_twice(
     async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
         await _resent_after_an_unanswered_send(node, store, monkeypatch, topic, b"once")
         (part,) = store.parts(f"f:{topic}/#")  # one broker group: one part
-        assert await store.queue_end(part) == 1  # stored once, not twice
+        assert await store.track_queue(part) == 1  # stored once, not twice
 
     _run_node(rocketmq, tmp_path, scenario)
 
@@ -300,7 +300,7 @@ def test_qos2_resend_whose_first_send_never_arrived_is_stored(
         pub.data_received(codec.encode(Publish(f"{topic}/x", b"late", 2, dup=True, packet_id=9)))
         await _until(lambda: any(isinstance(p, Pubrec) for p in transport.packets()), 10)
         (part,) = store.parts(f"f:{topic}/#")
-        assert await store.queue_end(part) == 1
+        assert await store.track_queue(part) == 1
         result = await store.read(part, 0, 10)
         assert [s.message.payload for s in result.messages] == [b"late"]
         # Under the key it may have been stored with before: a reader that had such a copy
@@ -472,7 +472,7 @@ def test_a_queue_end_counted_one_ahead_is_set_back_by_a_read_that_found_nothing(
 
     async def main() -> None:
         async with _store_holding(rocketmq, tmp_path, "e", 1, read_wait=0.2) as (store, q):
-            assert await store.queue_end(q) == 1
+            assert await store.track_queue(q) == 1
             store.note_end(q, 2)  # as if the SEND_OK was counted on top of the fetch
             first = await store.read(q, 0, 10)
             assert [s.message.payload for s in first.messages] == [b"e0"]

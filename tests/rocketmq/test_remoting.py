@@ -81,7 +81,7 @@ async def _await_route(client: RocketMQClient, topic: str, within: float = 10.0)
     deadline = time.monotonic() + within
     while True:
         try:
-            await client.get_route(topic, refresh=True)
+            await client.fetch_route(topic)
             return
         except RemotingError as exc:
             if exc.code != ResponseCode.TOPIC_NOT_EXIST or time.monotonic() > deadline:

@@ -76,8 +76,8 @@ class OnePartView:
     def end_offset(self, queue: str) -> int:
         return self.store.end_offset(self.part(queue))
 
-    async def queue_end(self, queue: str) -> int:
-        return await self.store.queue_end(self.part(queue))
+    async def track_queue(self, queue: str) -> int:
+        return await self.store.track_queue(self.part(queue))
 
     def note_end(self, queue: str, end: int) -> None:
         self.store.note_end(self.part(queue), end)

@@ -138,7 +138,7 @@ def test_end_offset_and_backlog(store: MessageStore, run: Run[Any]) -> None:
             sizes.append(len(m.payload) + len(m.topic.encode()))
             await store.append(m, ["q"])
         assert store.end_offset("q") == 6
-        assert await store.queue_end("q") == 6
+        assert await store.track_queue("q") == 6
         check_backlog(store, "q", 0, 6, sum(sizes))
         check_backlog(store, "q", 4, 2, sum(sizes[4:]))
         check_backlog(store, "q", 6, 0, 0)
@@ -323,10 +323,10 @@ def test_queue_end_is_the_truth_and_note_end_only_raises(
     store: MessageStore, run: Run[Any]
 ) -> None:
     async def body() -> None:
-        assert await store.queue_end("fresh") == 0
+        assert await store.track_queue("fresh") == 0
         for i in range(3):
             await store.append(msg(i), ["fresh"])
-        assert await store.queue_end("fresh") == 3
+        assert await store.track_queue("fresh") == 3
         store.note_end("fresh", 1)  # stale news never lowers what the store knows
         assert store.end_offset("fresh") == 3
 

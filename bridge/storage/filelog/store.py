@@ -347,7 +347,7 @@ class FileLogStore(GroupCommit):
         q = self._queues.get(queue)
         return q.visible if q is not None else 0
 
-    async def queue_end(self, queue: str) -> int:
+    async def track_queue(self, queue: str) -> int:
         """Every writer of this store's queues is this store: `end_offset` is the truth."""
         return self.end_offset(queue)
 

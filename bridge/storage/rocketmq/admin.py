@@ -75,7 +75,7 @@ class Admin:
     async def data_topics(self) -> list[str]:
         """The topics holding application messages: `topic_list` without system topics, retry,
         dead-letter and light-message-queue topics, and the cluster's and brokers' own names."""
-        brokers = await self._routing.cluster_brokers(refresh=True)
+        brokers = await self._routing.fetch_cluster_brokers()
         names = set(brokers) | {b.cluster for b in brokers.values()}
         return [
             topic
@@ -98,7 +98,7 @@ class Admin:
 
         The broker registers it with the NameServer; the cached route is dropped.
         """
-        brokers = await self._routing.cluster_brokers(refresh=True)
+        brokers = await self._routing.fetch_cluster_brokers()
         names = list(broker_names) if broker_names else sorted(brokers)
         fields = {
             "topic": topic,
@@ -163,7 +163,7 @@ class Admin:
         # A fresh route: the topic may have been created on another broker group since. Each
         # group is asked on its master, or on its slave while the master is gone; a group of
         # the topic with neither cannot say, so neither can this.
-        route = await self._routing.get_route(topic, refresh=True)
+        route = await self._routing.fetch_route(topic)
         addrs = []
         for name in sorted({q.broker_name for q in route.queues}):
             info = route.brokers.get(name)

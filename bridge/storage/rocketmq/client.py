@@ -186,20 +186,29 @@ class RocketMQClient:
 
     # -- routes and brokers (NameServerRouting)
 
-    async def get_route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
-        """The topic's route (cached; fetched when missing, stale or `refresh`).
+    async def get_route(self, topic: str) -> TopicRoute:
+        """The topic's route: the cached one, fetched first when missing or stale.
 
         Raises RemotingError(TOPIC_NOT_EXIST) when the NameServer knows no such topic.
         """
-        return await self._routing.get_route(topic, refresh=refresh)
+        return await self._routing.get_route(topic)
+
+    async def fetch_route(self, topic: str) -> TopicRoute:
+        """Ask the NameServer for the topic's route now and cache it. Raises as `get_route`."""
+        return await self._routing.fetch_route(topic)
 
     def invalidate_route(self, topic: str) -> None:
         """Forget the cached route of `topic` (it is fetched again on next use)."""
         self._routing.invalidate_route(topic)
 
-    async def cluster_brokers(self, *, refresh: bool = False) -> dict[str, BrokerInfo]:
-        """Every broker set registered with the NameServer (GET_BROKER_CLUSTER_INFO)."""
-        return await self._routing.cluster_brokers(refresh=refresh)
+    async def cluster_brokers(self) -> dict[str, BrokerInfo]:
+        """Every broker set registered with the NameServer (GET_BROKER_CLUSTER_INFO), as last
+        fetched."""
+        return await self._routing.cluster_brokers()
+
+    async def fetch_cluster_brokers(self) -> dict[str, BrokerInfo]:
+        """Ask the NameServer for every broker set now, and keep the table."""
+        return await self._routing.fetch_cluster_brokers()
 
     async def broker_addr(self, topic: str, broker_name: str | None = None) -> str:
         """The master address serving `topic` (or `broker_name`); any master for an LMQ."""

@@ -211,16 +211,16 @@ class BrokerGroups:
 class ClusterTable(Protocol):
     """Where the store's reader client learns the broker groups (`RocketMQClient`)."""
 
-    async def cluster_brokers(self, *, refresh: bool = False) -> dict[str, BrokerInfo]:
-        """The NameServer's cluster table: broker groups by name."""
+    async def fetch_cluster_brokers(self) -> dict[str, BrokerInfo]:
+        """The NameServer's cluster table now: broker groups by name."""
         ...
 
 
 class TopicRoutes(Protocol):
     """Where the store's sending client learns topic routes (`RocketMQClient`)."""
 
-    async def get_route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
-        """The route of `topic` (its queues on each group, with their permissions)."""
+    async def fetch_route(self, topic: str) -> TopicRoute:
+        """The route of `topic` now (its queues on each group, with their permissions)."""
         ...
 
 
@@ -261,7 +261,7 @@ class GroupLearning:
         was drained move now, not when their own cached routes go stale; a new group is in it
         at once for topics first used from now on."""
         try:
-            route = await self.routes.get_route(DEFAULT_TOPIC, refresh=True)
+            route = await self.routes.fetch_route(DEFAULT_TOPIC)
         except (RocketMQError, RemotingProtocolError):
             return  # no such template (autoCreateTopicEnable off): topic routes tell, later
         read_only = frozenset(q.broker_name for q in route.queues if not q.perm & PERM_WRITE)
@@ -275,7 +275,7 @@ class GroupLearning:
         """Learn the groups added to (or gone from) the NameServer and which take writes; the
         groups seen for the first time, or None if the cluster table could not be read."""
         try:
-            brokers = await self.table.cluster_brokers(refresh=True)
+            brokers = await self.table.fetch_cluster_brokers()
         except (RocketMQError, RemotingProtocolError) as exc:
             log.debug("broker group refresh failed: %s", exc)
             return None

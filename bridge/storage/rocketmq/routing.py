@@ -81,22 +81,32 @@ class NameServerRouting:
         assert last is not None
         raise last
 
-    async def get_route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
-        """The topic's route (cached; fetched when missing, stale or `refresh`).
+    async def get_route(self, topic: str) -> TopicRoute:
+        """The topic's route: the cached one, fetched first when missing or stale.
 
         Raises RemotingError(TOPIC_NOT_EXIST) when the NameServer knows no such topic.
         """
         route = self._routes.get(topic)
         if (
             route is not None
-            and not refresh
             and time.monotonic() - route.fetched_at < self._route_refresh_interval * 2
         ):
             return route
+        return await self._fetch_route(topic, route)
+
+    async def fetch_route(self, topic: str) -> TopicRoute:
+        """Ask the NameServer for the topic's route now and cache it (a route that changed:
+        a broker group added, a queue's permissions). Raises as `get_route`."""
+        return await self._fetch_route(topic, self._routes.get(topic))
+
+    async def _fetch_route(self, topic: str, seen: TopicRoute | None) -> TopicRoute:
+        """Fetch the route of `topic` in place of `seen`, the cached one the caller found
+        wanting: one fetch at a time per topic, and a caller that waited for another's fetch
+        takes its result."""
         lock = self._route_locks.setdefault(topic, asyncio.Lock())
         async with lock:
             current = self._routes.get(topic)
-            if current is not None and current is not route:
+            if current is not None and current is not seen:
                 return current  # refreshed while we waited
             response = await self.namesrv_call(
                 RequestCode.GET_ROUTEINFO_BY_TOPIC,
@@ -115,17 +125,22 @@ class NameServerRouting:
         knows. Other failures are logged (the route stays until it is used or goes stale)."""
         for topic in list(self._routes):
             try:
-                await self.get_route(topic, refresh=True)
+                await self.fetch_route(topic)
             except RemotingError as exc:
                 if exc.code == ResponseCode.TOPIC_NOT_EXIST:
                     self.invalidate_route(topic)
             except RocketMQError as exc:
                 log.warning("route refresh of %s failed: %s", topic, exc)
 
-    async def cluster_brokers(self, *, refresh: bool = False) -> dict[str, BrokerInfo]:
-        """Every broker set registered with the NameServer (GET_BROKER_CLUSTER_INFO)."""
-        if self._cluster_brokers and not refresh:
+    async def cluster_brokers(self) -> dict[str, BrokerInfo]:
+        """Every broker set registered with the NameServer (GET_BROKER_CLUSTER_INFO): the
+        table last fetched, fetched first if there is none."""
+        if self._cluster_brokers:
             return self._cluster_brokers
+        return await self.fetch_cluster_brokers()
+
+    async def fetch_cluster_brokers(self) -> dict[str, BrokerInfo]:
+        """Ask the NameServer for every broker set now, and keep the table."""
         response = await self.namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO)
         try:
             table = loads_fastjson(response.body).get("brokerAddrTable") or {}
@@ -154,7 +169,9 @@ class NameServerRouting:
         without a name, the first master.
         """
         if topic.startswith(LMQ_PREFIX):
-            brokers = await self.cluster_brokers(refresh=self._cluster_stale())
+            brokers = await (
+                self.fetch_cluster_brokers() if self._cluster_stale() else self.cluster_brokers()
+            )
             if broker_name:
                 info = brokers.get(broker_name)
                 addr = info.read_addr if info is not None else None
@@ -190,7 +207,7 @@ class NameServerRouting:
         }
         if include_cluster:
             try:
-                brokers = await self.cluster_brokers(refresh=True)
+                brokers = await self.fetch_cluster_brokers()
             except (RocketMQError, RemotingProtocolError) as exc:
                 log.warning("cluster broker lookup failed, using the last known: %s", exc)
                 brokers = self._cluster_brokers

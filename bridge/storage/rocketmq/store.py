@@ -29,7 +29,7 @@ here carries `mqtt_notify_skip` = the node id and notify's filtered pulls leave 
 which notify reads to wake their readers.
 
 Queue ends. LMQ offsets are assigned by the broker and not returned by a send, so `end_offset`
-is what this store knows: the end fetched by `queue_end` (GET_MAX_OFFSET), plus one for every
+is what this store knows: the end fetched by `track_queue` (GET_MAX_OFFSET), plus one for every
 message of its own confirmed since, raised by `note_end` (notify) and by reads. With other
 writers (other bridge nodes, notify's dispatch of backend messages) it may lag. It can run one
 ahead in a race (a fetch that already counted a message whose SEND_OK arrives after it); a read
@@ -235,7 +235,7 @@ class RocketMQStore:
             await self._meta.open_session()
             await self._client.start()
             await self._reader.start()
-            brokers = await self._reader.cluster_brokers(refresh=True)
+            brokers = await self._reader.fetch_cluster_brokers()
             if not any(b.master_addr for b in brokers.values()):
                 raise BrokerUnavailable("no master broker is registered", maybe_delivered=False)
             self._learning.learn(brokers)
@@ -247,7 +247,7 @@ class RocketMQStore:
 
             async def fetch(part: str) -> None:
                 async with limit:
-                    await self.queue_end(part)
+                    await self.track_queue(part)
 
             await asyncio.gather(*(fetch(p) for q in known for p in self.parts(q)))
         except (RocketMQError, OSError, StoreUnavailable) as exc:
@@ -388,9 +388,9 @@ class RocketMQStore:
         self._pipeline.enqueue(send)
         return future
 
-    def lmq_of(self, queue: str) -> str:
-        """The light queue (LMQ name) holding a bridge queue; remembered, so that `queue_of`
-        and `dispatch` map it back."""
+    def register_lmq(self, queue: str) -> str:
+        """Register the light queue (LMQ name) holding a bridge queue and return its name:
+        remembered from now on, so that `queue_of` and `dispatch` map it back."""
         return self._names.remember(queue)
 
     def queue_of(self, lmq: str) -> str | None:
@@ -441,9 +441,10 @@ class RocketMQStore:
     def note_end(self, queue: str, end: int) -> None:
         self._ends.note(queue, end)
 
-    async def queue_end(self, queue: str) -> int:
-        """The end of a part (`queue` is a part name, see `parts`) on its broker group. A group
-        no longer registered answers with the last end known."""
+    async def track_queue(self, queue: str) -> int:
+        """Record the queue of part `queue` (a part name, see `parts`) if it is new, and fetch
+        the part's end from its broker group. A group no longer registered answers with the
+        last end known."""
         group, bridge_queue = require_part(queue)
         name = self._names.remember(bridge_queue)
         updates = self._meta.new_queues((bridge_queue,))

@@ -26,7 +26,7 @@ class PartedStore:
     def upgrade_part(self, queue: str) -> str:
         return queue if split_part(queue) else part_name(sorted(self.groups)[0], queue)
 
-    async def queue_end(self, part: str) -> int:
+    async def track_queue(self, part: str) -> int:
         return self.ends.get(part, 0)
 
 
