@@ -2,11 +2,12 @@
 """How fast RocketMQ alone stores messages on this machine, and at what CPU cost per message.
 
 The issue asks for >= 15,900 msg/s of QoS 1, 2 KB messages "on this 2-core box with RocketMQ on
-it". The gateway reaches a fraction of that, and docs/performance.md blames part of it on the
-broker's own CPU (~90 µs per SYNC_FLUSH message). This script measures the ceiling without the
-gateway: RocketMQ 5.3.3 exactly as ``deploy/rocketmq`` configures it (``LocalRocketMQ``: one
-NameServer, one broker, this repository's broker.conf), driven by RocketMQ's own benchmark
-producer (``org.apache.rocketmq.example.benchmark.Producer``) on the official Java client.
+it". The gateway reaches a fraction of that, and docs/performance/2026-11-22-through-rocketmq.md
+("What limits it") blames part of it on the broker's own CPU (~90 µs per SYNC_FLUSH message).
+This script measures the ceiling without the gateway: RocketMQ 5.3.3 exactly as
+``deploy/rocketmq`` configures it (``LocalRocketMQ``: one NameServer, one broker, this
+repository's broker.conf), driven by RocketMQ's own benchmark producer
+(``org.apache.rocketmq.example.benchmark.Producer``) on the official Java client.
 Run from the repository root::
 
     .venv/bin/python tests/bench/broker_ceiling.py [--modes SYNC_FLUSH] [--sizes 2048]

@@ -15,7 +15,7 @@ Run in place of our broker by single_node.py, in the same invocation as Mosquitt
 
 it tells how much of our CPU per message the runtime alone needs (the event loop, the system
 calls, one Python call per packet), so the rest of our cost is our broker's own work
-(docs/performance.md, "Eighth look: the floor of the runtime").
+(docs/performance/2026-11-27-one-node-passes-7-9.md, "Eighth look: the floor of the runtime").
 """
 
 from __future__ import annotations
