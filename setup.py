@@ -4,7 +4,7 @@ Everything else is in pyproject.toml. The compiled modules are the same sources 
 Python ones: `MQTT_BRIDGE_COMPILE=0` (or no mypy at build time) builds a pure-Python package,
 which behaves the same and is slower. In a source checkout `make compile` builds them in place
 (next to their .py files) and `make pure` removes them; see docs/decisions.md
-"One node at Mosquitto's pace".
+"Building, testing and deployment".
 """
 
 from __future__ import annotations
