@@ -41,7 +41,7 @@ def _validate_listeners(config: Config) -> None:
 
 def _validate_exposure(config: Config) -> None:
     """Anonymous access stays on loopback unless allow_anonymous_public says otherwise
-    (docs/decisions.md, "Safe defaults")."""
+    (docs/decisions.md, "Settings and configuration")."""
     from bridge.listeners.exposure import public_listeners
 
     exposed = public_listeners(config)

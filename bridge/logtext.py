@@ -2,7 +2,7 @@
 1 MiB DISCONNECT reason string can neither forge a log line (newlines, ANSI escapes) nor flood
 the log. `client_text` is for the sites that print client-controlled strings;
 `EscapingFilter` is the net under every other line; `RefusalLog` paces the lines about refused
-CONNECTs and protocol faults (docs/decisions.md, "Safe defaults")."""
+CONNECTs and protocol faults (docs/decisions.md, "Across the rooms" and "Listeners")."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Segments, snapshots, offsets, ban lists, limits and the admin token hold what de
 who they are; nobody else on the machine needs to read them. The modes are set where each file
 is created (the process umask can only remove permissions, and a test or an embedding process
 keeps its own); `python -m bridge` also sets umask 0o077 for files written by libraries
-(docs/decisions.md, "Safe defaults")."""
+(docs/decisions.md, "Across the rooms")."""
 
 from __future__ import annotations
 

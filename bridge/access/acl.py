@@ -27,8 +27,8 @@ the rules do not answer whole), as Mosquitto and EMQX do. A substitution that ca
 (no user name for `%u`; a ClientId or user name with `+`, `#` or NUL) makes the rule not apply
 to that client.
 
-Pure: parsing, matching and the decision cache; `bridge.authstore` loads the rules from files and
-Redis.
+Pure: parsing, matching and the decision cache; `bridge.access.control` loads the rules from the
+ACL file and Redis.
 """
 
 from __future__ import annotations

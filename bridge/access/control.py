@@ -124,7 +124,7 @@ class AccessControl:
         self._redis_rules: list[Rule] = []
         self.authenticating = config.has_user_source
         # With users, client events (addresses, user names) are not for every user: without an
-        # ACL nobody subscribes to them (docs/decisions.md, "Safe defaults").
+        # ACL nobody subscribes to them (docs/decisions.md, "Access").
         self.acl = Acl(
             self._combined_rules(),
             cache_ttl=config.acl_cache_ttl,

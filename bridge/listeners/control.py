@@ -4,7 +4,8 @@ node or of the connection that answers it.
 
 `Connection._handle` calls the handlers of the two packets of every QoS 1 message (PUBLISH and
 PUBACK) directly and looks the others up in `HANDLERS`, made once for the class: a table per
-connection cost ~0.9 KiB of each connection's memory (docs/performance.md).
+connection cost ~0.9 KiB of each connection's memory
+(docs/performance/2026-11-22-connection-capacity.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Which client listeners are reachable from other machines: the rule that keeps a gateway
-without users on loopback (docs/decisions.md, "Safe defaults")."""
+without users on loopback (docs/decisions.md, "Settings and configuration")."""
 
 from __future__ import annotations
 

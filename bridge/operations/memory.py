@@ -4,7 +4,8 @@ A burst leaves the C heap larger than what stays in use: a slow subscriber's soc
 joined writes of a fan-out, a backlog read from disk. The blocks are freed, but glibc keeps their
 pages in the process (they count in its RSS) until `malloc_trim` hands them back. A node trims
 every `memory_trim_interval` seconds when bytes moved since its last trim: about 0.2-0.5 ms for
-a heap of 40 MiB, and on this project's benchmarks 1.5-5 MiB of RSS (docs/performance.md).
+a heap of 40 MiB; after the users' QoS 0 load of the benchmarks the heap went from 14.1 to 4.3 MiB
+(docs/performance/2026-11-26-one-node-passes-1-2.md, "Resident memory").
 
 Without glibc (musl has no malloc_trim) it does nothing.
 """
