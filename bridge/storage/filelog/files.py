@@ -121,8 +121,8 @@ def write_batch(
     With `preallocate` > 0, a write that makes the file longer also writes that many zeros after
     it (real zeros, not a hole; never past `segment_bytes`): the commits after it overwrite them,
     and their fdatasync has no file length to record, only data. On ext4 here that is 0.2 ms
-    instead of 0.3-0.5 ms
-    (docs/performance/2026-11-26-one-node-passes-1-2.md, "Second pass"). A closed segment is cut back to its records.
+    instead of 0.3-0.5 ms (docs/performance/2026-11-26-one-node-passes-1-2.md, "Second pass").
+    A closed segment is cut back to its records.
     """
     t0 = time.perf_counter()
     fsyncs = 0
