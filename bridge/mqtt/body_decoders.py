@@ -5,9 +5,10 @@ strictly for MQTT 3.1.1 / 3.1 and, at ``level >= 5``, for MQTT 5.0: the property
 identifiers each packet allows and the rules on their values, from `bridge.mqtt.property_rules`),
 the reason codes each packet may carry, the subscription options and the AUTH packet.
 
-Framing (fixed header, remaining length, buffering), the inlined 3.1.1 PUBLISH fast path and the
-one rule that depends on direction (no Subscription Identifier in a client's PUBLISH) are
-`bridge.mqtt.decoder.Decoder`'s job; this module never sees partial packets.
+Framing (fixed header, remaining length, buffering), the inlined PUBLISH fast path (which applies
+this module's `check_publish_topic` too) and the one rule that depends on direction (no
+Subscription Identifier in a client's PUBLISH) are `bridge.mqtt.decoder.Decoder`'s job; this
+module never sees partial packets.
 """
 
 from __future__ import annotations
@@ -191,6 +192,22 @@ def _decode_connack(buf: bytes, pos: int, end: int, flags: int, level: int) -> C
     return Connack(code, bool(ack_flags), properties)
 
 
+def check_publish_topic(topic: str, level: int, aliased: bool) -> None:
+    """The rules on a PUBLISH's topic name, for both ways a PUBLISH is decoded (this module's
+    and `Decoder`'s inline one): not empty, unless a 5.0 PUBLISH names a Topic Alias instead
+    (MQTT-4.7.3-1, 3.3.2.3.4), and no wildcard (MQTT-3.3.2-2). The UTF-8 rules are
+    `read_utf8`'s."""
+    if not topic:
+        if level < 5:
+            raise MQTTProtocolError("MQTT-4.7.3-1", "PUBLISH topic name must not be empty")
+        if not aliased:
+            raise protocol_error(
+                "MQTT-4.7.3-1", "PUBLISH with an empty topic name needs a Topic Alias"
+            )
+    elif "+" in topic or "#" in topic:
+        raise MQTTProtocolError("MQTT-3.3.2-2", "PUBLISH topic name must not contain wildcards")
+
+
 def _decode_publish(buf: bytes, pos: int, end: int, flags: int, level: int) -> Publish:
     qos = (flags >> 1) & 3
     topic, pos = read_utf8(buf, pos, end)
@@ -201,15 +218,7 @@ def _decode_publish(buf: bytes, pos: int, end: int, flags: int, level: int) -> P
     properties: dict[int, Any] = {}
     if level >= 5:
         properties, pos = _read_properties(buf, pos, end, _T.PUBLISH)
-    if not topic:
-        if level < 5:
-            raise MQTTProtocolError("MQTT-4.7.3-1", "PUBLISH topic name must not be empty")
-        if PropertyId.TOPIC_ALIAS not in properties:
-            raise protocol_error(
-                "MQTT-4.7.3-1", "PUBLISH with an empty topic name needs a Topic Alias"
-            )
-    elif "+" in topic or "#" in topic:
-        raise MQTTProtocolError("MQTT-3.3.2-2", "PUBLISH topic name must not contain wildcards")
+    check_publish_topic(topic, level, PropertyId.TOPIC_ALIAS in properties)
     return Publish(
         topic,
         buf[pos:end],

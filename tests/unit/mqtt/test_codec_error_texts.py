@@ -61,7 +61,7 @@ DECODED: list[Any] = [
         "0x81 invalid-packet-type: packet type 15 is reserved (first byte 0xF0)"),
     # -- PUBLISH on the inline path (3.1.1, and 5.0 with no properties)
     ("PUBLISH of one byte", 4, b"\x30\x01\x00",
-        "0x81 malformed-packet: PUBLISH too short for its topic length"),
+        "0x81 malformed-packet: UTF-8 string length runs past the end of the packet"),
     ("PUBLISH topic past the end", 4, b"\x30\x03\x00\x05a",
         "0x81 malformed-packet: UTF-8 string runs past the end of the packet"),
     ("PUBLISH topic not UTF-8", 4, frame(0x30, s(b"\xff")),
