@@ -1,7 +1,8 @@
 """A PUBLISH is decoded one of two ways: inline by `Decoder` (3.1.1, and 5.0 without
-properties: the hot path) or by the full body decoder (5.0 with properties). Both apply the same
-rules, from the same functions (`read_utf8`, `check_publish_topic`), so a client gets the same
-answer for the same topic whichever way its PUBLISH went."""
+properties: the hot path) or by the full body decoder (5.0 with properties). Both check the topic
+with the same function (`check_publish_topic`); the inline path reads the string as `read_utf8`
+does, in code of its own (a call costs it 4% of a QoS 0 message). A client gets the same answer
+for the same topic whichever way its PUBLISH went, and these tests hold both paths to that."""
 
 from __future__ import annotations
 
