@@ -177,7 +177,7 @@ class DelayedPublishes:
 
             def scheduled(seq: int | None, error: BaseException | None) -> None:
                 if error is None:
-                    metrics.counters["delayed_scheduled"] += 1
+                    metrics.inc("delayed_scheduled")
                 on_durable(seq, error)
 
             self._timers.submit_delayed(message, seconds, meta=meta, callback=scheduled)
@@ -192,7 +192,7 @@ class DelayedPublishes:
 
         def durable(seq: int | None, error: BaseException | None) -> None:
             if error is None:
-                metrics.counters["delayed_scheduled"] += 1
+                metrics.inc("delayed_scheduled")
                 self.tally.add(key, received.publisher, size)
                 self._push(due, key)
             else:
@@ -414,7 +414,7 @@ class DelayedPublishes:
         def done(_seq: int | None, error: BaseException | None) -> None:
             if error is None:
                 self._firing.discard(key)
-                metrics.counters["delayed_delivered"] += 1
+                metrics.inc("delayed_delivered")
                 self.tally.remove(key)
                 if offset >= 0:
                     self._release(offset)

@@ -200,7 +200,7 @@ class Publisher:
                 if len(data5) <= conn.max_packet_out:
                     sent += conn.send_droppable(data5, size, publisher)
                 else:
-                    self.metrics.counters["dropped_too_large_for_client"] += 1
+                    self.metrics.inc("dropped_too_large_for_client")
                 continue
             retain = False
             sub_ids: tuple[int, ...] = ()

@@ -102,7 +102,7 @@ HOT_COUNTERS: Final = (
     "messages_in_qos0", "messages_in_qos1", "messages_in_qos2", "messages_out_qos0",
     "messages_out_qos1", "messages_out_qos2", "bytes_out",
 )  # fmt: skip
-"""The counters moved for every message or write: native ints, not items of `counters` (an
+"""The counters moved for every message or write: native ints, not items of a `Counter` (an
 item of a `Counter` cost about a microsecond per update in compiled code). Read them with
 `get` or `snapshot`."""
 
@@ -112,7 +112,7 @@ class Metrics:
     hot path (a native int, one dict or one list update)."""
 
     __slots__ = (
-        "bytes_in", "bytes_out", "counters", "messages_in_qos0", "messages_in_qos1",
+        "_named", "bytes_in", "bytes_out", "messages_in_qos0", "messages_in_qos1",
         "messages_in_qos2", "messages_out_qos0", "messages_out_qos1", "messages_out_qos2",
         "packets_in", "packets_out", "store_latency",
     )  # fmt: skip
@@ -126,8 +126,9 @@ class Metrics:
         self.messages_out_qos2 = 0
         self.bytes_out = 0
         """`HOT_COUNTERS`: PUBLISHes accepted and sent by QoS, and bytes written to clients."""
-        self.counters: Counter[str] = Counter()
-        """Every other counter, by name."""
+        self._named: Counter[str] = Counter()
+        """Every other counter, by name: counted only by `inc`, read by `get` and `snapshot`,
+        so there is one way to count."""
         self.packets_in = [0] * 16
         """PUBLISH, PUBACK, ... received, indexed by packet type number."""
         self.packets_out = [0] * 16
@@ -142,14 +143,14 @@ class Metrics:
         if name in HOT_COUNTERS:
             setattr(self, name, getattr(self, name) + amount)
         else:
-            self.counters[name] += amount
+            self._named[name] += amount
 
     def get(self, name: str) -> int:
         """The current value of counter `name` (0 if never counted)."""
         if name in HOT_COUNTERS:
             value: int = getattr(self, name)
             return value
-        return self.counters[name]
+        return self._named[name]
 
     def received(self, qos: int) -> None:
         """One PUBLISH of `qos` accepted from a client."""
@@ -162,7 +163,7 @@ class Metrics:
 
     def snapshot(self) -> dict[str, int]:
         """A copy of every counter."""
-        copy = dict(self.counters)
+        copy = dict(self._named)
         for name in HOT_COUNTERS:
             copy[name] = getattr(self, name)
         return copy

@@ -7,8 +7,7 @@ metric is named `mqtt_bridge_*`; docs/operations.md lists them with the alerts b
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -111,7 +110,7 @@ class NodeCollector:
     def collect(self) -> Iterator[Metric]:
         node = self.server.node
         metrics = node.metrics
-        counters = metrics.counters
+        counters = metrics.snapshot()
 
         yield _gauge("connections", "MQTT clients connected to this node", len(node.connections))
         yield _gauge("sockets", "open client sockets (including before CONNECT)",
@@ -176,24 +175,24 @@ class NodeCollector:
             PREFIX + "messages_dropped", "messages dropped, by reason", labels=["reason"]
         )
         for counter, reason in DROP_REASONS.items():
-            dropped.add_metric([reason], counters[counter])
+            dropped.add_metric([reason], counters.get(counter, 0))
         yield dropped
 
         denied = CounterMetricFamily(
             PREFIX + "acl_denied", "requests the ACL denied, by action", labels=["action"]
         )
         for action in ("publish", "subscribe", "will"):
-            denied.add_metric([action], counters[f"acl_denied_{action}"])
+            denied.add_metric([action], counters.get(f"acl_denied_{action}", 0))
         yield denied
         yield _counter("auth_failures", "CONNECTs refused by authentication",
-                       counters["auth_failures"])  # fmt: skip
+                       counters.get("auth_failures", 0))  # fmt: skip
         yield _counter("connections_refused_not_owner",
                        "CONNECTs refused because the ClientId's session is another identity's",
-                       counters["connections_refused_not_owner"])  # fmt: skip
+                       counters.get("connections_refused_not_owner", 0))  # fmt: skip
         for name, doc in BAN_COUNTERS.items():
-            yield _counter(name, doc, counters[name])
+            yield _counter(name, doc, counters.get(name, 0))
         for name, doc in LIMIT_COUNTERS.items():
-            yield _counter(name, doc, counters[name])
+            yield _counter(name, doc, counters.get(name, 0))
         limits = GaugeMetricFamily(
             PREFIX + "limit", "connection and rate limits in force (0: unlimited)", labels=["name"]
         )
@@ -237,15 +236,16 @@ class NodeCollector:
             yield _counter(name, f"count of {name.replace('_', ' ')}", value)
 
 
-def _delayed(node: Node, counters: Counter[str], notifier: Any) -> Iterator[Metric]:
+def _delayed(node: Node, counters: Mapping[str, int], notifier: Any) -> Iterator[Metric]:
     """Delayed publishes: stored, delivered when due (on RocketMQ the notifier that read them
     routed them), refused, and waiting in the embedded index."""
     yield _counter("delayed_scheduled", "delayed publishes stored until their due time",
-                   counters["delayed_scheduled"])  # fmt: skip
-    due = counters["delayed_delivered"] + (notifier.stats.delayed if notifier is not None else 0)
+                   counters.get("delayed_scheduled", 0))  # fmt: skip
+    routed_by_notify = notifier.stats.delayed if notifier is not None else 0
+    due = counters.get("delayed_delivered", 0) + routed_by_notify
     yield _counter("delayed_delivered", "delayed publishes routed at their due time", due)
     yield _counter("delayed_refused", "delayed publishes refused (bad form, too long, full)",
-                   counters["delayed_refused"])  # fmt: skip
+                   counters.get("delayed_refused", 0))  # fmt: skip
     pending = node.publisher.delayed.pending()
     if pending is not None:
         yield _gauge("delayed_pending", "delayed publishes waiting in the embedded index", pending)

@@ -104,8 +104,8 @@ class ClientFacts(Protocol):
 
 def statistics(node: Figures, started: float) -> dict[str, str]:
     """The current value of every statistic, as text."""
-    counters = node.metrics.counters
     metrics = node.metrics
+    counters = metrics.snapshot()
     received = sum(metrics.get(f"messages_in_qos{q}") for q in range(3))
     sent = sum(metrics.get(f"messages_out_qos{q}") for q in range(3))
     dropped = sum(v for k, v in counters.items() if k.startswith(("dropped_", "acl_denied_pub")))

@@ -550,7 +550,7 @@ def test_a_second_stored_copy_of_a_qos2_message_is_not_sent_a_first_copy_resent_
             await delivered(delivery)
             got[session.client_id] = [p.payload for p in link.publishes()]
             if session is exactly:
-                assert delivery.metrics.counters["qos2_copies_skipped"] == 1
+                assert delivery.metrics.get("qos2_copies_skipped") == 1
                 assert session.cursors[filter_queue("pay/#")] == 3  # passed, not stuck
         assert got["exactly"] == [b"first copy", b"other"]
         assert got["once-or-more"] == [b"first copy", b"other", b"second copy"]

@@ -33,4 +33,4 @@ def test_a_publish_is_counted_under_its_qos():
     metrics.bytes_out += 7
     assert metrics.snapshot()["messages_out_qos1"] == 5
     assert metrics.get("bytes_out") == 7
-    assert "bytes_out" not in metrics.counters, "a hot counter lives outside the dict"
+    assert "bytes_out" not in metrics._named, "a hot counter lives outside the dict"
