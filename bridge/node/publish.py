@@ -247,12 +247,7 @@ class Publisher:
             except StoreUnavailable as exc:
                 self.metrics.inc("qos0_not_stored")
                 log.debug("QoS 0 message not stored: %s", exc)
-        if self.shared:
-            self._send_now(message, self.plan(message))
-        else:  # `plan` for QoS 0 without shared groups, one call shorter on the hot path
-            self._send_now(
-                message, self.direct_routes.plan(message.topic, self.trie, self.connections)
-            )
+        self._send_now(message, self.plan(message))
 
     def _store_retained_qos0(self, message: Message) -> None:
         """Store a retained QoS 0 message unawaited, kept as retained once durable (a method:
