@@ -112,7 +112,7 @@ class Delivery:
         """Queues whose drain stopped on a full window; None while there is none (an empty set
         is 216 bytes of every idle connection)."""
         self._scan: asyncio.Handle | None = None
-        self._read_now = read_now or getattr(store, "read_cached", None)
+        self._read_now = read_now or (store.read_cached if store.traits.cached_reads else None)
         """The store's read from memory (the embedded store's record cache), if it has one;
         the node hands every delivery the same bound method."""
 

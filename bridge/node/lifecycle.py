@@ -142,7 +142,7 @@ class SessionLifecycle:
 
     def restore_qos2_marker(self, session: Session, packet_id: int, value: bytes) -> None:
         """Hold a stored "QoS 2 packet id received" marker in the session again."""
-        if self.store.atomic_meta:
+        if self.store.traits.atomic_meta:
             session.hold_qos2_in(packet_id, None)
         else:
             # Written before the message was sent: whether that send stored it is settled

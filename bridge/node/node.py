@@ -124,8 +124,8 @@ class Node:
         (`bridge.listeners.faults`)."""
         self.deadlines = Deadlines()
         """The connections' CONNECT and keepalive deadlines, on one loop timer."""
-        self._read_cached = getattr(store, "read_cached", None)
-        """The store's read from memory, one bound method for every delivery."""
+        self._read_cached = store.read_cached if store.traits.cached_reads else None
+        """The store's read from memory (if it has one), one bound method for every delivery."""
         self.accepting = True
         self.cluster: Cluster | None = None
         """Set when the node is a cluster member (`bridge.cluster`)."""
@@ -134,7 +134,7 @@ class Node:
         self.housekeeper = Housekeeper(
             config=config, store=store, metrics=self.metrics, sessions=self.sessions, owner=self
         )
-        if store.early_reads:
+        if store.traits.early_reads:
             store.on_rewind = self._rewind_readers
         self.congestion = Congestion(
             config=config,
@@ -222,7 +222,7 @@ class Node:
             acl=self.access.acl,
             read_now=self._read_cached,
             # Only a store that cannot settle a failed send stores a QoS 2 resend twice.
-            qos2_copy_window=0 if self.store.atomic_meta else self.config.qos2_copy_window,
+            qos2_copy_window=0 if self.store.traits.atomic_meta else self.config.qos2_copy_window,
         )
 
     def _rewind_readers(self, ends: dict[str, int]) -> None:

@@ -54,8 +54,8 @@ def start_reading_at(store: MessageStore, session: Session, queue: str, ends: En
 async def learn_ends(store: MessageStore, session: Session, queues: Iterable[str]) -> Ends:
     """The ends of the parts of `queues` the session does not read yet, asked of the store at
     once; a part whose end could not be learned raises StoreUnavailable when looked up. With
-    `store.local_ends` nothing is asked: the store's own ends are the truth."""
-    if store.local_ends:
+    `store.traits.local_ends` nothing is asked: the store's own ends are the truth."""
+    if store.traits.local_ends:
         return store.end_offset
     parts = list(
         dict.fromkeys(p for q in queues for p in store.parts(q) if p not in session.cursors)

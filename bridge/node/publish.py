@@ -23,7 +23,7 @@ from bridge.node.congestion import Congestion
 from bridge.node.copies import live_copy, shared_v5_publish
 from bridge.node.delayed import DelayedPublishes, delayed_quota
 from bridge.node.retained import RetainedMessages
-from bridge.node.roles import DurableCallback, Spawner
+from bridge.node.roles import Spawner
 from bridge.node.stamp import Stamper
 from bridge.node.wakes import Wakes
 from bridge.operations.metrics import LatencyHistogram, Metrics
@@ -33,7 +33,13 @@ from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session
 from bridge.state import KIND_QOS2_IN, Unsettled
-from bridge.storage.base import Message, MessageStore, MetaUpdate, StoreUnavailable
+from bridge.storage.base import (
+    DurableCallback,
+    Message,
+    MessageStore,
+    MetaUpdate,
+    StoreUnavailable,
+)
 from bridge.storage.metadata import from_publish
 
 if TYPE_CHECKING:
@@ -81,7 +87,7 @@ class Publisher:
         self.offline_grew = offline_grew
         """Called for a woken reader with no delivery here (an offline session)."""
         self.congestion = congestion
-        self.early_reads = store.early_reads and config.deliver_before_commit
+        self.early_reads = store.traits.early_reads and config.deliver_before_commit
         """QoS 1 messages may be read before their commit (`bridge.node.early_reads`)."""
         self.acl = acl
         """The ACL whose deny rules may keep a message from a broader subscription."""
@@ -327,7 +333,7 @@ class Publisher:
             if not stored.done():
                 stored.set_result(error)
             if error is not None and session.inbound_qos2.get(packet_id) is stored:
-                if not self.store.atomic_meta and getattr(error, "maybe_stored", False):
+                if not self.store.traits.atomic_meta and getattr(error, "maybe_stored", False):
                     # The send may have stored it: a resend must ask the store first.
                     session.hold_qos2_in(packet_id, unsettled)
                 else:
@@ -383,9 +389,9 @@ class Publisher:
         early = bool(readers) and message.qos < 2 and self.early_reads
         added = self.trie.added
         durable = _Durable(self, message, plan.queues, readers, early, on_durable, started, added)
-        store.submit(message, plan.queues, meta=meta, callback=durable, early=early)
+        readable = store.submit(message, plan.queues, meta=meta, callback=durable, early=early)
         if early:
-            if store.read_early:  # read while its commit runs (bridge.node.early_reads)
+            if readable:  # read while its commit runs (bridge.node.early_reads)
                 deliveries = self.deliveries
                 for reader in readers:
                     delivery = deliveries.get(reader)

@@ -16,10 +16,6 @@ from bridge.mqtt.packets import Will
 from bridge.session import Session
 from bridge.storage.base import Message
 
-DurableCallback = Callable[[int | None, BaseException | None], None]
-"""Called once a message is durable (`seq`, None) or could not be stored (None, error)."""
-
-
 PAUSED_BY_STORE: Final = 1
 """Reading paused: too many of the client's QoS 1/2 messages wait for the store."""
 PAUSED_BY_RATE: Final = 2

@@ -138,7 +138,7 @@ class Subscriptions:
         later packets waiting until then: `bridge.cluster.confirm`) and send the matching
         retained messages."""
         v5 = conn.level >= 5  # (No Local on a shared filter is refused by the codec: 0x82)
-        if self.store.local_ends:
+        if self.store.traits.local_ends:
             codes, retained_for, announced = self._register_filters(
                 session, packet, conn.username, v5, self.store.end_offset
             )
@@ -371,7 +371,7 @@ class Subscriptions:
             # Noted before the store answers: a SUBSCRIBE handled meanwhile must not store it too.
             copies.queued(session.client_id, copy_id, ends)
             try:
-                await self.store.submit(copy, [own_queue])
+                await self.store.append(copy, [own_queue])
             except BaseException:
                 copies.drop(session.client_id, copy_id)
                 raise
@@ -460,7 +460,7 @@ class Subscriptions:
                     nobody_else = True  # the rest waits for this member
                     break
                 target = shared_queue(share_filter, member)
-                await self.store.submit(stored.message, [target])
+                await self.store.append(stored.message, [target])
                 handed_to = stored.offset + 1
                 moved += 1
                 self.waker.wake_readers([self.waker.reader_of(member)], [target])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from bridge.storage.message import Message as Message
@@ -53,22 +54,56 @@ class SessionBound(Exception):
         self.owner = owner
 
 
-class MessageStore(Protocol):
-    """The storage backend of a bridge. See the module docstring for the promises."""
+DurableCallback = Callable[[int | None, BaseException | None], None]
+"""Told once a submitted message is durable (`seq`, None) or will not be (None, error)."""
+
+
+def future_callback(future: asyncio.Future[int]) -> DurableCallback:
+    """A durability callback that resolves `future` (unless it is done already): `submit`'s
+    callback for a caller that awaits (`append`)."""
+
+    def done(seq: int | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            assert seq is not None
+            future.set_result(seq)
+
+    return done
+
+
+@dataclass(frozen=True)
+class StoreTraits:
+    """What a backend can do, declared once per backend; the node adapts to it."""
 
     atomic_meta: bool
     """True if meta passed with a message becomes durable in the same write as the message. If
     False, it becomes durable before the message is sent (so a crash in between leaves meta that
-    names a message which may not exist: see `find_key`)."""
+    names a message which may not exist: see `MessageStore.find_key`)."""
     local_ends: bool
     """True if `end_offset` is always the truth (this store assigns every offset itself), so a
     reader can start at a queue's end without asking anyone (`track_queue` need not be awaited)."""
     early_reads: bool
-    """True if `submit(..., early=True)` may make a message readable before it is durable: then
-    `read_early` says whether the last submitted message is readable already, and a failed
-    write that takes back messages readers could read calls `on_rewind` (queue -> new end)."""
-    read_early: bool
+    """True if `submit(..., early=True)` may make a message readable before it is durable (its
+    return value says whether it did); a failed write that takes back messages readers could
+    read then calls `on_rewind` (queue -> new end)."""
+    cached_reads: bool
+    """True if `read_cached` can answer from memory; False if it always answers None (then the
+    node does not ask it)."""
+    exact_backlog_bytes: bool
+    """True if `backlog`'s byte count is exact, False if it is an estimate."""
+
+
+class MessageStore(Protocol):
+    """The storage backend of a bridge. See the module docstring for the promises."""
+
+    traits: StoreTraits
+    """What this backend can do."""
     on_rewind: Callable[[dict[str, int]], None] | None
+    """Set by the node when `traits.early_reads`: called with the queues whose readable end a
+    failed write moved back, and their new ends."""
     commit_pass: int
     """Moves before each group of durability callbacks that run with nothing added or made
     visible between them (a commit's), so a backlog read in one of them reads the same in the
@@ -100,19 +135,20 @@ class MessageStore(Protocol):
         queues: Sequence[str],
         *,
         meta: Sequence[MetaUpdate] = (),
-        callback: Callable[[int | None, BaseException | None], None] | None = None,
+        callback: DurableCallback,
         early: bool = False,
-    ) -> asyncio.Future[int] | None:
+    ) -> bool:
         """Synchronous form of `append(durable=True)` for the broker's hot path.
 
         Assigns queue offsets and applies `meta` in memory before it returns (so calls made in
-        order keep their order). Without `callback` it returns a future that resolves to the
-        `seq` once the record is durable, or fails with StoreUnavailable. With `callback` it
-        returns None and calls `callback(seq, None)` or `callback(None, error)` instead, in
-        submission order, without a future per message. Queue entries become visible to `read`
-        and `end_offset` only when durable, so nothing is delivered that a crash could take back;
-        with `early` (a QoS 0/1 message: a crash makes its publisher send it again) a store with
-        `early_reads` makes it visible at once if everything before it on its queues is.
+        order keep their order), then calls `callback(seq, None)` once the record is durable or
+        `callback(None, error)` (StoreUnavailable) if it will not be, in submission order,
+        without a future per message (`future_callback` makes one for a caller that awaits).
+        Queue entries become visible to `read` and `end_offset` only when durable, so nothing is
+        delivered that a crash could take back; with `early` (a QoS 0/1 message: a crash makes
+        its publisher send it again) a store with `traits.early_reads` makes it visible at once
+        if everything before it on its queues is. Returns whether it did: True when readers may
+        read the message now, before its callback.
         """
 
     def append_unqueued(self, message: Message) -> None:
@@ -135,6 +171,10 @@ class MessageStore(Protocol):
     async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
         """Up to `limit` messages of part `queue` from `offset` on, in offset order."""
 
+    def read_cached(self, queue: str, offset: int, limit: int) -> ReadResult | None:
+        """`read` without awaiting, while what it reads is in memory (a reader that keeps up);
+        None when it needs I/O. A backend without `traits.cached_reads` always answers None."""
+
     def end_offset(self, queue: str) -> int:
         """The end of `queue` (the offset its next message gets) as far as this store knows: at
         least the end after every message this store appended (once durable) and every end it
@@ -152,9 +192,8 @@ class MessageStore(Protocol):
 
     def backlog(self, queue: str, offset: int) -> tuple[int, int]:
         """(messages, bytes) in `queue` at or after `offset`, as far as `end_offset` knows. The
-        byte count is exact if `exact_backlog_bytes`, else an estimate (average message size)."""
-
-    exact_backlog_bytes: bool
+        byte count is exact if `traits.exact_backlog_bytes`, else an estimate (average message
+        size)."""
 
     async def find_key(self, topic: str, key: str) -> bool:
         """Whether a message with this key (and MQTT topic) is stored. Needed only when
@@ -181,7 +220,7 @@ class TimerStore(Protocol):
         delay_seconds: int,
         *,
         meta: Sequence[MetaUpdate] = (),
-        callback: Callable[[int | None, BaseException | None], None],
+        callback: DurableCallback,
     ) -> None:
         """Store `message` now, durably (callback as for `MessageStore.submit`, in submission
         order with it), to be routed to its topic's subscribers at `message.timestamp_ms` (its

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bridge.mqtt.topics import topic_matches  # noqa: E402
-from bridge.storage.base import Message  # noqa: E402
+from bridge.storage.base import Message, future_callback  # noqa: E402
 from bridge.storage.rocketmq.store import RocketMQStore  # noqa: E402
 from tests.support.rocketmq import LocalRocketMQ  # noqa: E402
 
@@ -91,7 +91,9 @@ async def measure(namesrv: str, data: Path, messages: int, lines: int) -> None:
             topic = topic_of(i, lines)
             queues = [f"f:{f}" for f in FILTERS if topic_matches(f, topic)]
             message = Message(topic, b"x" * 100, qos=1, key=f"amp-{i}", node="bench")
-            pending.append(store.submit(message, queues))
+            stored: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            store.submit(message, queues, callback=future_callback(stored))
+            pending.append(stored)
             if len(pending) >= 500:
                 await asyncio.gather(*pending)
                 pending.clear()

@@ -58,7 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bridge.storage import FileLogStore
-from bridge.storage.base import Message
+from bridge.storage.base import Message, future_callback
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.mapping import rocketmq_topic, to_rocketmq
 from spark import telemetry
@@ -209,8 +209,8 @@ async def write_log(data_dir: Path, count: int) -> Produced:
         batch: list[asyncio.Future[int]] = []
         for message in telemetry_messages(count):
             result.payload_bytes += len(message.payload)
-            future = store.submit(message, ())
-            assert future is not None
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            store.submit(message, (), callback=future_callback(future))
             batch.append(future)
             if len(batch) >= 2000:
                 await asyncio.gather(*batch)

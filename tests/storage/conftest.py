@@ -86,7 +86,13 @@ class OnePartView:
         return self.store.backlog(self.part(queue), offset)
 
     async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
-        result = await self.store.read(self.part(queue), offset, limit)
+        return self._named(await self.store.read(self.part(queue), offset, limit))
+
+    def read_cached(self, queue: str, offset: int, limit: int) -> ReadResult | None:
+        result = self.store.read_cached(self.part(queue), offset, limit)
+        return self._named(result) if result is not None else None
+
+    def _named(self, result: ReadResult) -> ReadResult:
         of = self.store.queue_of_part
         for stored in result.messages:
             stored.queues = tuple(of(p) or p for p in stored.queues)

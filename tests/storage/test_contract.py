@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bridge.storage import Message, MessageStore, MetaUpdate, Stored, metadata
-from bridge.storage.base import HoldingStore, TimerStore
+from bridge.storage.base import HoldingStore, TimerStore, future_callback
 from tests.storage.conftest import Run, StoreFactory
 
 
@@ -21,12 +21,22 @@ def msg(i: int = 0, topic: str = "t/a", payload: bytes | None = None, **fields: 
     )
 
 
+def submitted(
+    store: MessageStore, message: Message, queues: list[str], meta: list[MetaUpdate] | None = None
+) -> asyncio.Future[int]:
+    """`store.submit`, awaitable: a future resolved by its durability callback (the `seq`) or
+    failed with its error."""
+    future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    store.submit(message, queues, meta=meta or (), callback=future_callback(future))
+    return future
+
+
 def check_backlog(store: MessageStore, queue: str, offset: int, count: int, size: int) -> None:
     """Backlog counts are exact everywhere; bytes too where the backend keeps sizes, else they
     are an estimate (average message size) that is zero exactly when the count is."""
     got_count, got_size = store.backlog(queue, offset)
     assert got_count == count
-    if store.exact_backlog_bytes:
+    if store.traits.exact_backlog_bytes:
         assert got_size == size
     else:
         assert (got_size == 0) == (count == 0 or size == 0)
@@ -177,8 +187,8 @@ def test_meta_with_message_is_applied_with_it(store: MessageStore, run: Run[Any]
 
 def test_submit_orders_and_resolves_when_durable(store: MessageStore, run: Run[Any]) -> None:
     async def body() -> None:
-        futures = [store.submit(msg(i), ["q"]) for i in range(5)]
-        futures.append(store.submit(msg(5), ["q"], meta=[MetaUpdate("m", "k", b"v")]))
+        futures = [submitted(store, msg(i), ["q"]) for i in range(5)]
+        futures.append(submitted(store, msg(5), ["q"], meta=[MetaUpdate("m", "k", b"v")]))
         assert store.meta("m") == {"k": b"v"}  # meta applies in memory at once
         seqs = await asyncio.gather(*futures)
         assert seqs == sorted(seqs)
@@ -344,7 +354,7 @@ def test_submit_callbacks_come_in_submission_order(store: MessageStore, run: Run
                 if len(calls) == 50:
                     done.set()
 
-            assert store.submit(msg(i), ["ordered"], callback=callback) is None
+            assert store.submit(msg(i), ["ordered"], callback=callback) is False  # not early
         await asyncio.wait_for(done.wait(), 30)
         assert [c[0] for c in calls] == list(range(50))
         assert all(err is None for _, _, err in calls)
@@ -394,5 +404,40 @@ def test_a_hold_names_the_next_offset_and_outlives_a_reopen(
         reopened = await store_factory.reopen()
         again = reopened.store.holds  # type: ignore[attr-defined]
         assert (again.held("d"), again.next_offset("d")) == (1, 3)
+
+    run(body())
+
+
+def test_a_message_submitted_early_is_readable_at_once_exactly_where_the_traits_say(
+    store: MessageStore, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        seen: list[BaseException | None] = []
+        readable = store.submit(
+            msg(0), ["early"], callback=lambda _seq, err: seen.append(err), early=True
+        )
+        assert readable is store.traits.early_reads
+        if readable:  # readable before its callback: the end moved and a read finds it
+            assert seen == [] and store.end_offset("early") == 1
+        await store.append(msg(1), ["early"])  # a barrier: everything before it is durable
+        assert seen == [None]
+        assert [s.message.key for s in await read_all(store, "early")] == ["k0", "k1"]
+
+    run(body())
+
+
+def test_a_cached_read_answers_what_a_read_does_or_none_and_never_where_traits_say_so(
+    store: MessageStore, run: Run[Any]
+) -> None:
+    async def body() -> None:
+        for i in range(3):
+            await store.append(msg(i), ["cached"])
+        cached = store.read_cached("cached", 0, 10)
+        if not store.traits.cached_reads:
+            assert cached is None
+            return
+        assert cached is not None and [s.message.key for s in cached.messages] == ["k0", "k1", "k2"]
+        assert cached == await store.read("cached", 0, 10)
+        assert store.read_cached("cached", 3, 10) == await store.read("cached", 3, 10)
 
     run(body())

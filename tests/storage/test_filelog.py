@@ -28,7 +28,7 @@ from bridge.storage.records import (
     encode_plain_message,
 )
 from tests.storage.conftest import Run
-from tests.storage.test_contract import msg, read_all
+from tests.storage.test_contract import msg, read_all, submitted
 
 
 def segments(path: Path) -> list[Path]:
@@ -417,7 +417,7 @@ def test_closed_store_refuses_work(tmp_path: Path, run: Run[Any]) -> None:
         with pytest.raises(StoreUnavailable):
             await store.append(msg(1), ["q"])
         with pytest.raises(StoreUnavailable):
-            await store.submit(msg(1), ["q"])
+            await submitted(store, msg(1), ["q"])
         with pytest.raises(StoreUnavailable):
             await store.put_meta([MetaUpdate("a", "b", None)])
         store = await opened(tmp_path)

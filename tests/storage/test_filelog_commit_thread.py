@@ -14,7 +14,7 @@ import pytest
 from bridge.storage.filelog import commit as filelog_commit
 from bridge.storage.filelog.files import write_all
 from tests.storage.conftest import Run
-from tests.storage.test_contract import msg, read_all
+from tests.storage.test_contract import msg, read_all, submitted
 from tests.storage.test_filelog import fill, opened
 from tests.support.loop_guard import LoopErrors
 
@@ -118,7 +118,7 @@ def test_a_commit_on_the_loop_runs_as_a_callback_without_a_task(
     async def body() -> None:
         store = await opened(tmp_path, fsync=False, inline_commit_seconds=INLINE)
         before = asyncio.all_tasks()
-        waiters = [store.submit(msg(i), ["q"]) for i in range(3)]
+        waiters = [submitted(store, msg(i), ["q"]) for i in range(3)]
         assert asyncio.all_tasks() == before  # the commit is scheduled, no task made for it
         seqs = [await w for w in waiters if w is not None]
         assert len(seqs) == 3 and seqs == sorted(seqs)
@@ -131,7 +131,7 @@ def test_a_commit_on_the_loop_runs_as_a_callback_without_a_task(
 def test_close_waits_for_a_commit_that_is_only_scheduled(tmp_path: Path, run: Run[Any]) -> None:
     async def body() -> None:
         store = await opened(tmp_path)
-        waiter = store.submit(msg(0), ["q"])
+        waiter = submitted(store, msg(0), ["q"])
         await store.close()  # before the commit's callback ran
         assert waiter is not None and waiter.done() and waiter.exception() is None
         again = await opened(tmp_path)
@@ -154,7 +154,7 @@ def test_an_error_in_a_commits_bookkeeping_does_not_stop_later_commits(
             raise RuntimeError("a bug after the commit")
 
         maintenance.after_commit = broken  # type: ignore[method-assign]
-        first = store.submit(msg(0), ["q"])
+        first = submitted(store, msg(0), ["q"])
         assert first is not None
         assert await first >= 0  # durable: the error came after the waiters were told
         for _ in range(100):
@@ -183,7 +183,7 @@ def test_a_waiter_joining_a_batch_bound_for_the_writer_thread_is_told_only_after
         store = await opened(tmp_path, inline_commit_seconds=0.0)  # every commit on the thread
         store.append_unqueued(msg(0))  # nobody waits for it: alone, no sync
         await asyncio.sleep(0)  # the commit is handed to its task, which has not run yet
-        waiter = store.submit(msg(1), ["q"])
+        waiter = submitted(store, msg(1), ["q"])
         assert waiter is not None
         await waiter
         assert store.stats()["fsyncs"] >= 1  # acknowledged only once on disk

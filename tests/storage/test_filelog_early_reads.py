@@ -37,14 +37,12 @@ def test_an_early_message_is_readable_before_its_commit_and_a_late_one_only_afte
     async def body() -> None:
         store = await opened(tmp_path)
         seen, callback = outcomes()
-        store.submit(msg(0), ["q"], callback=callback, early=True)
-        assert store.read_early
+        assert store.submit(msg(0), ["q"], callback=callback, early=True)
         assert store.end_offset("q") == 1
         cached = store.read_cached("q", 0, 10)
         assert cached is not None and [s.message.key for s in cached.messages] == ["k0"]
         assert seen == []  # not durable yet: nobody was told
-        store.submit(msg(1), ["r"], callback=callback)
-        assert not store.read_early
+        assert not store.submit(msg(1), ["r"], callback=callback)
         assert store.end_offset("r") == 0
         await store.append(msg(2), ["q"])  # a barrier: everything before it is durable
         assert [e for _, e in seen] == [None, None]
@@ -61,13 +59,12 @@ def test_a_message_not_read_early_holds_back_the_early_ones_behind_it(
     async def body() -> None:
         store = await opened(tmp_path)
         seen, callback = outcomes()
-        store.submit(msg(0), ["q"], callback=callback)  # QoS 2: never read early
-        store.submit(msg(1), ["q", "other"], callback=callback, early=True)
-        assert not store.read_early
+        assert not store.submit(msg(0), ["q"], callback=callback)  # QoS 2: never read early
+        assert not store.submit(msg(1), ["q", "other"], callback=callback, early=True)
         assert store.end_offset("q") == 0
         assert store.end_offset("other") == 0  # one message: readable on all its queues or none
-        store.submit(msg(2), ["other"], callback=callback, early=True)
-        assert not store.read_early  # its queue has one before it that is not readable
+        # its queue has one before it that is not readable:
+        assert not store.submit(msg(2), ["other"], callback=callback, early=True)
         await store.append(msg(3), ["q"])
         assert len(seen) == 3
         assert store.end_offset("q") == 3
@@ -91,9 +88,9 @@ def test_a_failed_write_rewinds_what_readers_could_read_and_the_offsets_go_to_th
         store.on_rewind = rewound.append
         monkeypatch.setattr(filelog_commit, "_write_all", disk_full)
         seen, callback = outcomes()
-        store.submit(msg(1), ["q"], callback=callback, early=True)
-        store.submit(msg(2), ["q", "r"], callback=callback, early=True)
-        store.submit(msg(3), ["late"], callback=callback)
+        assert store.submit(msg(1), ["q"], callback=callback, early=True)
+        assert store.submit(msg(2), ["q", "r"], callback=callback, early=True)
+        assert not store.submit(msg(3), ["late"], callback=callback)
         assert store.end_offset("q") == 3 and store.end_offset("r") == 1
         for _ in range(100):
             if len(seen) == 3:
@@ -112,8 +109,8 @@ def test_a_failed_write_rewinds_what_readers_could_read_and_the_offsets_go_to_th
         await store.close()
         store = await opened(tmp_path)
         assert store.end_offset("q") == 2 and store.end_offset("r") == 0
-        store.submit(msg(5), ["q"], callback=callback, early=True)
-        assert store.read_early  # after a restart the ends are durable and readable alike
+        # after a restart the ends are durable and readable alike:
+        assert store.submit(msg(5), ["q"], callback=callback, early=True)
         await store.append(msg(6), ["q"])
         assert [s.message.key for s in await read_all(store, "q")] == ["k0", "k4", "k5", "k6"]
         await store.close()
@@ -131,9 +128,9 @@ def test_a_read_that_needs_the_disk_stops_at_the_durable_end(tmp_path: Path, run
         for i in range(3):
             await store.append(msg(i), ["q"])
         _seen, callback = outcomes()
-        store.submit(msg(3), ["q"], callback=callback, early=True)
-        store.submit(msg(4), ["q"], callback=callback, early=True)
-        assert store.read_early and store.end_offset("q") == 5
+        assert store.submit(msg(3), ["q"], callback=callback, early=True)
+        assert store.submit(msg(4), ["q"], callback=callback, early=True)
+        assert store.end_offset("q") == 5
         first = await store.read("q", 0, 10)
         assert [s.offset for s in first.messages] == [0, 1, 2] and first.next_offset == 3
         rest = await store.read("q", 3, 10)

@@ -13,7 +13,7 @@ from bridge.storage import FileLogStore, StoreUnavailable
 from bridge.storage.filelog import commit as filelog_commit
 from bridge.storage.filelog.files import write_all
 from tests.storage.conftest import Run
-from tests.storage.test_contract import msg
+from tests.storage.test_contract import msg, submitted
 from tests.storage.test_filelog import abandon, fill, opened, segments
 
 SMALL = {"segment_bytes": 1000, "retention_bytes": 3000, "cache_bytes": 0}
@@ -92,8 +92,8 @@ def test_next_offset_counts_messages_not_yet_durable(tmp_path: Path, run: Run[An
         store = await opened(tmp_path)
         assert store.holds.next_offset(HELD) == 0
         assert store.holds.held(HELD) is None
-        first = store.submit(msg(0), [HELD])
-        second = store.submit(msg(1), [HELD])
+        first = submitted(store, msg(0), [HELD])
+        second = submitted(store, msg(1), [HELD])
         assert store.holds.next_offset(HELD) == 2
         assert store.end_offset(HELD) == 0  # neither is durable yet
         assert first is not None and second is not None
@@ -120,7 +120,7 @@ def test_a_failed_write_takes_back_a_hold_it_carried_and_gives_its_offset_again(
 
         monkeypatch.setattr(filelog_commit, "_write_all", disk_full)
         store.holds.hold(HELD, 2)
-        failed = store.submit(msg(2), [HELD])
+        failed = submitted(store, msg(2), [HELD])
         assert failed is not None
         with pytest.raises(StoreUnavailable):
             await failed

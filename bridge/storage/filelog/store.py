@@ -30,7 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
-from bridge.storage.base import Message, MetaUpdate, ReadResult, StoreUnavailable
+from bridge.storage.base import (
+    DurableCallback,
+    Message,
+    MetaUpdate,
+    ReadResult,
+    StoreTraits,
+    StoreUnavailable,
+)
 from bridge.storage.filelog.commit import GroupCommit
 from bridge.storage.filelog.files import Recovered, close_segments, recover
 from bridge.storage.filelog.holds import LogHolds
@@ -38,7 +45,7 @@ from bridge.storage.filelog.index import QueueIndex, RecordCache
 from bridge.storage.filelog.maintenance import SNAPSHOT_NAME, LogMaintenance
 from bridge.storage.filelog.reading import LogReader
 from bridge.storage.filelog.segments import SegmentLog
-from bridge.storage.filelog.undo import DurableCallback, apply_meta
+from bridge.storage.filelog.undo import apply_meta
 from bridge.storage.records import encode_message, encode_meta
 
 log = logging.getLogger("bridge.storage")
@@ -68,10 +75,13 @@ class FileLogStore(GroupCommit):
     retention_check_interval = 1.0
     """Seconds between the cheap checks (after commits) whether retention has work to do."""
 
-    atomic_meta = True
-    local_ends = True
-    early_reads = True
-    exact_backlog_bytes = True
+    traits = StoreTraits(
+        atomic_meta=True,  # a message and its meta are one record
+        local_ends=True,  # this store assigns every offset itself
+        early_reads=True,
+        cached_reads=True,  # the recent-record cache
+        exact_backlog_bytes=True,
+    )
 
     def __init__(
         self,
@@ -110,8 +120,6 @@ class FileLogStore(GroupCommit):
         self._state = _NEW
         self._meta: dict[str, dict[str, bytes]] = {}
         self._appends = 0
-        self.read_early = False
-        """Whether the message last submitted could be read at once (see `submit`)."""
         self._reader = LogReader(self._log, self._queues, self._cache, self._stats, self._run_io)
         self.holds = LogHolds(self._queues, self._meta, self._add_meta, self._check_usable)
         """Holds on queues that retention keeps (`HoldingStore`: the node's delayed ones)."""
@@ -200,11 +208,17 @@ class FileLogStore(GroupCommit):
         durable: bool = True,
         meta: Sequence[MetaUpdate] = (),
     ) -> int:
-        if durable:
-            future = self.submit(message, queues, meta=meta)
-            assert future is not None  # no callback given: submit returns a future
-            return await future
-        return self._enqueue(message, queues, meta)
+        if not durable:
+            return self._enqueue(message, queues, meta, False)[0]
+        loop = self._loop or asyncio.get_running_loop()
+        waiter: asyncio.Future[int] = loop.create_future()
+        try:
+            seq = self._enqueue(message, queues, meta, False)[0]
+        except StoreUnavailable as exc:
+            waiter.set_exception(exc)
+        else:
+            self._waiters.append((waiter, seq))
+        return await waiter
 
     def submit(
         self,
@@ -212,33 +226,22 @@ class FileLogStore(GroupCommit):
         queues: Sequence[str],
         *,
         meta: Sequence[MetaUpdate] = (),
-        callback: DurableCallback | None = None,
+        callback: DurableCallback,
         early: bool = False,
-    ) -> asyncio.Future[int] | None:
-        """See `MessageStore.submit`; an unusable store gives a future failed with
-        StoreUnavailable (invalid messages raise ValueError at once).
+    ) -> bool:
+        """See `MessageStore.submit`; an unusable store calls `callback` with StoreUnavailable
+        at once (invalid messages raise ValueError).
 
         `early`: readers may read the message before it is durable, once every message before
         it on each of its queues may be read (a QoS 0/1 message, which a crash may make its
-        publisher send again). `read_early` tells whether it could be read at once."""
-        if callback is not None:
-            try:
-                seq = self._enqueue(message, queues, meta, early)
-            except StoreUnavailable as exc:
-                self.read_early = False
-                callback(None, exc)
-                return None
-            self._waiters.append((callback, seq))
-            return None
-        loop = self._loop or asyncio.get_running_loop()
-        waiter: asyncio.Future[int] = loop.create_future()
+        publisher send again). Returns whether it could be read at once."""
         try:
-            seq = self._enqueue(message, queues, meta)
+            seq, readable = self._enqueue(message, queues, meta, early)
         except StoreUnavailable as exc:
-            waiter.set_exception(exc)
-            return waiter
-        self._waiters.append((waiter, seq))
-        return waiter
+            callback(None, exc)
+            return False
+        self._waiters.append((callback, seq))
+        return readable
 
     def append_unqueued(self, message: Message) -> None:
         """See `MessageStore.append_unqueued`: no queue entry, no cache entry, no waiter."""
@@ -255,9 +258,11 @@ class FileLogStore(GroupCommit):
         message: Message,
         queues: Sequence[str],
         meta: Sequence[MetaUpdate],
-        early: bool = False,
-    ) -> int:
-        """Assign offsets, apply `meta` and queue the record for the next group commit.
+        early: bool,
+    ) -> tuple[int, bool]:
+        """Assign offsets, apply `meta` and queue the record for the next group commit. Returns
+        its `seq` and whether readers may read it now (`early`, and everything before it on
+        its queues readable: see `submit`).
 
         The store keeps a reference to `message` (for readers of the recent-record cache), so
         callers must not modify a message once they have handed it over.
@@ -294,12 +299,11 @@ class FileLogStore(GroupCommit):
             for q in qlist:
                 q.visible += 1
             self._early = True
-        self.read_early = readable
         undo_meta = apply_meta(self._meta, meta) if meta else None
         self._cache.add(seq, length, (message, names, size), self._log.durable)
         self._undo.append((seq, qlist, undo_meta))
         self._appends += 1
-        return seq
+        return seq, readable
 
     async def put_meta(self, updates: Sequence[MetaUpdate], *, durable: bool = True) -> None:
         if durable:

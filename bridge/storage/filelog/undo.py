@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from bridge.storage.base import MetaUpdate
+from bridge.storage.base import DurableCallback, MetaUpdate
 from bridge.storage.filelog.files import Segment
 from bridge.storage.filelog.index import QueueIndex
 
@@ -26,7 +26,6 @@ MISSING: Any = object()
 
 MetaUndo = list[tuple[dict[str, bytes], str, Any]]
 Undo = tuple[int, list[QueueIndex], MetaUndo | None]
-DurableCallback = Callable[[int | None, BaseException | None], None]
 Waiter = asyncio.Future[Any] | DurableCallback
 Batch = tuple[list[tuple[Segment, bytes]], list[tuple[Waiter, int | None]], int, int, int, bool]
 """One group commit: each segment's joined records, the waiters, its start and end positions,

@@ -15,11 +15,10 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.storage.base import Message, StoreUnavailable
+from bridge.storage.base import DurableCallback, Message, StoreUnavailable
 from bridge.storage.rocketmq.acl import authentication_hint
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import (
@@ -43,12 +42,10 @@ from bridge.storage.rocketmq.sendframe import SendFrames
 from bridge.storage.rocketmq.types import DEFAULT_TOPIC
 from bridge.storage.rocketmq.wire import RemotingCommand, ResponseCode
 
-__all__ = ["DurableCallback", "Send", "SendPipeline", "future_callback", "new_send"]
+__all__ = ["Send", "SendPipeline", "new_send"]
 
 # The store's logger: these are the store's sends.
 log = logging.getLogger("bridge.storage.rocketmq")
-
-DurableCallback = Callable[[int | None, BaseException | None], None]
 
 _SEND_OK = ResponseCode.SUCCESS
 _NOT_DURABLE: dict[int, str] = {
@@ -123,21 +120,6 @@ def new_send(
     properties[PROPERTY_WAIT_STORE_MSG_OK] = "true"
     size = len(message.payload) + len(message.topic.encode())
     return Send(topic, tag, keys, properties, body, queues, size, callback)
-
-
-def future_callback(future: asyncio.Future[int]) -> DurableCallback:
-    """A durability callback that resolves `future` (unless it is done already)."""
-
-    def done(seq: int | None, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            assert seq is not None
-            future.set_result(seq)
-
-    return done
 
 
 class SendPipeline:

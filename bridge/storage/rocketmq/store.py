@@ -19,8 +19,8 @@ order. Callbacks are called in submission order too, whatever order the answers 
 
 Keyed records ("meta": sessions, offsets, retained messages, QoS 2 markers) live in a small local
 `FileLogStore` under the data directory (the cluster moves them to Redis). Meta passed with a
-message is made durable before the message is sent (`atomic_meta` is False): a crash in between
-leaves meta naming a message that may not exist, which `find_key` settles.
+message is made durable before the message is sent (`traits.atomic_meta` is False): a crash in
+between leaves meta naming a message that may not exist, which `find_key` settles.
 
 notify. Whoever stores a message through this store wakes its readers once it is durable (the
 node does: local ones at SEND_OK, peers with a wake; see docs/design.md), so every message sent
@@ -54,7 +54,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bridge.storage.base import Message, MetaUpdate, ReadResult, StoreUnavailable
+from bridge.storage.base import (
+    DurableCallback,
+    Message,
+    MetaUpdate,
+    ReadResult,
+    StoreTraits,
+    StoreUnavailable,
+    future_callback,
+)
 from bridge.storage.rocketmq.acl import Credentials
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingError, RocketMQError
@@ -78,13 +86,7 @@ from bridge.storage.rocketmq.messages import (
 from bridge.storage.rocketmq.meta import KIND_LMQS, KIND_STATS, KeyedRecords, StoreMeta
 from bridge.storage.rocketmq.queues import DEFAULT_MESSAGE_SIZE, LmqNames, QueueEnds
 from bridge.storage.rocketmq.reads import LightQueuePulls, SharedReads
-from bridge.storage.rocketmq.sending import (
-    DurableCallback,
-    Send,
-    SendPipeline,
-    future_callback,
-    new_send,
-)
+from bridge.storage.rocketmq.sending import Send, SendPipeline, new_send
 from bridge.storage.rocketmq.tls import TlsOptions
 from bridge.storage.rocketmq.wire import ResponseCode
 
@@ -122,12 +124,14 @@ class RocketMQStore:
     learnt by `GroupLearning`), and the read path (`SharedReads` over `LightQueuePulls`).
     """
 
-    atomic_meta = False
-    local_ends = False
-    early_reads = False
-    read_early = False
+    traits = StoreTraits(
+        atomic_meta=False,  # meta is made durable before its message is sent
+        local_ends=False,  # other nodes and notify write to the same light queues
+        early_reads=False,  # a message is read from the broker once the broker has it
+        cached_reads=False,
+        exact_backlog_bytes=False,  # bytes are estimated from the average message size
+    )
     on_rewind: Callable[[dict[str, int]], None] | None = None
-    exact_backlog_bytes = False
     commit_pass = -1  # each send's callback comes on its own
 
     def __init__(
@@ -290,8 +294,8 @@ class RocketMQStore:
         durable: bool = True,
         meta: Sequence[MetaUpdate] = (),
     ) -> int:
-        future = self.submit(message, queues, meta=meta)
-        assert future is not None
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.submit(message, queues, meta=meta, callback=future_callback(future))
         return await future
 
     def submit(
@@ -300,31 +304,27 @@ class RocketMQStore:
         queues: Sequence[str],
         *,
         meta: Sequence[MetaUpdate] = (),
-        callback: DurableCallback | None = None,
+        callback: DurableCallback,
         early: bool = False,
-    ) -> asyncio.Future[int] | None:
-        """See `MessageStore.submit`: never readable early (`early` is ignored); a message is
-        read from the broker once it has it."""
-        future: asyncio.Future[int] | None = None
-        if callback is None:
-            future = asyncio.get_running_loop().create_future()
-            callback = future_callback(future)
+    ) -> bool:
+        """See `MessageStore.submit`: never readable early (`early` is ignored, False is
+        returned); a message is read from the broker once it has it."""
         if not self._open or self._closing:
             callback(None, StoreUnavailable("the RocketMQ store is not open"))
-            return future
+            return False
         if self._pipeline.pending >= self.max_pending:
             callback(
                 None,
                 StoreUnavailable(f"{self.max_pending} messages already wait for the broker"),
             )
-            return future
+            return False
         names = tuple(dict.fromkeys(queues)) if len(queues) > 1 else tuple(queues)
         updates = [*meta, *self._meta.new_queues(names)] if names else list(meta)
         send = self._new_send(message, names, callback)
         if updates:
             send.meta_durable = self._meta.submit_meta(updates)
         self._pipeline.enqueue(send)
-        return future
+        return False
 
     def submit_delayed(
         self,
@@ -468,6 +468,11 @@ class RocketMQStore:
         if limit <= 0:
             return ReadResult([], offset)
         return await self._reads.read(queue, offset, limit, self._pulls.pull)
+
+    def read_cached(self, queue: str, offset: int, limit: int) -> ReadResult | None:
+        """See `MessageStore.read_cached`: every read asks the broker (`traits.cached_reads`
+        is False), so always None."""
+        return None
 
     async def find_key(self, topic: str, key: str) -> bool:
         """Whether the broker holds a message with this key in the topic's RocketMQ topic, or

@@ -15,11 +15,11 @@ from typing import Any
 from bridge.node.delayed import DelayedPublishes
 from bridge.node.quotas import Quota
 from bridge.node.retained import RetainedMessages
-from bridge.node.roles import DurableCallback
 from bridge.operations.metrics import Metrics
 from bridge.router.queues import DELAYED_QUEUE
 from bridge.state import KIND_DELAYED, DelayedEntry, encode_message
 from bridge.storage import FileLogStore, Message, MetaUpdate
+from bridge.storage.base import DurableCallback
 
 OUT = "f:#"
 """The queue every routed message goes to here (one subscriber of `#`)."""

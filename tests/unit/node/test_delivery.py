@@ -23,7 +23,7 @@ from bridge.router.queues import client_queue, filter_queue
 from bridge.session import Session
 from bridge.state import KIND_OFFSETS, RETAINED_DELIVERY
 from bridge.storage import FileLogStore, Message
-from bridge.storage.base import StaleOwner
+from bridge.storage.base import StaleOwner, StoreTraits
 
 
 class RecordingLink:
@@ -469,6 +469,12 @@ def test_delivery_tells_its_pace_when_a_pass_ends_and_when_it_stops(tmp_path):
 class ParkingStore:
     """The real embedded store, except that reads of one queue park until released (as a pull
     of a light queue the broker has not filled yet waits in RocketMQ)."""
+
+    traits = StoreTraits(
+        atomic_meta=True, local_ends=True, early_reads=False, cached_reads=False,
+        exact_backlog_bytes=True,
+    )  # fmt: skip
+    """Every read is awaited, as on RocketMQ."""
 
     def __init__(self, store: FileLogStore, parked: str) -> None:
         self.store = store
