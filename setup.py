@@ -51,7 +51,7 @@ COMPILED = [
     "bridge/access/acl.py",
     "bridge/access/reads.py",
     "bridge/access/ttlcache.py",
-    "bridge/operations/metrics.py",
+    "bridge/counters.py",
 ]
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from bridge.cluster.registry import Claim
-    from bridge.operations.metrics import Metrics
+    from bridge.counters import Metrics
     from bridge.router.shared import SharedSubscriptions
     from bridge.router.trie import SubscriptionTrie
     from bridge.storage.base import Message

@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from bridge.access.reads import may_read
+from bridge.counters import Metrics
 from bridge.listeners import delivery_acks
 from bridge.listeners.control import HANDLERS
 from bridge.listeners.enhanced_auth import Authentication
@@ -38,7 +39,6 @@ from bridge.mqtt.packets import (
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.deadlines import NONE
 from bridge.node.roles import PAUSED_BY_RATE, PAUSED_FOR_TURN
-from bridge.operations.metrics import Metrics
 from bridge.storage.base import Message
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from bridge.access.ratelimit import LogThrottle
 
 if TYPE_CHECKING:
     from bridge.config import Config
-    from bridge.operations.metrics import Metrics
+    from bridge.counters import Metrics
 
 log = logging.getLogger("bridge.tls")
 

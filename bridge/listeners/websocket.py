@@ -35,7 +35,7 @@ from bridge.listeners.origins import OriginPolicy
 
 if TYPE_CHECKING:
     from bridge.config import Config
-    from bridge.operations.metrics import Metrics
+    from bridge.counters import Metrics
 
 log = logging.getLogger("bridge.websocket")
 

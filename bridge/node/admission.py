@@ -23,6 +23,7 @@ from bridge.access.login_guard import LOG_INTERVAL
 from bridge.access.login_queue import LoginsBusy
 from bridge.access.ownership import describe, refusal
 from bridge.access.ratelimit import LogThrottle
+from bridge.counters import Metrics
 from bridge.logtext import RefusalLog, client_text, suppressed_note
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import is_delayed
@@ -31,7 +32,6 @@ from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode, connack_311
 from bridge.node.quotas import will_fault
 from bridge.node.roles import ClientLink
-from bridge.operations.metrics import Metrics
 from bridge.storage.metadata import metadata_size
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ from bridge.session import Session
 
 if TYPE_CHECKING:
     from bridge.config import Config
+    from bridge.counters import Metrics
     from bridge.node.delivery import Delivery
-    from bridge.operations.metrics import Metrics
     from bridge.storage.base import MessageStore
 
 log = logging.getLogger("bridge.node")

@@ -35,10 +35,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from bridge.counters import Metrics
 from bridge.mqtt.delayed import DelayedTopicError, parse_delayed
 from bridge.node.quotas import Quota, Tally, kept_size
 from bridge.node.retained import RetainedMessages
-from bridge.operations.metrics import Metrics
 from bridge.router.queues import DELAYED_QUEUE
 from bridge.state import KIND_DELAYED, DelayedEntry
 from bridge.storage.base import (

@@ -25,8 +25,8 @@ from bridge.storage.metadata import SUBSCRIPTION_IDS, expired, retained_qos
 
 if TYPE_CHECKING:
     from bridge.access.acl import Acl
+    from bridge.counters import Metrics
     from bridge.node.roles import ClientLink
-    from bridge.operations.metrics import Metrics
     from bridge.storage.base import MessageStore, ReadResult, Stored
 
 log = logging.getLogger("bridge.delivery")

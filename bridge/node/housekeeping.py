@@ -21,8 +21,8 @@ from bridge.storage.base import MetaUpdate, StaleOwner, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.config import Config
+    from bridge.counters import Metrics
     from bridge.node.roles import SessionOwner
-    from bridge.operations.metrics import Metrics
     from bridge.session import Session
     from bridge.storage.base import MessageStore
 

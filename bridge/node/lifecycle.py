@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bridge.access.ownership import identity_of, refusal
+from bridge.counters import Metrics
 from bridge.logtext import client_text
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connack, Connect, Disconnect
@@ -30,7 +31,6 @@ from bridge.node.registry_entries import RegistryEntries
 from bridge.node.roles import ClientLink, Spawner
 from bridge.node.subscriptions import Subscriptions
 from bridge.node.wills import Wills, delay_of
-from bridge.operations.metrics import Metrics
 from bridge.router.queues import ANY_PEER, client_queue, filter_queue
 from bridge.session import Session
 from bridge.state import (

@@ -30,6 +30,7 @@ from bridge.access.banlist import BanList
 from bridge.access.limits import LimitControl
 from bridge.access.login_guard import UnauthenticatedSockets
 from bridge.config import Config
+from bridge.counters import Metrics
 from bridge.logtext import RefusalLog, client_text
 from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import topic_limit_error
@@ -48,7 +49,6 @@ from bridge.node.retained import RetainedMessages
 from bridge.node.stamp import Stamper
 from bridge.node.subscriptions import Subscriptions
 from bridge.operations.metering import Meter
-from bridge.operations.metrics import Metrics
 from bridge.operations.systopics import SysTopics
 from bridge.router.plan import ConnectionTable
 from bridge.router.shared import SharedSubscriptions

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 from bridge.access.reads import checks_reads
+from bridge.counters import LatencyHistogram, Metrics
 from bridge.mqtt import codec
 from bridge.mqtt.delayed import DelayedTopic
 from bridge.mqtt.packets import Publish
@@ -26,7 +27,6 @@ from bridge.node.retained import RetainedMessages
 from bridge.node.roles import Spawner
 from bridge.node.stamp import Stamper
 from bridge.node.wakes import Wakes
-from bridge.operations.metrics import LatencyHistogram, Metrics
 from bridge.router.plan import ConnectionTable, DirectRoutes, RoutePlan, plan_route, readers_of
 from bridge.router.queues import peer_subscriber
 from bridge.router.shared import SharedSubscriptions

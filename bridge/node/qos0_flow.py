@@ -29,8 +29,8 @@ from bridge.node.roles import PAUSED_BY_SUBSCRIBER
 
 if TYPE_CHECKING:
     from bridge.config import Config
+    from bridge.counters import Metrics
     from bridge.node.roles import ClientLink
-    from bridge.operations.metrics import Metrics
 
 log = logging.getLogger("bridge.connection")
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from bridge.counters import Metrics
 from bridge.logtext import client_text
 from bridge.mqtt import codec
 from bridge.mqtt.errors import MQTTProtocolError
@@ -26,7 +27,6 @@ from bridge.node.retained import RetainedMessages
 from bridge.node.retained_copies import RetainedCopies
 from bridge.node.roles import ClientLink, Spawner, Waker
 from bridge.node.stamp import Stamper
-from bridge.operations.metrics import Metrics
 from bridge.router.queues import client_queue, filter_queue, shared_queue
 from bridge.router.shared import SharedGroup, SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie

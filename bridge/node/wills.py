@@ -24,8 +24,8 @@ from bridge.storage import metadata
 from bridge.storage.base import Message, MetaUpdate, StoreUnavailable
 
 if TYPE_CHECKING:
+    from bridge.counters import Metrics
     from bridge.node.publish import Publisher
-    from bridge.operations.metrics import Metrics
 
 log = logging.getLogger("bridge.node")
 

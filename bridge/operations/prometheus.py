@@ -1,7 +1,7 @@
 """The node's metrics in the Prometheus text format (prometheus-client), served on the admin API's
 `/metrics`.
 
-Nothing here runs on the hot path: the node counts in plain ints (`bridge.operations.metrics`), and
+Nothing here runs on the hot path: the node counts in plain ints (`bridge.counters`), and
 this collector reads them, and the node's tables for the gauges, when Prometheus scrapes. Every
 metric is named `mqtt_bridge_*`; docs/operations.md lists them with the alerts built on them."""
 
@@ -18,7 +18,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from bridge.operations.metrics import PACKET_TYPES
+from bridge.counters import PACKET_TYPES
 
 if TYPE_CHECKING:
     from bridge.node import Node

@@ -26,7 +26,7 @@ from bridge.storage.base import Message, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.config import Config
-    from bridge.operations.metrics import Metrics
+    from bridge.counters import Metrics
 
 log = logging.getLogger("bridge.systopics")
 

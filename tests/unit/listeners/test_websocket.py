@@ -23,11 +23,11 @@ from wsproto.events import (
     TextMessage,
 )
 
+from bridge.counters import Metrics
 from bridge.listeners.origins import OriginPolicy
 from bridge.listeners.websocket import MAX_REQUEST_BYTES, WebSocketProtocol, WebSocketTransport
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Connect, Pingreq, Publish
-from bridge.operations.metrics import Metrics
 
 PEER = ("192.0.2.7", 50123)
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from bridge.config import Config
+from bridge.counters import Metrics
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.packets import Connack
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.admission import Admission
-from bridge.operations.metrics import Metrics
 
 
 class RefusedLink:

@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bridge.counters import Metrics
 from bridge.node.delayed import DelayedPublishes
 from bridge.node.quotas import Quota
 from bridge.node.retained import RetainedMessages
-from bridge.operations.metrics import Metrics
 from bridge.router.queues import DELAYED_QUEUE
 from bridge.state import KIND_DELAYED, DelayedEntry, encode_message
 from bridge.storage import FileLogStore, Message, MetaUpdate

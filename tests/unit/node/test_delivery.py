@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from bridge.config import Config
+from bridge.counters import Metrics
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.packets import Publish, Pubrel
 from bridge.node.congestion import Congestion
 from bridge.node.delivery import Delivery
 from bridge.node.housekeeping import Housekeeper
-from bridge.operations.metrics import Metrics
 from bridge.router.queues import client_queue, filter_queue
 from bridge.session import Session
 from bridge.state import KIND_OFFSETS, RETAINED_DELIVERY

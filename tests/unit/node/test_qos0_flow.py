@@ -7,9 +7,9 @@ import asyncio
 from dataclasses import dataclass, field
 
 from bridge.config import Config
+from bridge.counters import Metrics
 from bridge.node.qos0_flow import Qos0Flow
 from bridge.node.roles import PAUSED_BY_SUBSCRIBER
-from bridge.operations.metrics import Metrics
 
 FULL = 300_000
 """A socket buffer over the high-water mark, under `write_buffer_high`."""

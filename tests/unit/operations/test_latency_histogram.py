@@ -7,7 +7,7 @@ from bisect import bisect_left
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.operations.metrics import STORE_LATENCY_BUCKETS, LatencyHistogram
+from bridge.counters import STORE_LATENCY_BUCKETS, LatencyHistogram
 
 _DURATIONS = st.floats(min_value=0.0, max_value=100.0, allow_nan=False) | st.sampled_from(
     STORE_LATENCY_BUCKETS

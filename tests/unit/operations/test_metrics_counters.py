@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.operations.metrics import HOT_COUNTERS, Metrics
+from bridge.counters import HOT_COUNTERS, Metrics
 
 names = st.sampled_from([*HOT_COUNTERS, "dropped_no_subscriber", "acl_denied_publish"])
 

@@ -1,6 +1,9 @@
 """Counters of what the node did and dropped; read by logs, tests, `$SYS` topics, the admin API
 and the Prometheus exposition (`bridge.operations.prometheus`).
 
+A leaf room: the node, the listeners and the stores' users count here without importing the
+operations room, which sits above the node and reads these counters.
+
 Plain ints and lists, updated on the hot path without locks (everything runs on the event loop);
 the exposition turns them into Prometheus families when it is scraped.
 """
