@@ -38,7 +38,7 @@ from bridge.mqtt.packets import (
 )
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.deadlines import NONE
-from bridge.node.roles import PAUSED_BY_RATE, PAUSED_FOR_TURN
+from bridge.node.roles import PAUSED_BY_RATE, PAUSED_FOR_TURN, Drain
 from bridge.storage.base import Message
 
 if TYPE_CHECKING:
@@ -65,8 +65,8 @@ class Connection(asyncio.Protocol):
         "_connecting", "_deadline", "_flush_handle", "_graceful", "_held", "_holds", "_inbound",
         "_keepalive_limit", "_last_rx", "_out", "_out_size", "_paused_writing", "_read_pauses",
         "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder",
-        "detached", "keepalive", "level", "listener", "loop", "max_packet_out", "metrics",
-        "msgs_in", "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer",
+        "delivery", "detached", "keepalive", "level", "listener", "loop", "max_packet_out",
+        "metrics", "msgs_in", "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer",
         "preauth", "receive_maximum", "session", "shared_encoding", "transport", "username", "v5",
         "will",
     )
@@ -84,6 +84,8 @@ class Connection(asyncio.Protocol):
         self.cert_cn: str | None = None
         """The CN of the client certificate TLS verified (None: plain TCP or no certificate)."""
         self.session: Session | None = None
+        self.delivery: Drain | None = None
+        """The task sending the session's stored messages, set by the node once connected."""
         self.will: Will | None = None
         self.decoder = Decoder(max_packet_size=node.config.max_packet_size)
         self.closed = False
@@ -212,8 +214,8 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused_writing = False
         self.node.qos0_flow.drained(self)
-        delivery = self.node.deliveries.get(self.client_id)
-        if delivery is not None and delivery.conn is self:
+        delivery = self.delivery
+        if delivery is not None:
             delivery.wake()
 
     # -- reading slower --------------------------------------------------------------------------

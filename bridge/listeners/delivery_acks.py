@@ -87,7 +87,7 @@ def on_pubcomp(conn: Link, packet: Pubcomp) -> None:
 def _after_ack(conn: Link, session: Session) -> None:
     if session.persistent:  # (checked here too: a clean session's ack makes no call)
         conn.node.housekeeper.mark_offsets_dirty(session)
-    delivery = conn.node.deliveries.get(session.client_id)
+    delivery = conn.delivery
     if delivery is not None and delivery.blocked_on_window:
         # Refill at once: the acknowledgements of one read wake one drain (`wake` runs once
         # per loop turn), and waiting for more of them stalls a client that holds its PUBACKs

@@ -146,7 +146,7 @@ class Inbound:
                 return False
         qos = packet.qos
         self.pending += 1  # before publish: a failing store may call back at once
-        self.publisher.publish(session, packet, _Acknowledge(self, qos, packet_id), delayed)
+        self.publisher.publish(session, packet, Acknowledgement(self, qos, packet_id), delayed)
         if self.pending >= self.max_pending and not self._paused_reading:
             self._paused_reading = True
             conn.hold_reading(PAUSED_BY_STORE)
@@ -157,7 +157,7 @@ class Inbound:
         that store is durable, never store it twice (a failed store removes the id). A method
         of its own: compiled, a lambda in `on_publish` made its closure on every PUBLISH."""
         publish_again(
-            self.publisher, session, packet, lambda error: self._acknowledge(error, 2, packet_id)
+            self.publisher, session, packet, lambda error: self.acknowledge(error, 2, packet_id)
         )
 
     def _may_publish(self, topic: str) -> bool:
@@ -305,11 +305,13 @@ class Inbound:
         # log line says why.
         self.send_ack(codec.encode_ack5(kind, packet_id, reason))
 
-    def _acknowledge(
+    def acknowledge(
         self, error: BaseException | None, qos: int, packet_id: int, counted: bool = False
     ) -> None:
         """The PUBLISH is durable (or failed): PUBACK/PUBREC it (or close so the client resends).
-        While acknowledgements are held (`hold_acks`) it waits behind the others, in order."""
+        While acknowledgements are held (`hold_acks`) it waits behind the others, in order.
+        The store's answer reaches it through a `DurableCallback` (`Acknowledgement`, or the
+        resend's callback); `counted`: the PUBLISH was counted in `pending`."""
         conn = self.conn
         if error is not None:
             if counted:
@@ -415,9 +417,10 @@ class _AckGate:
         self.waiting: list[tuple[bytes, bool]] = []
 
 
-class _Acknowledge:
-    """What a stored QoS 1/2 PUBLISH calls once durable (or failed): `Inbound._acknowledge`.
-    One object per message (a closure would be two)."""
+class Acknowledgement:
+    """The `DurableCallback` a stored QoS 1/2 PUBLISH calls once durable (or failed): it
+    acknowledges the packet through `Inbound.acknowledge`. One object per message (a closure
+    would be two)."""
 
     def __init__(self, inbound: Inbound, qos: int, packet_id: int) -> None:
         self.inbound = inbound
@@ -425,4 +428,4 @@ class _Acknowledge:
         self.packet_id = packet_id
 
     def __call__(self, seq: int | None, error: BaseException | None) -> None:
-        self.inbound._acknowledge(error, self.qos, self.packet_id, True)
+        self.inbound.acknowledge(error, self.qos, self.packet_id, True)

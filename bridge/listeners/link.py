@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from bridge.listeners.v5 import Version5
     from bridge.node import Node
+    from bridge.node.roles import Drain
     from bridge.session import Session
 
 
@@ -22,6 +23,7 @@ class Link(Protocol):
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport | None
     session: Session | None
+    delivery: Drain | None
     v5: Version5 | None
     client_id: str
     peer: str

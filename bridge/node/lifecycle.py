@@ -284,6 +284,7 @@ class SessionLifecycle:
         )
         delivery = self.make_delivery(session, conn)
         self.deliveries[client_id] = delivery
+        conn.delivery = delivery
         delivery.resend_inflight()
         delivery.wake()
         if self.cluster is not None:
@@ -529,6 +530,7 @@ class SessionLifecycle:
     def _detach(self, conn: ClientLink) -> bool:
         """Unhook a connection from its session; False if it no longer was the session's."""
         conn.detached = True
+        conn.delivery = None
         session = conn.session
         assert session is not None
         client_id = session.client_id

@@ -35,6 +35,20 @@ class Spawner(Protocol):
     def __call__(self, coro: Coroutine[Any, Any, Any], /) -> asyncio.Task[Any]: ...
 
 
+class Drain(Protocol):
+    """What a connection sees of the task that sends its session's stored messages
+    (`bridge.node.delivery.Delivery`): it wakes it when the client can take more."""
+
+    @property
+    def blocked_on_window(self) -> bool:
+        """Whether a drain stopped on a full in-flight window (an acknowledgement frees it)."""
+        ...
+
+    def wake(self) -> None:
+        """Something may be deliverable: drain soon."""
+        ...
+
+
 class ClientLink(Protocol):
     """What the node's side needs of one client connection (`bridge.listeners.connection`)."""
 
@@ -45,6 +59,9 @@ class ClientLink(Protocol):
     cert_cn: str | None
     connected_at: float
     session: Session | None
+    delivery: Drain | None
+    """The task sending its session's stored messages, once connected (set and cleared by the
+    node's `SessionLifecycle`)."""
     will: Will | None
     closed: bool
     detached: bool
