@@ -93,7 +93,7 @@ lint: install
 	bridge/listeners/v5.py bridge/listeners/link.py bridge/listeners/enhanced_auth.py \
 	bridge/listeners/inbound.py bridge/listeners/delivery_acks.py bridge/listeners/preauth.py \
 	bridge/access/login_queue.py bridge/access/login_guard.py \
-	bridge/access/ratelimit.py bridge/access/watch.py bridge/listeners/origins.py bridge/listeners/pacing.py \
+	bridge/access/ratelimit.py bridge/access/watch.py bridge/listeners/origins.py bridge/node/flow.py \
 		bridge/logtext.py bridge/private_files.py bridge/listeners/exposure.py \
 		spark/intervals.py spark/options.py spark/telemetry.py
 

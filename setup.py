@@ -35,6 +35,7 @@ COMPILED = [
     "bridge/node/wakes.py",
     "bridge/node/delivery.py",
     "bridge/node/congestion.py",
+    "bridge/node/flow.py",
     "bridge/storage/message.py",
     "bridge/storage/records.py",
     "bridge/storage/filelog/files.py",

@@ -20,7 +20,6 @@ from bridge.listeners.control import HANDLERS
 from bridge.listeners.enhanced_auth import Authentication
 from bridge.listeners.faults import close_for_fault, close_for_protocol_error
 from bridge.listeners.inbound import Inbound
-from bridge.listeners.pacing import ReadPacer
 from bridge.listeners.preauth import PreAuth
 from bridge.listeners.tls import peer_cert_cn
 from bridge.listeners.v5 import NO_LIMIT, Version5, connack_accepting, disconnect_saying
@@ -38,7 +37,9 @@ from bridge.mqtt.packets import (
 )
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.deadlines import NONE
-from bridge.node.roles import PAUSED_BY_RATE, PAUSED_FOR_TURN, Drain
+from bridge.node.flow import PAUSED_FOR_TURN, ConnectionFlow
+from bridge.node.qos0_flow import DROP
+from bridge.node.roles import Drain
 from bridge.storage.base import Message
 
 if TYPE_CHECKING:
@@ -63,10 +64,10 @@ class Connection(asyncio.Protocol):
     # fmt: off
     __slots__ = (
         "_connecting", "_deadline", "_flush_handle", "_graceful", "_held", "_holds", "_inbound",
-        "_keepalive_limit", "_last_rx", "_out", "_out_size", "_paused_writing", "_read_pauses",
-        "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at", "decoder",
-        "delivery", "detached", "keepalive", "level", "listener", "loop", "max_packet_out",
-        "metrics", "msgs_in", "msgs_out", "node", "pacer", "payload_in", "payload_out", "peer",
+        "_keepalive_limit", "_last_rx", "_out", "_out_size", "_paused_writing", "auth", "cert_cn",
+        "client_id", "close_reason", "closed", "connected_at", "decoder", "delivery", "detached",
+        "flow", "keepalive", "level", "listener", "loop", "max_packet_out", "metrics", "msgs_in",
+        "msgs_out", "node", "payload_in", "payload_out", "peer",
         "preauth", "receive_maximum", "session", "shared_encoding", "transport", "username", "v5",
         "will",
     )
@@ -104,10 +105,8 @@ class Connection(asyncio.Protocol):
         """Which QoS 0 PUBLISH encoded once per fan-out the client takes (see `ClientLink`)."""
         self.max_packet_out = NO_LIMIT  # the client's v5 Maximum Packet Size
         self._inbound: Inbound | None = None
-        self.pacer: ReadPacer | None = None
-        """The client's publish rate limits (None: unlimited, the one check the hot path makes)."""
-        self._read_pauses = 0
-        """Why reading the socket is paused: a set of `PAUSED_BY_*` bits (0: it is not)."""
+        self.flow = ConnectionFlow(self.loop, node.config.max_inbound_pending, self.metrics)
+        """Why the socket is not read, the publish pacing, the acknowledgements held back."""
         self.v5: Version5 | None = None
         """The MQTT 5.0 state once a v5 CONNECT is accepted (None: 3.1.1 / 3.1)."""
         self.receive_maximum = min(node.config.receive_maximum, node.config.max_awaiting_rel)
@@ -139,6 +138,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp = cast("asyncio.Transport", transport)  # uvloop's transports are not subclasses
         self.transport = tcp
+        self.flow.socket = tcp
         peer = tcp.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
@@ -154,7 +154,7 @@ class Connection(asyncio.Protocol):
             return
         self._last_rx = self.loop.time()
         self.metrics.bytes_in += len(data)
-        if len(data) >= READ_TURN and not self._read_pauses:
+        if len(data) >= READ_TURN and not self.flow.pauses:
             self.hold_reading(PAUSED_FOR_TURN)
             self.loop.call_soon(self.release_reading, PAUSED_FOR_TURN)
         decoder = self.decoder
@@ -168,8 +168,7 @@ class Connection(asyncio.Protocol):
             packets = exc.packets
         if self.preauth is not None and not self.preauth.take(len(data), packets):
             return
-        if self.pacer is not None:
-            self.pacer.charge(packets, len(data))
+        self.flow.charge(packets, len(data))
         packets_in = self.metrics.packets_in
         for packet in packets:
             if self.closed:
@@ -198,6 +197,7 @@ class Connection(asyncio.Protocol):
             self._flush_handle = None
             self._out = None
             self._out_size = 0
+        self.flow.closed()
         if not self.closed:
             self.closed = True
             if self.session is not None and not self._graceful:
@@ -221,24 +221,16 @@ class Connection(asyncio.Protocol):
     # -- reading slower --------------------------------------------------------------------------
 
     def hold_reading(self, reason: int) -> None:
-        """Stop reading the socket until `release_reading(reason)` (`PAUSED_BY_*`)."""
-        if not self._read_pauses and self.transport is not None:
-            self.transport.pause_reading()
-        self._read_pauses |= reason
+        """Stop reading the socket until `release_reading(reason)` (`bridge.node.flow`)."""
+        self.flow.hold(reason)
 
     def release_reading(self, reason: int) -> None:
         """End one reason to stop reading; with none left, read on."""
-        if not self._read_pauses & reason:
-            return
-        self._read_pauses &= ~reason
-        if not self._read_pauses and self.transport is not None and not self.closed:
-            self.transport.resume_reading()
-            self._last_rx = self.loop.time()  # a client not read was not silent
+        self.flow.release(reason)
 
     def limit_publishes(self, messages_per_second: float, bytes_per_second: float) -> None:
         """Pace what the client sends to these rates (0: unlimited) by reading it later."""
-        self.pacer = ReadPacer.of(self, messages_per_second, bytes_per_second)
-        self.release_reading(PAUSED_BY_RATE)  # a new pacer starts with full buckets
+        self.flow.limit_publishes(messages_per_second, bytes_per_second)
 
     # -- output ----------------------------------------------------------------------------------
 
@@ -280,8 +272,10 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None:
             return False
-        if self._paused_writing and not self.node.qos0_flow.full(
-            self, publisher, transport.get_write_buffer_size()
+        if (
+            self._paused_writing
+            and self.node.qos0_flow.when_full(self, publisher, transport.get_write_buffer_size())
+            == DROP
         ):
             return False
         self.msgs_out += 1
@@ -394,6 +388,7 @@ class Connection(asyncio.Protocol):
         if reason_code is not None and self.v5 is not None:
             self.send(disconnect_saying(reason_code, reason, server_reference))
         self.closed = True
+        self.flow.closed()  # the socket lingers below: no pause or resume of it any more
         self.close_reason = reason
         if log_it:
             level = logging.INFO if taken_over else logging.WARNING
@@ -508,7 +503,10 @@ class Connection(asyncio.Protocol):
                 self.preauth.timed_out(self._connecting)
             return
         now = self.loop.time()
-        idle = 0.0 if self._read_pauses else now - self._last_rx
+        flow = self.flow
+        # A client that was not read was not silent: its idle time counts from the later of
+        # its last bytes and the end of the last pause.
+        idle = 0.0 if flow.pauses else now - max(self._last_rx, flow.resumed_at)
         if idle >= self._keepalive_limit:
             self.node.metrics.inc("keepalive_timeouts")
             self.close(

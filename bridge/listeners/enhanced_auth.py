@@ -20,7 +20,7 @@ from bridge.mqtt import codec
 from bridge.mqtt.packets import Auth, Connect
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
-from bridge.node.roles import PAUSED_FOR_CONNACK
+from bridge.node.flow import PAUSED_FOR_CONNACK
 
 if TYPE_CHECKING:
     from bridge.access import AccessControl

@@ -5,9 +5,10 @@ control that slows a publisher instead of losing its messages.
 on what the node keeps for it: retained and delayed messages, QoS 2 awaiting PUBREL,
 `bridge.node.quotas`; and for MQTT 5.0 the topic alias, the payload format and the Receive
 Maximum), hands it to the node's
-publisher and acknowledges it once it is durable, in packet order. It pauses the socket while
-too many of the client's messages wait for the store (`max_inbound_pending`) and holds
-acknowledgements while a subscriber of them is far behind (`hold_acks`).
+publisher and acknowledges it once it is durable, in packet order. What slows the client (its
+messages waiting for the store, acknowledgements held while a subscriber of them is far behind)
+is decided by the connection's `bridge.node.flow.ConnectionFlow`; this module tells it what
+happened.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import topic_limit_error
 from bridge.node.qos2_in import publish_again, release
 from bridge.node.quotas import awaiting_rel_fault
-from bridge.node.roles import PAUSED_BY_STORE
 from bridge.storage.base import StoreUnavailable
 from bridge.storage.metadata import metadata_size
 
 if TYPE_CHECKING:
     from bridge.listeners.link import Link
+    from bridge.node.flow import ConnectionFlow
     from bridge.session import Session
 
 log = logging.getLogger("bridge.connection")
@@ -43,10 +44,8 @@ class Inbound:
     """The inbound message flow of one connection."""
 
     __slots__ = (
-        "_ack_gate", "_denied_topics", "_paused_reading", "_published", "_published_as",
-        "_published_under", "acl", "config", "conn",
-        "max_pending", "max_topic_length", "max_topic_levels", "pending", "publisher",
-        "unreleased",
+        "_denied_topics", "_published", "_published_as", "_published_under", "acl", "config",
+        "conn", "flow", "max_topic_length", "max_topic_levels", "publisher", "unreleased",
     )  # fmt: skip
 
     def __init__(self, conn: Link) -> None:
@@ -58,16 +57,13 @@ class Inbound:
         """The node's publisher, ACL and settings, read once: each lasts as long as the node."""
         self.max_topic_length = self.config.max_topic_length
         self.max_topic_levels = self.config.max_topic_levels
-        self.max_pending = self.config.max_inbound_pending
         """The settings read per PUBLISH, as native ints (the settings are an interpreted
         dataclass, fixed once the node runs)."""
-        self.pending = 0
-        """QoS 1/2 PUBLISHes handed to the node and not yet answered."""
+        self.flow: ConnectionFlow = conn.flow
+        """The connection's flow control, read once (a native object: its calls are direct)."""
         self.unreleased = 0
         """QoS 2 messages PUBRECed and not yet PUBCOMPed (they count against the v5 Receive
         Maximum until PUBCOMP, MQTT-4.9.0-1)."""
-        self._paused_reading = False
-        self._ack_gate: _AckGate | None = None
         self._denied_topics: set[str] | None = None
         self._published: dict[str, bool] | None = None
         """Topic -> whether the ACL lets this client publish to it, under the rules'
@@ -89,7 +85,7 @@ class Inbound:
                 return False
             if (
                 packet.qos
-                and self.pending + self.unreleased >= conn.receive_maximum
+                and self.flow.pending + self.unreleased >= conn.receive_maximum
                 and not (packet.qos == 2 and packet.packet_id in session.inbound_qos2)
             ):
                 close_for_fault(
@@ -145,11 +141,8 @@ class Inbound:
                 )
                 return False
         qos = packet.qos
-        self.pending += 1  # before publish: a failing store may call back at once
+        self.flow.publish_taken()  # before publish: a failing store may call back at once
         self.publisher.publish(session, packet, Acknowledgement(self, qos, packet_id), delayed)
-        if self.pending >= self.max_pending and not self._paused_reading:
-            self._paused_reading = True
-            conn.hold_reading(PAUSED_BY_STORE)
         return True
 
     def _publish_again(self, session: Session, packet: Publish, packet_id: int) -> None:
@@ -315,7 +308,7 @@ class Inbound:
         conn = self.conn
         if error is not None:
             if counted:
-                self._answered()
+                self.flow.publish_answered()
             conn.close(
                 f"message not stored, so not acknowledged ({error}); the client will resend",
                 reason_code=ReasonCode.UNSPECIFIED_ERROR,
@@ -328,42 +321,22 @@ class Inbound:
 
     def send_ack(self, data: bytes, counted: bool = False) -> None:
         """Send a PUBACK/PUBREC now, or after the ones held before it (`hold_acks`)."""
-        gate = self._ack_gate
-        if gate is not None:
-            gate.waiting.append((data, counted))
+        if self.flow.ack_waits(data, counted):
             return
         if counted:
-            self._answered()
+            self.flow.publish_answered()
         self.conn.send(data)
-
-    def _answered(self) -> None:
-        """One counted publish is answered: resume reading once half the pending ones are."""
-        self.pending -= 1
-        conn = self.conn
-        if self._paused_reading and self.pending <= self.max_pending // 2:
-            self._paused_reading = False
-            conn.release_reading(PAUSED_BY_STORE)
 
     def hold_acks(self, reason: str) -> None:
         """Hold this client's PUBACKs/PUBRECs, in order, until every reason is released (a
         subscriber of its messages is too far behind: `bridge.node.congestion`)."""
-        gate = self._ack_gate
-        if gate is None:
-            gate = self._ack_gate = _AckGate()
-        gate.reasons.add(reason)
+        self.flow.hold_acks(reason)
 
     def release_acks(self, reason: str) -> None:
         """One reason to hold acknowledgements is gone; with none left, send what waited."""
-        gate = self._ack_gate
-        if gate is None:
-            return
-        gate.reasons.discard(reason)
-        if gate.reasons:
-            return
-        self._ack_gate = None
-        for data, counted in gate.waiting:
+        for data, counted in self.flow.release_acks(reason):
             if counted:
-                self._answered()
+                self.flow.publish_answered()
             self.conn.send(data)
 
     # -- PUBREL ----------------------------------------------------------------------------------
@@ -405,16 +378,6 @@ class Inbound:
     def _completed(self) -> None:
         if self.unreleased > 0:
             self.unreleased -= 1
-
-
-class _AckGate:
-    """Acknowledgements held back, in order, and why (`Inbound.hold_acks`)."""
-
-    __slots__ = ("reasons", "waiting")
-
-    def __init__(self) -> None:
-        self.reasons: set[str] = set()
-        self.waiting: list[tuple[bytes, bool]] = []
 
 
 class Acknowledgement:

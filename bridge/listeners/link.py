@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from bridge.listeners.v5 import Version5
     from bridge.node import Node
+    from bridge.node.flow import ConnectionFlow
     from bridge.node.roles import Drain
     from bridge.session import Session
 
@@ -24,6 +25,7 @@ class Link(Protocol):
     transport: asyncio.Transport | None
     session: Session | None
     delivery: Drain | None
+    flow: ConnectionFlow
     v5: Version5 | None
     client_id: str
     peer: str
@@ -31,17 +33,13 @@ class Link(Protocol):
     closed: bool
     receive_maximum: int
 
-    @property
-    def pacer(self) -> object:
-        """The connection's `bridge.listeners.pacing.ReadPacer` (None: no publish limits)."""
-        ...
-
     def send(self, data: bytes) -> None:
         """Queue an encoded packet."""
         ...
 
     def hold_reading(self, reason: int) -> None:
-        """Stop reading the socket until `release_reading(reason)` (`roles.PAUSED_*`)."""
+        """Stop reading the socket until `release_reading(reason)` (a `PAUSED_*` of
+        `bridge.node.flow`)."""
         ...
 
     def release_reading(self, reason: int) -> None:

@@ -31,7 +31,8 @@ from bridge.mqtt.packets import Connack, Connect
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode, connack_311
 from bridge.node.admission import source_address
-from bridge.node.roles import PAUSED_FOR_CONNACK, ClientLink
+from bridge.node.flow import PAUSED_FOR_CONNACK
+from bridge.node.roles import ClientLink
 
 if TYPE_CHECKING:
     from bridge.session import Session

@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
-from bridge.node.roles import PAUSED_BY_SUBSCRIBER
+from bridge.node.flow import PAUSED_BY_SUBSCRIBER
 
 if TYPE_CHECKING:
     from bridge.config import Config
@@ -33,6 +33,13 @@ if TYPE_CHECKING:
     from bridge.node.roles import ClientLink
 
 log = logging.getLogger("bridge.connection")
+
+SEND: Final = 1
+"""What to do with a QoS 0 message for a subscriber whose socket buffer is over its high-water
+mark: send it (its publisher, if read on this node, may wait for the subscriber meanwhile)."""
+DROP: Final = 0
+"""Drop it: the subscriber's buffer is over `write_buffer_high` (counted and logged; a subscriber
+over it for `slow_consumer_timeout` is cut off)."""
 
 
 class Qos0Flow:
@@ -55,18 +62,18 @@ class Qos0Flow:
         self._over: dict[ClientLink, float] = {}
         """Subscriber -> since when (loop time) its buffer is over `write_buffer_high`."""
 
-    def full(self, subscriber: ClientLink, publisher: str, buffered: int) -> bool:
+    def when_full(self, subscriber: ClientLink, publisher: str, buffered: int) -> int:
         """A QoS 0 message of `publisher` (a ClientId) is for `subscriber`, whose socket buffer
-        holds `buffered` bytes, over its high-water mark: True to send it (its publisher, if
-        connected here, waits for the subscriber before it is read again), False if dropped."""
+        holds `buffered` bytes, over its high-water mark: `SEND` it (and its publisher, if
+        connected here, waits for the subscriber before it is read again) or `DROP` it."""
         if buffered > self.config.write_buffer_high:
             self._drop(subscriber)
-            return False
+            return DROP
         if self.config.qos0_publisher_wait and subscriber not in self._stuck:
             feeder = self.connections.get(publisher)
             if feeder is not None and feeder is not subscriber and not feeder.closed:
                 self._wait(feeder, subscriber)
-        return True
+        return SEND
 
     def drained(self, subscriber: ClientLink) -> None:
         """`subscriber`'s buffer is back under its low-water mark: its publishers read on."""

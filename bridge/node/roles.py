@@ -10,23 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from bridge.mqtt.packets import Will
 from bridge.session import Session
 from bridge.storage.base import Message
-
-PAUSED_BY_STORE: Final = 1
-"""Reading paused: too many of the client's QoS 1/2 messages wait for the store."""
-PAUSED_BY_RATE: Final = 2
-"""Reading paused: the client sends faster than its publish rate limits."""
-PAUSED_BY_SUBSCRIBER: Final = 4
-"""Reading paused: a subscriber this client sends QoS 0 messages to has not read them yet
-(`bridge.node.qos0_flow`)."""
-PAUSED_FOR_TURN: Final = 8
-"""Reading paused until the next loop turn: the client sent a full read's worth already."""
-PAUSED_FOR_CONNACK: Final = 16
-"""Reading paused: the client's CONNECT is being decided (`bridge.listeners.preauth`)."""
 
 
 class Spawner(Protocol):
@@ -138,7 +126,8 @@ class ClientLink(Protocol):
         ...
 
     def hold_reading(self, reason: int) -> None:
-        """Stop reading the client's socket until `release_reading(reason)` (`PAUSED_*`)."""
+        """Stop reading the client's socket until `release_reading(reason)` (a `PAUSED_*` of
+        `bridge.node.flow`)."""
         ...
 
     def release_reading(self, reason: int) -> None:
