@@ -2,15 +2,13 @@
 
 `SessionLifecycle` decides whether a CONNECT is accepted (protocol, ClientId, limits,
 authentication, the will's topic), makes this node the ClientId's owner (locally, and in a cluster
-through the registry and the node that held it), creates or resumes the session, and undoes it
-all when the connection ends. It owns the node's `sessions`, `connections` and `deliveries`
-tables; everything else it uses is handed to it.
+through the registry and the node that held it: `bridge.node.cluster_ownership`), creates or
+resumes the session, and undoes it all when the connection ends. It owns the node's `sessions`,
+`connections` and `deliveries` tables; everything else it uses is handed to it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -24,14 +22,14 @@ from bridge.mqtt.packets import Connack, Connect, Disconnect
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.admission import Admission
+from bridge.node.cluster_ownership import ClusterOwnership
 from bridge.node.positions import start_new_parts, start_reading
 from bridge.node.presubscribe import Presubscription
 from bridge.node.publish import Publisher
-from bridge.node.registry_entries import RegistryEntries
 from bridge.node.roles import ClientLink, Spawner
 from bridge.node.subscriptions import Subscriptions
-from bridge.node.wills import Wills, delay_of
-from bridge.router.queues import ANY_PEER, client_queue, filter_queue
+from bridge.node.wills import Wills
+from bridge.router.queues import client_queue, filter_queue
 from bridge.session import Session
 from bridge.state import (
     KIND_OFFSETS,
@@ -39,13 +37,11 @@ from bridge.state import (
     KIND_QOS2_IN,
     KIND_SESSION,
     Unsettled,
-    will_of,
 )
 from bridge.storage.base import (
     Message,
     MessageStore,
     MetaUpdate,
-    SessionBound,
     StaleOwner,
     StoreUnavailable,
 )
@@ -55,7 +51,6 @@ if TYPE_CHECKING:
     from bridge.access.banlist import BanList
     from bridge.access.limits import LimitControl
     from bridge.cluster.cluster import Cluster
-    from bridge.cluster.registry import Claim
     from bridge.config import Config
     from bridge.node.delivery import Delivery
     from bridge.node.housekeeping import Housekeeper
@@ -113,7 +108,8 @@ class SessionLifecycle:
         self.connections = connections
         self.deliveries = deliveries
         self.cluster: Cluster | None = None
-        self.registry_entries = RegistryEntries(sessions, spawn)
+        self.ownership: ClusterOwnership | None = None
+        """The ClientIds across the cluster, once this node is a member (`join`)."""
         self.wills = Wills(publisher=publisher, metrics=metrics, spawn=spawn)
         self.admission = Admission(
             config=config,
@@ -125,7 +121,26 @@ class SessionLifecycle:
             topic_fault=topic_fault,
         )
 
-    # -- restore and adopt -------------------------------------------------------------------
+    def join(self, cluster: Cluster) -> ClusterOwnership:
+        """This node is a member of `cluster` (before it starts): the ClientIds its clients
+        connect with are claimed across the cluster, by the `ClusterOwnership` returned."""
+        self.cluster = cluster
+        self.ownership = ClusterOwnership(
+            cluster=cluster,
+            here=self,
+            sessions=self.sessions,
+            connections=self.connections,
+            wills=self.wills,
+            admission=self.admission,
+            metrics=self.metrics,
+            config=self.config,
+            node_id=self.node_id,
+            refresh_queue_ends=self.publisher.wakes.refresh_queue_ends,
+            spawn=self.spawn,
+        )
+        return self.ownership
+
+    # -- restore -------------------------------------------------------------------------------
 
     def restore(
         self, client_id: str, subs: bytes, offsets: bytes | None, was_online: bool
@@ -148,28 +163,6 @@ class SessionLifecycle:
             # Written before the message was sent: whether that send stored it is settled
             # by asking the store when the client resends the id (if it ever does).
             session.hold_qos2_in(packet_id, Unsettled.decode(value))
-
-    def adopt(self, client_id: str, claim: Claim) -> Session:
-        """Hold a persistent session taken over from another node (offline until it connects)."""
-        records = claim.records
-        session = self.restore(
-            client_id, records["subs"], records.get("off"), records.get("online") is not None
-        )
-        for name, value in records.items():
-            if name.startswith("q2:"):
-                self.restore_qos2_marker(session, int(name[3:]), value)
-        if claim.previous_node and claim.previous_node != self.node_id:
-            self.spawn(self._learn_ends_after_move(client_id))
-        return session
-
-    async def _learn_ends_after_move(self, client_id: str) -> None:
-        """Read the ends of an adopted session's queues now and once more `interest_grace`
-        later: until the other nodes have heard that its filters are read here, they announce
-        what they store on them to the node that held it, and this node's readers would wait
-        for the next message."""
-        await self.publisher.wakes.refresh_queue_ends(client_id)
-        await asyncio.sleep(self.config.interest_grace)
-        await self.publisher.wakes.refresh_queue_ends(client_id)
 
     # -- CONNECT -------------------------------------------------------------------------------
 
@@ -210,8 +203,8 @@ class SessionLifecycle:
         conn.client_id = client_id
         conn.keepalive = keepalive
         handed_over = False
-        if self.cluster is not None:
-            outcome = await self._take_over_in_cluster(
+        if self.ownership is not None:
+            outcome = await self.ownership.take_over(
                 conn, client_id, packet.clean_session, persistent, identity
             )
             if outcome is None:
@@ -400,101 +393,6 @@ class SessionLifecycle:
             changed = session.persistent
         return changed
 
-    # -- the ClientId across the cluster -----------------------------------------------------
-
-    async def _take_over_in_cluster(
-        self, conn: ClientLink, client_id: str, clean: bool, persistent: bool, identity: str | None
-    ) -> bool | None:
-        """Own the ClientId cluster-wide: claim it in the registry (the atomic step, recording
-        whether the session outlives the connection and checking and recording the `identity`
-        it belongs to), have the node that held it close the old connection and hand over the
-        session, publish the old connection's will. `clean`: the client starts afresh. True if
-        a session came from another node, None if refused."""
-        assert self.cluster is not None
-        cluster = self.cluster
-        try:
-            claim = await cluster.registry.claim(client_id, not persistent, identity=identity)
-        except SessionBound as exc:
-            assert identity is not None  # only a claim naming an identity is refused for one
-            self.admission.refuse_not_owner(conn, client_id, exc.owner, identity, conn.level)
-            return None
-        except StoreUnavailable as exc:
-            self.admission.refuse(
-                conn, ReasonCode.SERVER_UNAVAILABLE, f"registry unavailable: {exc}", conn.level
-            )
-            return None
-        assert claim is not None
-        previous = claim.previous_node
-        if not previous or previous == self.node_id:
-            return False
-        state = await cluster.request_release(previous, client_id, claim.epoch)
-        will = will_of(claim.online)
-        if will is not None and (clean or not delay_of(claim.online)):
-            # The old connection ends without DISCONNECT: its will is due, and only the node
-            # that took the online record (atomically, in the claim) publishes it. A delayed
-            # will whose session this connection resumes is not published (MQTT-3.1.3-9).
-            self.spawn(self.wills.publish(client_id, will, clear_online=False))
-        records = dict(claim.records)
-        if state:
-            handed = json.loads(state)
-            records["subs"], records["off"] = handed["subs"].encode(), handed["off"].encode()
-        session = self.sessions.get(client_id)
-        if session is not None:
-            self.discard(session, [])  # a stale copy from before
-        if "subs" in records and not claim.was_clean:
-            claim.records = records
-            self.adopt(client_id, claim)
-            return True
-        return False
-
-    def release(self, client_id: str, epoch: int | None = None) -> bytes:
-        """Another node took the client over (at `epoch`, if known): close its connection here
-        (its will is the new owner's to publish), drop the session from the tables, hand over
-        its state."""
-        assert self.cluster is not None
-        own = self.cluster.registry.epochs.get(client_id)
-        if own is not None and epoch is not None and own > epoch:
-            return b""  # taken back by this node since: the request is stale
-        session = self.sessions.get(client_id)
-        state = b""
-        if session is not None and session.persistent:
-            state = json.dumps(
-                {
-                    "subs": session.encode_subscriptions().decode(),
-                    "off": session.encode_offsets().decode(),
-                },
-                separators=(",", ":"),
-            ).encode()
-        conn = self.connections.get(client_id)
-        self.wills.cancel(client_id)  # the new owner publishes it, or not (see connect)
-        if conn is not None:
-            conn.will = None
-            self._detach(conn)
-            conn.close(
-                "session taken over by a connection on another node",
-                taken_over=True,
-                reason_code=ReasonCode.SESSION_TAKEN_OVER,
-            )
-        if session is not None:
-            self.discard(session, [])
-        self.cluster.registry.disown(client_id)
-        self.metrics.inc("sessions_released")
-        return state
-
-    def lost_ownership(self, client_ids: list[str]) -> None:
-        """Writes for these clients were refused: another node owns them now. Let go."""
-        assert self.cluster is not None
-        for client_id in client_ids:
-            if client_id not in self.cluster.registry.epochs:
-                log.warning("client %s: owned by another node now; dropped here", client_id)
-                self.cluster.handed_to(ANY_PEER, self.release(client_id))
-
-    async def end_in_registry(self, client_id: str) -> None:
-        """The session is gone here: remove the ClientId's entry from the registry (retried
-        while Redis cannot be reached: `RegistryEntries`)."""
-        assert self.cluster is not None
-        await self.registry_entries.end(self.cluster.registry, client_id)
-
     # -- the end of a connection ---------------------------------------------------------------
 
     def disconnected(self, conn: ClientLink, graceful: bool) -> None:
@@ -503,7 +401,7 @@ class SessionLifecycle:
         if session is None or conn.detached:
             return
         self.meter.take(conn)
-        if not self._detach(conn):
+        if not self.detach(conn):
             return  # taken over: the new connection owns the session now
         self.events.disconnected(
             conn, "disconnect" if graceful else conn.close_reason or "connection lost"
@@ -518,8 +416,8 @@ class SessionLifecycle:
         self.subscriptions.redispatch_shared(session)
         if not session.persistent:
             self.discard(session, [])  # nothing of a clean session is stored
-            if self.cluster is not None:
-                self.spawn(self.end_in_registry(client_id))
+            if self.ownership is not None:
+                self.spawn(self.ownership.end_in_registry(client_id))
         else:
             self.housekeeper.mark_offsets_dirty(session)
             self.housekeeper.expire_later(session)
@@ -527,7 +425,7 @@ class SessionLifecycle:
                 for share_filter, qos in session.shared.items():
                     self.cluster.shared_member_changed(share_filter, client_id, qos)
 
-    def _detach(self, conn: ClientLink) -> bool:
+    def detach(self, conn: ClientLink) -> bool:
         """Unhook a connection from its session; False if it no longer was the session's."""
         conn.detached = True
         conn.delivery = None
@@ -567,9 +465,9 @@ class SessionLifecycle:
             self.wills.publish_now(session.client_id)
             self.discard(session, updates)
         await self.store.put_meta(updates, durable=True)
-        if self.cluster is not None:
+        if self.ownership is not None:
             for session in sessions:
-                await self.end_in_registry(session.client_id)
+                await self.ownership.end_in_registry(session.client_id)
 
     async def persist_quietly(self, updates: list[MetaUpdate]) -> None:
         """Write records in the background: a refusal or outage is logged, not raised."""

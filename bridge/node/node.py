@@ -4,7 +4,8 @@ The tables are the subscription trie and shared groups (`bridge.router`), the se
 connections and their deliveries, and the retained messages. The parts, each handed only what it
 uses:
 
-* `SessionLifecycle` (CONNECT, take-over, disconnect, wills),
+* `SessionLifecycle` (CONNECT, take-over, disconnect, wills), and in a cluster its
+  `ClusterOwnership` (the ClientIds claimed, adopted and released across the cluster),
 * `Publisher` (plans a message's route with `bridge.router.plan` and carries the plan out),
 * `Subscriptions` (SUBSCRIBE, UNSUBSCRIBE, retained messages on subscribe, shared hand-over),
 * `Housekeeper` (queue limits, offsets, expiry), `Delivery` (one per connected client),
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from bridge.access.ratelimit import Limits
     from bridge.cluster.cluster import Cluster
     from bridge.cluster.registry import Claim
+    from bridge.node.cluster_ownership import ClusterOwnership
     from bridge.node.roles import ClientLink
 
 __all__ = ["Node", "Unsettled"]
@@ -129,6 +131,8 @@ class Node:
         self.accepting = True
         self.cluster: Cluster | None = None
         """Set when the node is a cluster member (`bridge.cluster`)."""
+        self.ownership: ClusterOwnership | None = None
+        """Its clients' ClientIds across the cluster, set with `cluster` (`join`)."""
         self._background: set[asyncio.Task[Any]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
         self.housekeeper = Housekeeper(
@@ -207,7 +211,7 @@ class Node:
         self.cluster = cluster
         self.publisher.join(cluster)
         self.subscriptions.cluster = cluster
-        self.lifecycle.cluster = cluster
+        self.ownership = self.lifecycle.join(cluster)
         self.retained.announce = cluster.retained_changed
 
     def _make_delivery(self, session: Session, conn: ClientLink) -> Delivery:
@@ -451,7 +455,8 @@ class Node:
 
     def lost_ownership(self, client_ids: list[str]) -> None:
         """Writes for these clients were refused: another node owns them now. Let go."""
-        self.lifecycle.lost_ownership(client_ids)
+        assert self.ownership is not None
+        self.ownership.lost_ownership(client_ids)
 
     async def expire(self, sessions: list[Session]) -> None:
         """Discard offline sessions whose expiry passed."""
@@ -459,11 +464,13 @@ class Node:
 
     def adopt_session(self, client_id: str, claim: Claim) -> Session:
         """Hold a persistent session taken over from another node (offline until it connects)."""
-        return self.lifecycle.adopt(client_id, claim)
+        assert self.ownership is not None
+        return self.ownership.adopt(client_id, claim)
 
     def release_session(self, client_id: str, epoch: int | None = None) -> bytes:
         """Another node took the client over: let it go here, hand over its state."""
-        return self.lifecycle.release(client_id, epoch)
+        assert self.ownership is not None
+        return self.ownership.release(client_id, epoch)
 
     async def publish_orphan_will(self, client_id: str, will: Message) -> None:
         """Publish the will of a client whose node died (its online record goes with it)."""

@@ -1,0 +1,225 @@
+"""The ClientId across the cluster: which node owns a client, and how its session moves there.
+
+`ClusterOwnership` makes this node a ClientId's owner cluster-wide when the client connects here
+(a claim in the Redis registry, then a `Release` asked of the node that held it), adopts a session
+handed over by that node or kept in the registry, lets a client go when another node takes it
+over (or when the registry refuses this node's writes for it), and removes the ClientId's
+registry entry when its session ends here. It exists only on a cluster member
+(`SessionLifecycle.join`); the session tables it reads and the steps of a session's life it
+takes (restore, detach, discard) are handed to it by the node's `SessionLifecycle`.
+
+Taking over the sessions of a dead node is `bridge.cluster.takeover`'s; the peer-link exchange of
+`Release` and `Released` is `bridge.cluster.releases`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+from bridge.counters import Metrics
+from bridge.mqtt.reasons import ReasonCode
+from bridge.node.registry_entries import RegistryEntries
+from bridge.node.roles import ClientLink, Spawner
+from bridge.node.wills import delay_of
+from bridge.router.queues import ANY_PEER
+from bridge.session import Session
+from bridge.state import will_of
+from bridge.storage.base import MetaUpdate, SessionBound, StoreUnavailable
+
+if TYPE_CHECKING:
+    from bridge.cluster.registry import Claim, RedisRegistry
+    from bridge.config import Config
+    from bridge.node.admission import Admission
+    from bridge.node.wills import Wills
+
+log = logging.getLogger("bridge.node")
+
+
+class Membership(Protocol):
+    """What the ClientId's ownership uses of the cluster membership
+    (`bridge.cluster.cluster.Cluster`)."""
+
+    registry: RedisRegistry
+
+    async def request_release(self, peer: str, client_id: str, epoch: int) -> bytes | None:
+        """Ask the node that held the client to let it go; its last session state, b"" if it
+        had none, None if it could not be asked."""
+        ...
+
+    def handed_to(self, peer: str, state: bytes) -> None:
+        """A session went to `peer` (`ANY_PEER` if which one is not known)."""
+        ...
+
+
+class SessionsHere(Protocol):
+    """The steps of a session's life on this node that moving a ClientId takes
+    (`bridge.node.lifecycle.SessionLifecycle`)."""
+
+    def restore(
+        self, client_id: str, subs: bytes, offsets: bytes | None, was_online: bool
+    ) -> Session:
+        """A persistent session from its records, offline, in the tables."""
+        ...
+
+    def restore_qos2_marker(self, session: Session, packet_id: int, value: bytes) -> None:
+        """Hold a stored "QoS 2 packet id received" marker in the session again."""
+        ...
+
+    def detach(self, conn: ClientLink) -> bool:
+        """Unhook a connection from its session; False if it no longer was the session's."""
+        ...
+
+    def discard(self, session: Session, updates: list[MetaUpdate]) -> None:
+        """Forget a session entirely; the records that delete a persistent one are added to
+        `updates`."""
+        ...
+
+
+class ClusterOwnership:
+    """Claims, adopts, releases and ends the ClientIds of this cluster member (module
+    docstring)."""
+
+    def __init__(
+        self,
+        *,
+        cluster: Membership,
+        here: SessionsHere,
+        sessions: Mapping[str, Session],
+        connections: Mapping[str, ClientLink],
+        wills: Wills,
+        admission: Admission,
+        metrics: Metrics,
+        config: Config,
+        node_id: str,
+        refresh_queue_ends: Callable[[str], Awaitable[None]],
+        spawn: Spawner,
+    ) -> None:
+        self.cluster = cluster
+        self.here = here
+        self.sessions = sessions
+        self.connections = connections
+        self.wills = wills
+        self.admission = admission
+        self.metrics = metrics
+        self.config = config
+        self.node_id = node_id
+        self.refresh_queue_ends = refresh_queue_ends
+        """Re-read the ends of the queues a client reads, then wake it
+        (`bridge.node.wakes.Wakes.refresh_queue_ends`)."""
+        self.spawn = spawn
+        self.registry_entries = RegistryEntries(sessions, spawn)
+
+    async def take_over(
+        self, conn: ClientLink, client_id: str, clean: bool, persistent: bool, identity: str | None
+    ) -> bool | None:
+        """Own the ClientId cluster-wide: claim it in the registry (the atomic step, recording
+        whether the session outlives the connection and checking and recording the `identity`
+        it belongs to), have the node that held it close the old connection and hand over the
+        session, publish the old connection's will. `clean`: the client starts afresh. True if
+        a session came from another node, None if refused."""
+        cluster = self.cluster
+        try:
+            claim = await cluster.registry.claim(client_id, not persistent, identity=identity)
+        except SessionBound as exc:
+            assert identity is not None  # only a claim naming an identity is refused for one
+            self.admission.refuse_not_owner(conn, client_id, exc.owner, identity, conn.level)
+            return None
+        except StoreUnavailable as exc:
+            self.admission.refuse(
+                conn, ReasonCode.SERVER_UNAVAILABLE, f"registry unavailable: {exc}", conn.level
+            )
+            return None
+        assert claim is not None
+        previous = claim.previous_node
+        if not previous or previous == self.node_id:
+            return False
+        state = await cluster.request_release(previous, client_id, claim.epoch)
+        will = will_of(claim.online)
+        if will is not None and (clean or not delay_of(claim.online)):
+            # The old connection ends without DISCONNECT: its will is due, and only the node
+            # that took the online record (atomically, in the claim) publishes it. A delayed
+            # will whose session this connection resumes is not published (MQTT-3.1.3-9).
+            self.spawn(self.wills.publish(client_id, will, clear_online=False))
+        records = dict(claim.records)
+        if state:
+            handed = json.loads(state)
+            records["subs"], records["off"] = handed["subs"].encode(), handed["off"].encode()
+        session = self.sessions.get(client_id)
+        if session is not None:
+            self.here.discard(session, [])  # a stale copy from before
+        if "subs" in records and not claim.was_clean:
+            claim.records = records
+            self.adopt(client_id, claim)
+            return True
+        return False
+
+    def adopt(self, client_id: str, claim: Claim) -> Session:
+        """Hold a persistent session taken over from another node (offline until it connects)."""
+        records = claim.records
+        session = self.here.restore(
+            client_id, records["subs"], records.get("off"), records.get("online") is not None
+        )
+        for name, value in records.items():
+            if name.startswith("q2:"):
+                self.here.restore_qos2_marker(session, int(name[3:]), value)
+        if claim.previous_node and claim.previous_node != self.node_id:
+            self.spawn(self._learn_ends_after_move(client_id))
+        return session
+
+    async def _learn_ends_after_move(self, client_id: str) -> None:
+        """Read the ends of an adopted session's queues now and once more `interest_grace`
+        later: until the other nodes have heard that its filters are read here, they announce
+        what they store on them to the node that held it, and this node's readers would wait
+        for the next message."""
+        await self.refresh_queue_ends(client_id)
+        await asyncio.sleep(self.config.interest_grace)
+        await self.refresh_queue_ends(client_id)
+
+    def release(self, client_id: str, epoch: int | None = None) -> bytes:
+        """Another node took the client over (at `epoch`, if known): close its connection here
+        (its will is the new owner's to publish), drop the session from the tables, hand over
+        its state."""
+        own = self.cluster.registry.epochs.get(client_id)
+        if own is not None and epoch is not None and own > epoch:
+            return b""  # taken back by this node since: the request is stale
+        session = self.sessions.get(client_id)
+        state = b""
+        if session is not None and session.persistent:
+            state = json.dumps(
+                {
+                    "subs": session.encode_subscriptions().decode(),
+                    "off": session.encode_offsets().decode(),
+                },
+                separators=(",", ":"),
+            ).encode()
+        conn = self.connections.get(client_id)
+        self.wills.cancel(client_id)  # the new owner publishes it, or not (see take_over)
+        if conn is not None:
+            conn.will = None
+            self.here.detach(conn)
+            conn.close(
+                "session taken over by a connection on another node",
+                taken_over=True,
+                reason_code=ReasonCode.SESSION_TAKEN_OVER,
+            )
+        if session is not None:
+            self.here.discard(session, [])
+        self.cluster.registry.disown(client_id)
+        self.metrics.inc("sessions_released")
+        return state
+
+    def lost_ownership(self, client_ids: list[str]) -> None:
+        """Writes for these clients were refused: another node owns them now. Let go."""
+        for client_id in client_ids:
+            if client_id not in self.cluster.registry.epochs:
+                log.warning("client %s: owned by another node now; dropped here", client_id)
+                self.cluster.handed_to(ANY_PEER, self.release(client_id))
+
+    async def end_in_registry(self, client_id: str) -> None:
+        """The session is gone here: remove the ClientId's entry from the registry (retried
+        while Redis cannot be reached: `RegistryEntries`)."""
+        await self.registry_entries.end(self.cluster.registry, client_id)

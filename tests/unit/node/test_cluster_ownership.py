@@ -1,0 +1,145 @@
+"""Letting a ClientId go to another node (`ClusterOwnership.release`, `lost_ownership`), with the
+registry, the cluster and the session lifecycle replaced by the few members it uses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bridge.config import Config
+from bridge.counters import Metrics
+from bridge.node.cluster_ownership import ClusterOwnership
+from bridge.router.queues import ANY_PEER
+from bridge.session import Session
+from bridge.storage.base import MetaUpdate
+
+
+class Registry:
+    """The epochs this node owns its clients at, and `disown`."""
+
+    def __init__(self, epochs: dict[str, int]) -> None:
+        self.epochs = epochs
+
+    def disown(self, client_id: str) -> None:
+        self.epochs.pop(client_id, None)
+
+
+class Membership:
+    """The cluster as ownership sees it: the registry, and the states handed to peers."""
+
+    def __init__(self, epochs: dict[str, int]) -> None:
+        self.registry = Registry(epochs)
+        self.handed: list[tuple[str, bytes]] = []
+
+    async def request_release(self, peer: str, client_id: str, epoch: int) -> bytes | None:
+        raise AssertionError("not asked in these tests")
+
+    def handed_to(self, peer: str, state: bytes) -> None:
+        self.handed.append((peer, state))
+
+
+class Here:
+    """The session lifecycle's steps, recorded; `discard` drops the session from the table."""
+
+    def __init__(self, sessions: dict[str, Session]) -> None:
+        self.sessions = sessions
+        self.detached: list[Any] = []
+        self.discarded: list[str] = []
+
+    def restore(self, client_id: str, subs: bytes, offsets: bytes | None, was_online: bool) -> Any:
+        raise AssertionError("not asked in these tests")
+
+    def restore_qos2_marker(self, session: Session, packet_id: int, value: bytes) -> None:
+        raise AssertionError("not asked in these tests")
+
+    def detach(self, conn: Any) -> bool:
+        self.detached.append(conn)
+        return True
+
+    def discard(self, session: Session, updates: list[MetaUpdate]) -> None:
+        self.discarded.append(session.client_id)
+        self.sessions.pop(session.client_id, None)
+
+
+class Wills:
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+
+    def cancel(self, client_id: str) -> bool:
+        self.cancelled.append(client_id)
+        return False
+
+
+class Link:
+    """A connection that records its close."""
+
+    def __init__(self) -> None:
+        self.will: Any = object()
+        self.closed: list[tuple[str, bool, int | None]] = []
+
+    def close(
+        self, reason: str, *, taken_over: bool = False, reason_code: int | None = None
+    ) -> None:
+        self.closed.append((reason, taken_over, reason_code))
+
+
+def ownership(
+    epochs: dict[str, int], sessions: dict[str, Session], connections: dict[str, Any]
+) -> tuple[ClusterOwnership, Membership, Here, Wills]:
+    cluster, here, wills = Membership(epochs), Here(sessions), Wills()
+    unused: Any = None
+    owner = ClusterOwnership(
+        cluster=cluster,  # type: ignore[arg-type]
+        here=here,
+        sessions=sessions,
+        connections=connections,
+        wills=wills,  # type: ignore[arg-type]
+        admission=unused,
+        metrics=Metrics(),
+        config=Config(),
+        node_id="node-a",
+        refresh_queue_ends=unused,
+        spawn=unused,
+    )
+    return owner, cluster, here, wills
+
+
+def test_release_hands_a_persistent_session_over_and_closes_its_connection_here() -> None:
+    session = Session(client_id="phone", persistent=True)
+    link = Link()
+    owner, cluster, here, wills = ownership({"phone": 3}, {"phone": session}, {"phone": link})
+    state = owner.release("phone", 4)
+    assert set(json.loads(state)) == {"subs", "off"}
+    assert wills.cancelled == ["phone"] and link.will is None
+    assert here.detached == [link] and here.discarded == ["phone"]
+    assert link.closed and link.closed[0][1] is True
+    assert "phone" not in cluster.registry.epochs
+    assert owner.metrics.snapshot()["sessions_released"] == 1
+
+
+def test_a_release_older_than_this_nodes_own_claim_is_stale_and_changes_nothing() -> None:
+    session = Session(client_id="phone", persistent=True)
+    owner, cluster, here, wills = ownership({"phone": 7}, {"phone": session}, {"phone": Link()})
+    assert owner.release("phone", 6) == b""
+    assert wills.cancelled == [] and here.discarded == [] and here.detached == []
+    assert cluster.registry.epochs == {"phone": 7}
+
+
+def test_a_clean_session_is_released_with_no_state() -> None:
+    session = Session(client_id="sensor", persistent=False)
+    owner, _, here, _ = ownership({}, {"sensor": session}, {})
+    assert owner.release("sensor") == b""
+    assert here.discarded == ["sensor"]
+
+
+def test_lost_ownership_lets_go_only_of_clients_this_node_no_longer_owns() -> None:
+    sessions = {
+        "gone": Session(client_id="gone", persistent=True),
+        "kept": Session(client_id="kept", persistent=True),
+    }
+    owner, cluster, here, _ = ownership({"kept": 2}, sessions, {})
+    owner.lost_ownership(["gone", "kept"])
+    assert here.discarded == ["gone"]
+    assert [peer for peer, _ in cluster.handed] == [ANY_PEER]
+    assert json.loads(cluster.handed[0][1])["subs"]
+    assert "kept" in sessions
