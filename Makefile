@@ -77,7 +77,10 @@ lint: install
 		bridge/access/bans.py bridge/access/banlist.py \
 		bridge/node/presubscribe.py bridge/node/positions.py bridge/node/retained.py bridge/node/quotas.py bridge/node/retained_copies.py bridge/node/stamp.py bridge/node/roles.py \
 		bridge/node/qos0_flow.py bridge/node/early_reads.py bridge/node/qos2_in.py bridge/node/deadlines.py bridge/node/wakes.py \
-		bridge/cluster/host.py bridge/counters.py bridge/config.py bridge/settings.py bridge/config_checks.py bridge/state.py \
+		bridge/cluster/host.py bridge/counters.py bridge/config.py bridge/settings.py bridge/checks.py bridge/state.py \
+		bridge/listeners/settings_checks.py bridge/access/settings_checks.py bridge/cluster/settings_checks.py \
+		bridge/operations/settings_checks.py bridge/node/settings_checks.py bridge/storage/settings_checks.py \
+		bridge/storage/rocketmq/security.py \
 		bridge/cluster/wire.py bridge/cluster/announce.py bridge/cluster/handshake.py \
 		bridge/cluster/peer_auth.py bridge/cluster/peers.py bridge/cluster/trust.py bridge/cluster/releases.py \
 		bridge/cluster/interest.py \

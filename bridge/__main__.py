@@ -9,10 +9,11 @@ import os
 import sys
 
 from bridge import __version__
-from bridge.config import ENV_PREFIX, SETTINGS, Config, ConfigError, load_config
+from bridge.checks import load_config
 from bridge.logtext import EscapingFilter
 from bridge.private_files import PROCESS_UMASK
 from bridge.redact import shown
+from bridge.settings import ENV_PREFIX, SETTINGS, Config, ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,11 @@
 """Settings of a bridge node: defaults, a TOML file, `MQTT_BRIDGE_*` environment variables and the
 command line, applied in that order (later wins).
 
-`Config` is plain data and `SETTINGS` documents every field (both in `bridge.settings`); the
-checks that the values can work together are `bridge.config_checks`. This module is the front
-door: it loads a `Config` and re-exports the names its users need.
+`Config` is plain data and `SETTINGS` documents every field (both in `bridge.settings`). This
+module is the front door of reading them: `read_config` builds a `Config` with every value of its
+setting's type, and it re-exports the names its users need. Whether the values can work together
+is each room's check (its `settings_checks.py`); `bridge.checks.load_config` reads and runs them
+all, so this module imports no room.
 """
 
 from __future__ import annotations
@@ -14,10 +16,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bridge.config_checks import rocketmq_security, validate
 from bridge.settings import ENV_PREFIX, SETTINGS, Config, ConfigError, KiB, MiB, parse_listen
 
-# Settings whose default is "unset" (None), resolved at validation; they take true/false or `auto`.
+# Settings whose default is "unset" (None), resolved when checked; they take true/false or `auto`.
 _OPTIONAL_BOOLS = frozenset({"allow_anonymous"})
 
 
@@ -56,12 +57,14 @@ def _coerce(name: str, raw: Any, template: Any) -> Any:
     return raw
 
 
-def load_config(
+def read_config(
     file: str | Path | None = None,
     env: dict[str, str] | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> Config:
-    """Build a Config from defaults < TOML file < environment < explicit overrides, validated."""
+    """Build a Config from defaults < TOML file < environment < explicit overrides; ConfigError for
+    an unknown setting or a value not of its type. Not checked that the values can work together:
+    a node's settings come from `bridge.checks.load_config`, which is."""
     config = Config()
     defaults = {f.name: getattr(config, f.name) for f in fields(Config)}
     layers: list[tuple[str, dict[str, Any]]] = []
@@ -91,7 +94,6 @@ def load_config(
             if name not in defaults:
                 raise ConfigError(f"unknown setting {name!r} (from {origin})")
             setattr(config, name, _coerce(name, raw, defaults[name]))
-    validate(config)
     return config
 
 
@@ -102,8 +104,6 @@ __all__ = [
     "ConfigError",
     "KiB",
     "MiB",
-    "load_config",
     "parse_listen",
-    "rocketmq_security",
-    "validate",
+    "read_config",
 ]

@@ -2,9 +2,10 @@
 (`SETTINGS`, from which the README's configuration table is written, so the two cannot drift),
 and the error a bad value raises.
 
-This room holds the data only. Loading it from a TOML file, the environment and the command line
-is `bridge.config` (the front door, which re-exports these names); checking that the values can
-work together is `bridge.config_checks`.
+This room holds the data only, and imports nothing of the bridge. Reading it from a TOML file, the
+environment and the command line is `bridge.config` (the front door, which re-exports these
+names); each room checks that its values can work together (its `settings_checks.py`), and
+`bridge.checks` runs every room's check.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from bridge.access.bans import (
 )
 
 if TYPE_CHECKING:
-    from bridge.config import Config
+    from bridge.settings import Config
 
 from bridge.access.watch import follow_changes, replace_file, stop_following
 from bridge.cluster.redis_errors import redis_errors

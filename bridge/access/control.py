@@ -48,7 +48,7 @@ from bridge.access.login_queue import Lane, LoginQueue, lowest_cpu_priority
 from bridge.access.scram import DEFAULT_ITERATIONS, ScramCredential, ScramServer
 
 if TYPE_CHECKING:
-    from bridge.config import Config
+    from bridge.settings import Config
 
 from bridge.access.watch import follow_changes, stop_following
 from bridge.cluster.redis_errors import redis_errors

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from bridge.access.ratelimit import Limits, TokenBucket, bucket_for, parse_overrides
 
 if TYPE_CHECKING:
-    from bridge.config import Config
+    from bridge.settings import Config
 
 from bridge.access.watch import follow_changes, replace_file, stop_following
 from bridge.cluster.redis_errors import redis_errors

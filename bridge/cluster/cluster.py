@@ -31,8 +31,8 @@ from bridge.cluster.registry import RedisRegistry
 from bridge.cluster.releases import Releases
 from bridge.cluster.takeover import take_over_node, try_take_over
 from bridge.cluster.trust import admit_link
-from bridge.config import Config, parse_listen
 from bridge.router.queues import ANY_PEER
+from bridge.settings import Config, parse_listen
 
 if TYPE_CHECKING:
     from bridge.cluster.host import ClusterHost

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from bridge.cluster.announce import Announcer
     from bridge.cluster.host import ClusterHost
     from bridge.cluster.peers import PeerLink
-    from bridge.config import Config
+    from bridge.settings import Config
     from bridge.storage.base import Message
 
 log = logging.getLogger("bridge.cluster")

@@ -23,7 +23,7 @@ from bridge.cluster.credential import (
     derive_key,
     read_cluster_secrets,
 )
-from bridge.config import Config
+from bridge.settings import Config
 
 log = logging.getLogger("bridge.cluster")
 
@@ -97,8 +97,8 @@ class PeerAuth:
 
 
 def peer_auth(config: Config) -> PeerAuth:
-    """The node's `PeerAuth` from its settings (validated by `bridge.config.validate`: a cluster
-    member has a secret, peer TLS or both). Raises PeerTLSConfigError for unusable files."""
+    """The node's `PeerAuth` from its settings (checked by `bridge.cluster.settings_checks`: a
+    cluster member has a secret, peer TLS or both). Raises PeerTLSConfigError for unusable files."""
     secrets = read_cluster_secrets(config.cluster_secret, config.cluster_secret_file)
     keys = tuple(derive_key(secret, PEER_LINK) for secret in secrets)
     auth = PeerAuth(keys, config.peer_handshake_timeout)

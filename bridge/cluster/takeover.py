@@ -23,7 +23,7 @@ from bridge.storage.base import StoreUnavailable
 if TYPE_CHECKING:
     from bridge.cluster.host import ClusterHost
     from bridge.cluster.registry import RedisRegistry
-    from bridge.config import Config
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.cluster")
 

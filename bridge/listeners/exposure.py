@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from bridge.settings import Config
+from bridge.settings import Config, parse_listen
 
 
 def is_loopback_host(host: str) -> bool:
@@ -27,8 +25,6 @@ def public_listeners(config: Config) -> list[tuple[str, str]]:
     """The (setting, address) of every client listener bound beyond loopback that lets a client
     in without proving who it is. A TLS listener that requires a client certificate does not
     count: the certificate is the proof."""
-    from bridge.settings import parse_listen
-
     names = ["listen", "ws_listen"]
     if config.tls_client_cert != "required":
         names += ["tls_listen", "wss_listen"]
@@ -42,8 +38,6 @@ def public_listeners(config: Config) -> list[tuple[str, str]]:
 
 
 def _any_public(config: Config) -> bool:
-    from bridge.settings import parse_listen
-
     addresses = [*config.listen, *config.ws_listen, *config.tls_listen, *config.wss_listen]
     return any(not is_loopback_host(parse_listen(address)[0]) for address in addresses)
 

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.access import AccessControl
-from bridge.config import Config, parse_listen, rocketmq_security
 from bridge.listeners.connection import Connection
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node import Node
 from bridge.operations.memory import HeapTrimmer
 from bridge.private_files import secure_data_dir
+from bridge.settings import Config, parse_listen
 from bridge.state import KIND_ONLINE
 from bridge.storage.base import MessageStore, MetaUpdate, StoreUnavailable
 
@@ -48,7 +48,7 @@ def make_store(config: Config, session_meta: Any = None) -> MessageStore:
             preallocate_bytes=config.segment_preallocate_bytes,
         )
     if config.store == "rocketmq":
-        from bridge.storage.rocketmq.store import RocketMQStore
+        from bridge.storage.rocketmq import RocketMQStore, rocketmq_security
 
         credentials, tls = rocketmq_security(config)
         return RocketMQStore(

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from bridge.access.ratelimit import LogThrottle
 
 if TYPE_CHECKING:
-    from bridge.config import Config
     from bridge.counters import Metrics
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.tls")
 

@@ -34,8 +34,8 @@ from wsproto.utilities import RemoteProtocolError
 from bridge.listeners.origins import OriginPolicy
 
 if TYPE_CHECKING:
-    from bridge.config import Config
     from bridge.counters import Metrics
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.websocket")
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from bridge.access.banlist import BanList
     from bridge.access.bans import Ban
     from bridge.access.limits import LimitControl
-    from bridge.config import Config
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.node")
 

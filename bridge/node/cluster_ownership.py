@@ -32,9 +32,9 @@ from bridge.storage.base import MetaUpdate, SessionBound, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.cluster.registry import Claim, RedisRegistry
-    from bridge.config import Config
     from bridge.node.admission import Admission
     from bridge.node.wills import Wills
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.node")
 

@@ -24,9 +24,9 @@ from bridge.node.roles import ClientLink
 from bridge.session import Session
 
 if TYPE_CHECKING:
-    from bridge.config import Config
     from bridge.counters import Metrics
     from bridge.node.delivery import Delivery
+    from bridge.settings import Config
     from bridge.storage.base import MessageStore
 
 log = logging.getLogger("bridge.node")

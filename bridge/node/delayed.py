@@ -53,7 +53,7 @@ from bridge.storage.base import (
 )
 
 if TYPE_CHECKING:
-    from bridge.config import Config
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.node")
 

@@ -20,10 +20,10 @@ from bridge.state import KIND_OFFSETS
 from bridge.storage.base import MetaUpdate, StaleOwner, StoreUnavailable
 
 if TYPE_CHECKING:
-    from bridge.config import Config
     from bridge.counters import Metrics
     from bridge.node.roles import SessionOwner
     from bridge.session import Session
+    from bridge.settings import Config
     from bridge.storage.base import MessageStore
 
 log = logging.getLogger("bridge.housekeeping")

@@ -51,11 +51,11 @@ if TYPE_CHECKING:
     from bridge.access.banlist import BanList
     from bridge.access.limits import LimitControl
     from bridge.cluster.cluster import Cluster
-    from bridge.config import Config
     from bridge.node.delivery import Delivery
     from bridge.node.housekeeping import Housekeeper
     from bridge.operations.metering import Meter
     from bridge.operations.systopics import SysTopics
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.node")
 

@@ -30,7 +30,6 @@ from bridge.access import AccessControl
 from bridge.access.banlist import BanList
 from bridge.access.limits import LimitControl
 from bridge.access.login_guard import UnauthenticatedSockets
-from bridge.config import Config
 from bridge.counters import Metrics
 from bridge.logtext import RefusalLog, client_text
 from bridge.mqtt.reasons import ReasonCode
@@ -55,6 +54,7 @@ from bridge.router.plan import ConnectionTable
 from bridge.router.shared import SharedSubscriptions
 from bridge.router.trie import SubscriptionTrie
 from bridge.session import Session
+from bridge.settings import Config
 from bridge.state import (
     KIND_OFFSETS,
     KIND_ONLINE,

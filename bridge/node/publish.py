@@ -45,9 +45,9 @@ from bridge.storage.metadata import from_publish
 if TYPE_CHECKING:
     from bridge.access.acl import Acl
     from bridge.cluster.cluster import Cluster
-    from bridge.config import Config
     from bridge.node.delivery import Delivery
     from bridge.node.roles import ClientLink
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.node")
 

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Final
 from bridge.node.flow import PAUSED_BY_SUBSCRIBER
 
 if TYPE_CHECKING:
-    from bridge.config import Config
     from bridge.counters import Metrics
     from bridge.node.roles import ClientLink
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.connection")
 

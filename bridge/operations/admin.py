@@ -39,7 +39,6 @@ from yarl import URL
 from bridge import __version__
 from bridge.cluster.credential import read_cluster_secrets
 from bridge.cluster.redis_errors import redis_errors
-from bridge.config import parse_listen
 from bridge.operations.admin_access import AccessAPI
 from bridge.operations.admin_bans import BansAPI
 from bridge.operations.admin_bodies import publish_body_limit
@@ -62,6 +61,7 @@ from bridge.operations.admin_requests import (
 from bridge.operations.admin_topics import TopicsAPI
 from bridge.operations.metering import CLIENT, USER
 from bridge.operations.node_calls import WINDOW, is_node_call
+from bridge.settings import parse_listen
 
 if TYPE_CHECKING:
     from bridge.listeners.connection import Connection

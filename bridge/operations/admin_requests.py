@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
-from bridge.config import parse_listen
 from bridge.mqtt.errors import MQTTProtocolError
 from bridge.mqtt.topics import SHARE_PREFIX, validate_topic_filter, validate_topic_name
 from bridge.private_files import make_private_dir
+from bridge.settings import parse_listen
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
 
     from yarl import URL
 
-    from bridge.config import Config
     from bridge.node import Node
     from bridge.operations.served import Served
+    from bridge.settings import Config
 
 API_PREFIX = "/api/v1"
 DEFAULT_PAGE = 100

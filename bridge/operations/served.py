@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from bridge.cluster.cluster import Cluster
-    from bridge.config import Config
     from bridge.node import Node
+    from bridge.settings import Config
 
 
 class Served(Protocol):

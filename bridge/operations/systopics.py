@@ -25,8 +25,8 @@ from bridge import __version__
 from bridge.storage.base import Message, StoreUnavailable
 
 if TYPE_CHECKING:
-    from bridge.config import Config
     from bridge.counters import Metrics
+    from bridge.settings import Config
 
 log = logging.getLogger("bridge.systopics")
 

@@ -32,7 +32,7 @@ ANY_PEER = "*"
 """The peer a session was handed to when a node does not know which (it learned that another
 node owns the ClientId from a refused registry write): the session's filters count as this
 pseudo-peer's interest for `interest_grace`, and its wakes go to every peer. No node id is "*"
-(`bridge.config` refuses it)."""
+(`bridge.cluster.settings_checks` refuses it)."""
 
 DELAYED_QUEUE: Final = "d:"
 """The queue delayed publishes wait on until due (embedded store: `bridge.node.delayed`)."""

@@ -59,7 +59,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bridge.config import load_config
+from bridge.checks import load_config
 from bridge.listeners.server import Server
 from tests.bench.harness.common import HOST, REPO, free_port, log
 from tests.bench.harness.loadgen import add_loadgen_options, build_loadgen, idle_command

@@ -41,7 +41,8 @@ from typing import Any
 import uvloop
 
 import bridge
-from bridge.config import Config, load_config
+from bridge.checks import load_config
+from bridge.config import Config
 from bridge.listeners.connection import Connection
 from bridge.listeners.server import Server
 from bridge.mqtt import codec

@@ -25,7 +25,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bridge.config import Config, load_config
+from bridge.checks import load_config
+from bridge.config import Config
 from bridge.listeners.server import Server
 from bridge.operations.admin import API_PREFIX, ROUTES, AdminAPI
 from tests.support.admin_http import TOKEN, AdminHttp, node_call_headers, start_admin_node

@@ -18,7 +18,7 @@ from tests.support.processes import free_port
 NODE_SCRIPT = """
 import asyncio, sys
 import paho.mqtt.client as mqtt
-from bridge.config import load_config
+from bridge.checks import load_config
 from bridge.listeners.server import Server
 
 async def main(port: int, data_dir: str) -> None:

@@ -2,7 +2,8 @@
 
 The front door of the room: the store (`RocketMQStore`), the client that notify and the Spark
 source read with (`RocketMQClient` and its errors, pull statuses and response codes), what
-both take to reach a secured cluster (`Credentials`, `TlsOptions`), and the
+both take to reach a secured cluster (`Credentials`, `TlsOptions`; built from a node's settings,
+and checked, by `rocketmq_security`), and the
 MQTT <-> RocketMQ mapping (`message_of`, `rocketmq_topic`, `tag_of`, ...). Code outside
 `bridge.storage.rocketmq` imports from here, never from the modules behind it.
 """
@@ -22,6 +23,7 @@ from bridge.storage.rocketmq.mapping import (
     to_rocketmq,
 )
 from bridge.storage.rocketmq.messages import PROPERTY_INNER_MULTI_DISPATCH, StoredMessage
+from bridge.storage.rocketmq.security import rocketmq_security
 from bridge.storage.rocketmq.store import DISPATCH_TOPIC, RocketMQStore
 from bridge.storage.rocketmq.tls import TlsOptions, TlsOptionsError
 from bridge.storage.rocketmq.types import PullStatus
@@ -46,6 +48,7 @@ __all__ = [
     "escape_name",
     "message_of",
     "part_name",
+    "rocketmq_security",
     "rocketmq_topic",
     "tag_of",
     "to_rocketmq",

@@ -17,7 +17,8 @@ from bridge.access.auth import (
     parse_hash,
     verify_password,
 )
-from bridge.config import Config, ConfigError, load_config
+from bridge.checks import load_config
+from bridge.config import Config, ConfigError
 from bridge.mqtt.packets import ConnackCode
 
 FAST = {"n": 2**10, "r": 8, "p": 1}  # cheap parameters: tests need speed, not resistance

@@ -23,7 +23,8 @@ from bridge.access.ratelimit import (
     parse_changes,
     parse_overrides,
 )
-from bridge.config import ConfigError, load_config
+from bridge.checks import load_config
+from bridge.config import ConfigError
 from bridge.listeners.origins import OriginError, OriginPolicy, host_of, normalize_origin
 
 # -- the token bucket --------------------------------------------------------------------------

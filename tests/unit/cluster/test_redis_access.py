@@ -10,8 +10,9 @@ import pytest
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import AuthenticationError, ConnectionError, ResponseError, TimeoutError
 
+from bridge.checks import load_config
 from bridge.cluster.redis_access import RedisAccess, RedisSetupError, explain
-from bridge.config import Config, ConfigError, load_config
+from bridge.config import Config, ConfigError
 from bridge.redact import shown
 
 CLUSTER = {"store": "rocketmq", "redis_url": "redis://127.0.0.1:6379/0"}

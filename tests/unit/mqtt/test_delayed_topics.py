@@ -6,7 +6,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from bridge.config import Config, ConfigError, validate
+from bridge.checks import check_config
+from bridge.config import Config, ConfigError
 from bridge.mqtt.delayed import DelayedTopic, DelayedTopicError, is_delayed, parse_delayed
 from bridge.mqtt.reasons import ReasonCode
 from bridge.storage.rocketmq.mapping import TIMER_PRECISION_MS, timer_deliver_ms
@@ -113,10 +114,10 @@ def test_the_broker_timer_never_delivers_before_the_due_time(due_ms: int) -> Non
 
 
 def test_delayed_settings_are_checked() -> None:
-    validate(Config(delayed_max_seconds=0))
+    check_config(Config(delayed_max_seconds=0))
     for bad in (Config(delayed_max_seconds=-1), Config(delayed_max_pending=0)):
         with pytest.raises(ConfigError):
-            validate(bad)
+            check_config(bad)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import SETTINGS, Config, ConfigError, load_config
+from bridge.checks import load_config
+from bridge.config import SETTINGS, Config, ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from bridge.config import ENV_PREFIX, SETTINGS, ConfigError, load_config
+from bridge.checks import load_config
+from bridge.config import ENV_PREFIX, SETTINGS, ConfigError
 from tests.support import mini_yaml
 
 REPO = Path(__file__).resolve().parents[3]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import ENV_PREFIX, load_config
+from bridge.checks import load_config
+from bridge.config import ENV_PREFIX
 from tests.unit.project.test_deploy_files import (
     COMPOSE,
     DOCKERFILE,

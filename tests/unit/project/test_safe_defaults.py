@@ -10,7 +10,8 @@ import stat
 import pytest
 
 from bridge.access.acl import Acl, may_see_client_events
-from bridge.config import Config, ConfigError, load_config
+from bridge.checks import load_config
+from bridge.config import Config, ConfigError
 from bridge.listeners.exposure import describe_exposure, is_loopback_host, public_listeners
 from bridge.private_files import make_private_dir, open_private, secure_data_dir
 

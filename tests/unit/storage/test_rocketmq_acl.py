@@ -17,8 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.config import Config, ConfigError, rocketmq_security, validate
+from bridge.checks import check_config
+from bridge.config import Config, ConfigError
 from bridge.redact import shown
+from bridge.storage.rocketmq import rocketmq_security
 from bridge.storage.rocketmq.acl import (
     ACCESS_KEY,
     SECURITY_TOKEN,
@@ -227,7 +229,7 @@ def test_settings_give_the_client_its_credentials_and_tls_options(ca_file: Path)
         rocketmq_tls=True,
         rocketmq_tls_cafile=str(ca_file),
     )
-    validate(config)
+    check_config(config)
     credentials, tls = rocketmq_security(config)
     assert credentials == Credentials("gw", "k")
     assert tls == TlsOptions(cafile=str(ca_file))
@@ -250,23 +252,23 @@ def test_unusable_rocketmq_security_settings_are_refused_naming_the_setting(
     settings: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=f"^{message}"):
-        validate(_config(**settings))
+        check_config(_config(**settings))
 
 
 def test_the_secret_key_can_come_from_a_file_and_not_from_both_places(tmp_path: Path) -> None:
     key_file = tmp_path / "rocketmq.key"
     key_file.write_text("# the gateway's RocketMQ key\n\n  s3cret  \n")
     from_file = {"rocketmq_access_key": "gw", "rocketmq_secret_key_file": str(key_file)}
-    validate(_config(**from_file))
+    check_config(_config(**from_file))
     assert rocketmq_security(_config(**from_file))[0] == Credentials("gw", "s3cret")
     with pytest.raises(ConfigError, match=r"^rocketmq_secret_key and rocketmq_secret_key_file"):
-        validate(_config(**from_file, rocketmq_secret_key="other"))
+        check_config(_config(**from_file, rocketmq_secret_key="other"))
     missing = {"rocketmq_access_key": "gw", "rocketmq_secret_key_file": str(tmp_path / "no")}
     with pytest.raises(ConfigError, match=r"^rocketmq_secret_key_file: cannot read"):
-        validate(_config(**missing))
+        check_config(_config(**missing))
     key_file.write_text("# nothing\n")
     with pytest.raises(ConfigError, match=r"^rocketmq_secret_key_file: .* holds no secret"):
-        validate(_config(**from_file))
+        check_config(_config(**from_file))
 
 
 def test_the_secret_key_is_masked_when_the_configuration_is_shown() -> None:

@@ -1,0 +1,43 @@
+"""Whether the storage settings can work: `check_storage_settings(config)` raises `ConfigError`
+naming the setting and why, before the store opens.
+
+The storage settings are which backend keeps the messages, the embedded log's segments,
+retention and commits, and RocketMQ's NameServer, send timeout, credentials and TLS (checked by
+building them: `bridge.storage.rocketmq.rocketmq_security`).
+"""
+
+from __future__ import annotations
+
+from bridge.settings import Config, ConfigError
+
+
+def check_storage_settings(config: Config) -> None:
+    """Raise ConfigError for storage settings that cannot work."""
+    if config.store not in ("filelog", "rocketmq"):
+        raise ConfigError(f"store: unknown backend {config.store!r} (known: filelog, rocketmq)")
+    if config.store == "rocketmq" and not config.rocketmq_namesrv.strip():
+        raise ConfigError("rocketmq_namesrv: store=rocketmq needs a NameServer address")
+    if config.rocketmq_send_timeout <= 0:
+        raise ConfigError("rocketmq_send_timeout: must be positive")
+    if _uses_rocketmq_client(config):
+        # Imported only here: a node on the embedded log does not hold the RocketMQ client
+        # (about a MiB of modules it would never run).
+        from bridge.storage.rocketmq import rocketmq_security
+
+        rocketmq_security(config)
+    for name in ("inline_commit_ms", "segment_preallocate_bytes"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name}: must not be negative")
+    for name in ("segment_bytes", "retention_bytes"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name}: must be positive, got {getattr(config, name)}")
+
+
+def _uses_rocketmq_client(config: Config) -> bool:
+    """Whether the node talks to RocketMQ (its store), or has settings that secure that talk."""
+    return bool(
+        config.store == "rocketmq"
+        or config.rocketmq_access_key
+        or config.rocketmq_secret_key_file
+        or config.rocketmq_tls
+    )
