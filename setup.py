@@ -47,6 +47,7 @@ COMPILED = [
     "bridge/storage/filelog/undo.py",
     "bridge/listeners/inbound.py",
     "bridge/listeners/delivery_acks.py",
+    "bridge/listeners/outbox.py",
     "bridge/listeners/connection.py",
     # The ACL asked at every PUBLISH and delivery (issue 36).
     "bridge/access/acl.py",

@@ -2,9 +2,10 @@
 
 `Connection` is an `asyncio.Protocol`; the MQTT rules live in the codec (`bridge.mqtt`), the
 session (`bridge.session`) and the node (`bridge.node`). This module owns what is specific to a
-socket: buffering outgoing packets into one write per loop iteration, pausing reads when a client
-publishes faster than the store commits, pausing deliveries when the client reads slower than we
-write, and closing with a log line that names the client and the fault.
+socket: reading it (no more than a read's worth per loop turn), writing to it (through its
+`bridge.listeners.outbox.Outbox`: one write per loop turn), telling its flow control
+(`bridge.node.flow.ConnectionFlow`) what happened, pausing deliveries when the client reads
+slower than we write, CONNECT, and closing with a log line that names the client and the fault.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from bridge.listeners.control import HANDLERS
 from bridge.listeners.enhanced_auth import Authentication
 from bridge.listeners.faults import close_for_fault, close_for_protocol_error
 from bridge.listeners.inbound import Inbound
+from bridge.listeners.outbox import Outbox
 from bridge.listeners.preauth import PreAuth
 from bridge.listeners.tls import peer_cert_cn
 from bridge.listeners.v5 import NO_LIMIT, Version5, connack_accepting, disconnect_saying
@@ -52,9 +54,8 @@ LINGER_SECONDS = 1.0
 """How long a closed connection still reads after telling the client why (see `close`)."""
 SOCKET_HIGH_WATER: Final = 256 * 1024
 READ_TURN: Final = 64 * 1024
-WRITE_AT: Final = READ_TURN
-"""A read this large is the client's last this loop turn (libuv reads up to 32 x 256 KiB), and
-this much queued for a client is written at once: docs/design.md, "How a PUBLISH travels"."""
+"""A read this large is the client's last this loop turn (libuv reads up to 32 x 256 KiB):
+docs/design.md, "How a PUBLISH travels"."""
 
 
 class Connection(asyncio.Protocol):
@@ -63,13 +64,12 @@ class Connection(asyncio.Protocol):
     # Slots, not a __dict__: a node holds tens of thousands of idle connections.
     # fmt: off
     __slots__ = (
-        "_connecting", "_deadline", "_flush_handle", "_graceful", "_held", "_holds", "_inbound",
-        "_keepalive_limit", "_last_rx", "_out", "_out_size", "_paused_writing", "auth", "cert_cn",
-        "client_id", "close_reason", "closed", "connected_at", "decoder", "delivery", "detached",
-        "flow", "keepalive", "level", "listener", "loop", "max_packet_out", "metrics", "msgs_in",
-        "msgs_out", "node", "payload_in", "payload_out", "peer",
-        "preauth", "receive_maximum", "session", "shared_encoding", "transport", "username", "v5",
-        "will",
+        "_connecting", "_deadline", "_graceful", "_held", "_holds", "_inbound", "_keepalive_limit",
+        "_last_rx", "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at",
+        "decoder", "delivery", "detached", "flow", "keepalive", "level", "listener", "loop",
+        "max_packet_out", "metrics", "msgs_in", "msgs_out", "node", "outbox", "payload_in",
+        "payload_out", "peer", "preauth", "receive_maximum", "session", "shared_encoding",
+        "transport", "username", "v5", "will",
     )
     # fmt: on
 
@@ -95,10 +95,8 @@ class Connection(asyncio.Protocol):
         self._connecting = False
         self._held: list[Any] | None = None
         self._holds = 0
-        self._out: list[bytes] | None = None
-        self._out_size = 0
-        self._flush_handle: asyncio.Handle | None = None
-        self._paused_writing = False
+        self.outbox = Outbox(self.loop, self.metrics)
+        """What is written to the socket: one write per loop turn."""
         self.level = 4
         """The protocol level the client speaks (3, 4 or 5; 4 until its CONNECT is read)."""
         self.shared_encoding = 4
@@ -139,6 +137,7 @@ class Connection(asyncio.Protocol):
         tcp = cast("asyncio.Transport", transport)  # uvloop's transports are not subclasses
         self.transport = tcp
         self.flow.socket = tcp
+        self.outbox.transport = tcp
         peer = tcp.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
@@ -191,12 +190,7 @@ class Connection(asyncio.Protocol):
         if self.preauth is not None:
             self.preauth.leave()
             self.preauth = None
-        if self._flush_handle is not None:
-            # The socket is gone: what was queued for it this loop turn cannot be written.
-            self._flush_handle.cancel()
-            self._flush_handle = None
-            self._out = None
-            self._out_size = 0
+        self.outbox.discard()  # the socket is gone: what was queued cannot be written
         self.flow.closed()
         if not self.closed:
             self.closed = True
@@ -209,10 +203,10 @@ class Connection(asyncio.Protocol):
         self.node.lifecycle.disconnected(self, graceful=self._graceful)
 
     def pause_writing(self) -> None:
-        self._paused_writing = True
+        self.outbox.paused = True
 
     def resume_writing(self) -> None:
-        self._paused_writing = False
+        self.outbox.paused = False
         self.node.qos0_flow.drained(self)
         delivery = self.delivery
         if delivery is not None:
@@ -237,14 +231,14 @@ class Connection(asyncio.Protocol):
     @property
     def writable(self) -> bool:
         """False while the socket's buffer is over its high-water mark."""
-        return not self._paused_writing and not self.closed
+        return not self.outbox.paused and not self.closed
 
     def send(self, data: bytes) -> None:
         """Queue bytes; everything queued in one loop iteration goes out in one write."""
         if self.closed:
             return
         self.metrics.packets_out[data[0] >> 4] += 1
-        self._queue(data)
+        self.outbox.queue(data)
 
     def send_message(self, data: bytes, payload_size: int, *, metered: bool = True) -> None:
         """Queue an encoded PUBLISH and meter it (`metered=False`: a resend after a reconnect)."""
@@ -253,18 +247,6 @@ class Connection(asyncio.Protocol):
             self.payload_out += payload_size
         self.send(data)
 
-    def _queue(self, data: bytes) -> None:
-        out = self._out
-        if out is None:
-            self._out = [data]
-        else:
-            out.append(data)
-        self._out_size += len(data)
-        if self._flush_handle is None:
-            self._flush_handle = self.loop.call_soon(self._flush)
-        elif self._out_size >= WRITE_AT:
-            self._write_out()
-
     def send_droppable(self, data: bytes, payload_size: int, publisher: str) -> bool:
         """Send a QoS 0 PUBLISH of `publisher` (a ClientId), metering `payload_size`; past the
         socket's high-water mark its publisher waits or it drops (`bridge.node.qos0_flow`). True
@@ -272,30 +254,17 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None:
             return False
+        outbox = self.outbox
         if (
-            self._paused_writing
+            outbox.paused
             and self.node.qos0_flow.when_full(self, publisher, transport.get_write_buffer_size())
             == DROP
         ):
             return False
         self.msgs_out += 1
         self.payload_out += payload_size
-        self._queue(data)
+        outbox.queue(data)
         return True
-
-    def _flush(self) -> None:
-        self._flush_handle = None
-        self._write_out()
-
-    def _write_out(self) -> None:
-        out = self._out
-        if not out or self.transport is None:
-            return
-        self._out = None
-        self._out_size = 0
-        data = out[0] if len(out) == 1 else b"".join(out)
-        self.transport.write(data)
-        self.metrics.bytes_out += len(data)
 
     @property
     def inbound(self) -> Inbound:
@@ -396,10 +365,8 @@ class Connection(asyncio.Protocol):
         self._deadline = self.node.deadlines.remove(self, self._deadline)
         transport = self.transport
         if transport is not None:
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
-            told = bool(self._out)
-            self._flush()  # what is queued (a CONNACK with a refusal code) still goes out
+            told = self.outbox.holding
+            self.outbox.flush()  # what is queued (a CONNACK with a refusal code) still goes out
             if told and _can_write_eof(transport):
                 # Half-close and read (and drop) what the client still sends for a moment: a
                 # client that writes after our last packet would otherwise get a reset, which
