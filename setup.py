@@ -33,6 +33,7 @@ COMPILED = [
     "bridge/node/stamp.py",
     "bridge/node/publish.py",
     "bridge/node/wakes.py",
+    "bridge/node/copies.py",
     "bridge/node/delivery.py",
     "bridge/node/congestion.py",
     "bridge/node/flow.py",

@@ -12,16 +12,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from bridge.access.reads import checks_reads
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Pubrel
-from bridge.node.copies import stored_copy
-from bridge.router.queues import CLIENT, FILTER, filter_of, queue_kind, share_filter_of
+from bridge.node.copies import copy_for
 from bridge.session import InFlight, Phase, Session, packet_id_for
 from bridge.storage.base import StoreUnavailable
-from bridge.storage.metadata import SUBSCRIPTION_IDS, expired, retained_qos
+from bridge.storage.metadata import expired
 
 if TYPE_CHECKING:
     from bridge.access.acl import Acl
@@ -32,6 +31,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("bridge.delivery")
 
 READ_BATCH = 128
+SENT: Final = 0
+"""A message read was sent (or its PUBREL, when only its release was owed)."""
+SKIPPED: Final = 1
+"""A message read is not for this client, or not from this queue: its cursor moves past it."""
+WAIT: Final = 2
+"""A message read cannot be sent before an acknowledgement frees the window or its packet id:
+the drain stops and reads it again."""
 RETRY_SECONDS = 1.0
 """Seconds between read attempts while the store is unavailable."""
 
@@ -311,8 +317,7 @@ class Delivery:
             )
         blocked = False
         for stored in result.messages:
-            sent = self._send(queue, logical, stored)
-            if sent is None:
+            if self._send(queue, logical, stored) == WAIT:
                 blocked = True
                 self._block(queue)
                 break
@@ -323,60 +328,27 @@ class Delivery:
         self.offsets.mark_offsets_dirty(session)
         return not blocked
 
-    def _send(self, queue: str, logical: str, stored: Stored) -> bool | None:
-        """Send one message read from part `queue` of queue `logical`; False if skipped
-        (delivered through another queue, expired, held back by No Local or too large for the
-        client), None if the window or packet id is not free (stop and wait for an
-        acknowledgement)."""
+    def _send(self, queue: str, logical: str, stored: Stored) -> int:
+        """Send one message read from part `queue` of queue `logical`: `SENT`, `SKIPPED`
+        (expired, not for this client's ACL, no copy for it from this queue: `copy_for`, or too
+        large for the client) or `WAIT` (the window or packet id is not free: stop and wait for
+        an acknowledgement)."""
         session = self.session
         message = stored.message
-        retain = False
-        sub_ids: tuple[int, ...] = ()
         if message.properties and expired(
             message.properties, message.timestamp_ms, int(time.time() * 1000)
         ):
             self.metrics.inc("dropped_expired")
-            return False  # its Message Expiry Interval passed while it waited (MQTT-3.3.2-5)
+            return SKIPPED  # its Message Expiry Interval passed while it waited (MQTT-3.3.2-5)
         acl = self.acl
         if checks_reads(acl, session) and not self.conn.screen_delivery(message.topic):
-            return False
-        kind = queue_kind(logical)
-        if kind == FILTER:
-            # A message on several of this client's filter queues goes out once, from the queue
-            # of the filter granting the highest QoS (MQTT-3.3.5-1).
-            topic_filter = filter_of(logical)
-            if len(stored.queues) == 1 and not session.options:
-                best_filter: str | None = topic_filter
-            else:
-                queue_of_part = self.store.queue_of_part
-                filters = []
-                for part in stored.queues:
-                    name = queue_of_part(part) or part
-                    if queue_kind(name) == FILTER:
-                        filters.append(filter_of(name))
-                best_filter, retain, sub_ids = stored_copy(
-                    session, filters, message.publisher, message.retain
-                )
-            if topic_filter != best_filter:
-                return False
-            best_qos = session.subscriptions.get(topic_filter)
-            if best_qos is None:
-                return False
-            qos = min(message.qos, best_qos)
-        elif kind == CLIENT:
-            retained = retained_qos(message.properties) if message.properties else None
-            retain = retained is not None
-            qos = message.qos if retained is None else min(message.qos, retained)
-            ids = message.properties.get(SUBSCRIPTION_IDS)
-            if ids:
-                sub_ids = tuple(int(i) for i in ids.split(","))
-        else:
-            share_filter = share_filter_of(logical)
-            qos = min(message.qos, session.shared.get(share_filter, 0))
-            option = session.options.get(share_filter) if session.options else None
-            if option is not None:
-                retain = message.retain and option.retain_as_published
-                sub_ids = (option.identifier,) if option.identifier else ()
+            return SKIPPED
+        copy = copy_for(session, logical, message, stored.queues, self.store)
+        if copy.skip:
+            return SKIPPED
+        qos = copy.qos
+        retain = copy.retain
+        sub_ids = copy.sub_ids
         if (
             qos == 2
             and message.key
@@ -389,27 +361,27 @@ class Delivery:
                 session.client_id,
                 message.key,
             )
-            return False
+            return SKIPPED
         conn = self.conn
         if qos == 0:
             data = conn.encode_message(message, 0, retain, False, None, sub_ids)
             if data is None:
-                return False
+                return SKIPPED
             conn.send_message(data, len(message.payload))
             self.metrics.messages_out_qos0 += 1
-            return True
+            return SENT
         if session.window_free(self.max_inflight) <= 0:
-            return None
+            return WAIT
         packet_id = packet_id_for(stored.seq)
         if session.in_flight(packet_id):
-            return None  # id collision with an older message still in flight: wait for it
+            return WAIT  # id collision with an older message still in flight: wait for it
         released = qos == 2 and session.was_released(stored.seq)
         dup = stored.offset < session.resend_below.get(queue, -1)
         data = None
         if not released:
             data = conn.encode_message(message, qos, retain, dup, packet_id, sub_ids)
             if data is None:
-                return False  # too large for the client: as if sent (MQTT-3.1.2-25)
+                return SKIPPED  # too large for the client: as if sent (MQTT-3.1.2-25)
         out = InFlight(
             packet_id,
             queue,
@@ -426,10 +398,10 @@ class Delivery:
         if data is None:
             out.phase = Phase.AWAITING_PUBCOMP
             conn.send(codec.encode(Pubrel(packet_id), conn.level))
-            return True
+            return SENT
         conn.send_message(data, len(message.payload), metered=not dup)
         if qos == 1:
             self.metrics.messages_out_qos1 += 1
         else:
             self.metrics.messages_out_qos2 += 1
-        return True
+        return SENT
