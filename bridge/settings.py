@@ -422,6 +422,14 @@ class ConfigError(Exception):
     """A setting has a bad name or value; the message says which and why."""
 
 
+def require_positive(config: Config, names: tuple[str, ...]) -> None:
+    """Raise ConfigError naming the first of these settings that is not above 0."""
+    for name in names:
+        value = getattr(config, name)
+        if value <= 0:
+            raise ConfigError(f"{name}: must be positive, got {value}")
+
+
 def parse_listen(address: str) -> tuple[str, int]:
     """Split `HOST:PORT` (IPv6 as `[::1]:1883`) into host and port, or raise ConfigError."""
     host, sep, port_text = address.rpartition(":")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bridge.listeners.exposure import public_listeners
 from bridge.listeners.origins import OriginError, OriginPolicy
-from bridge.settings import Config, ConfigError, parse_listen
+from bridge.settings import Config, ConfigError, parse_listen, require_positive
 
 
 def check_listener_settings(config: Config) -> None:
@@ -78,14 +78,15 @@ def _check_exposure(config: Config) -> None:
 def _check_connection_limits(config: Config) -> None:
     """What one connection may send and be sent: packets, its unanswered publishes, its
     write buffer, the time to its CONNECT."""
-    for name in (
-        "max_packet_size",
-        "max_inbound_pending",
-        "receive_maximum",
-        "write_buffer_high",
-    ):
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"{name}: must be positive, got {getattr(config, name)}")
+    require_positive(
+        config,
+        (
+            "max_packet_size",
+            "max_inbound_pending",
+            "receive_maximum",
+            "write_buffer_high",
+        ),
+    )
     if config.receive_maximum > 65535:
         raise ConfigError("receive_maximum: at most 65535 (the packet id space)")
     if not 0 <= config.topic_alias_maximum <= 65535:

@@ -10,7 +10,7 @@ subscribers, and the pace of its housekeeping (offsets, session expiry, refused 
 from __future__ import annotations
 
 from bridge.node.presubscribe import PresubscribeError, parse_presubscriptions
-from bridge.settings import Config, ConfigError
+from bridge.settings import Config, ConfigError, require_positive
 
 
 def check_node_settings(config: Config) -> None:
@@ -35,26 +35,27 @@ def check_node_settings(config: Config) -> None:
 
 def _check_quotas(config: Config) -> None:
     """What a client may make the node keep, and the topics it may use."""
-    for name in (
-        "max_topic_length",
-        "max_topic_levels",
-        "max_inflight",
-        "max_message_properties",
-        "delayed_max_pending",
-        "delayed_max_bytes",
-        "delayed_max_bytes_per_client",
-        "retained_max_messages",
-        "retained_max_bytes",
-        "retained_max_messages_per_client",
-        "retained_max_bytes_per_client",
-        "max_subscriptions_per_client",
-        "max_awaiting_rel",
-        "max_will_bytes",
-        "max_queued_messages",
-        "max_queued_bytes",
-    ):
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"{name}: must be positive, got {getattr(config, name)}")
+    require_positive(
+        config,
+        (
+            "max_topic_length",
+            "max_topic_levels",
+            "max_inflight",
+            "max_message_properties",
+            "delayed_max_pending",
+            "delayed_max_bytes",
+            "delayed_max_bytes_per_client",
+            "retained_max_messages",
+            "retained_max_bytes",
+            "retained_max_messages_per_client",
+            "retained_max_bytes_per_client",
+            "max_subscriptions_per_client",
+            "max_awaiting_rel",
+            "max_will_bytes",
+            "max_queued_messages",
+            "max_queued_bytes",
+        ),
+    )
     if config.max_inflight > 65535:
         raise ConfigError("max_inflight: at most 65535 (the packet id space)")
     if not 0 <= config.delayed_max_seconds <= 9_999_999_999:

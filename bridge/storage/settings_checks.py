@@ -8,7 +8,7 @@ building them: `bridge.storage.rocketmq.rocketmq_security`).
 
 from __future__ import annotations
 
-from bridge.settings import Config, ConfigError
+from bridge.settings import Config, ConfigError, require_positive
 
 
 def check_storage_settings(config: Config) -> None:
@@ -28,9 +28,7 @@ def check_storage_settings(config: Config) -> None:
     for name in ("inline_commit_ms", "segment_preallocate_bytes"):
         if getattr(config, name) < 0:
             raise ConfigError(f"{name}: must not be negative")
-    for name in ("segment_bytes", "retention_bytes"):
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"{name}: must be positive, got {getattr(config, name)}")
+    require_positive(config, ("segment_bytes", "retention_bytes"))
 
 
 def _uses_rocketmq_client(config: Config) -> bool:
