@@ -22,7 +22,7 @@ With `skip_filter` (`NOTIFY_FILTER`, as a bridge runs it), pulls carry that SQL9
 broker keeps back what notify has no work for: every message a bridge stored, whose readers that
 bridge wakes itself (locally, and on its peers over the peer links). What is left is the backends'
 messages and notify's dispatched copies of them. A broker without `enablePropertyFilter=true`
-refuses such pulls; the notifier then says so once and reads everything, as before.
+refuses such pulls; the notifier then says so once and reads everything, unfiltered.
 
 Offsets are committed to the broker (the group's consumer offsets) every `commit_interval`. A
 queue the group has no offset for starts at its end if its topic existed when this notifier

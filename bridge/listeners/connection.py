@@ -101,7 +101,9 @@ class Connection(asyncio.Protocol):
         """The protocol level the client speaks (3, 4 or 5; 4 until its CONNECT is read)."""
         self.shared_encoding = 4
         """Which QoS 0 PUBLISH encoded once per fan-out the client takes (see `ClientLink`)."""
-        self.max_packet_out = NO_LIMIT  # the client's v5 Maximum Packet Size
+        self.max_packet_out = NO_LIMIT
+        """The largest packet the client accepts (its v5 Maximum Packet Size; no limit for a
+        3.1.1 client)."""
         self._inbound: Inbound | None = None
         self.flow = ConnectionFlow(self.loop, node.config.max_inbound_pending, self.metrics)
         """Why the socket is not read, the publish pacing, the acknowledgements held back."""
@@ -123,7 +125,8 @@ class Connection(asyncio.Protocol):
         self.close_reason = ""
         self.listener = "tcp"
         """The kind of listener the client came through: tcp, tls, ws or wss."""
-        self.keepalive = 0  # granted, in seconds (0: none)
+        self.keepalive = 0
+        """The keepalive granted, in seconds (0: none)."""
         self.connected_at = 0.0
         # Metering (`bridge.operations.metering` collects and resets these): PUBLISHes, payload.
         self.msgs_in = 0

@@ -4,11 +4,10 @@ control that slows a publisher instead of losing its messages.
 `Inbound` belongs to one `Connection`. It checks a PUBLISH (limits, `$SYS`, the ACL, the quotas
 on what the node keeps for it: retained and delayed messages, QoS 2 awaiting PUBREL,
 `bridge.node.quotas`; and for MQTT 5.0 the topic alias, the payload format and the Receive
-Maximum), hands it to the node's
-publisher and acknowledges it once it is durable, in packet order. What slows the client (its
-messages waiting for the store, acknowledgements held while a subscriber of them is far behind)
-is decided by the connection's `bridge.node.flow.ConnectionFlow`; this module tells it what
-happened.
+Maximum), hands it to the node's publisher and acknowledges it once it is durable, in packet
+order. What slows the client (its messages waiting for the store, acknowledgements held while a
+subscriber of them is far behind) is decided by the connection's
+`bridge.node.flow.ConnectionFlow`; this module tells it what happened.
 """
 
 from __future__ import annotations
@@ -74,8 +73,9 @@ class Inbound:
     # -- PUBLISH ---------------------------------------------------------------------------------
 
     def on_publish(self, packet: Publish) -> bool:
-        """Check a PUBLISH and hand it to the node; True if it was taken (the connection counts
-        it then: its own attributes, native there, where this module sees it as a `Link`)."""
+        """Check a PUBLISH and hand it to the node; True if the node took it. The connection
+        counts a taken PUBLISH itself: the counters are its own attributes, read and written
+        natively there, where this module would reach them through the `Link` protocol."""
         conn = self.conn
         session = conn.session
         assert session is not None
@@ -147,8 +147,11 @@ class Inbound:
 
     def _publish_again(self, session: Session, packet: Publish, packet_id: int) -> None:
         """A resend of a QoS 2 PUBLISH already stored (or being stored): acknowledge it once
-        that store is durable, never store it twice (a failed store removes the id). A method
-        of its own: compiled, a lambda in `on_publish` made its closure on every PUBLISH."""
+        that store is durable, and never store it twice (a failed store removes the id).
+
+        A method of its own rather than a lambda in `on_publish`: compiled, a nested function
+        makes its closure on every call of the function that holds it, so every PUBLISH would
+        pay for what only a resend uses."""
         publish_again(
             self.publisher, session, packet, lambda error: self.acknowledge(error, 2, packet_id)
         )

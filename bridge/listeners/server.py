@@ -133,8 +133,8 @@ class Server:
         # collector's full passes, whose length is what pauses the event loop.
         gc.collect()
         gc.freeze()
-        # Fewer, not longer, collections: a broker allocates short-lived objects per packet;
-        # the default thresholds ran a full pass several times a second under load.
+        # Fewer, not longer, collections: a broker allocates short-lived objects per packet,
+        # and under load the default thresholds run a full pass several times a second.
         gc.set_threshold(10_000, 50, 50)
         self.heap.start()
         if self.serve_mqtt:

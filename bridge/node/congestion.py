@@ -74,8 +74,9 @@ class Congestion:
 
         `commit_pass`: the store's `commit_pass` as these callbacks run (-1: one by one).
         Within one pass the backlogs do not change, so the check made for the first message
-        of a publisher on the same (remembered) plan's queues answers for the others: each of
-        a commit's 20 messages of one publisher was checked alike."""
+        of a publisher on the same (remembered) plan's queues answers for the others: a commit
+        holding 20 messages of one publisher to one topic checks its subscribers once, not 20
+        times."""
         if commit_pass >= 0:
             last = self._checked
             if (

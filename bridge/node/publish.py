@@ -234,8 +234,10 @@ class Publisher:
     def publish_qos0(
         self, session: Session, packet: Publish, delayed: DelayedTopic | None = None
     ) -> None:
-        """A QoS 0 PUBLISH from a client: delivered to online subscribers at once, stored
-        unawaited. A `delayed` one (topic read by the listener) is stored, delivered when due."""
+        """A QoS 0 PUBLISH from a client: deliver it to online subscribers at once, and store it
+        without waiting for the store (if `store_qos0` is set, or to keep it as retained). A
+        `delayed` one (its topic read by the listener) is stored, not awaited, and delivered
+        when it is due."""
         if delayed is not None:
             self.publish(session, packet, _log_failure, delayed)
             return
@@ -256,8 +258,12 @@ class Publisher:
         self._send_now(message, self.plan(message))
 
     def _store_retained_qos0(self, message: Message) -> None:
-        """Store a retained QoS 0 message unawaited, kept as retained once durable (a method:
-        a closure in `publish_qos0` made its environment for every message, compiled)."""
+        """Store a retained QoS 0 message without waiting for it, and keep it as its topic's
+        retained message once it is durable.
+
+        A method of its own rather than a closure in `publish_qos0`: compiled, a nested function
+        makes its environment on every call of the function that holds it, so every QoS 0
+        message would pay for what only retained ones use."""
         retained = self.retained
 
         def stored(_seq: int | None, error: BaseException | None) -> None:
@@ -278,12 +284,15 @@ class Publisher:
     ) -> None:
         """A QoS 1/2 PUBLISH from a client (or, with `delayed`, the form of its `$delayed/...`
         topic, one of any QoS: stored to be routed when due, `bridge.node.delayed`).
-        `on_durable(seq, None)` is called once it is durable (the caller acknowledges then), or
-        `on_durable(None, error)` if not stored (it must not). For QoS 2,
-        `session.inbound_qos2[packet id]` holds a future completed (error or None) at the same
-        time: a resend with that id is answered, not stored again. `key`: the key of a resend
-        that may have been stored under it (`bridge.node.qos2_in`). Synchronous up to the
-        store's submit: calls made in packet order keep that order."""
+        `on_durable(seq, None)` is called once the message is durable (then the caller
+        acknowledges) or `on_durable(None, error)` if it could not be stored (then it must
+        not). For QoS 2, `session.inbound_qos2[packet id]` holds a future that completes (with
+        the error or None) at the same time, so a resent PUBLISH with that id is answered
+        without being stored again. `key`: the message's key when it is a resend that may have
+        been stored before under it (`bridge.node.qos2_in`).
+
+        Synchronous up to the store's submit, so calls made in packet order keep that order.
+        """
         qos = packet.qos
         message = self.stamper.stamp(
             packet.topic if delayed is None else delayed.topic,
@@ -317,9 +326,10 @@ class Publisher:
         meta: Sequence[MetaUpdate],
         on_durable: DurableCallback,
     ) -> tuple[list[MetaUpdate], DurableCallback]:
-        """Hold a QoS 2 PUBLISH's id in the session until the store answers (a resend is not
-        stored twice; a persistent session's record goes in `meta`): (meta, a callback settling
-        the id, then calling `on_durable`). A method: QoS 1 makes no closure."""
+        """Hold a QoS 2 PUBLISH's id in the session until the store answers, so that a resend
+        is not stored twice (a persistent session's record of it goes in `meta`). Returns the
+        meta records and the callback that settles the id, then calls `on_durable`. A method
+        of its own, so that a QoS 1 message makes no closure."""
         unsettled = Unsettled(message.topic, message.key)
         meta = list(meta)
         if session.persistent:
@@ -348,9 +358,10 @@ class Publisher:
     async def publish_internal(
         self, topic: str, payload: bytes, qos: int, retain: bool, publisher: str
     ) -> Message:
-        """Publish a message from inside the broker (admin API, `$SYS` statistics, client
-        events) as a client would: routed to every matching subscription, kept as retained if
-        `retain`. Returns once durable (QoS 0: stored, not queued), or raises StoreUnavailable."""
+        """Publish a message that comes from inside the broker (the admin API, `$SYS` statistics,
+        client events) as if a client had: routed to every matching subscription, kept as the
+        retained message if `retain`. Returns once it is durable (QoS 0: stored, not queued);
+        raises StoreUnavailable if it could not be stored."""
         message = self.stamper.stamp(topic, payload, qos, retain, publisher)
         meta = self.retained.updates(message) if retain else []
         await self.route(message, meta)
@@ -379,13 +390,15 @@ class Publisher:
         on_durable: DurableCallback,
         started: float = 0.0,
     ) -> None:
-        """Store a message on the queues of every matching subscription; once durable, keep it
-        as its topic's retained message if flagged so (its record is in `meta`), wake the
-        readers, then call `on_durable`. QoS 0 messages (wills) are delivered directly and
-        stored without queues. `started`: its `_clock()` on arrival (0: not timed)."""
+        """Store a message on the queues of every matching subscription; once it is durable,
+        keep it as its topic's retained message if it is flagged so (its record is in `meta`),
+        wake the readers, then call `on_durable`. QoS 0 messages (wills) are delivered directly
+        and stored without queues. `started`: the `_clock()` (`time.perf_counter()`) the
+        message came in at, to record how long the store took (0: not recorded)."""
         plan = self.plan(message)
         self._send_now(message, plan)
-        readers, store = plan.readers, self.store
+        readers = plan.readers
+        store = self.store
         early = bool(readers) and message.qos < 2 and self.early_reads
         added = self.trie.added
         durable = _Durable(self, message, plan.queues, readers, early, on_durable, started, added)
@@ -440,7 +453,8 @@ class Publisher:
         self.wakes.wake_readers(reader_ids, queues)
 
 
-_clock: Final = time.perf_counter  # compiled, `time.perf_counter()` is a lookup per call
+_clock: Final = time.perf_counter
+"""Read once: compiled, `time.perf_counter()` looks the name up in the module every call."""
 
 
 def _log_failure(_seq: int | None, error: BaseException | None) -> None:
@@ -449,20 +463,24 @@ def _log_failure(_seq: int | None, error: BaseException | None) -> None:
         log.warning("QoS 0 message not stored: %s", error)
 
 
-def _timed(on_durable: DurableCallback, took: LatencyHistogram, started: float) -> DurableCallback:
-    """`on_durable` recording first in `took` how long a successful store took since `started`."""
+def _timed(
+    on_durable: DurableCallback, histogram: LatencyHistogram, started: float
+) -> DurableCallback:
+    """`on_durable` that first records in `histogram` how long the store took since `started`
+    (a `_clock()`; successful stores only)."""
 
     def timed(seq: int | None, error: BaseException | None) -> None:
         if error is None:
-            took.observe(_clock() - started)
+            histogram.observe(_clock() - started)
         on_durable(seq, error)
 
     return timed
 
 
 class _Durable:
-    """What `route_submit` does once a message is durable (or failed): one object per message
-    for the store to call (was three closures). `early`: its readers may read it pre-commit."""
+    """What `Publisher.route_submit` does once a message is durable (or could not be stored):
+    one object per message, which the store calls (a closure would be two, and `_timed` a
+    third)."""
 
     def __init__(
         self,
@@ -480,6 +498,9 @@ class _Durable:
         self.queues = queues
         self.readers = readers
         self.early = early
+        """The readers were woken when it was stored, to read it before its commit
+        (`bridge.node.early_reads`): once it is durable, those connected here are not woken
+        again (peers and offline sessions still hear of it)."""
         self.on_durable = on_durable
         self.started = started
         self.added = added

@@ -59,8 +59,12 @@ class Wakes:
         self.spawn = spawn
         self.cluster: Cluster | None = None
         """The cluster whose peers are told about their readers (None: a single node)."""
-        self._refresh_limit = asyncio.Semaphore(32)  # queue-end reads at once when re-read
-        self._rechecks: dict[str, bool] = {}  # part -> woken again meanwhile (_recheck_end_later)
+        self._refresh_limit = asyncio.Semaphore(32)
+        """Queue-end reads under way at once when ends are read again (`refresh_queue_ends`,
+        `_recheck_end_later`)."""
+        self._rechecks: dict[str, bool] = {}
+        """Part -> whether a peer woke it again while its end is due to be read again
+        (`_recheck_end_later`)."""
 
     def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
         """Parts of queues are known to hold messages up to these ends (notify, a peer): wake

@@ -219,9 +219,9 @@ class DirectRoutes:
         self._size = size
 
     def queued_plan(self, topic: str, trie: SubscriptionTrie) -> RoutePlan:
-        """`plan_route(topic, 1 or 2, ...)` with no shared groups, remembered (one plan per
-        topic rather than one per message: the route of a QoS 1 message, at the pace of its
-        commit, was a twelfth of its cost)."""
+        """`plan_route(topic, 1 or 2, ...)` with no shared groups, remembered: one plan per
+        topic rather than one per message, since planning the route of each QoS 1 message, at
+        the pace of its commit, would be a twelfth of its cost."""
         match = trie.matched_subscribers(topic)
         known = self._queued.get(topic)
         if known is not None and known[0] is match:

@@ -93,7 +93,7 @@ OURS_ASYNCIO_CMD = (
     "from bridge.__main__ import main; sys.exit(main())' "
     "--listen {host}:{port} --data-dir {data_dir} --log-level warning --set max_connections=0"
 )
-TARGET_KIB_PER_CONN = 3.0  # issue 18's target at ~19k connections (the first target was 10)
+TARGET_KIB_PER_CONN = 3.0  # issue 18's target at ~19k connections
 # Files a server needs besides its client sockets (listener, epoll, store, logs, stdio).
 SERVER_SPARE_FILES = 200
 CLIENT_SPARE_FILES = 100

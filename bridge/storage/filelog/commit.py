@@ -30,7 +30,8 @@ from bridge.storage.filelog.undo import Undo, Waiter, made_durable, resolve, tak
 
 log = logging.getLogger("bridge.storage")
 
-COMMIT_AVERAGE_WEIGHT: Final = 0.2  # of the latest commit in the running average of durations
+COMMIT_AVERAGE_WEIGHT: Final = 0.2
+"""Weight of the latest group commit in the running average of their durations."""
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
@@ -161,11 +162,14 @@ class GroupCommit:
         return fut
 
     def _flush_soon(self, yields: int) -> None:
-        """The group commit: a loop callback, not a task per commit (a fifth of a commit's round).
-        While records read early wait (`_early`) it first lets `yields` loop turns go: the readers
-        they woke send meanwhile. A fast disk's write + fsync beats a round trip to the writer
-        thread; a slow disk's goes there (`_slow_steps`) until the average of synced commits is
-        low again; a batch with no sync (QoS 0 for analytics) stays on the loop."""
+        """The group commit: a loop callback, not a task per commit (a task would cost a fifth
+        of a commit's round).
+
+        While records read early wait (`_early`), it first lets `yields` loop turns go, so that
+        the readers those records woke send them meanwhile. A fast disk's write and fsync are
+        quicker than a round trip to the writer thread, so they run here; a slow disk's go to
+        that thread (`_slow_steps`) until the average of synced commits is low again. A batch
+        with no sync (QoS 0 messages kept for analytics) stays on the loop."""
         try:
             while self._pending and self._broken is None:
                 if self._early and yields > 0:
@@ -192,6 +196,7 @@ class GroupCommit:
         self._flushing = False
 
     def _slow_commit(self, batch: Batch, error: BaseException | None) -> None:
+        """Hand `batch` to `_slow_steps` in a task (`_flush_task`, which `close` waits for)."""
         slow = self._slow_steps(batch, error)
         self._flush_task = self._loop.create_task(slow)  # type: ignore[union-attr]
 

@@ -169,9 +169,14 @@ class FileLogStore(GroupCommit):
             return
         self._state = _CLOSING
         try:
-            while self._flushing:  # a commit due on the loop, or its slow steps in a task
+            # A commit is due on the loop (let it run) or its slow steps run in a task (wait
+            # for it, shielded: cancelling close must not cancel a commit).
+            while self._flushing:
                 task = self._flush_task
-                await (asyncio.shield(task) if task is not None else asyncio.sleep(0))
+                if task is not None:
+                    await asyncio.shield(task)
+                else:
+                    await asyncio.sleep(0)
             await self._maintenance.settle()
             if self._broken is None:
                 await self._maintenance.snapshot()
@@ -284,7 +289,8 @@ class FileLogStore(GroupCommit):
             header, body = encode_message(message, topic, offsets, meta)
         except (struct.error, OverflowError) as exc:
             raise ValueError(f"message field out of range: {exc}") from None
-        # Nothing has changed yet; from here on nothing can fail. (Not zip: a call, compiled.)
+        # Nothing has changed yet; from here on nothing can fail. (An index loop: compiled,
+        # `zip(..., strict=True)` is a generic call with a keyword, per message.)
         for i in range(len(names)):
             index.setdefault(names[i], qlist[i])
         length = len(header) + len(body)

@@ -47,7 +47,8 @@ __all__ = [
     "require_success",
 ]
 
-# Named after the module this code was split from, so logging configuration keeps applying.
+# The remoting logger, shared by connection.py, routing.py and membership.py: a logging
+# configuration that names `bridge.storage.rocketmq_remoting` applies to all three.
 log = logging.getLogger("bridge.storage.rocketmq_remoting")
 
 BINARY_HEADER_REQUESTS = frozenset({RequestCode.SEND_MESSAGE_V2, RequestCode.PULL_MESSAGE})

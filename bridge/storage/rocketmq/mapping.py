@@ -241,7 +241,7 @@ def _unescape_value(value: str) -> str:
 def _escape_user_name(name: str) -> str:
     # A repeated User Property is stored as `name NUL n`: its NUL travels as `%00` (escaping
     # `%` first leaves every `%` the start of an escape, so `%00` inside a name is never
-    # ambiguous; alone it is the empty name, as before).
+    # ambiguous; alone it is the empty name, `EMPTY_VALUE`).
     return _escape_value(name).replace("\x00", "%00") or EMPTY_VALUE
 
 

@@ -25,7 +25,8 @@ from bridge.storage.rocketmq.wire import (
 
 __all__ = ["ConsumerMembership"]
 
-# Named after the module this code was split from, so logging configuration keeps applying.
+# The remoting logger, shared by connection.py, routing.py and membership.py: a logging
+# configuration that names `bridge.storage.rocketmq_remoting` applies to all three.
 log = logging.getLogger("bridge.storage.rocketmq_remoting")
 
 NO_CONSUMER_REMARK = "no consumer for this group"

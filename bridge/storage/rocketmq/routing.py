@@ -31,7 +31,8 @@ from bridge.storage.rocketmq.wire import (
 
 __all__ = ["NameServerRouting"]
 
-# Named after the module this code was split from, so logging configuration keeps applying.
+# The remoting logger, shared by connection.py, routing.py and membership.py: a logging
+# configuration that names `bridge.storage.rocketmq_remoting` applies to all three.
 log = logging.getLogger("bridge.storage.rocketmq_remoting")
 
 _CLUSTER_REFETCH_SECONDS = 1.0
