@@ -2,8 +2,8 @@
 
 `Connection` is an `asyncio.Protocol`; the MQTT rules live in the codec (`bridge.mqtt`), the
 session (`bridge.session`) and the node (`bridge.node`). This module owns what is specific to a
-socket: reading it (no more than a read's worth per loop turn), writing to it (through its
-`bridge.listeners.outbox.Outbox`: one write per loop turn), telling its flow control
+socket: reading it (no more than a read's worth per loop turn), writing to it (one write per
+loop turn, of a `bridge.listeners.outbox.Outbox`), telling its flow control
 (`bridge.node.flow.ConnectionFlow`) what happened, pausing deliveries when the client reads
 slower than we write, CONNECT, and closing with a log line that names the client and the fault.
 """
@@ -21,7 +21,7 @@ from bridge.listeners.control import HANDLERS
 from bridge.listeners.enhanced_auth import Authentication
 from bridge.listeners.faults import close_for_fault, close_for_protocol_error
 from bridge.listeners.inbound import Inbound
-from bridge.listeners.outbox import Outbox
+from bridge.listeners.outbox import WRITE_AT, Outbox, queued, size_of, to_write
 from bridge.listeners.preauth import PreAuth
 from bridge.listeners.tls import peer_cert_cn
 from bridge.listeners.v5 import NO_LIMIT, Version5, connack_accepting, disconnect_saying
@@ -64,12 +64,13 @@ class Connection(asyncio.Protocol):
     # Slots, not a __dict__: a node holds tens of thousands of idle connections.
     # fmt: off
     __slots__ = (
-        "_connecting", "_deadline", "_graceful", "_held", "_holds", "_inbound", "_keepalive_limit",
-        "_last_rx", "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at",
-        "decoder", "delivery", "detached", "flow", "keepalive", "level", "listener", "loop",
-        "max_packet_out", "metrics", "msgs_in", "msgs_out", "node", "outbox", "payload_in",
-        "payload_out", "peer", "preauth", "receive_maximum", "session", "shared_encoding",
-        "transport", "username", "v5", "will",
+        "_connecting", "_deadline", "_flush_handle", "_graceful", "_held", "_holds", "_inbound",
+        "_keepalive_limit", "_last_rx", "_outbox", "_paused_writing", "auth", "cert_cn",
+        "client_id", "close_reason",
+        "closed", "connected_at", "decoder", "delivery", "detached", "flow", "keepalive", "level",
+        "listener", "loop", "max_packet_out", "metrics", "msgs_in", "msgs_out", "node",
+        "payload_in", "payload_out", "peer", "preauth", "receive_maximum", "session",
+        "shared_encoding", "transport", "username", "v5", "will",
     )
     # fmt: on
 
@@ -95,8 +96,14 @@ class Connection(asyncio.Protocol):
         self._connecting = False
         self._held: list[Any] | None = None
         self._holds = 0
-        self.outbox = Outbox(self.loop, self.metrics)
-        """What is written to the socket: one write per loop turn."""
+        self._outbox: bytes | Outbox | None = None
+        """What this loop turn queued for the socket (None: nothing), written as one write
+        (`bridge.listeners.outbox`)."""
+        self._flush_handle: asyncio.Handle | None = None
+        """The end-of-turn write, once something is queued."""
+        self._paused_writing = False
+        """True while the socket's buffer is over its high-water mark (the client reads slower
+        than it is written to): deliveries wait, QoS 0 messages go through `Qos0Flow`."""
         self.level = 4
         """The protocol level the client speaks (3, 4 or 5; 4 until its CONNECT is read)."""
         self.shared_encoding = 4
@@ -105,8 +112,9 @@ class Connection(asyncio.Protocol):
         """The largest packet the client accepts (its v5 Maximum Packet Size; no limit for a
         3.1.1 client)."""
         self._inbound: Inbound | None = None
-        self.flow = ConnectionFlow(self.loop, node.config.max_inbound_pending, self.metrics)
-        """Why the socket is not read, the publish pacing, the acknowledgements held back."""
+        self.flow = ConnectionFlow()
+        """Why the socket is not read, whether it takes more, the publish pacing, the
+        acknowledgements held back."""
         self.v5: Version5 | None = None
         """The MQTT 5.0 state once a v5 CONNECT is accepted (None: 3.1.1 / 3.1)."""
         self.receive_maximum = min(node.config.receive_maximum, node.config.max_awaiting_rel)
@@ -140,7 +148,6 @@ class Connection(asyncio.Protocol):
         tcp = cast("asyncio.Transport", transport)  # uvloop's transports are not subclasses
         self.transport = tcp
         self.flow.socket = tcp
-        self.outbox.transport = tcp
         peer = tcp.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
@@ -170,7 +177,9 @@ class Connection(asyncio.Protocol):
             packets = exc.packets
         if self.preauth is not None and not self.preauth.take(len(data), packets):
             return
-        self.flow.charge(packets, len(data))
+        flow = self.flow
+        if flow.paced:
+            flow.charge(packets, len(data))
         packets_in = self.metrics.packets_in
         for packet in packets:
             if self.closed:
@@ -193,7 +202,11 @@ class Connection(asyncio.Protocol):
         if self.preauth is not None:
             self.preauth.leave()
             self.preauth = None
-        self.outbox.discard()  # the socket is gone: what was queued cannot be written
+        if self._flush_handle is not None:
+            # The socket is gone: what was queued for it this loop turn cannot be written.
+            self._flush_handle.cancel()
+            self._flush_handle = None
+            self._outbox = None
         self.flow.closed()
         if not self.closed:
             self.closed = True
@@ -206,10 +219,10 @@ class Connection(asyncio.Protocol):
         self.node.lifecycle.disconnected(self, graceful=self._graceful)
 
     def pause_writing(self) -> None:
-        self.outbox.paused = True
+        self._paused_writing = True
 
     def resume_writing(self) -> None:
-        self.outbox.paused = False
+        self._paused_writing = False
         self.node.qos0_flow.drained(self)
         delivery = self.delivery
         if delivery is not None:
@@ -223,25 +236,29 @@ class Connection(asyncio.Protocol):
 
     def release_reading(self, reason: int) -> None:
         """End one reason to stop reading; with none left, read on."""
-        self.flow.release(reason)
+        if self.flow.release(reason):
+            self._last_rx = self.loop.time()  # a client that was not read was not silent
 
     def limit_publishes(self, messages_per_second: float, bytes_per_second: float) -> None:
         """Pace what the client sends to these rates (0: unlimited) by reading it later."""
-        self.flow.limit_publishes(messages_per_second, bytes_per_second)
+        if self.flow.limit_publishes(
+            messages_per_second, bytes_per_second, self.loop, self.metrics
+        ):
+            self._last_rx = self.loop.time()
 
     # -- output ----------------------------------------------------------------------------------
 
     @property
     def writable(self) -> bool:
         """False while the socket's buffer is over its high-water mark."""
-        return not self.outbox.paused and not self.closed
+        return not self._paused_writing and not self.closed
 
     def send(self, data: bytes) -> None:
         """Queue bytes; everything queued in one loop iteration goes out in one write."""
         if self.closed:
             return
         self.metrics.packets_out[data[0] >> 4] += 1
-        self.outbox.queue(data)
+        self._queue(data)
 
     def send_message(self, data: bytes, payload_size: int, *, metered: bool = True) -> None:
         """Queue an encoded PUBLISH and meter it (`metered=False`: a resend after a reconnect)."""
@@ -257,17 +274,37 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None:
             return False
-        outbox = self.outbox
         if (
-            outbox.paused
+            self._paused_writing
             and self.node.qos0_flow.when_full(self, publisher, transport.get_write_buffer_size())
             == DROP
         ):
             return False
         self.msgs_out += 1
         self.payload_out += payload_size
-        outbox.queue(data)
+        self._queue(data)
         return True
+
+    def _queue(self, data: bytes) -> None:
+        """Queue bytes for the end of this loop turn's write (`bridge.listeners.outbox`)."""
+        held = self._outbox = queued(self._outbox, data)
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+        elif size_of(held) >= WRITE_AT:
+            self._write_out()
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        self._write_out()
+
+    def _write_out(self) -> None:
+        held = self._outbox
+        if held is None or self.transport is None:
+            return
+        self._outbox = None
+        data = to_write(held)
+        self.transport.write(data)
+        self.metrics.bytes_out += len(data)
 
     @property
     def inbound(self) -> Inbound:
@@ -368,8 +405,10 @@ class Connection(asyncio.Protocol):
         self._deadline = self.node.deadlines.remove(self, self._deadline)
         transport = self.transport
         if transport is not None:
-            told = self.outbox.holding
-            self.outbox.flush()  # what is queued (a CONNACK with a refusal code) still goes out
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            told = self._outbox is not None
+            self._flush()  # what is queued (a CONNACK with a refusal code) still goes out
             if told and _can_write_eof(transport):
                 # Half-close and read (and drop) what the client still sends for a moment: a
                 # client that writes after our last packet would otherwise get a reset, which
@@ -475,8 +514,8 @@ class Connection(asyncio.Protocol):
         now = self.loop.time()
         flow = self.flow
         # A client that was not read was not silent: its idle time counts from the later of
-        # its last bytes and the end of the last pause.
-        idle = 0.0 if flow.pauses else now - max(self._last_rx, flow.resumed_at)
+        # its last bytes and the end of a rate pause (other pauses end through release_reading).
+        idle = 0.0 if flow.pauses else now - max(self._last_rx, flow.rate_resumed_at)
         if idle >= self._keepalive_limit:
             self.node.metrics.inc("keepalive_timeouts")
             self.close(

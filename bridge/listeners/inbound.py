@@ -26,6 +26,7 @@ from bridge.mqtt.packets import PacketType, Publish, Pubrel
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode
 from bridge.mqtt.topics import topic_limit_error
+from bridge.node.flow import PAUSED_BY_STORE
 from bridge.node.qos2_in import publish_again, release
 from bridge.node.quotas import awaiting_rel_fault
 from bridge.storage.base import StoreUnavailable
@@ -44,7 +45,8 @@ class Inbound:
 
     __slots__ = (
         "_denied_topics", "_published", "_published_as", "_published_under", "acl", "config",
-        "conn", "flow", "max_topic_length", "max_topic_levels", "publisher", "unreleased",
+        "conn", "flow", "max_pending", "max_topic_length", "max_topic_levels", "publisher",
+        "unreleased",
     )  # fmt: skip
 
     def __init__(self, conn: Link) -> None:
@@ -56,6 +58,7 @@ class Inbound:
         """The node's publisher, ACL and settings, read once: each lasts as long as the node."""
         self.max_topic_length = self.config.max_topic_length
         self.max_topic_levels = self.config.max_topic_levels
+        self.max_pending = self.config.max_inbound_pending
         """The settings read per PUBLISH, as native ints (the settings are an interpreted
         dataclass, fixed once the node runs)."""
         self.flow: ConnectionFlow = conn.flow
@@ -141,7 +144,9 @@ class Inbound:
                 )
                 return False
         qos = packet.qos
-        self.flow.publish_taken()  # before publish: a failing store may call back at once
+        self.flow.publish_taken(
+            self.max_pending
+        )  # before publish: a failing store may call back at once
         self.publisher.publish(session, packet, Acknowledgement(self, qos, packet_id), delayed)
         return True
 
@@ -311,7 +316,7 @@ class Inbound:
         conn = self.conn
         if error is not None:
             if counted:
-                self.flow.publish_answered()
+                self._answered()
             conn.close(
                 f"message not stored, so not acknowledged ({error}); the client will resend",
                 reason_code=ReasonCode.UNSPECIFIED_ERROR,
@@ -327,8 +332,14 @@ class Inbound:
         if self.flow.ack_waits(data, counted):
             return
         if counted:
-            self.flow.publish_answered()
+            self._answered()
         self.conn.send(data)
+
+    def _answered(self) -> None:
+        """One counted publish is answered: the flow reads the socket on once half the pending
+        ones are (and the connection's keepalive counts from then)."""
+        if self.flow.publish_answered(self.max_pending):
+            self.conn.release_reading(PAUSED_BY_STORE)
 
     def hold_acks(self, reason: str) -> None:
         """Hold this client's PUBACKs/PUBRECs, in order, until every reason is released (a
@@ -339,7 +350,7 @@ class Inbound:
         """One reason to hold acknowledgements is gone; with none left, send what waited."""
         for data, counted in self.flow.release_acks(reason):
             if counted:
-                self.flow.publish_answered()
+                self._answered()
             self.conn.send(data)
 
     # -- PUBREL ----------------------------------------------------------------------------------

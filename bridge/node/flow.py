@@ -23,7 +23,9 @@ what it receives keep flowing.
 
 `ConnectionFlow` is I/O-free except for the two calls it makes on the socket (`pause_reading`,
 `resume_reading`) and the timer of a rate pause, so each decision is unit-tested with a fake
-socket and a fake clock.
+socket. It is kept small, since every connection has one, an idle one too: what only some
+connections need (publish limits, held acknowledgements) is an object of its own, made when
+needed.
 """
 
 from __future__ import annotations
@@ -58,21 +60,14 @@ class Readable(Protocol):
 
 
 class ConnectionFlow:
-    """One connection's reasons not to read its socket, its publish pacing, the count of its
-    messages waiting for the store, and the acknowledgements held back for lagging subscribers."""
+    """One connection's reasons not to read its socket, the count of its messages waiting for the
+    store, its publish pacing and the acknowledgements held back for lagging subscribers."""
 
     __slots__ = (
-        "_ack_reasons", "_acks_waiting", "_paced", "_rate_pause", "_store_pause", "loop",
-        "max_pending", "metrics", "pauses", "pending", "resumed_at", "socket",
+        "_held", "_pacing", "pauses", "pending", "socket",
     )  # fmt: skip
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_pending: int, metrics: Metrics) -> None:
-        self.loop = loop
-        self.max_pending = max_pending
-        """`max_inbound_pending`: the QoS 1/2 messages that may wait for the store before the
-        socket is no longer read."""
-        self.metrics = metrics
-        """Where each pause the publish limits impose is counted (`publish_rate_pauses`)."""
+    def __init__(self) -> None:
         self.socket: Readable | None = None
         """The socket paused and resumed (None until it is connected, and once it is closed:
         then the reasons are still kept, and nothing is called)."""
@@ -80,20 +75,11 @@ class ConnectionFlow:
         """Why reading the socket is paused: a set of `PAUSED_*` bits (0: it is not)."""
         self.pending = 0
         """QoS 1/2 PUBLISHes handed to the node and not yet answered."""
-        self.resumed_at = 0.0
-        """When (loop time) the socket was last read again after a pause: a client that was not
-        read was not silent, and its keepalive counts from here."""
-        self._store_pause = False
-        self._paced: PublishPacer | None = None
+        self._pacing: _Pacing | None = None
         """The client's publish limits (None: unlimited, the one check a read makes)."""
-        self._rate_pause: asyncio.TimerHandle | None = None
-        """The end of the current rate pause (None: not paused for its rate)."""
-        self._ack_reasons: set[str] | None = None
-        """Why acknowledgements are held: the lagging subscribers' ClientIds (None: they are
-        not held)."""
-        self._acks_waiting: list[tuple[bytes, bool]] | None = None
-        """The held acknowledgements, in order: (the packet, whether it answers a counted
-        publish). None while none are held: most connections never hold one."""
+        self._held: _HeldAcks | None = None
+        """The acknowledgements held back and why (None: none are held; most connections never
+        hold one)."""
 
     # -- reading the socket ----------------------------------------------------------------------
 
@@ -103,108 +89,125 @@ class ConnectionFlow:
             self.socket.pause_reading()
         self.pauses |= reason
 
-    def release(self, reason: int) -> None:
-        """End one reason to stop reading; with none left, read on."""
+    def release(self, reason: int) -> bool:
+        """End one reason to stop reading; with none left, read on: True then (the connection
+        counts its keepalive from here: a client that was not read was not silent)."""
         if not self.pauses & reason:
-            return
+            return False
         self.pauses &= ~reason
-        if not self.pauses and self.socket is not None:
-            self.socket.resume_reading()
-            self.resumed_at = self.loop.time()
+        if self.pauses or self.socket is None:
+            return False
+        self.socket.resume_reading()
+        return True
 
     # -- waiting for the store -------------------------------------------------------------------
 
-    def publish_taken(self) -> None:
+    def publish_taken(self, max_pending: int) -> None:
         """A QoS 1/2 PUBLISH goes to the store (count it before: a failing store may answer at
-        once): stop reading once `max_pending` wait."""
+        once): stop reading once `max_pending` (`max_inbound_pending`) wait."""
         self.pending += 1
-        if self.pending >= self.max_pending and not self._store_pause:
-            self._store_pause = True
+        if self.pending >= max_pending and not self.pauses & PAUSED_BY_STORE:
             self.hold(PAUSED_BY_STORE)
 
-    def publish_answered(self) -> None:
-        """A counted PUBLISH is answered: read on once half of the pending ones are (not at
-        each answer: the client would be paused again at the next PUBLISH)."""
+    def publish_answered(self, max_pending: int) -> bool:
+        """A counted PUBLISH is answered: True when the store's pause may end, once half of the
+        `max_pending` are answered (not at each answer: the client would be paused again at the
+        next PUBLISH). The caller then releases `PAUSED_BY_STORE` through its connection, which
+        notes when the socket is read again."""
         self.pending -= 1
-        if self._store_pause and self.pending <= self.max_pending // 2:
-            self._store_pause = False
-            self.release(PAUSED_BY_STORE)
+        return bool(self.pauses & PAUSED_BY_STORE) and self.pending <= max_pending // 2
 
     # -- publish pacing --------------------------------------------------------------------------
 
-    def limit_publishes(self, messages_per_second: float, bytes_per_second: float) -> None:
-        """Pace the client to these rates (0: unlimited); a new pacer starts with full buckets,
-        so a rate pause ends here."""
-        self._paced = PublishPacer.of(messages_per_second, bytes_per_second, self.loop.time())
-        if self._rate_pause is not None:
-            self._rate_pause.cancel()
-            self._rate_pause = None
-        self.release(PAUSED_BY_RATE)
+    def limit_publishes(
+        self,
+        messages_per_second: float,
+        bytes_per_second: float,
+        loop: asyncio.AbstractEventLoop,
+        metrics: Metrics,
+    ) -> bool:
+        """Pace the client to these rates (0: unlimited) on `loop`'s clock, counting each pause
+        in `metrics` (`publish_rate_pauses`); a new pacer starts with full buckets, so a rate
+        pause ends here: True if the socket is read again."""
+        pacing = self._pacing
+        if pacing is not None and pacing.timer is not None:
+            pacing.timer.cancel()
+        limits = PublishPacer.of(messages_per_second, bytes_per_second, loop.time())
+        self._pacing = None if limits is None else _Pacing(limits, loop, metrics)
+        return self.release(PAUSED_BY_RATE)
+
+    @property
+    def rate_resumed_at(self) -> float:
+        """When (loop time) the end of a rate pause last let the socket be read again (0: never):
+        a client that was not read was not silent, and its keepalive counts from here. (Every
+        other end of a pause is reported by `release` to the connection, which calls it.)"""
+        pacing = self._pacing
+        return 0.0 if pacing is None else pacing.resumed_at
 
     @property
     def paced(self) -> bool:
         """Whether the client has publish limits."""
-        return self._paced is not None
+        return self._pacing is not None
 
     def charge(self, packets: Sequence[object], size: int) -> None:
         """One read of `size` bytes brought `packets`: stop reading while the client is over a
         publish limit (only PUBLISH packets count as messages; every byte counts)."""
-        limits = self._paced
-        if limits is None:
+        pacing = self._pacing
+        if pacing is None:
             return
         publishes = 0
         for packet in packets:
             if type(packet) is Publish:
                 publishes += 1
-        wait = limits.charge(publishes, size, self.loop.time())
-        if wait > 0 and self._rate_pause is None:
-            self.metrics.inc("publish_rate_pauses")
+        loop = pacing.loop
+        wait = pacing.limits.charge(publishes, size, loop.time())
+        if wait > 0 and pacing.timer is None:
+            pacing.metrics.inc("publish_rate_pauses")
             self.hold(PAUSED_BY_RATE)
-            self._rate_pause = self.loop.call_later(wait, self._rate_paused)
+            pacing.timer = loop.call_later(wait, self._rate_paused)
 
     def _rate_paused(self) -> None:
         """A rate pause is over: read on, or wait the rest if the client is still over."""
-        self._rate_pause = None
-        limits = self._paced
-        wait = 0.0 if limits is None else limits.wait(self.loop.time())
-        if wait > 0:
-            self._rate_pause = self.loop.call_later(wait, self._rate_paused)
+        pacing = self._pacing
+        if pacing is None:
             return
-        self.release(PAUSED_BY_RATE)
+        pacing.timer = None
+        wait = pacing.limits.wait(pacing.loop.time())
+        if wait > 0:
+            pacing.timer = pacing.loop.call_later(wait, self._rate_paused)
+            return
+        if self.release(PAUSED_BY_RATE):
+            pacing.resumed_at = pacing.loop.time()
 
     # -- acknowledgements held for lagging subscribers -------------------------------------------
 
     def hold_acks(self, reason: str) -> None:
         """Hold the client's PUBACKs/PUBRECs, in order, until every reason is released."""
-        reasons = self._ack_reasons
-        if reasons is None:
-            reasons = self._ack_reasons = set()
-        reasons.add(reason)
+        held = self._held
+        if held is None:
+            held = self._held = _HeldAcks()
+        held.reasons.add(reason)
 
     def ack_waits(self, data: bytes, counted: bool) -> bool:
         """An acknowledgement is ready: True if it must wait behind held ones (kept here, in
         order), False to send it now."""
-        if self._ack_reasons is None:
+        held = self._held
+        if held is None:
             return False
-        waiting = self._acks_waiting
-        if waiting is None:
-            waiting = self._acks_waiting = []
-        waiting.append((data, counted))
+        held.waiting.append((data, counted))
         return True
 
     def release_acks(self, reason: str) -> list[tuple[bytes, bool]]:
         """One reason to hold acknowledgements is gone: with none left, the acknowledgements
         that waited, in order, to send now (empty while another reason holds them)."""
-        reasons = self._ack_reasons
-        if reasons is None:
+        held = self._held
+        if held is None:
             return []
-        reasons.discard(reason)
-        if reasons:
+        held.reasons.discard(reason)
+        if held.reasons:
             return []
-        self._ack_reasons = None
-        waiting = self._acks_waiting
-        self._acks_waiting = None
-        return [] if waiting is None else waiting
+        self._held = None
+        return held.waiting
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -212,6 +215,35 @@ class ConnectionFlow:
         """The connection is closed: its socket is no longer paused or resumed, and a rate pause
         does not fire."""
         self.socket = None
-        if self._rate_pause is not None:
-            self._rate_pause.cancel()
-            self._rate_pause = None
+        pacing = self._pacing
+        if pacing is not None and pacing.timer is not None:
+            pacing.timer.cancel()
+            pacing.timer = None
+
+
+class _Pacing:
+    """A connection's publish limits, and the end of the pause they impose now."""
+
+    __slots__ = ("limits", "loop", "metrics", "resumed_at", "timer")
+
+    def __init__(
+        self, limits: PublishPacer, loop: asyncio.AbstractEventLoop, metrics: Metrics
+    ) -> None:
+        self.limits = limits
+        self.loop = loop
+        self.metrics = metrics
+        self.timer: asyncio.TimerHandle | None = None
+        """The end of the current rate pause (None: not paused for its rate)."""
+        self.resumed_at = 0.0
+        """When (loop time) the end of a rate pause let the socket be read again."""
+
+
+class _HeldAcks:
+    """Acknowledgements held back, in order, and why: the lagging subscribers' ClientIds."""
+
+    __slots__ = ("reasons", "waiting")
+
+    def __init__(self) -> None:
+        self.reasons: set[str] = set()
+        self.waiting: list[tuple[bytes, bool]] = []
+        """(the packet, whether it answers a counted publish), in order."""

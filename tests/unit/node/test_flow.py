@@ -28,11 +28,10 @@ class Socket:
         self.calls.append("resume")
 
 
-def _flow(max_pending: int = 10) -> tuple[ConnectionFlow, Socket, Metrics]:
-    metrics = Metrics()
-    flow = ConnectionFlow(asyncio.get_running_loop(), max_pending, metrics)
+def _flow() -> tuple[ConnectionFlow, Socket, Metrics]:
+    flow = ConnectionFlow()
     socket = flow.socket = Socket()
-    return flow, socket, metrics
+    return flow, socket, Metrics()
 
 
 def test_the_socket_is_paused_once_and_read_again_only_when_every_reason_is_gone() -> None:
@@ -45,11 +44,9 @@ def test_the_socket_is_paused_once_and_read_again_only_when_every_reason_is_gone
         flow.release(PAUSED_BY_RATE)  # never held: changes nothing
         flow.release(PAUSED_BY_SUBSCRIBER)
         assert socket.calls == ["pause"] and flow.pauses == PAUSED_FOR_TURN
-        before = flow.resumed_at
-        flow.release(PAUSED_FOR_TURN)
+        assert flow.release(PAUSED_FOR_TURN) is True  # read again: the keepalive counts anew
         assert socket.calls == ["pause", "resume"] and flow.pauses == 0
-        assert flow.resumed_at > before  # the keepalive counts from here
-        flow.release(PAUSED_FOR_TURN)  # released twice: no second resume
+        assert flow.release(PAUSED_FOR_TURN) is False  # released twice: no second resume
         assert socket.calls == ["pause", "resume"]
 
     asyncio.run(main())
@@ -57,20 +54,18 @@ def test_the_socket_is_paused_once_and_read_again_only_when_every_reason_is_gone
 
 def test_reading_stops_at_max_pending_and_resumes_once_half_are_answered() -> None:
     async def main() -> None:
-        flow, socket, _ = _flow(max_pending=10)
+        flow, socket, _ = _flow()
         for _ in range(9):
-            flow.publish_taken()
+            flow.publish_taken(10)
         assert socket.calls == []
-        flow.publish_taken()
+        flow.publish_taken(10)
         assert socket.calls == ["pause"] and flow.pauses == PAUSED_BY_STORE
-        flow.publish_taken()  # read before the pause took effect: counted, no second pause
-        for _ in range(5):
-            flow.publish_answered()
-        assert flow.pending == 6 and socket.calls == ["pause"]
-        flow.publish_answered()
-        assert flow.pending == 5 and socket.calls == ["pause", "resume"]
-        for _ in range(5):
-            flow.publish_answered()
+        flow.publish_taken(10)  # read before the pause took effect: counted, no second pause
+        assert [flow.publish_answered(10) for _ in range(6)] == [False] * 5 + [True]
+        assert flow.pending == 5 and socket.calls == ["pause"]
+        flow.release(PAUSED_BY_STORE)  # what the connection does when told True
+        assert socket.calls == ["pause", "resume"]
+        assert not any(flow.publish_answered(10) for _ in range(5))
         assert flow.pending == 0 and socket.calls == ["pause", "resume"]
 
     asyncio.run(main())
@@ -78,11 +73,12 @@ def test_reading_stops_at_max_pending_and_resumes_once_half_are_answered() -> No
 
 def test_a_store_pause_does_not_end_another_reasons_pause() -> None:
     async def main() -> None:
-        flow, socket, _ = _flow(max_pending=2)
+        flow, socket, _ = _flow()
         flow.hold(PAUSED_BY_SUBSCRIBER)
-        flow.publish_taken()
-        flow.publish_taken()
-        flow.publish_answered()
+        flow.publish_taken(2)
+        flow.publish_taken(2)
+        assert flow.publish_answered(2) is True
+        flow.release(PAUSED_BY_STORE)
         assert flow.pauses == PAUSED_BY_SUBSCRIBER and socket.calls == ["pause"]
 
     asyncio.run(main())
@@ -110,7 +106,7 @@ def test_a_client_over_its_publish_rate_is_read_again_once_out_of_debt() -> None
         flow, socket, metrics = _flow()
         flow.charge([Publish("t", b"x", qos=0)] * 500, 10)  # no limits: nothing counted
         assert not flow.paced and socket.calls == []
-        flow.limit_publishes(100, 0)
+        flow.limit_publishes(100, 0, asyncio.get_running_loop(), metrics)
         assert flow.paced
         flow.charge([Pingreq()] * 150, 10)  # only PUBLISH packets are messages
         assert socket.calls == []
@@ -125,19 +121,22 @@ def test_a_client_over_its_publish_rate_is_read_again_once_out_of_debt() -> None
             if socket.calls == ["pause", "resume"]:
                 break
         assert socket.calls == ["pause", "resume"] and flow.pauses == 0
+        assert flow.rate_resumed_at > 0  # the keepalive counts from the end of the pause
 
     asyncio.run(main())
 
 
 def test_new_limits_end_a_rate_pause_at_once_and_a_closed_connection_is_never_resumed() -> None:
     async def main() -> None:
-        flow, socket, _ = _flow()
-        flow.limit_publishes(1, 0)
+        flow, socket, metrics = _flow()
+        flow.limit_publishes(1, 0, asyncio.get_running_loop(), metrics)
         flow.charge([Publish("t", b"x", qos=0)] * 11, 10)  # 10 s in debt
         assert socket.calls == ["pause"]
-        flow.limit_publishes(0, 0)  # limits lifted: full buckets, read on
+        flow.limit_publishes(
+            0, 0, asyncio.get_running_loop(), metrics
+        )  # limits lifted: full buckets, read on
         assert socket.calls == ["pause", "resume"] and not flow.paced
-        flow.limit_publishes(1, 0)
+        flow.limit_publishes(1, 0, asyncio.get_running_loop(), metrics)
         flow.charge([Publish("t", b"x", qos=0)] * 2, 10)  # 1 s in debt
         flow.closed()
         flow.release(PAUSED_BY_RATE)
