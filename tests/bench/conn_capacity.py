@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import resource
 import shlex
 import signal
@@ -58,13 +57,8 @@ from tests.bench.harness.common import (
     utc_now,
     write_results,
 )
-from tests.bench.harness.loadgen import (
-    IDLE_KEEPALIVE_S,
-    LoadgenProcess,
-    add_loadgen_options,
-    build_loadgen,
-    idle_command,
-)
+from tests.bench.harness.idle_fleet import ClientFleet, local_port_range, merge
+from tests.bench.harness.loadgen import IDLE_KEEPALIVE_S, add_loadgen_options, build_loadgen
 from tests.bench.harness.processes import (
     MOSQUITTO_INTERNAL_LOG,
     Broker,
@@ -97,88 +91,6 @@ TARGET_KIB_PER_CONN = 3.0  # issue 18's target at ~19k connections
 # Files a server needs besides its client sockets (listener, epoll, store, logs, stdio).
 SERVER_SPARE_FILES = 200
 CLIENT_SPARE_FILES = 100
-REPLY_GRACE_S = 15.0  # how much longer than its own step cap a loadgen may take to answer
-
-
-# --------------------------------------------------------------------------- measurements
-
-
-def local_port_range() -> int:
-    """How many ephemeral ports one local address has (ip_local_port_range)."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(high) - int(low) + 1
-    except (OSError, ValueError):
-        return 28_232  # Linux's default range, 32768-60999
-
-
-# --------------------------------------------------------------------------- client side
-
-
-class ClientFleet:
-    """The client side: enough loadgen processes that none holds more than `per_process`
-    connections; every step is split evenly over them and runs on all of them at once."""
-
-    def __init__(
-        self, loadgen: Path, port: int, args: argparse.Namespace, tag: str, workdir: Path
-    ) -> None:
-        count = math.ceil(args.max_connections / args.per_process)
-        self.step_timeout = args.step_timeout
-        self.procs: list[LoadgenProcess] = []
-        try:
-            for i in range(count):
-                cmd = idle_command(
-                    loadgen,
-                    port,
-                    args.sources,
-                    args.step_timeout,
-                    args.client_timeout,
-                    client_id=f"cap{os.getpid()}-{tag}-p{i}",
-                    concurrency=args.concurrency,
-                )
-                self.procs.append(LoadgenProcess(cmd, workdir / f"loadgen-{i}.err"))
-        except BaseException:
-            self.kill()
-            raise
-
-    def shares(self, total: int) -> list[int]:
-        """How many of `total` connections each process holds."""
-        n = len(self.procs)
-        return [total // n + (1 if i < total % n else 0) for i in range(n)]
-
-    def run(self, commands: list[str]) -> list[dict[str, Any]]:
-        """Send commands[i] to process i, all at once, and collect every reply."""
-        for proc, command in zip(self.procs, commands, strict=True):
-            proc.send(command)
-        return [proc.reply(self.step_timeout + REPLY_GRACE_S) for proc in self.procs]
-
-    def rss_kib(self) -> int:
-        return sum(p.rss_kib() or 0 for p in self.procs)
-
-    def kill(self) -> None:
-        for proc in self.procs:
-            proc.kill()
-
-
-def merge(replies: list[dict[str, Any]]) -> dict[str, Any]:
-    """The sum of the processes' replies to one command, and their errors."""
-    failed_by: dict[str, int] = {}
-    errors: list[str] = []
-    for r in replies:
-        for kind, n in (r.get("failed_by") or {}).items():
-            failed_by[kind] = failed_by.get(kind, 0) + n
-        errors += r.get("errors") or []
-    return {
-        "ok": sum(r.get("ok", 0) for r in replies),
-        "failed": sum(r.get("failed", 0) for r in replies),
-        "held": sum(r.get("held", 0) for r in replies),
-        "failed_by": failed_by,
-        "errors": errors[:20],
-        "answered": all("op" in r for r in replies),
-        "latency_p99_ms_max": max(
-            ((r.get("latency") or {}).get("p99_ms", 0.0) for r in replies), default=0.0
-        ),
-    }
 
 
 # --------------------------------------------------------------------------- servers
