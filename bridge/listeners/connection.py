@@ -39,7 +39,7 @@ from bridge.mqtt.packets import (
 )
 from bridge.mqtt.reasons import ReasonCode
 from bridge.node.deadlines import NONE
-from bridge.node.flow import PAUSED_FOR_TURN, ConnectionFlow
+from bridge.node.flow import PAUSED_BY_RATE, PAUSED_FOR_TURN, ConnectionFlow
 from bridge.node.qos0_flow import DROP
 from bridge.node.roles import Drain
 from bridge.storage.base import Message
@@ -113,8 +113,7 @@ class Connection(asyncio.Protocol):
         3.1.1 client)."""
         self._inbound: Inbound | None = None
         self.flow = ConnectionFlow()
-        """Why the socket is not read, whether it takes more, the publish pacing, the
-        acknowledgements held back."""
+        """Why the socket is not read, the publish pacing, the acknowledgements held back."""
         self.v5: Version5 | None = None
         """The MQTT 5.0 state once a v5 CONNECT is accepted (None: 3.1.1 / 3.1)."""
         self.receive_maximum = min(node.config.receive_maximum, node.config.max_awaiting_rel)
@@ -241,10 +240,10 @@ class Connection(asyncio.Protocol):
 
     def limit_publishes(self, messages_per_second: float, bytes_per_second: float) -> None:
         """Pace what the client sends to these rates (0: unlimited) by reading it later."""
-        if self.flow.limit_publishes(
-            messages_per_second, bytes_per_second, self.loop, self.metrics
-        ):
-            self._last_rx = self.loop.time()
+        self.flow.limit_publishes(
+            messages_per_second, bytes_per_second, self.loop, self.metrics, self.release_reading
+        )
+        self.release_reading(PAUSED_BY_RATE)  # a new pacer starts with full buckets
 
     # -- output ----------------------------------------------------------------------------------
 
@@ -512,10 +511,8 @@ class Connection(asyncio.Protocol):
                 self.preauth.timed_out(self._connecting)
             return
         now = self.loop.time()
-        flow = self.flow
-        # A client that was not read was not silent: its idle time counts from the later of
-        # its last bytes and the end of a rate pause (other pauses end through release_reading).
-        idle = 0.0 if flow.pauses else now - max(self._last_rx, flow.rate_resumed_at)
+        # A client that is not read is not silent (`release_reading` notes when it is read again).
+        idle = 0.0 if self.flow.pauses else now - self._last_rx
         if idle >= self._keepalive_limit:
             self.node.metrics.inc("keepalive_timeouts")
             self.close(

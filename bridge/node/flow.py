@@ -31,7 +31,7 @@ needed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 from bridge.access.ratelimit import PublishPacer
@@ -125,24 +125,18 @@ class ConnectionFlow:
         bytes_per_second: float,
         loop: asyncio.AbstractEventLoop,
         metrics: Metrics,
-    ) -> bool:
+        release: Callable[[int], None],
+    ) -> None:
         """Pace the client to these rates (0: unlimited) on `loop`'s clock, counting each pause
-        in `metrics` (`publish_rate_pauses`); a new pacer starts with full buckets, so a rate
-        pause ends here: True if the socket is read again."""
+        in `metrics` (`publish_rate_pauses`). A rate pause is ended through `release` (the
+        connection's `release_reading`, which notes when its socket is read again), as every
+        other pause is. A new pacer starts with full buckets: the caller ends a rate pause
+        under the old limits with `release(PAUSED_BY_RATE)`."""
         pacing = self._pacing
         if pacing is not None and pacing.timer is not None:
             pacing.timer.cancel()
         limits = PublishPacer.of(messages_per_second, bytes_per_second, loop.time())
-        self._pacing = None if limits is None else _Pacing(limits, loop, metrics)
-        return self.release(PAUSED_BY_RATE)
-
-    @property
-    def rate_resumed_at(self) -> float:
-        """When (loop time) the end of a rate pause last let the socket be read again (0: never):
-        a client that was not read was not silent, and its keepalive counts from here. (Every
-        other end of a pause is reported by `release` to the connection, which calls it.)"""
-        pacing = self._pacing
-        return 0.0 if pacing is None else pacing.resumed_at
+        self._pacing = None if limits is None else _Pacing(limits, loop, metrics, release)
 
     @property
     def paced(self) -> bool:
@@ -176,8 +170,7 @@ class ConnectionFlow:
         if wait > 0:
             pacing.timer = pacing.loop.call_later(wait, self._rate_paused)
             return
-        if self.release(PAUSED_BY_RATE):
-            pacing.resumed_at = pacing.loop.time()
+        pacing.release(PAUSED_BY_RATE)
 
     # -- acknowledgements held for lagging subscribers -------------------------------------------
 
@@ -224,18 +217,21 @@ class ConnectionFlow:
 class _Pacing:
     """A connection's publish limits, and the end of the pause they impose now."""
 
-    __slots__ = ("limits", "loop", "metrics", "resumed_at", "timer")
+    __slots__ = ("limits", "loop", "metrics", "release", "timer")
 
     def __init__(
-        self, limits: PublishPacer, loop: asyncio.AbstractEventLoop, metrics: Metrics
+        self,
+        limits: PublishPacer,
+        loop: asyncio.AbstractEventLoop,
+        metrics: Metrics,
+        release: Callable[[int], None],
     ) -> None:
         self.limits = limits
         self.loop = loop
         self.metrics = metrics
+        self.release = release
         self.timer: asyncio.TimerHandle | None = None
         """The end of the current rate pause (None: not paused for its rate)."""
-        self.resumed_at = 0.0
-        """When (loop time) the end of a rate pause let the socket be read again."""
 
 
 class _HeldAcks:
