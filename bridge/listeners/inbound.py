@@ -144,9 +144,8 @@ class Inbound:
                 )
                 return False
         qos = packet.qos
-        self.flow.publish_taken(
-            self.max_pending
-        )  # before publish: a failing store may call back at once
+        # Counted before publish: a failing store may call back at once.
+        self.flow.publish_taken(self.max_pending)
         self.publisher.publish(session, packet, Acknowledgement(self, qos, packet_id), delayed)
         return True
 
