@@ -16,7 +16,7 @@ from bridge.mqtt.reasons import ReasonCode
 from tests.support.admin_http import TOKEN, AdminHttp, start_admin_node
 from tests.support.clients import RawClient, paho_client
 from tests.support.mqtt5 import connect_5, paho5
-from tests.support.processes import BridgeProcess, free_port, wait_for_port
+from tests.support.processes import BridgeProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -180,7 +180,6 @@ def test_bans_of_a_single_node_survive_its_kill_9(
     settings = (f"admin_listen=127.0.0.1:{admin_port}", f"admin_token={TOKEN}")
     data_dir = tmp_path / "single"
     node = bridge_factory(*settings, data_dir=data_dir)
-    wait_for_port(admin_port, proc=node.proc)
     api = AdminHttp(admin_port)
     assert api.post("/banned", {"clientid": "kept", "seconds": 3600})[0] == 201
     assert api.post("/banned", {"address": "192.0.2.0/24", "seconds": 3600})[0] == 201
@@ -189,7 +188,6 @@ def test_bans_of_a_single_node_survive_its_kill_9(
     node.kill()
 
     again = bridge_factory(*settings, data_dir=data_dir, port=node.port)
-    wait_for_port(admin_port, proc=again.proc)
     listed = [(b["kind"], b["value"]) for b in api.get("/banned")[1]["items"]]
     assert listed == [("address", "192.0.2.0/24"), ("clientid", "kept")]
     assert connect_311(again.port, "kept") == NOT_AUTHORIZED_311

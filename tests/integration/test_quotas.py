@@ -20,7 +20,7 @@ from bridge.mqtt.reasons import ReasonCode as R
 from tests.support.admin_http import TOKEN, AdminHttp
 from tests.support.clients import RawClient
 from tests.support.mqtt5 import RawClient5
-from tests.support.processes import BridgeProcess, free_port, wait_for_port
+from tests.support.processes import BridgeProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BridgeProce
     )
     try:
         process.start()
-        wait_for_port(admin_port, proc=process.proc)
         yield process, AdminHttp(admin_port)
     finally:
         process.kill()

@@ -39,7 +39,19 @@ def _port_open(port: int) -> bool:
 
 
 def _send(mq: LocalRocketMQ, body: str, key: str) -> str:
-    out = mq.admin("sendMessage", "-t", TOPIC, "-p", body, "-c", "tagA", "-k", key)
+    """Send one message with mqadmin; return its id.
+
+    mqadmin's producer gives up after 3 s, which its own JVM start and route lookup can use up
+    on a machine busy with other tests ("sendDefaultImpl call timeout"). Such a send is tried
+    again, up to three times in all: a message stored twice changes nothing these tests check,
+    since each reads back the id of the send that answered."""
+    for attempt in range(3):
+        try:
+            out = mq.admin("sendMessage", "-t", TOPIC, "-p", body, "-c", "tagA", "-k", key)
+            break
+        except RuntimeError as exc:
+            if attempt == 2 or "timeout" not in str(exc).lower():
+                raise
     assert "SEND_OK" in out, out
     return out.strip().splitlines()[-1].split()[-1]  # the message id
 

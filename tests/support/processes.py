@@ -46,7 +46,9 @@ class BridgeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> BridgeProcess:
-        """Start the node and wait until it accepts connections."""
+        """Start the node and wait until it accepts connections on its MQTT port and, when one
+        is set, on its admin port: the node opens the admin API after its MQTT listeners, so a
+        test that reads the API right after connecting would otherwise race the node's start."""
         args = [
             sys.executable,
             "-m",
@@ -66,6 +68,10 @@ class BridgeProcess:
         )
         log.close()
         wait_for_port(self.port, proc=self.proc)
+        for setting in self.settings:
+            name, _, value = setting.partition("=")
+            if name == "admin_listen" and value.rpartition(":")[2] not in ("", "0"):
+                wait_for_port(int(value.rpartition(":")[2]), proc=self.proc)
         return self
 
     @property
