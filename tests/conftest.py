@@ -108,13 +108,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under pytest-xdist (`make test` runs `-n`) a module's tests run on one worker, in order,
-    so its module-scoped servers start once; the Spark tests share one worker and so one Spark
-    JVM, the demo first (it starts its own JVMs and must not run beside the other Spark tests:
-    on two cores, two Spark applications at once starve each other's Python workers past
-    Spark's fixed 10 s to connect back, and the queries fail over and over). Modules are handed
-    out in the order of the collection (`FIRST`), not by their number of tests. (pytest-xdist's
-    own `--dist loadgroup` cannot express this with pytest 9, which no longer lets a plugin
-    rename a test's node id.)"""
+    so its module-scoped servers start once; the Spark tests that use the session's Spark
+    share one worker and so one Spark JVM (the demo starts its own). Modules are handed out in
+    the order of the collection (`FIRST`), not by their number of tests. (pytest-xdist's own
+    `--dist loadgroup` cannot express this with pytest 9, which no longer lets a plugin rename a
+    test's node id.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False
@@ -122,7 +120,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            if path.startswith("tests/spark/"):
+            if path.startswith("tests/spark/") and path != FIRST[0]:
                 return "tests/spark"
             return path
 

@@ -7,7 +7,8 @@ each at once would be a system call per packet; the packets of a turn are kept a
 at the end of the turn, or as soon as `WRITE_AT` bytes wait (one write of a large turn's worth
 would hold a large joined copy). What a turn queued is held only until it is written, so an idle
 connection holds nothing, and a turn that queues a single packet (the common case: one PUBACK,
-one PUBLISH) holds just its bytes; an `Outbox` is made by a turn's second packet. Whether the
+one PUBLISH) holds just its bytes; an `Outbox` is made by a turn's second packet
+(`bridge.listeners.connection.Connection._queue`, which holds one or the other). Whether the
 socket takes more is the connection's to say (asyncio's `pause_writing` and `resume_writing`).
 """
 
@@ -31,32 +32,12 @@ class Outbox:
         self.size = len(first) + len(second)
         """The bytes queued."""
 
-    def add(self, data: bytes) -> None:
-        """Queue one more packet after the others."""
+    def add(self, data: bytes) -> int:
+        """Queue one more packet after the others; returns the bytes now queued."""
         self._chunks.append(data)
-        self.size += len(data)
+        size = self.size = self.size + len(data)
+        return size
 
     def joined(self) -> bytes:
         """What is queued, as the bytes of one write."""
         return b"".join(self._chunks)
-
-
-def queued(held: bytes | Outbox | None, data: bytes) -> bytes | Outbox:
-    """What a turn holds for a socket once `data` is queued after what it `held` (None:
-    nothing yet)."""
-    if held is None:
-        return data
-    if isinstance(held, Outbox):
-        held.add(data)
-        return held
-    return Outbox(held, data)
-
-
-def size_of(held: bytes | Outbox) -> int:
-    """The bytes a turn holds for a socket."""
-    return len(held) if isinstance(held, bytes) else held.size
-
-
-def to_write(held: bytes | Outbox) -> bytes:
-    """The bytes of the one write of what a turn holds for a socket."""
-    return held if isinstance(held, bytes) else held.joined()
