@@ -18,7 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from tests.support.clients import paho_client, stop_paho
 from tests.support.cluster import ClusterLauncher, wait_for_route
 from tests.support.processes import BridgeProcess, free_port
-from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
+from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ, admin_send
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
@@ -266,9 +266,8 @@ def test_standalone_notify_routes_backend_messages_and_tells_only_nodes_with_rea
             term.client.subscribe(f"{topic}/store/42/#", 1)
             wait_for_route(lambda p: pub.client.publish(f"{topic}/store/42/probe", p), term)
             time.sleep(1.0)  # the subscription reaches notify too (it has no MQTT to probe)
-            rocketmq.admin(
-                "sendMessage", "-t", topic, "-c", f"{topic}/store/42/order/9", "-p", "paid"
-            )
+            # Sent twice (after mqadmin's own timeout), the second copy would go unread.
+            admin_send(rocketmq, "-t", topic, "-c", f"{topic}/store/42/order/9", "-p", "paid")
             msg = term.get(30)
         assert (msg.topic, msg.payload, msg.qos) == (f"{topic}/store/42/order/9", b"paid", 1)
         assert proxy.count("Grew") == 0 and proxy.count("Wake") == 0

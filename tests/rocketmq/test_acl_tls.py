@@ -29,7 +29,7 @@ from bridge.storage.rocketmq.remoting import BrokerUnavailable
 from bridge.storage.rocketmq.store import RocketMQStore
 from tests.support.clients import paho_client
 from tests.support.processes import REPO
-from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq import LocalRocketMQ, admin_send
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(240)]
 
@@ -152,24 +152,6 @@ def _bridge_settings(mq: LocalRocketMQ) -> list[str]:
     ]
 
 
-def admin_send(mq: LocalRocketMQ, device: Any, topic: str, key: str, body: str) -> list[Any]:
-    """One message sent with RocketMQ's admin tool, to a topic `device` subscribes to; returns
-    what `device` received meanwhile. The tool gives up after its producer's own 3 s, which its
-    JVM can exceed on a busy machine, before or after the broker stored the message: it is sent
-    again only if the device has not received it 15 s later."""
-    for attempt in range(3):
-        try:
-            mq.admin("sendMessage", "-t", topic, "-c", key, "-p", body)
-            return []
-        except RuntimeError as exc:
-            if "call timeout" not in str(exc) or attempt == 2:
-                raise
-        received = device.drain(1, timeout=15)
-        if received:
-            return received
-    return []
-
-
 def test_a_message_a_backend_produces_into_a_secured_rocketmq_reaches_a_device_through_a_bridge(
     secured_rocketmq: LocalRocketMQ, bridge_factory: Callable[..., Any]
 ) -> None:
@@ -184,7 +166,15 @@ def test_a_message_a_backend_produces_into_a_secured_rocketmq_reaches_a_device_t
     with paho_client(node.port, "device-42") as client:
         client.client.subscribe(f"{first}/store/42/#", qos=1)
         time.sleep(0.5)
-        early = admin_send(mq, client, first, f"{first}/store/42/order/9", "paid 9")
+        early: list[Any] = []
+
+        def arrived(timeout: float) -> bool:
+            early.extend(client.drain(1, timeout=timeout))
+            return bool(early)
+
+        admin_send(
+            mq, "-t", first, "-c", f"{first}/store/42/order/9", "-p", "paid 9", arrived=arrived
+        )
 
         async def produce() -> None:
             async with RocketMQClient(

@@ -264,6 +264,7 @@ def wait_for(
         time.sleep(0.5)
 
 
+@pytest.mark.timeout(900)  # its waits are for a machine where other tests hold the CPU
 def test_streaming_job_that_loses_a_query_and_then_is_killed_counts_every_message_exactly_once(
     spark: SparkSession, rocketmq, published, tmp_path: Path
 ) -> None:
@@ -276,7 +277,10 @@ def test_streaming_job_that_loses_a_query_and_then_is_killed_counts_every_messag
     )
     log = tmp_path / "stream.log"
     try:
-        wait_for(lambda: commits(ck, "intervals") >= 1, 300, "a committed micro-batch", job, log)
+        # A query whose Python worker missed Spark's 10 s to connect back on a busy machine is
+        # restarted, after a wait that doubles with each failure: the first commit of all four
+        # can take minutes there.
+        wait_for(lambda: commits(ck, "intervals") >= 1, 480, "a committed micro-batch", job, log)
         # One query's source dies (its Python worker, SIGKILL): that query alone is restarted
         # from its checkpoint while the others run on.
         # A worker that missed Spark's 10 s to connect back (the job restarted its query) may

@@ -557,3 +557,33 @@ def rocketmq_nodes(
         )
 
     return start
+
+
+SEND_TIMED_OUT = ("call timeout", "RemotingTimeoutException")
+"""What mqadmin prints when its producer gave up waiting (RocketMQ's sendDefaultImpl)."""
+
+
+def admin_send(
+    mq: LocalRocketMQ | ExternalRocketMQ,
+    *args: str,
+    arrived: Callable[[float], bool] | None = None,
+) -> str:
+    """`mqadmin sendMessage ARGS` (RocketMQ's own Java client as a backend); returns its output,
+    or "" when a send that timed out turned out to have arrived.
+
+    mqadmin's producer gives up after its own 3 s, counted from before its JVM looked up the
+    topic's route: on a machine busy with other tests its cold start can use them up, before or
+    after the broker stored the message. Such a send is tried again, up to three times in all,
+    and never stored twice unless the caller says it does not matter: with `arrived`, a send
+    is tried again only when `arrived(15.0)` (waiting up to that many seconds for the message
+    where the test expects it) says it did not come; without it, the caller's test is
+    indifferent to a message stored twice."""
+    for attempt in range(3):
+        try:
+            return mq.admin("sendMessage", *args)
+        except RuntimeError as exc:
+            if attempt == 2 or not any(text in str(exc) for text in SEND_TIMED_OUT):
+                raise
+        if arrived is not None and arrived(15.0):
+            return ""
+    raise AssertionError("unreachable: the third attempt returns or raises")
