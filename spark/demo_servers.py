@@ -191,6 +191,7 @@ class RocketMQ:
             ROCKETMQ_NAMESRV_PORT=str(self.namesrv_port),
             ROCKETMQ_BROKER_PORT=str(self.broker_port),
             ROCKETMQ_START_TIMEOUT=str(int(RMQ_START_TIMEOUT / 2)),
+            ROCKETMQ_TIMER="0",  # the demo delays nothing: its broker's timer wheel would idle
             PYTHON=sys.executable,
         )
         return subprocess.run(

@@ -145,7 +145,11 @@ def secured_rocketmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
     session, started on first use; its `credentials` and `tls_options` are what a client needs.
     Local even when $ROCKETMQ_NAMESRV is set."""
     mq = LocalRocketMQ(
-        tmp_path_factory.mktemp("rocketmq-secured"), acl=True, tls=True, tls_client_auth=True
+        tmp_path_factory.mktemp("rocketmq-secured"),
+        acl=True,
+        tls=True,
+        tls_client_auth=True,
+        timer=False,
     )
     mq.start()
     try:

@@ -14,6 +14,9 @@
 #                                     SLAVE) on its master's port + 10, and the masters become
 #                                     SYNC_MASTER (a send is acknowledged once the slave has it)
 #   ROCKETMQ_FLUSH_DISK_TYPE  SYNC_FLUSH (fsync before a send is acknowledged) | ASYNC_FLUSH
+#   ROCKETMQ_TIMER            1, or 0: the brokers' timer wheel (timerWheelEnable), which the
+#                             gateway's delayed publish needs; off, an idle broker takes half
+#                             the CPU (0.07 of a core instead of 0.14 on two cores, 5.3.3)
 #   ROCKETMQ_START_TIMEOUT    90      seconds to wait for a process to come up
 #   ROCKETMQ_STOP_TIMEOUT     30      seconds between SIGTERM and SIGKILL
 #   ROCKETMQ_NAMESRV_HEAP     -Xms128m -Xmx256m
@@ -76,6 +79,7 @@ ROCKETMQ_LIB="$ROCKETMQ_CACHE_DIR/lib"
 : "${RMQ_GROUPS:=1}"
 : "${RMQ_SLAVES:=0}"
 : "${ROCKETMQ_FLUSH_DISK_TYPE:=SYNC_FLUSH}"
+: "${ROCKETMQ_TIMER:=1}"
 : "${ROCKETMQ_START_TIMEOUT:=90}"
 : "${ROCKETMQ_STOP_TIMEOUT:=30}"
 : "${ROCKETMQ_NAMESRV_HEAP:=-Xms128m -Xmx256m}"
@@ -122,6 +126,11 @@ ROCKETMQ_BROKER_ADDR="127.0.0.1:$ROCKETMQ_BROKER_PORT"
 case "$ROCKETMQ_FLUSH_DISK_TYPE" in
     SYNC_FLUSH | ASYNC_FLUSH) ;;
     *) echo "ROCKETMQ_FLUSH_DISK_TYPE must be SYNC_FLUSH or ASYNC_FLUSH, not '$ROCKETMQ_FLUSH_DISK_TYPE'" >&2; exit 2 ;;
+esac
+case "$ROCKETMQ_TIMER" in
+    1) RMQ_TIMER_WHEEL=true ;;
+    0) RMQ_TIMER_WHEEL=false ;;
+    *) echo "ROCKETMQ_TIMER must be 1 or 0, not '$ROCKETMQ_TIMER'" >&2; exit 2 ;;
 esac
 
 if [ -z "${JAVA:-}" ]; then
@@ -275,7 +284,7 @@ prepare_dirs() {
         {
             echo "# Written by deploy/rocketmq/start.sh; read by the other scripts for unset variables."
             for v in ROCKETMQ_NAMESRV_PORT ROCKETMQ_BROKER_PORT ROCKETMQ_CLUSTER ROCKETMQ_BROKER_NAME \
-                RMQ_GROUPS RMQ_SLAVES ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_VERSION \
+                RMQ_GROUPS RMQ_SLAVES ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_TIMER ROCKETMQ_VERSION \
                 ROCKETMQ_ACL ROCKETMQ_ACL_USER ROCKETMQ_ACL_PASSWORD ROCKETMQ_TLS ROCKETMQ_TLS_MODE \
                 ROCKETMQ_TLS_CLIENT_AUTH; do
                 printf ': "${%s:=%s}"\n' "$v" "${!v}"
@@ -305,6 +314,7 @@ render() {
         -e "s#@NAMESRV_PORT@#$ROCKETMQ_NAMESRV_PORT#g" \
         -e "s#@CLUSTER@#$ROCKETMQ_CLUSTER#g" \
         -e "s#@FLUSH_DISK_TYPE@#$ROCKETMQ_FLUSH_DISK_TYPE#g" \
+        -e "s#@TIMER_WHEEL@#$RMQ_TIMER_WHEEL#g" \
         -e "s#@STORE_DIR@#${B_STORE:-$RMQ_STORE}#g" \
         -e "s#@BROKER_PORT@#${B_PORT:-$ROCKETMQ_BROKER_PORT}#g" \
         -e "s#@HA_PORT@#${B_HA_PORT:-$((ROCKETMQ_BROKER_PORT + 1))}#g" \

@@ -75,7 +75,7 @@ def test_a_message_another_node_stores_while_the_new_filter_travels_there_reache
     the queue's end when the filter arrives), and still being stored when it arrives (the
     broker frozen meanwhile: once stored it is announced to the readers the queue has then).
     The broker it freezes is its own, not the one other tests share."""
-    mq = LocalRocketMQ(tmp_path / "rocketmq").start()
+    mq = LocalRocketMQ(tmp_path / "rocketmq", timer=False).start()
     cluster = ClusterLauncher(
         bridge_factory, mq.namesrv_addr, tuple(redis_server.bridge_settings())
     )

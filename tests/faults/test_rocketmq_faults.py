@@ -48,7 +48,7 @@ QUIET = 2.0
 @pytest.fixture
 def mq(tmp_path: Path) -> Iterator[LocalRocketMQ]:
     """This test's own NameServer + broker; always stopped (SIGKILL) at the end."""
-    with own_rocketmq(tmp_path / "rocketmq") as rocketmq:
+    with own_rocketmq(tmp_path / "rocketmq", timer=False) as rocketmq:
         yield rocketmq
 
 

@@ -146,7 +146,7 @@ def node_on(
 def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
     """Two broker groups the module's tests that kill nothing share (each in a namespace of
     its own); the tests that kill a broker or add a group start their own."""
-    mq = LocalRocketMQ(tmp_path_factory.mktemp("two-groups") / "rocketmq", groups=2)
+    mq = LocalRocketMQ(tmp_path_factory.mktemp("two-groups") / "rocketmq", groups=2, timer=False)
     mq.start()
     try:
         yield mq
@@ -284,7 +284,7 @@ def test_kill_9_of_a_master_with_its_slave_loses_no_acknowledged_message(
     stays down. Publishers move to broker-b, what broker-a acknowledged is read from its slave
     (a subscriber that was offline at the kill reads all of it there), and QoS 2 is delivered
     exactly once."""
-    mq = LocalRocketMQ(tmp_path / "rocketmq", groups=2, slaves=1)
+    mq = LocalRocketMQ(tmp_path / "rocketmq", groups=2, slaves=1, timer=False)
     mq.start()
     try:
         node = node_on(mq, bridge_factory)
@@ -377,7 +377,7 @@ def test_a_group_added_under_load_and_a_drained_group_lose_nothing(
     """One group under QoS 1 load; broker-b joins (the node learns it without a restart); then
     broker-a loses its write permission: its topics move to broker-b, and what it holds is read
     to its end."""
-    mq = LocalRocketMQ(tmp_path / "rocketmq", groups=1, spare_groups=1)
+    mq = LocalRocketMQ(tmp_path / "rocketmq", groups=1, spare_groups=1, timer=False)
     mq.start()
     try:
         node = node_on(mq, bridge_factory)

@@ -27,7 +27,7 @@ TOPIC = "deploy_test"
 @pytest.fixture(scope="module")
 def mq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
     began = time.monotonic()
-    with own_rocketmq(tmp_path_factory.mktemp("rocketmq")) as node:
+    with own_rocketmq(tmp_path_factory.mktemp("rocketmq"), timer=False) as node:
         node.start_seconds = time.monotonic() - began  # type: ignore[attr-defined]
         yield node
 

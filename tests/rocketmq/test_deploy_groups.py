@@ -33,7 +33,9 @@ PERM_WRITE = 2
 
 @pytest.fixture(scope="module")
 def mq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
-    with own_rocketmq(tmp_path_factory.mktemp("rocketmq-groups"), groups=2, slaves=1) as node:
+    with own_rocketmq(
+        tmp_path_factory.mktemp("rocketmq-groups"), groups=2, slaves=1, timer=False
+    ) as node:
         yield node
 
 

@@ -42,7 +42,7 @@ _ids = itertools.count()
 @pytest.fixture(scope="module")
 def rmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
     """One local NameServer + broker for the module."""
-    server = LocalRocketMQ(Path(tmp_path_factory.mktemp("rocketmq")))
+    server = LocalRocketMQ(Path(tmp_path_factory.mktemp("rocketmq")), timer=False)
     server.start()
     try:
         yield server

@@ -29,7 +29,7 @@ Stored = tuple[str, str, str, bytes]
 
 @pytest.fixture(scope="module")
 def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
-    mq = LocalRocketMQ(tmp_path_factory.mktemp("rocketmq-groups"), groups=2)
+    mq = LocalRocketMQ(tmp_path_factory.mktemp("rocketmq-groups"), groups=2, timer=False)
     mq.start()
     try:
         yield mq
