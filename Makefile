@@ -111,6 +111,10 @@ test: test-deps lint
 bench: test-deps
 	$(BIN)/python tests/bench/run_bench.py $(BENCH_ARGS)
 	$(BIN)/python tests/bench/single_node.py
+	# The same loads with the embedded store's `sync = interval` (PUBACK once written, an
+	# fdatasync every 10 ms), beside Mosquitto again.
+	$(BIN)/python tests/bench/single_node.py --results-dir tests/bench/results/sync-interval \
+		--ours-cmd '{python} -m bridge --listen {host}:{port} --data-dir {data_dir} --log-level warning --set sync=interval'
 	$(BIN)/python tests/bench/durability_contrast.py
 	$(BIN)/python tests/bench/conn_capacity.py
 	$(BIN)/python tests/bench/cluster_bench.py

@@ -72,6 +72,8 @@ class Config:
     metering_interval: float = 10.0
     metering_redis_url: str = ""
     fsync: bool = True
+    sync: str = "commit"
+    sync_interval_ms: float = 10.0
     inline_commit_ms: float = 1.0
     store_qos0: bool = True
     deliver_before_commit: bool = True
@@ -252,6 +254,13 @@ SETTINGS: dict[str, str] = {
     "metering_interval": "seconds between flushes of per-client/user counters to Redis (0: off)",
     "metering_redis_url": "Redis for metering `redis://HOST:PORT/DB` (default: the cluster's)",
     "fsync": "fsync each group commit before PUBACK/PUBREC; `false` is NOT durable (benchmarks)",
+    "sync": (
+        "embedded store: when an acknowledged message reaches the disk. `commit`: a PUBACK/PUBREC "
+        "waits for its commit's fdatasync. `interval`: it waits for the write to the OS (kill -9 "
+        "of the process loses nothing), the log is synced at least every `sync_interval_ms` (a "
+        "power loss or kernel crash may lose that window)"
+    ),
+    "sync_interval_ms": "with `sync = interval`: the most time written data goes unsynced",
     "inline_commit_ms": (
         "group commits (write + fsync) run on the event loop while they take at most this many "
         "ms on average, else on a writer thread (0: always the thread)"

@@ -44,6 +44,7 @@ def make_store(config: Config, session_meta: Any = None) -> MessageStore:
             retention_bytes=config.retention_bytes,
             retention_seconds=config.retention_seconds,
             fsync=config.fsync,
+            sync_interval=config.sync_interval_ms / 1000 if config.sync == "interval" else 0.0,
             inline_commit_seconds=config.inline_commit_ms / 1000,
             preallocate_bytes=config.segment_preallocate_bytes,
         )
@@ -122,6 +123,13 @@ class Server:
         """Restore state, then accept connections on every configured listener."""
         if not self.config.fsync:
             log.warning("fsync is OFF: acknowledged messages can be lost on power failure")
+        elif self.config.sync == "interval" and self.config.store == "filelog":
+            log.info(
+                "sync = interval: a PUBACK/PUBREC means written to the OS and synced within "
+                "%g ms (a kill -9 of this process loses nothing; a power loss may lose that "
+                "window)",
+                self.config.sync_interval_ms,
+            )
         secure_data_dir(Path(self.config.data_dir))
         await self.node.start()
         if self.cluster is not None:

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from bridge.settings import Config, ConfigError, require_positive
 
+MAX_SYNC_INTERVAL_MS = 120_000
+"""The longest `sync_interval_ms`, NATS JetStream's default sync interval (RocketMQ's asynchronous
+flush runs every 500 ms): a longer unsynced window is a snapshot policy, which this store does not
+offer."""
+
 
 def check_storage_settings(config: Config) -> None:
     """Raise ConfigError for storage settings that cannot work."""
@@ -25,6 +30,13 @@ def check_storage_settings(config: Config) -> None:
         from bridge.storage.rocketmq import rocketmq_security
 
         rocketmq_security(config)
+    if config.sync not in ("commit", "interval"):
+        raise ConfigError(f"sync: unknown policy {config.sync!r} (known: commit, interval)")
+    if config.sync == "interval" and not 0 < config.sync_interval_ms <= MAX_SYNC_INTERVAL_MS:
+        raise ConfigError(
+            f"sync_interval_ms: must be above 0 and at most {MAX_SYNC_INTERVAL_MS:,} "
+            "(the most acknowledged data a power loss may take is what this interval writes)"
+        )
     for name in ("inline_commit_ms", "segment_preallocate_bytes"):
         if getattr(config, name) < 0:
             raise ConfigError(f"{name}: must not be negative")

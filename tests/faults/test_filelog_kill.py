@@ -3,7 +3,9 @@
 A child process appends durable messages from many concurrent tasks and prints each one as soon
 as its append returned. The parent SIGKILLs it mid-stream, reopens the store and checks that
 every printed message is there with its payload, at its seq, and that queue offsets are dense.
-Several rounds run on the same directory, so later ones also append after a recovery.
+Several rounds run on the same directory, so later ones also append after a recovery. Under
+`sync = interval` an append returns once written to the OS, before its sync: the kill of the
+process cannot take that back either.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from bridge.storage import FileLogStore, Message, MetaUpdate
 def payload(key):
     return (key.encode() + b"|") * (1 + zlib.crc32(key.encode()) % 97)
 
-async def main(path, round_, ahead):
+async def main(path, round_, ahead, sync_interval):
     store = FileLogStore(
-        path, segment_bytes=64 * 1024, snapshot_every_bytes=32 * 1024, preallocate_bytes=ahead
+        path, segment_bytes=64 * 1024, snapshot_every_bytes=32 * 1024, preallocate_bytes=ahead,
+        sync_interval=sync_interval,
     )
     await store.open()
     out = sys.stdout
@@ -54,7 +57,7 @@ async def main(path, round_, ahead):
     print("ready", flush=True)
     await asyncio.gather(*(writer(w) for w in range(16)))
 
-uvloop.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+uvloop.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
 """
 
 
@@ -63,11 +66,12 @@ def payload(key: str) -> bytes:
 
 
 def run_and_kill(
-    path: Path, round_: int, acks_before_kill: int, preallocate: int = 0
+    path: Path, round_: int, acks_before_kill: int, preallocate: int = 0, sync_interval: float = 0.0
 ) -> dict[str, int]:
     """Start the child, collect acknowledgements, SIGKILL it; returns key -> seq."""
+    command = [sys.executable, "-c", CHILD, str(path), str(round_), str(preallocate)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(path), str(round_), str(preallocate)],
+        [*command, str(sync_interval)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -155,11 +159,18 @@ async def check(path: Path, acked: dict[str, int], preallocate: int = 0) -> None
 
 
 # 0: the file grows with every commit; 16 KiB: zeros are written ahead of the records (a few
-# times per 64 KiB segment), and the kill lands in them.
-@pytest.mark.parametrize("preallocate", [0, 16 * 1024], ids=["appending", "zeros_ahead"])
-def test_acknowledged_appends_survive_sigkill(tmp_path: Path, preallocate: int) -> None:
+# times per 64 KiB segment), and the kill lands in them. `sync = interval` (10 ms): appends are
+# acknowledged once written, synced later.
+@pytest.mark.parametrize(
+    ("preallocate", "sync_interval"),
+    [(0, 0.0), (16 * 1024, 0.0), (16 * 1024, 0.01)],
+    ids=["appending", "zeros_ahead", "sync_interval"],
+)
+def test_acknowledged_appends_survive_sigkill(
+    tmp_path: Path, preallocate: int, sync_interval: float
+) -> None:
     path = tmp_path / "store"
     acked: dict[str, int] = {}
     for round_, acks in enumerate((300, 450, 700, 1000), start=1):
-        acked.update(run_and_kill(path, round_, acks, preallocate))
+        acked.update(run_and_kill(path, round_, acks, preallocate, sync_interval))
         uvloop.run(check(path, acked, preallocate))

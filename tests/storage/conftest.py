@@ -29,6 +29,11 @@ def _filelog(path: Path, **options: Any) -> MessageStore:
     return FileLogStore(path, **options)
 
 
+def _filelog_interval(path: Path, **options: Any) -> MessageStore:
+    """The embedded store with `sync = interval` (10 ms): acknowledged once written."""
+    return FileLogStore(path, **{"sync_interval": 0.01, **options})
+
+
 def _rocketmq(
     path: Path,
     *,
@@ -47,10 +52,12 @@ def _rocketmq(
 
 BACKENDS: dict[str, Callable[..., MessageStore]] = {
     "filelog": _filelog,
+    "filelog-interval": _filelog_interval,
     "rocketmq": _rocketmq,
     "rocketmq-acl-tls": _rocketmq,
 }
 """Backend name -> factory(data path, **options). Options a backend does not know are dropped.
+`filelog-interval` is the embedded store under `sync = interval`, whose contract is the same.
 `rocketmq-acl-tls` is RocketMQ with authentication on and TLS only: every request signed (the
 send hot path's pre-built frames included), every connection TLS."""
 NEEDS_ROCKETMQ = {"rocketmq": "rocketmq", "rocketmq-acl-tls": "secured_rocketmq"}

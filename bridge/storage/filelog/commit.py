@@ -9,6 +9,12 @@ thread (a round trip to a worker thread costs more); a slow disk's run on the st
 thread until commits are fast again. A batch whose write fails is taken back, in memory and on
 disk, before its waiters learn of it; everything after it is taken back too.
 
+When a waited-for batch is synced is the sync policy's (`sync_interval`): with `sync = commit`
+each one is, before its waiters learn it is durable; with `sync = interval` its waiters learn it
+once it is written to the OS (which a kill -9 of the process cannot take back), and the log is
+synced by the first batch taken once the interval since the last sync has passed, or by a timer
+when no batch comes (`_sync_due`).
+
 Threading: every method runs on the event loop thread; the write and fsync of a slow batch and
 a rollback's file truncation run on the writer thread, which the loop does not touch meanwhile.
 """
@@ -17,13 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
 from bridge.storage.base import StoreUnavailable
-from bridge.storage.filelog.files import Segment, truncate_log, write_all, write_batch
+from bridge.storage.filelog.files import (
+    Segment,
+    sync_file,
+    truncate_log,
+    write_all,
+    write_batch,
+)
 from bridge.storage.filelog.index import QueueIndex, RecordCache
 from bridge.storage.filelog.segments import SegmentLog
 from bridge.storage.filelog.undo import Undo, Waiter, made_durable, resolve, take_back
@@ -33,16 +46,27 @@ log = logging.getLogger("bridge.storage")
 COMMIT_AVERAGE_WEIGHT: Final = 0.2
 """Weight of the latest group commit in the running average of their durations."""
 
+SYNC_RETRY_SECONDS: Final = 0.001
+"""With `sync = interval`, how soon a sync that found a commit due or running looks again (that
+commit may sync nothing: a batch of QoS 0 records only)."""
+
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
     """Write all of `data` to `fd` (module level so tests can make it fail)."""
     write_all(fd, data)
 
 
+def _timed_sync(fd: int) -> float:
+    """Sync `fd`'s data; returns the seconds it took (module level so tests can make it fail)."""
+    t0 = time.perf_counter()
+    sync_file(fd)
+    return time.perf_counter() - t0
+
+
 class Batch:
     """One group commit: what it writes, who waits for it, and where it ends."""
 
-    __slots__ = ("chunks", "end", "need_sync", "records", "start", "waiters")
+    __slots__ = ("chunks", "deferred", "end", "need_sync", "records", "start", "waiters")
 
     def __init__(
         self,
@@ -52,6 +76,7 @@ class Batch:
         end: int,
         records: int,
         need_sync: bool,
+        deferred: bool,
     ) -> None:
         self.chunks = chunks
         """Each segment's records of this batch, joined into one write."""
@@ -66,6 +91,9 @@ class Batch:
         self.need_sync = need_sync
         """Whether it must be synced: someone waits for one of its records, or one is on a
         queue. A batch of QoS 0 messages kept for analytics only is written without a sync."""
+        self.deferred = deferred
+        """Whether it would need a sync that `sync = interval` put off: the sync is owed within
+        the interval (`GroupCommit._sync_due`)."""
 
 
 class GroupCommit:
@@ -74,8 +102,8 @@ class GroupCommit:
     The state of the write path: the framed records not yet written (`_pending`, by segment),
     who waits for them (`_waiters`; `_inflight` while their batch is written), each record's
     undo entry until it is durable (`_undo`), and whether a commit is due or running
-    (`_flushing`). A store that has failed to take back a write is broken (`_broken`) and
-    refuses everything after.
+    (`_flushing`). A store that has failed to take back a write, or (`sync = interval`) to
+    sync records it acknowledged, is broken (`_broken`) and refuses everything after.
     """
 
     def __init__(
@@ -90,6 +118,7 @@ class GroupCommit:
         segment_bytes: int,
         inline_commit_seconds: float,
         preallocate_bytes: int,
+        sync_interval: float = 0.0,
     ) -> None:
         self._log = log
         self._queues = queues
@@ -105,6 +134,12 @@ class GroupCommit:
         """Zeros written after the records whenever the active segment's file grows (never past
         `segment_bytes`), so that the commits after it overwrite them (`files.write_batch`);
         0: none."""
+        self.sync_interval = sync_interval if fsync else 0.0
+        """`sync = interval`: the most seconds written data waits for its sync (0: `sync =
+        commit`, each waited-for batch is synced before its waiters are told)."""
+        self._synced_at = 0.0
+        """Loop time of the last sync under `sync = interval`."""
+        self._sync_timer: asyncio.TimerHandle | None = None
         self._commit_average = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wexec: ThreadPoolExecutor | None = None
@@ -238,11 +273,17 @@ class GroupCommit:
 
     def _take_batch(self) -> Batch:
         need_sync = bool(self._waiters) or any(u[1] for u in self._undo)
+        deferred = False
+        if need_sync and self.sync_interval > 0.0:
+            # `sync = interval`: synced only once the interval since the last sync has passed
+            # (everything written before it reaches the disk with it); else written only.
+            need_sync = self._loop.time() - self._synced_at >= self.sync_interval  # type: ignore[union-attr]
+            deferred = not need_sync
         chunks = [(seg, b"".join(parts)) for seg, parts in self._pending]
         waiters = self._inflight = self._waiters
         self._pending, self._waiters, self._pending_bytes = [], [], 0
         log_ = self._log
-        return Batch(chunks, waiters, log_.durable, log_.pos, len(self._undo), need_sync)
+        return Batch(chunks, waiters, log_.durable, log_.pos, len(self._undo), need_sync, deferred)
 
     def _committed(self, batch: Batch, seconds: float, fsyncs: int) -> None:
         """A batch is written (and synced): its records become durable, its waiters are told."""
@@ -250,6 +291,13 @@ class GroupCommit:
         records = batch.records
         if batch.need_sync:
             self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
+        if self.sync_interval > 0.0:
+            if batch.need_sync:
+                self._synced_at = self._loop.time()  # type: ignore[union-attr]
+            elif batch.deferred and self._sync_timer is None:
+                self._sync_timer = self._loop.call_at(  # type: ignore[union-attr]
+                    self._synced_at + self.sync_interval, self._sync_due
+                )
         self._inflight = None
         self._last_written = batch.chunks[-1][0]
         self._log.durable = end
@@ -264,6 +312,80 @@ class GroupCommit:
         self.commit_pass += 1
         resolve(batch.waiters, None)
         self._after_commit()
+
+    # -- sync = interval --------------------------------------------------------------------------
+
+    def _sync_due(self) -> None:
+        """`sync = interval`: the interval since the last sync has passed, and no batch taken
+        since synced what was written: sync the log now (the last segment written; each earlier
+        one was synced before a later one was written). On the loop while commits are fast, as
+        they run, else on the writer thread; commits wait meanwhile."""
+        self._sync_timer = None
+        seg = self._last_written
+        if seg is None or not seg.unsynced or seg.fd is None or self._broken is not None:
+            return
+        loop = self._loop
+        assert loop is not None
+        if self._flushing:
+            # A commit is due or running; it may sync nothing (QoS 0 records only): look again.
+            self._sync_timer = loop.call_later(SYNC_RETRY_SECONDS, self._sync_due)
+            return
+        inline = self.inline_commit_seconds
+        if inline <= 0 or self._commit_average > inline:
+            self._flushing = True
+            self._flush_task = loop.create_task(self._slow_sync(seg, seg.fd))
+            return
+        sync = _timed_sync  # looked up as the module holds it: tests replace it to fail
+        try:
+            seconds = sync(seg.fd)
+        except OSError as exc:
+            self._sync_failed(exc)
+            return
+        self._synced(seg, seconds)
+
+    async def _slow_sync(self, seg: Segment, fd: int) -> None:
+        """`_sync_due`'s sync of `seg` (its descriptor `fd`) on the writer thread; then the
+        commits queued meanwhile."""
+        try:
+            try:
+                seconds = await self._loop.run_in_executor(  # type: ignore[union-attr]
+                    self._wexec, _timed_sync, fd
+                )
+            except OSError as exc:
+                self._sync_failed(exc)
+            else:
+                self._synced(seg, seconds)
+        except BaseException:
+            self._flushing = False
+            raise
+        finally:
+            self._flush_task = None
+        self._flush_soon(2)
+
+    def _synced(self, seg: Segment, seconds: float) -> None:
+        seg.unsynced = False
+        self._synced_at = self._loop.time()  # type: ignore[union-attr]
+        self._commit_average += (seconds - self._commit_average) * COMMIT_AVERAGE_WEIGHT
+        self._stats["fsyncs"] += 1
+
+    def _sync_failed(self, exc: OSError) -> None:
+        """A sync of written, acknowledged records failed: they may never reach the disk, and
+        after a failed fdatasync the kernel may have dropped the pages it could not write while
+        reporting the next sync clean. Nothing more is acknowledged on this log: every later
+        write fails, and the node must be restarted (recovery reads what the disk holds)."""
+        self._stats["write_errors"] += 1
+        log.critical(
+            "syncing the log failed (%s): acknowledged messages written since the last sync may "
+            "not be on the disk; the store refuses every write from now on, restart the node",
+            exc,
+        )
+        self._broken = exc
+
+    def _stop_syncing(self) -> None:
+        """The store closes (and syncs whatever is unsynced as it closes its segments)."""
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
+            self._sync_timer = None
 
     async def _write_failed(self, start: int, exc: BaseException) -> None:
         """Undo everything from `start` on, in memory and on disk, and fail its waiters."""

@@ -95,6 +95,7 @@ class FileLogStore(GroupCommit):
         snapshot_every_bytes: int = 16 * MiB,
         inline_commit_seconds: float = 0.001,
         preallocate_bytes: int = 0,
+        sync_interval: float = 0.0,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         if segment_bytes <= 0 or retention_bytes < 0 or retention_seconds < 0 or cache_bytes < 0:
@@ -111,6 +112,7 @@ class FileLogStore(GroupCommit):
             segment_bytes=segment_bytes,
             inline_commit_seconds=inline_commit_seconds,
             preallocate_bytes=preallocate_bytes,
+            sync_interval=sync_interval,
         )
         self.retention_bytes = retention_bytes
         self.retention_seconds = retention_seconds
@@ -181,6 +183,7 @@ class FileLogStore(GroupCommit):
             if self._broken is None:
                 await self._maintenance.snapshot()
         finally:
+            self._stop_syncing()
             close_segments(self._log.segments, self.fsync)
             self._shutdown_executors()
             self._state = _CLOSED

@@ -50,6 +50,15 @@ def test_env_list_is_comma_separated():
         ({"MQTT_BRIDGE_LISTEN": "nohost"}, "is not HOST:PORT"),
         ({"MQTT_BRIDGE_NO_SUCH": "1"}, "unknown setting 'no_such'"),
         ({"MQTT_BRIDGE_STORE": "tape"}, "unknown backend"),
+        ({"MQTT_BRIDGE_SYNC": "never"}, "sync: unknown policy 'never'"),
+        (
+            {"MQTT_BRIDGE_SYNC": "interval", "MQTT_BRIDGE_SYNC_INTERVAL_MS": "0"},
+            "sync_interval_ms: must be above 0",
+        ),
+        (
+            {"MQTT_BRIDGE_SYNC": "interval", "MQTT_BRIDGE_SYNC_INTERVAL_MS": "600000"},
+            "sync_interval_ms: must be above 0 and at most 120,000",
+        ),
     ],
 )
 def test_bad_values_are_refused_with_a_message_naming_the_setting(env, message):
