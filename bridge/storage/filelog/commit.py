@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
@@ -232,30 +232,34 @@ class GroupCommit:
 
     def _slow_commit(self, batch: Batch, error: BaseException | None) -> None:
         """Hand `batch` to `_slow_steps` in a task (`_flush_task`, which `close` waits for)."""
-        slow = self._slow_steps(batch, error)
+        slow = self._off_the_loop(self._slow_steps(batch, error))
         self._flush_task = self._loop.create_task(slow)  # type: ignore[union-attr]
 
-    async def _slow_steps(self, batch: Batch, error: BaseException | None) -> None:
-        """A batch's commit on the writer thread, or the rollback of its failed write (`error`);
-        then the batches after it."""
+    async def _off_the_loop(self, step: Coroutine[Any, Any, None]) -> None:
+        """Run a step that waits for the writer thread (a commit, its rollback, a sync) while
+        commits wait (`_flushing`); then the batches queued meanwhile."""
         try:
-            if error is None:
-                try:
-                    seconds, fsyncs = await self._loop.run_in_executor(  # type: ignore[union-attr]
-                        self._wexec, write_batch, *self._write_args(batch)
-                    )
-                except Exception as exc:
-                    error = exc
-                else:
-                    self._committed(batch, seconds, fsyncs)
-            if error is not None:
-                await self._write_failed(batch.start, error)
+            await step
         except BaseException:
             self._flushing = False
             raise
         finally:
             self._flush_task = None
         self._flush_soon(2)
+
+    async def _slow_steps(self, batch: Batch, error: BaseException | None) -> None:
+        """A batch's commit on the writer thread, or the rollback of its failed write (`error`)."""
+        if error is None:
+            try:
+                seconds, fsyncs = await self._loop.run_in_executor(  # type: ignore[union-attr]
+                    self._wexec, write_batch, *self._write_args(batch)
+                )
+            except Exception as exc:
+                error = exc
+            else:
+                self._committed(batch, seconds, fsyncs)
+        if error is not None:
+            await self._write_failed(batch.start, error)
 
     def _write_args(self, batch: Batch) -> tuple[Any, ...]:
         """`files.write_batch`'s arguments for `batch`, taken on the loop: on the writer thread
@@ -333,7 +337,7 @@ class GroupCommit:
         inline = self.inline_commit_seconds
         if inline <= 0 or self._commit_average > inline:
             self._flushing = True
-            self._flush_task = loop.create_task(self._slow_sync(seg, seg.fd))
+            self._flush_task = loop.create_task(self._off_the_loop(self._slow_sync(seg, seg.fd)))
             return
         sync = _timed_sync  # looked up as the module holds it: tests replace it to fail
         try:
@@ -344,23 +348,15 @@ class GroupCommit:
         self._synced(seg, seconds)
 
     async def _slow_sync(self, seg: Segment, fd: int) -> None:
-        """`_sync_due`'s sync of `seg` (its descriptor `fd`) on the writer thread; then the
-        commits queued meanwhile."""
+        """`_sync_due`'s sync of `seg` (its descriptor `fd`) on the writer thread."""
         try:
-            try:
-                seconds = await self._loop.run_in_executor(  # type: ignore[union-attr]
-                    self._wexec, _timed_sync, fd
-                )
-            except OSError as exc:
-                self._sync_failed(exc)
-            else:
-                self._synced(seg, seconds)
-        except BaseException:
-            self._flushing = False
-            raise
-        finally:
-            self._flush_task = None
-        self._flush_soon(2)
+            seconds = await self._loop.run_in_executor(  # type: ignore[union-attr]
+                self._wexec, _timed_sync, fd
+            )
+        except OSError as exc:
+            self._sync_failed(exc)
+        else:
+            self._synced(seg, seconds)
 
     def _synced(self, seg: Segment, seconds: float) -> None:
         seg.unsynced = False
