@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, settings
 from tests.support.clients import close_all_raw_clients
 from tests.support.processes import BridgeProcess
 from tests.support.redis import LocalRedis, RedisAuth
-from tests.support.rocketmq import SHARED_ENV, ExternalRocketMQ, LocalRocketMQ, rocketmq_for_tests
+from tests.support.rocketmq import SHARED_ENV, ExternalRocketMQ, LocalRocketMQ
+from tests.support.rocketmq_use import rocketmq_for_tests
 
 pytest_plugins = ["tests.support.loop_guard"]
 

@@ -18,7 +18,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from tests.support.clients import paho_client, stop_paho
 from tests.support.cluster import ClusterLauncher, wait_for_route
 from tests.support.processes import BridgeProcess, free_port
-from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ, admin_send
+from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
+from tests.support.rocketmq_use import admin_send
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]

@@ -31,7 +31,8 @@ from tests.support.load import (
 )
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
-from tests.support.rocketmq import LocalRocketMQ, own_rocketmq, rocketmq_nodes
+from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq_use import own_rocketmq, rocketmq_nodes
 from tests.support.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.rocketmq, pytest.mark.timeout(300)]

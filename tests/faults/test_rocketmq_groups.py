@@ -30,7 +30,8 @@ from tests.support.load import (
 )
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
-from tests.support.rocketmq import LocalRocketMQ, admin_send
+from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq_use import admin_send
 from tests.support.waiting import poll_until, wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.rocketmq, pytest.mark.timeout(420)]

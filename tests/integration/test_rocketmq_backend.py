@@ -26,7 +26,7 @@ from tests.support.clients import PahoClient, RawClient, paho_client
 from tests.support.mqtt5 import paho5, sub_options
 from tests.support.processes import BridgeProcess
 from tests.support.qos import ExactlyOnceReceiver
-from tests.support.rocketmq import rocketmq_nodes
+from tests.support.rocketmq_use import rocketmq_nodes
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]

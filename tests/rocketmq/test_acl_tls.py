@@ -29,7 +29,8 @@ from bridge.storage.rocketmq.remoting import BrokerUnavailable
 from bridge.storage.rocketmq.store import RocketMQStore
 from tests.support.clients import paho_client
 from tests.support.processes import REPO
-from tests.support.rocketmq import LocalRocketMQ, admin_send
+from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq_use import admin_send
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(240)]
 

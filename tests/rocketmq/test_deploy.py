@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.rocketmq import LocalRocketMQ, admin_send, own_rocketmq
+from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq_use import admin_send, own_rocketmq
 
 # No skip when java is missing: `make test` installs a JRE, and a machine without one must fail
 # here with the reason (LocalRocketMQ.start raises), never pass by skipping.

@@ -23,7 +23,8 @@ import pytest
 from bridge.storage.rocketmq.messages import decode_messages
 from bridge.storage.rocketmq.remoting import RocketMQClient, SendStatus
 from bridge.storage.rocketmq.wire import PullSysFlag, RequestCode, ResponseCode
-from tests.support.rocketmq import LocalRocketMQ, broker_role, own_rocketmq
+from tests.support.rocketmq import LocalRocketMQ, broker_role
+from tests.support.rocketmq_use import own_rocketmq
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(400)]
 

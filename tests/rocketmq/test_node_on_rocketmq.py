@@ -30,12 +30,8 @@ from notify.core import Notifier
 from notify.embedded import embedded_notifier
 from tests.integration.test_store_failure import open_connection
 from tests.support.clients import paho_client
-from tests.support.rocketmq import (
-    ExternalRocketMQ,
-    LocalRocketMQ,
-    admin_send,
-    rocketmq_of_its_own_when_shared,
-)
+from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
+from tests.support.rocketmq_use import admin_send, rocketmq_of_its_own_when_shared
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
 

@@ -21,31 +21,24 @@ what a client needs to talk to it:
     mq = LocalRocketMQ(tmp_path / "rocketmq", acl=True, tls=True, tls_client_auth=True).start()
     RocketMQClient(mq.namesrv_addr, ..., credentials=mq.credentials, tls=mq.tls_options)
 
-`rocketmq_for_tests(data_dir)` is a context manager for a session fixture: it uses the external
-NameServer in $ROCKETMQ_NAMESRV ("host:port") when set, else starts a LocalRocketMQ and always
-stops it; `own_rocketmq(data_dir, **options)` is a LocalRocketMQ of a test's or module's own,
-always stopped; `rocketmq_nodes(bridge_factory, mq, *settings)` starts store=rocketmq nodes on
-one. Start-up fetches the jars once (Maven, ~90 MB, cached under ~/.cache/mqtt-bridge).
+`ExternalRocketMQ` stands for a NameServer the tests did not start ($ROCKETMQ_NAMESRV). Which
+instance a test gets, the nodes it starts on one and the messages it sends with mqadmin are
+`tests.support.rocketmq_use`'s. Start-up fetches the jars once (Maven, ~90 MB, cached under
+~/.cache/mqtt-bridge).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import secrets
 import subprocess
 import sys
 import weakref
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from bridge.storage.rocketmq import Credentials, TlsOptions
 from tests.support.ports import can_bind, free_port_block
-
-if TYPE_CHECKING:
-    from tests.support.processes import BridgeProcess
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "rocketmq"
@@ -496,99 +489,3 @@ class ExternalRocketMQ:
         )
         if "success" not in out:
             raise RuntimeError(f"creating topic {name!r} failed:\n{out}")
-
-
-@contextlib.contextmanager
-def own_rocketmq(data_dir: Path | str, **options: Any) -> Iterator[LocalRocketMQ]:
-    """A LocalRocketMQ (`options` as its constructor takes them) of the caller's own, apart from
-    the session's: for tests that kill its brokers or need another layout. Started, and always
-    stopped (SIGKILL) at the end."""
-    mq = LocalRocketMQ(data_dir, **options)
-    mq.start()
-    try:
-        yield mq
-    finally:
-        mq.stop(graceful=False)
-
-
-@contextlib.contextmanager
-def rocketmq_for_tests(data_dir: Path | str) -> Iterator[LocalRocketMQ | ExternalRocketMQ]:
-    """The RocketMQ tests talk to: $ROCKETMQ_NAMESRV if set, else a local one (stopped after).
-
-    For a session fixture:
-        @pytest.fixture(scope="session")
-        def rocketmq(tmp_path_factory):
-            with rocketmq_for_tests(tmp_path_factory.mktemp("rocketmq")) as mq:
-                yield mq
-    """
-    external = os.environ.get("ROCKETMQ_NAMESRV")
-    if external:
-        yield ExternalRocketMQ(external, data_dir).start()
-        return
-    shared = os.environ.get(SHARED_ENV)
-    if shared:
-        yield LocalRocketMQ.shared(shared)
-        return
-    with own_rocketmq(data_dir) as mq:
-        yield mq
-
-
-@contextlib.contextmanager
-def rocketmq_of_its_own_when_shared(
-    session_mq: LocalRocketMQ | ExternalRocketMQ, data_dir: Path | str
-) -> Iterator[LocalRocketMQ | ExternalRocketMQ]:
-    """The session's RocketMQ, unless pytest-xdist's workers share it (`SHARED_ENV`): then a
-    LocalRocketMQ of the caller's own. For a module whose tests see the whole broker (notify
-    reads every topic and counts what it read; a test switches a broker setting) and so must
-    not run beside other workers' tests on it."""
-    if not os.environ.get(SHARED_ENV):
-        yield session_mq
-        return
-    with own_rocketmq(data_dir) as mq:
-        yield mq
-
-
-def rocketmq_nodes(
-    bridge_factory: Callable[..., BridgeProcess],
-    mq: LocalRocketMQ | ExternalRocketMQ,
-    *settings: str,
-) -> Callable[..., BridgeProcess]:
-    """What starts a store=rocketmq node on `mq` with `settings` and the call's own; the nodes
-    are `bridge_factory`'s, killed at the end of the test (before a fixture's `mq` stops)."""
-
-    def start(*more: str) -> BridgeProcess:
-        return bridge_factory(
-            "store=rocketmq", f"rocketmq_namesrv={mq.namesrv_addr}", *settings, *more
-        )
-
-    return start
-
-
-SEND_TIMED_OUT = ("call timeout", "RemotingTimeoutException")
-"""What mqadmin prints when its producer gave up waiting (RocketMQ's sendDefaultImpl)."""
-
-
-def admin_send(
-    mq: LocalRocketMQ | ExternalRocketMQ,
-    *args: str,
-    arrived: Callable[[float], bool] | None = None,
-) -> str:
-    """`mqadmin sendMessage ARGS` (RocketMQ's own Java client as a backend); returns its output,
-    or "" when a send that timed out turned out to have arrived.
-
-    mqadmin's producer gives up after its own 3 s, counted from before its JVM looked up the
-    topic's route: on a machine busy with other tests its cold start can use them up, before or
-    after the broker stored the message. Such a send is tried again, up to three times in all,
-    and never stored twice unless the caller says it does not matter: with `arrived`, a send
-    is tried again only when `arrived(15.0)` (waiting up to that many seconds for the message
-    where the test expects it) says it did not come; without it, the caller's test is
-    indifferent to a message stored twice."""
-    for attempt in range(3):
-        try:
-            return mq.admin("sendMessage", *args)
-        except RuntimeError as exc:
-            if attempt == 2 or not any(text in str(exc) for text in SEND_TIMED_OUT):
-                raise
-        if arrived is not None and arrived(15.0):
-            return ""
-    raise AssertionError("unreachable: the third attempt returns or raises")
