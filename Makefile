@@ -15,7 +15,7 @@ PYTEST_ARGS ?= -n 4 --durations=5
 N      ?= 3
 DEMO_ARGS ?=
 
-.PHONY: install install-spark compile pure run test test-deps lint bench hostile mutation clean cluster cluster-stop spark-demo
+.PHONY: install install-spark compile pure run test test-deps lint bench hostile mutation clean cluster cluster-stop spark-demo path-steps
 
 install: $(STAMP)
 
@@ -125,6 +125,13 @@ bench: test-deps
 	$(BIN)/python tests/bench/subscribe_latency.py
 	$(BIN)/python -m tests.bench.login_flood
 	$(BIN)/python tests/bench/spark_bench.py
+
+# Where a QoS 1 message's time goes on the RocketMQ path, step by step, read off a loopback
+# capture (not part of `make bench`: it needs tcpdump and root); e.g. `make path-steps
+# STEPS_ARGS="--rate 200 --seconds 10"`.
+path-steps: test-deps
+	deploy/ensure-debian-packages.sh tcpdump
+	$(BIN)/python tests/bench/path_steps.py $(STEPS_ARGS)
 
 # Hostile clients against one bridge for SECONDS (default 180; not part of `make test`): mutated
 # packets, slowloris, half-open sockets, a bad-login flood and subscribers that never read from

@@ -59,9 +59,11 @@ class BenchCluster:
     interpreter exit as a last resort.
     """
 
-    def __init__(self, workdir: Path, java_opts: str) -> None:
+    def __init__(self, workdir: Path, java_opts: str, settings: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
         self.java_opts = java_opts
+        self.settings = settings
+        """`--set` options every node gets after the cluster's own (an A/B of one setting)."""
         self.redis = LocalRedis(workdir / "redis")
         self.mq = local_rocketmq(workdir / "rocketmq", java_opts, "SYNC_FLUSH")
         self.lb: LocalHAProxy | None = None
@@ -100,6 +102,7 @@ class BenchCluster:
             f"node_id={node_id}",
             "peer_listen=127.0.0.1:0",
             f"cluster_secret_file={self.secret_file}",
+            *self.settings,
         ]
         cmd = [
             venv_python(),
