@@ -41,6 +41,7 @@ class Config:
     rocketmq_namesrv: str = "127.0.0.1:19876"
     rocketmq_namespace: str = ""
     rocketmq_send_timeout: float = 5.0
+    rocketmq_held_reads: int = 1000
     rocketmq_access_key: str = ""
     rocketmq_secret_key: str = ""
     rocketmq_secret_key_file: str = ""
@@ -214,6 +215,9 @@ SETTINGS: dict[str, str] = {
     "rocketmq_namesrv": "RocketMQ NameServer(s) `HOST:PORT`, `;`-separated (store=rocketmq)",
     "rocketmq_namespace": "prefix of this gateway's light queues, to share one RocketMQ cluster",
     "rocketmq_send_timeout": "seconds to wait for SEND_OK before a publish is not acknowledged",
+    "rocketmq_held_reads": "light-queue parts this node keeps a pull held at the end of, so the "
+    "broker answers it as a message arrives (its subscribers get it without waiting for the "
+    "publishing node's wake; docs/design.md); 0: none, read on wakes only",
     "rocketmq_access_key": "RocketMQ user (AccessKey) every request is signed as, for brokers "
     "with authentication on (docs/operations.md); empty: unsigned",
     "rocketmq_secret_key": "that user's SecretKey (password); a secret: prefer "

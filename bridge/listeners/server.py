@@ -58,6 +58,7 @@ def make_store(config: Config, session_meta: Any = None) -> MessageStore:
             node_id=config.resolved_node_id(),
             namespace=config.rocketmq_namespace,
             send_timeout=config.rocketmq_send_timeout,
+            held_reads=config.rocketmq_held_reads,
             fsync=config.fsync,
             session_meta=session_meta,
             credentials=credentials,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from bridge.access import AccessControl
 from bridge.access.banlist import BanList
@@ -64,7 +64,7 @@ from bridge.state import (
     Unsettled,
     will_of,
 )
-from bridge.storage.base import Message, MessageStore, MetaUpdate
+from bridge.storage.base import HeldReadStore, Message, MessageStore, MetaUpdate
 
 if TYPE_CHECKING:
     from bridge.access.ratelimit import Limits
@@ -164,6 +164,10 @@ class Node:
             congestion=self.congestion,
             acl=self.access.acl,
         )
+        if store.traits.held_reads:
+            held = cast(HeldReadStore, store)
+            held.on_arrival = self._held_read_arrived
+            self.publisher.wakes.reads_held = held.reads_held
         self.subscriptions = Subscriptions(
             trie=self.trie,
             shared=self.shared,
@@ -491,6 +495,11 @@ class Node:
     def queues_woken(self, queues: Iterable[str]) -> None:
         """A peer stored messages on these queues (their ends unknown here)."""
         self.publisher.wakes.queues_woken(queues)
+
+    def _held_read_arrived(self, ends: dict[str, int]) -> None:
+        """A read the store held found these parts grown: wake their readers here (peers hold
+        reads of their own, or are woken by the publishing node)."""
+        self.publisher.wakes.held_read_arrived(ends)
 
     def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
         """These queues hold messages up to these ends (notify, or a peer)."""

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from bridge.cluster.cluster import Cluster
     from bridge.node.delivery import Delivery
 
+CHECK_AFTER = 0.02
+"""Seconds after a peer's wake when the end of a part the store holds a read at is read again,
+for the rare message the broker did not answer that read with (bridge.storage.rocketmq.held):
+longer than that answer takes after the wake's message was stored."""
 RECHECK_AFTER = 1.0
 """Seconds after a peer's wake when the end of a caught-up reader's queue is read again: longer
 than the broker takes to put a confirmed message into its light queues."""
@@ -62,21 +66,34 @@ class Wakes:
         self._refresh_limit = asyncio.Semaphore(32)
         """Queue-end reads under way at once when ends are read again (`refresh_queue_ends`,
         `_recheck_end_later`)."""
+        self.reads_held: Callable[[str], bool] | None = None
+        """Whether the store holds a read at the end of a part, which brings its next message
+        by itself (`bridge.storage.rocketmq.held`; None: a store without them)."""
+        self._held_checks: dict[str, int] = {}
+        """Part -> the end a peer announced that its held read has not brought yet
+        (`_check_held_later`)."""
         self._rechecks: dict[str, bool] = {}
         """Part -> whether a peer woke it again while its end is due to be read again
         (`_recheck_end_later`)."""
 
     def queues_grew(self, ends: dict[str, int], *, forward: bool = True) -> None:
-        """Parts of queues are known to hold messages up to these ends (notify, a peer): wake
-        their readers, here and (`forward`) on the peers that have readers of them."""
+        """Parts of queues are known to hold messages up to these ends (notify, or with
+        `forward` False a peer's count): wake their readers, here and (`forward`) on the peers
+        that have readers of them. A peer's count of a part the store holds a read at is only
+        checked a moment later: the held read brings those messages, and a reader woken before
+        it would ask the broker for messages it has not dispatched yet."""
         woken: list[str] = []
         peers: dict[str, dict[str, int]] = {}
         store = self.store
         queue_of_part = store.queue_of_part
+        reads_held = None if forward else self.reads_held
         for part, end in ends.items():
             queue = queue_of_part(part)
             if queue is None:
                 continue  # not a part of this store's queues (a peer on another store?)
+            if reads_held is not None and reads_held(part):
+                self._check_held_later(part, end)
+                continue
             store.note_end(part, end)
             for reader in readers_of(queue, self.trie, self.reader_of):
                 if not is_peer(reader):
@@ -89,12 +106,29 @@ class Wakes:
             for peer, peer_ends in peers.items():
                 self.cluster.grew(peer, peer_ends)
 
+    def held_read_arrived(self, ends: dict[str, int]) -> None:
+        """A read the store held found these parts grown to these ends: wake their readers
+        here (peers hold reads of their own, or are woken by the node that stored)."""
+        store = self.store
+        woken: list[str] = []
+        for part, end in ends.items():
+            queue = store.queue_of_part(part)
+            if queue is None:
+                continue
+            store.note_end(part, end)
+            for reader in readers_of(queue, self.trie, self.reader_of):
+                if not is_peer(reader):
+                    woken.append(reader)
+        if woken:
+            self.wake_readers(list(dict.fromkeys(woken)), [])
+
     def queues_woken(self, queues: Iterable[str]) -> None:
         """A peer stored messages on these parts of queues (their new ends unknown here): let
         each reader that is caught up wait for at least one more message."""
         woken: list[str] = []
         store = self.store
         queue_of_part = store.queue_of_part
+        reads_held = self.reads_held
         for part in queues:
             queue = queue_of_part(part)
             if queue is None:
@@ -105,11 +139,46 @@ class Wakes:
                     continue
                 cursor = session.cursors.get(part)
                 if cursor is not None and cursor >= store.end_offset(part):
+                    if reads_held is not None and reads_held(part):
+                        # The store's held read brings the message (it may have already,
+                        # and counting one more would have the reader wait for a message
+                        # that is not coming); if the broker missed that read, this finds it.
+                        self._check_held_later(part, cursor + 1)
+                        continue
                     store.note_end(part, cursor + 1)  # a read waits (long-polls) for it
                     self._recheck_end_later(part)
                 woken.append(reader)
         if woken:
             self.wake_readers(list(dict.fromkeys(woken)), [])
+
+    def _check_held_later(self, part: str, end: int) -> None:
+        """A peer stored messages on `part` up to `end` (or, from a wake, at least one past a
+        caught-up reader) and the store holds a read at the part's end, which brings them. If
+        `CHECK_AFTER` s later the part's known end is still short of `end`, the broker missed
+        that read (`bridge.storage.rocketmq.held`): read the end again and wake the readers
+        behind it. One check per part at a time, for the highest end asked."""
+        checks = self._held_checks
+        if end <= self.store.end_offset(part):
+            return
+        if part in checks:
+            checks[part] = max(checks[part], end)
+            return
+        checks[part] = end
+
+        async def check() -> None:
+            try:
+                await asyncio.sleep(CHECK_AFTER)
+                if self.store.end_offset(part) >= checks[part]:
+                    return
+                async with self._refresh_limit:
+                    found = await self.store.track_queue(part)
+            except StoreUnavailable:
+                return
+            finally:
+                checks.pop(part, None)
+            self._wake_behind(part, found)
+
+        self.spawn(check())
 
     def _recheck_end_later(self, part: str) -> None:
         """Read `part`'s end again `RECHECK_AFTER` s after the last of a run of peer wakes,

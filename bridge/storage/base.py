@@ -94,6 +94,10 @@ class StoreTraits:
     node does not ask it)."""
     exact_backlog_bytes: bool
     """True if `backlog`'s byte count is exact, False if it is an estimate."""
+    held_reads: bool = False
+    """True if the store keeps reads held at the ends of the parts its readers follow and learns
+    by itself when they grow (`HeldReadStore`): it then calls `on_arrival`, and a peer's wake
+    for a part whose reads it holds (`reads_held`) need not be counted as one more message."""
 
 
 class MessageStore(Protocol):
@@ -258,3 +262,15 @@ class HoldingStore(Protocol):
     node's delayed publishes wait on one of its queues (`bridge.node.delayed`)."""
 
     holds: QueueHolds
+
+
+class HeldReadStore(MessageStore, Protocol):
+    """A store with `traits.held_reads` (RocketMQ: `bridge.storage.rocketmq.held`)."""
+
+    on_arrival: Callable[[dict[str, int]], None] | None
+    """Set by the node: called with parts of queues a held read found grown, and their ends
+    (their readers are woken; peers hold reads of their own)."""
+
+    def reads_held(self, queue: str) -> bool:
+        """Whether a read is held at the end of part `queue`: its next message is found
+        without a wake."""

@@ -16,6 +16,11 @@ flush runs every 500 ms): a longer unsynced window is a snapshot policy, which t
 offer."""
 
 
+MAX_HELD_READS = 100_000
+"""Held reads one node may keep at the broker at most: each is a request its hold service
+holds and checks every 5 s."""
+
+
 def check_storage_settings(config: Config) -> None:
     """Raise ConfigError for storage settings that cannot work."""
     if config.store not in ("filelog", "rocketmq"):
@@ -24,6 +29,10 @@ def check_storage_settings(config: Config) -> None:
         raise ConfigError("rocketmq_namesrv: store=rocketmq needs a NameServer address")
     if config.rocketmq_send_timeout <= 0:
         raise ConfigError("rocketmq_send_timeout: must be positive")
+    if not 0 <= config.rocketmq_held_reads <= MAX_HELD_READS:
+        raise ConfigError(
+            f"rocketmq_held_reads: must be 0..{MAX_HELD_READS} (each is a pull the broker keeps)"
+        )
     if _uses_rocketmq_client(config):
         # Imported only here: a node on the embedded log does not hold the RocketMQ client
         # (about a MiB of modules it would never run).

@@ -65,12 +65,18 @@ def _run_node(
     rocketmq: LocalRocketMQ,
     tmp_path: Path,
     scenario: Callable[[Node, RocketMQStore, str], Awaitable[None]],
+    *,
+    held_reads: int = 1000,
 ) -> None:
     namespace = _unique("n")
 
     async def main() -> None:
         store = RocketMQStore(
-            rocketmq.namesrv_addr, tmp_path / "node", namespace=namespace, send_timeout=2.0
+            rocketmq.namesrv_addr,
+            tmp_path / "node",
+            namespace=namespace,
+            send_timeout=2.0,
+            held_reads=held_reads,
         )
         node = Node(Config(listen=["127.0.0.1:0"], data_dir=str(tmp_path)), store)
         await node.start()
@@ -145,6 +151,66 @@ def test_notify_wakes_a_subscriber_for_messages_no_bridge_announced(
                 f"m{i}".encode() for i in range(5)
             ]
             assert notifier.stats.events >= 1
+
+    # Parts beyond `rocketmq_held_reads` (here all) learn of such messages from notify alone.
+    _run_node(rocketmq, tmp_path, scenario, held_reads=0)
+
+
+def test_a_held_read_brings_another_writers_messages_without_a_wake_and_a_late_wake_adds_none(
+    rocketmq: LocalRocketMQ, tmp_path: Path
+) -> None:
+    """Once a subscriber's queue was read, the store holds a pull at its end, which the broker
+    answers as it dispatches a message there: messages another writer stored reach the
+    subscriber with no notify and no peer's wake. The wake that comes after (a peer announcing
+    what it stored) must not count one more message the reader would wait for: its end stays
+    where the held read left it, and nothing is delivered twice."""
+    topic = _unique("held")
+
+    async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
+        sub, transport = await open_connection(node, "reader")
+        sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
+        (part,) = store.parts(f"f:{topic}/#")
+        await _until(lambda: store.reads_held(part))
+        await _dispatch_copies(rocketmq, tmp_path, namespace, topic, 3)
+        await _until(lambda: len(_publishes(transport)) == 3, 20)
+        assert [p.payload for p in _publishes(transport)] == [b"m0", b"m1", b"m2"]
+        session = node.sessions["reader"]
+        await _until(lambda: session.cursors.get(part) == 3)
+        node.queues_woken([part])
+        assert store.end_offset(part) == 3
+        await asyncio.sleep(0.3)  # the wake's check of the end has run (20 ms) and found 3
+        assert store.end_offset(part) == 3
+        assert len(_publishes(transport)) == 3
+
+    _run_node(rocketmq, tmp_path, scenario)
+
+
+def test_a_message_the_held_read_missed_reaches_the_subscriber_on_the_peers_wake(
+    rocketmq: LocalRocketMQ, tmp_path: Path
+) -> None:
+    """The broker misses a held pull whose wake-up came between its own read and the hold (it
+    then answers at its next check of held pulls, 5 s on). Here the held pulls are never
+    answered at all: a peer's wake has the part's end read again a moment later, and the
+    message reaches the subscriber."""
+    topic = _unique("missed")
+
+    async def scenario(node: Node, store: RocketMQStore, namespace: str) -> None:
+        never = asyncio.Event()
+
+        async def missed(*args: Any, **kwargs: Any) -> Any:
+            await never.wait()
+
+        store._pulls.hold = missed  # type: ignore[method-assign]
+        sub, transport = await open_connection(node, "reader")
+        sub.data_received(codec.encode(Subscribe(1, [Subscription(f"{topic}/#", 1)])))
+        (part,) = store.parts(f"f:{topic}/#")
+        await _until(lambda: store.reads_held(part))
+        await _dispatch_copies(rocketmq, tmp_path, namespace, topic, 2)
+        await asyncio.sleep(0.2)
+        assert _publishes(transport) == []
+        node.queues_woken([part])
+        await _until(lambda: len(_publishes(transport)) == 2, 10)
+        assert [p.payload for p in _publishes(transport)] == [b"m0", b"m1"]
 
     _run_node(rocketmq, tmp_path, scenario)
 
@@ -384,12 +450,22 @@ def test_message_a_backend_produces_into_rocketmq_reaches_mqtt_subscribers(
 
 @contextlib.asynccontextmanager
 async def _store_holding(
-    rocketmq: LocalRocketMQ, tmp_path: Path, name: str, count: int, *, read_wait: float
+    rocketmq: LocalRocketMQ,
+    tmp_path: Path,
+    name: str,
+    count: int,
+    *,
+    read_wait: float,
+    held_reads: int = 1000,
 ) -> AsyncIterator[tuple[RocketMQStore, str]]:
     """An open store on the broker with `count` messages in one queue (payloads `name` + 0, 1,
     ...), and the queue's part; closed after."""
     store = RocketMQStore(
-        rocketmq.namesrv_addr, tmp_path / "s", namespace=_unique(name), read_wait=read_wait
+        rocketmq.namesrv_addr,
+        tmp_path / "s",
+        namespace=_unique(name),
+        read_wait=read_wait,
+        held_reads=held_reads,
     )
     await store.open()
     try:
@@ -448,7 +524,12 @@ def test_a_read_of_a_confirmed_message_not_yet_dispatched_pulls_again_without_a_
     dispatch."""
 
     async def main() -> None:
-        async with _store_holding(rocketmq, tmp_path, "d", 2, read_wait=1.0) as (store, q):
+        # Without the held read at the queue's end (bridge.storage.rocketmq.held), which is
+        # held on purpose and is not the read under test.
+        async with _store_holding(rocketmq, tmp_path, "d", 2, read_wait=1.0, held_reads=0) as (
+            store,
+            q,
+        ):
             reader = store._reader
             real_pull = reader.pull
             holds: list[int] = []

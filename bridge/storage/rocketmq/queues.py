@@ -59,6 +59,11 @@ class LmqNames:
         return queue
 
 
+SEEN_KEYS = 4096
+"""Keys of messages held reads brought that `QueueEnds` remembers, at most (their SEND_OK
+usually comes within a millisecond)."""
+
+
 class QueueEnds:
     """The end of every bridge queue as far as this store knows, and its average message size.
 
@@ -66,11 +71,15 @@ class QueueEnds:
     (`count_stored`); `correct` sets one back when a read proved it was counted ahead.
     """
 
-    __slots__ = ("_ends", "avg_size")
+    __slots__ = ("_ends", "_seen", "avg_size")
 
     def __init__(self) -> None:
         self._ends: dict[str, int] = {}
         self.avg_size = DEFAULT_MESSAGE_SIZE
+        self._seen: dict[tuple[str, str], None] = {}
+        """(queue, message key) of messages a held read brought and noted (`seen`), oldest
+        first: a read held at a queue's end is answered as the broker dispatches, often before
+        the SEND_OK of this store's own message, which must then not be counted again."""
         """Moving average of the size of this store's messages (payload + topic)."""
 
     def end(self, queue: str) -> int:
@@ -91,10 +100,26 @@ class QueueEnds:
         if self._ends.get(queue, 0) == seen:
             self._ends[queue] = max(end, 0)
 
-    def count_stored(self, queues: Iterable[str], size: int) -> None:
-        """One more message of `size` bytes, confirmed in each of `queues`."""
+    def seen(self, queue: str, keys: Iterable[str], end: int) -> None:
+        """A held read brought the messages with these keys, `queue` ending at `end` after
+        them: noted, and not counted again when one of them is this store's own and its
+        SEND_OK comes after (`count_stored`). The last `SEEN_KEYS` are remembered."""
+        seen = self._seen
+        for key in keys:
+            seen[(queue, key)] = None
+        while len(seen) > SEEN_KEYS:
+            del seen[next(iter(seen))]
+        self.note(queue, end)
+
+    def count_stored(self, queues: Iterable[str], size: int, key: str = "") -> None:
+        """One more message of `size` bytes (its key `key`), confirmed in each of `queues`,
+        unless a held read already brought it there (`seen`)."""
         ends = self._ends
+        seen = self._seen
         for queue in queues:
+            if seen and (queue, key) in seen:
+                del seen[(queue, key)]
+                continue
             ends[queue] = ends.get(queue, 0) + 1
         self.avg_size += (size - self.avg_size) / 64
 

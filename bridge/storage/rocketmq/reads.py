@@ -28,6 +28,7 @@ corrected, retention's losses counted).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -48,21 +49,28 @@ DISPATCH_PAUSE_FIRST = 0.001
 """Seconds before the first pull again for a confirmed message not yet in its queue; each pause
 after doubles, up to `DISPATCH_PAUSE_MAX`."""
 DISPATCH_PAUSE_MAX = 0.05
+HOLD_ANSWER_GRACE = 10.0
+"""Seconds a held pull's answer may come after its hold time (the broker checks held pulls
+every 5 s) before the request is given up as lost."""
 
 Pull = Callable[[str, int, int], Awaitable[ReadResult]]
 """Reads (queue, offset, limit) from the broker."""
 
 
 async def pull_dispatched(
-    pull: Callable[[], Awaitable[PullResult]], offset: int, wait: float
+    pull: Callable[[], Awaitable[PullResult]],
+    offset: int,
+    wait: float,
+    pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> PullResult:
     """`pull` (of a light queue from `offset`), again after short pauses while the broker answers
     that nothing is there yet (NO_NEW_MSG, its end not past `offset`), for up to `wait` seconds:
     for a message the store knows was confirmed, not yet dispatched (see above). The last answer
-    is returned; NO_NEW_MSG after `wait` means none came. With `wait` 0 it is one pull."""
+    is returned; NO_NEW_MSG after `wait` means none came. With `wait` 0 it is one pull. `pause`
+    waits between pulls (it may end early: a held read of the queue was answered)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    pause = DISPATCH_PAUSE_FIRST
+    delay = DISPATCH_PAUSE_FIRST
     while True:
         result = await pull()
         if result.status is not PullStatus.NO_NEW_MSG or result.max_offset > offset:
@@ -70,8 +78,8 @@ async def pull_dispatched(
         left = deadline - loop.time()
         if left <= 0:
             return result
-        await asyncio.sleep(min(pause, left))
-        pause = min(pause * 2, DISPATCH_PAUSE_MAX)
+        await pause(min(delay, left))
+        delay = min(delay * 2, DISPATCH_PAUSE_MAX)
 
 
 def _offset(stored: Stored) -> int:
@@ -121,6 +129,19 @@ class SharedReads:
         """Bytes held in kept batches."""
         return self._kept_bytes
 
+    def read_kept(self, queue: str, offset: int, limit: int) -> ReadResult | None:
+        """Up to `limit` messages of `queue` from `offset` if the kept batch holds `offset`
+        (without waiting: a reader that keeps up is served in the turn it was woken), else
+        None."""
+        kept = self._kept.get(queue)
+        if kept is None:
+            return None
+        hit = kept.from_offset(offset, limit)
+        if hit is not None:
+            self._kept.move_to_end(queue)
+            self.stats["kept_hits"] += 1
+        return hit
+
     async def read(self, queue: str, offset: int, limit: int, pull: Pull) -> ReadResult:
         """Up to `limit` messages of `queue` from `offset`: from the kept batch, from a pull of
         the same place already on its way, or from a pull of its own (`pull`)."""
@@ -165,6 +186,11 @@ class SharedReads:
             self._keep(queue, Batch(offset, messages, sum(m.size for m in messages)))
         return _first(result, limit)
 
+    def keep(self, queue: str, batch: Batch) -> None:
+        """Keep `batch` as the last batch of `queue` (a held read's answer, for the readers it
+        wakes)."""
+        self._keep(queue, batch)
+
     def _keep(self, queue: str, batch: Batch) -> None:
         old = self._kept.pop(queue, None)
         if old is not None:
@@ -195,9 +221,12 @@ class LightQueueReader(Protocol):
         offset: int,
         max_msgs: int = 32,
         *,
+        suspend_timeout_ms: int = 0,
         broker_name: str | None = None,
+        timeout: float | None = None,
     ) -> PullResult:
-        """Up to `max_msgs` messages of one queue from `offset` (PULL_MESSAGE)."""
+        """Up to `max_msgs` messages of one queue from `offset` (PULL_MESSAGE); with
+        `suspend_timeout_ms`, held by the broker until one arrives or that time is up."""
         ...
 
 
@@ -222,6 +251,14 @@ class LightQueuePulls:
         """The store's counters: `reads` counts the pulls."""
         self.read_wait = read_wait
         """Seconds a pull waits for a message the store knows was confirmed (see above)."""
+        self._arrivals: dict[str, asyncio.Future[None]] = {}
+        """Part -> what reads waiting for a dispatch wait on between pulls (`arrived`), for
+        the parts `holding` says a read is held at."""
+        self.holding: Callable[[str], bool] | None = None
+        """Whether a read is held at the end of a part (its answer ends those waits)."""
+        self.on_answer: Callable[[str, int], None] | None = None
+        """Called with a part and its end in the broker's answer to each pull of it (the store
+        holds a read there: `bridge.storage.rocketmq.held`)."""
 
     async def pull(self, queue: str, offset: int, limit: int) -> ReadResult:
         """One pull of a part's light queue from `offset` (`SharedReads.read` shares it between
@@ -239,19 +276,16 @@ class LightQueuePulls:
                 lambda: self.reader.pull(name, 0, offset, limit, broker_name=group),
                 offset,
                 self.read_wait if waits else 0.0,
+                lambda seconds: self._pause(queue, seconds),
             )
         except RocketMQError as exc:
             raise StoreUnavailable(f"cannot read {bridge_queue!r} on {group}: {exc}") from exc
+        if self.on_answer is not None:
+            self.on_answer(queue, result.max_offset)
         if result.max_offset > 0:
             self.ends.note(queue, result.max_offset)
         if result.status is PullStatus.FOUND:
-            messages = []
-            tag = self.groups.tag(group)
-            for raw in result.messages:
-                stored = self._stored(raw, name, group, tag)
-                if stored is not None and stored.offset >= offset:
-                    messages.append(stored)
-            messages = messages[:limit]
+            messages = self._found(result, name, group, offset)[:limit]
             if not messages:
                 return ReadResult([], max(offset, result.next_offset))
             after = messages[-1].offset + 1
@@ -272,6 +306,65 @@ class LightQueuePulls:
         if result.status is PullStatus.NO_MATCHED_MSG and result.next_offset > offset:
             return ReadResult([], result.next_offset)
         return ReadResult([], offset)
+
+    async def _pause(self, queue: str, seconds: float) -> None:
+        """Wait `seconds` between the pulls of a read waiting for a dispatch, or until a held
+        read of `queue` was answered (the broker has dispatched: pull now)."""
+        if self.holding is None or not self.holding(queue):
+            await asyncio.sleep(seconds)
+            return
+        arrival = self._arrivals.get(queue)
+        if arrival is None:
+            arrival = self._arrivals[queue] = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(arrival), seconds)
+
+    def arrived(self, queue: str) -> None:
+        """A held read of `queue` was answered: the reads waiting for a dispatch pull now."""
+        arrival = self._arrivals.pop(queue, None)
+        if arrival is not None and not arrival.done():
+            arrival.set_result(None)
+
+    async def hold(self, queue: str, offset: int, hold_ms: int, limit: int) -> ReadResult:
+        """A pull of a part's light queue from `offset` that the broker holds until a message
+        arrives there (answered as it dispatches the message) or `hold_ms` is up: the messages
+        from `offset` (none at the time-out), and where to hold next."""
+        group, bridge_queue = require_part(queue)
+        name = self.names.remember(bridge_queue)
+        self.stats["reads"] += 1
+        try:
+            result = await self.reader.pull(
+                name,
+                0,
+                offset,
+                limit,
+                suspend_timeout_ms=hold_ms,
+                broker_name=group,
+                timeout=hold_ms / 1000 + HOLD_ANSWER_GRACE,
+            )
+        except RocketMQError as exc:
+            raise StoreUnavailable(f"cannot read {bridge_queue!r} on {group}: {exc}") from exc
+        # Only what it brought is noted (with the keys: this store's own messages among them
+        # may have their SEND_OK still to come, QueueEnds.seen), not the broker's end.
+        if result.status is PullStatus.FOUND:
+            messages = self._found(result, name, group, offset)
+            if messages:
+                after = messages[-1].offset + 1
+                self.ends.seen(queue, [m.message.key for m in messages], after)
+                return ReadResult(messages, after)
+        if result.max_offset < offset:
+            return ReadResult([], result.max_offset)  # asked past the end: hold at the end
+        return ReadResult([], max(offset, result.next_offset, result.min_offset))
+
+    def _found(self, result: PullResult, lmq: str, group: str, offset: int) -> list[Stored]:
+        """The messages of a FOUND answer from `offset` on, as the store's `Stored`."""
+        messages = []
+        tag = self.groups.tag(group)
+        for raw in result.messages:
+            stored = self._stored(raw, lmq, group, tag)
+            if stored is not None and stored.offset >= offset:
+                messages.append(stored)
+        return messages
 
     def _stored(self, raw: StoredMessage, lmq: str, group: str, tag: int) -> Stored | None:
         offsets = raw.lmq_offsets()

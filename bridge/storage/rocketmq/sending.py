@@ -358,7 +358,9 @@ class SendPipeline:
             self._stats["sent"] += 1
             if send.queues:
                 group = send.group
-                self._ends.count_stored([part_name(group, q) for q in send.queues], send.size)
+                self._ends.count_stored(
+                    [part_name(group, q) for q in send.queues], send.size, send.keys
+                )
         else:
             self._stats["send_failures"] += 1
 

@@ -67,6 +67,7 @@ from bridge.storage.rocketmq.acl import Credentials
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import BrokerUnavailable, RemotingError, RocketMQError
 from bridge.storage.rocketmq.groups import BrokerGroups, GroupLearning, require_part, split_part
+from bridge.storage.rocketmq.held import HeldReads
 from bridge.storage.rocketmq.mapping import (
     MULTI_DISPATCH,
     PROP_DELAYED,
@@ -128,10 +129,12 @@ class RocketMQStore:
         atomic_meta=False,  # meta is made durable before its message is sent
         local_ends=False,  # other nodes and notify write to the same light queues
         early_reads=False,  # a message is read from the broker once the broker has it
-        cached_reads=False,
+        cached_reads=True,  # the last batch pulled of each queue (`SharedReads`)
         exact_backlog_bytes=False,  # bytes are estimated from the average message size
+        held_reads=True,
     )
     on_rewind: Callable[[dict[str, int]], None] | None = None
+    on_arrival: Callable[[dict[str, int]], None] | None = None
     commit_pass = -1  # each send's callback comes on its own
 
     def __init__(
@@ -144,6 +147,7 @@ class RocketMQStore:
         producer_group: str = "mqtt-bridge",
         send_timeout: float = 5.0,
         read_wait: float = 1.0,
+        held_reads: int = 1000,
         max_pending: int = 20_000,
         send_window: int = 256,
         fsync: bool = True,
@@ -220,6 +224,9 @@ class RocketMQStore:
         self._pulls = LightQueuePulls(
             self._reader, self._names, self._ends, self._groups, self.stats, read_wait=read_wait
         )
+        self._held = HeldReads(self._pulls, self._reads, limit=held_reads, on_arrival=self._arrived)
+        self._pulls.on_answer = self._held.answered
+        self._pulls.holding = self._held.holds
 
     @property
     def read_wait(self) -> float:
@@ -251,7 +258,7 @@ class RocketMQStore:
 
             async def fetch(part: str) -> None:
                 async with limit:
-                    await self.track_queue(part)
+                    await self._fetch_end(part)
 
             await asyncio.gather(*(fetch(p) for q in known for p in self.parts(q)))
         except (RocketMQError, OSError, StoreUnavailable) as exc:
@@ -278,6 +285,7 @@ class RocketMQStore:
         while self._pipeline.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self._open = False
+        self._held.close()
         self._pipeline.stop(StoreUnavailable("the store was closed", maybe_stored=True))
         await self._meta.save_avg_size(self._ends.avg_size)
         await self._client.close()
@@ -444,7 +452,15 @@ class RocketMQStore:
     async def track_queue(self, queue: str) -> int:
         """Record the queue of part `queue` (a part name, see `parts`) if it is new, and fetch
         the part's end from its broker group. A group no longer registered answers with the
-        last end known."""
+        last end known. A reader follows the part from there (a subscription, a session that
+        came back): a read is held at its end (`bridge.storage.rocketmq.held`)."""
+        end = await self._fetch_end(queue)
+        self._held.answered(queue, end)
+        return end
+
+    async def _fetch_end(self, queue: str) -> int:
+        """`track_queue` without holding a read: the ends of every queue known when the store
+        opens, most of them read by nobody connected."""
         group, bridge_queue = require_part(queue)
         name = self._names.remember(bridge_queue)
         updates = self._meta.new_queues((bridge_queue,))
@@ -467,12 +483,25 @@ class RocketMQStore:
     async def read(self, queue: str, offset: int, limit: int) -> ReadResult:
         if limit <= 0:
             return ReadResult([], offset)
+        self._held.read(queue)
         return await self._reads.read(queue, offset, limit, self._pulls.pull)
 
+    def reads_held(self, queue: str) -> bool:
+        """Whether a pull is held at the end of part `queue` (`bridge.storage.rocketmq.held`):
+        its next message reaches the readers without a wake."""
+        return self._held.holds(queue)
+
+    def _arrived(self, ends: dict[str, int]) -> None:
+        if self.on_arrival is not None:
+            self.on_arrival(ends)
+
     def read_cached(self, queue: str, offset: int, limit: int) -> ReadResult | None:
-        """See `MessageStore.read_cached`: every read asks the broker (`traits.cached_reads`
-        is False), so always None."""
-        return None
+        """See `MessageStore.read_cached`: from the last batch pulled of the queue (a held
+        read's answer, or another reader's pull), else None."""
+        if limit <= 0:
+            return ReadResult([], offset)
+        self._held.read(queue)
+        return self._reads.read_kept(queue, offset, limit)
 
     async def find_key(self, topic: str, key: str) -> bool:
         """Whether the broker holds a message with this key in the topic's RocketMQ topic, or

@@ -59,6 +59,7 @@ def test_env_list_is_comma_separated():
             {"MQTT_BRIDGE_SYNC": "interval", "MQTT_BRIDGE_SYNC_INTERVAL_MS": "600000"},
             "sync_interval_ms: must be above 0 and at most 120,000",
         ),
+        ({"MQTT_BRIDGE_ROCKETMQ_HELD_READS": "-1"}, "rocketmq_held_reads: must be 0..100000"),
     ],
 )
 def test_bad_values_are_refused_with_a_message_naming_the_setting(env, message):

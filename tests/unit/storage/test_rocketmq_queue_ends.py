@@ -40,3 +40,21 @@ def test_notes_and_counts_never_move_an_end_back(steps: list[tuple[str, int]]) -
             ends.count_stored(["q"], 10)
         assert ends.end("q") >= last
         last = ends.end("q")
+
+
+@given(st.permutations(["held", "k1", "k2"]))
+def test_an_own_message_a_held_read_brought_is_counted_once_whatever_comes_first(
+    order: list[str],
+) -> None:
+    """A read held at the queue's end is answered as the broker dispatches, before or after
+    the SEND_OK of this store's own messages (k1, k2): the end is the true end either way,
+    never one past it for a message both noted and counted."""
+    ends = QueueEnds()
+    ends.note("q", 5)
+    for event in order:
+        if event == "held":
+            ends.seen("q", ["other", "k1", "k2"], 8)  # someone else's at 5, ours at 6 and 7
+        else:
+            ends.count_stored(["q", "p"], 100, event)
+    assert ends.end("q") == 8
+    assert ends.end("p") == 2  # not held: counted as before
