@@ -172,10 +172,10 @@ def broker_steps(
                 if answer[1].code != 0:
                     continue
                 for message in decode_messages(answer[1].body):
-                    trace = traces.get(message.body[:STAMP])
-                    if trace is not None and answer[0] < trace.t.get("pulled", 1 << 62):
-                        trace.t["pulled"] = answer[0]
-                        trace.t["pull"] = t
+                    pulled = traces.get(message.body[:STAMP])
+                    if pulled is not None and answer[0] < pulled.t.get("pulled", 1 << 62):
+                        pulled.t["pulled"] = answer[0]
+                        pulled.t["pull"] = t
     return statuses
 
 
@@ -340,9 +340,9 @@ def cluster_steps(
         if src[1] == port2:
             for t, kind, flags, body in mqtt_frames(stream):
                 if kind == 3:
-                    trace = traces.get(publish_of(flags, body)[1])
-                    if trace is not None:
-                        trace.first("deliver", t)
+                    delivered = traces.get(publish_of(flags, body)[1])
+                    if delivered is not None:
+                        delivered.first("deliver", t)
     statuses = broker_steps(streams, broker_port, traces)
     wakes = sorted(
         t
@@ -396,12 +396,12 @@ def trace_java(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         clients = JavaClients(mq, classpath, args.client_java_opts, tmp)
         broker_pid = mq.pid("broker")
 
-        def java(duration: float, rate: float) -> dict[str, Any]:
+        def java(duration: float, rate: float, inflight: int = WINDOW, count: int = 0) -> Any:
             assert clients is not None
             return clients.run(
                 size=args.size,
-                count=1_000_000 if not rate else int(rate * duration),
-                inflight=WINDOW,
+                count=count or (1_000_000 if not rate else int(rate * duration)),
+                inflight=inflight,
                 duration_s=duration,
                 timeout_s=duration + 30,
                 roles={},
@@ -411,15 +411,8 @@ def trace_java(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         warm_up(lambda: java(5, 0), broker_pid, 60)
         pcap = tmp / "java.pcap"
         capture = Capture(pcap)
-        if args.inflight:
-            result = clients.run(
-                size=args.size,
-                count=args.count,
-                inflight=args.inflight,
-                duration_s=args.seconds,
-                timeout_s=args.seconds + 30,
-                roles={},
-            )
+        if args.inflight:  # the users' load: as fast as the sends are confirmed
+            result = java(args.seconds, 0, args.inflight, args.count)
         else:
             result = java(args.seconds, args.rate)
         dropped = capture.stop()
