@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,8 @@ class Stream:
         return self.times[min(i, len(self.times) - 1)]
 
 
-def _packets(path: Path):  # type: ignore[no-untyped-def]
+def _packets(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(link type, time in ns, frame) of every packet of the capture at `path`."""
     data = path.read_bytes()
     if len(data) < 24:
         return
