@@ -80,10 +80,13 @@ class HeldReads:
     def answered(self, part: str, end: int) -> None:
         """A reader's pull of `part` was answered, the queue ending at `end`: hold a pull
         there unless one is held already (it follows the end itself) or `limit` parts are."""
-        self._read_at[part] = time.monotonic()
-        if part in self._held or self._closed or len(self._held) >= self.limit:
+        if self._closed:
             return
-        self._held[part] = asyncio.get_running_loop().create_task(self._hold(part, end))
+        if part not in self._held:
+            if len(self._held) >= self.limit:
+                return  # nothing kept for it: only the held parts are remembered
+            self._held[part] = asyncio.get_running_loop().create_task(self._hold(part, end))
+        self._read_at[part] = time.monotonic()
 
     def read(self, part: str) -> None:
         """A reader read `part` (from a kept batch too): its held pull is still wanted."""
