@@ -188,6 +188,7 @@ class Capture:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.dropped = -1
         self.proc = subprocess.Popen(
             [
                 "tcpdump",
@@ -210,7 +211,15 @@ class Capture:
             self.proc.kill()
             raise RuntimeError(f"tcpdump did not start: {line.strip()}")
 
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()  # also when the run under capture failed: tcpdump never outlives it
+
     def stop(self) -> int:
+        if self.proc.returncode is not None:
+            return self.dropped
         self.proc.send_signal(signal.SIGINT)
         try:
             _, err = self.proc.communicate(timeout=30)
@@ -218,7 +227,8 @@ class Capture:
             self.proc.kill()
             _, err = self.proc.communicate()
         found = re.search(r"(\d+) packets? dropped by kernel", err or "")
-        return int(found.group(1)) if found else -1
+        self.dropped = int(found.group(1)) if found else -1
+        return self.dropped
 
 
 def sockets_of_pids() -> dict[tuple[str, int], int]:
@@ -281,7 +291,6 @@ def trace_cluster(args: argparse.Namespace, loadgen: Path, tmp: Path) -> dict[st
                 )
             )
         pcap = tmp / "cluster.pcap"
-        capture = Capture(pcap)
         owners: dict[tuple[str, int], int] = {}
         result: dict[str, Any] = {}
 
@@ -289,14 +298,15 @@ def trace_cluster(args: argparse.Namespace, loadgen: Path, tmp: Path) -> dict[st
             result.update(run_loadgen(loadgen, node1.port, run, "raw", args.seconds + 40)[0])
 
         roles = cluster.cpu_pids()
-        window = CpuWindow(pid_readers(roles))
-        runner = threading.Thread(target=load)
-        runner.start()
-        time.sleep(min(2.0, args.seconds / 2))
-        owners = sockets_of_pids()
-        runner.join()
-        window.close()
-        dropped = capture.stop()
+        with Capture(pcap) as capture:
+            window = CpuWindow(pid_readers(roles))
+            runner = threading.Thread(target=load)
+            runner.start()
+            time.sleep(min(2.0, args.seconds / 2))
+            owners = sockets_of_pids()
+            runner.join()
+            window.close()
+            dropped = capture.stop()
         broker_port = int(cluster.mq.broker_addr.rpartition(":")[2])
         steps = cluster_steps(
             pcap, owners, node1.proc.pid, node2.proc.pid, node1.port, node2.port, broker_port
@@ -410,12 +420,12 @@ def trace_java(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         warm_up(lambda: java(5, 0), broker_pid, 60)
         pcap = tmp / "java.pcap"
-        capture = Capture(pcap)
-        if args.inflight:  # the users' load: as fast as the sends are confirmed
-            result = java(args.seconds, 0, args.inflight, args.count)
-        else:
-            result = java(args.seconds, args.rate)
-        dropped = capture.stop()
+        with Capture(pcap) as capture:
+            if args.inflight:  # the users' load: as fast as the sends are confirmed
+                result = java(args.seconds, 0, args.inflight, args.count)
+            else:
+                result = java(args.seconds, args.rate)
+            dropped = capture.stop()
         traces: dict[bytes, Trace] = {}
         statuses = broker_steps(read_streams(pcap), int(mq.broker_addr.rpartition(":")[2]), traces)
         complete = [tr.t for tr in traces.values() if "send" in tr.t and "pulled" in tr.t]
