@@ -8,10 +8,10 @@
 # The image runs as the unprivileged user `bridge` (uid 10001); /data (data_dir) must be writable
 # by it: a named volume is, a bind-mounted host directory needs `chown 10001:10001` first.
 #
-# Two stages: `build` turns the project and all its dependencies into wheels, the hot-path modules
-# compiled with mypyc (setup.py's COMPILED list; gcc is in this stage only); the final stage
-# installs those wheels, offline, into a virtual environment. No compiler, no build tools and no
-# pip cache end up in the image.
+# Two stages: `build` makes the release exactly as `make dist` does (the sdist, and from it the
+# wheel with the hot path compiled by mypyc, setup.py's COMPILED list; gcc is in this stage only)
+# and the wheels of all its dependencies; the final stage installs that wheel, offline, into a
+# virtual environment. No compiler, no build tools and no pip cache end up in the image.
 
 ARG PYTHON_VERSION=3.11.13
 
@@ -28,12 +28,17 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
-# Only what the wheel is built from: a change in tests/ or docs/ does not rebuild this layer.
-COPY pyproject.toml setup.py README.md ./
+# pypa/build, pinned: it builds the sdist and the wheel from it in isolated environments.
+RUN pip install --no-cache-dir build==1.3.0
+# Only what the release is built from: a change in tests/ or docs/ does not rebuild this layer.
+COPY pyproject.toml setup.py MANIFEST.in README.md CHANGELOG.md LICENSE NOTICE ./
 COPY bridge/ bridge/
 COPY notify/ notify/
 COPY spark/ spark/
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# MQTT_BRIDGE_COMPILE=required: a compiler that fails stops the build instead of leaving the
+# slower pure-Python wheel (setup.py). Then the dependencies' wheels beside it.
+RUN MQTT_BRIDGE_COMPILE=required python -m build --outdir /dist . \
+    && pip wheel --no-cache-dir --wheel-dir /wheels /dist/mqtt_bridge-*.whl
 
 ################################################################################
 FROM python:${PYTHON_VERSION}-slim-bookworm

@@ -15,7 +15,7 @@ PYTEST_ARGS ?= -n 4 --durations=5
 N      ?= 3
 DEMO_ARGS ?=
 
-.PHONY: install install-spark compile pure run test test-deps lint bench hostile mutation clean cluster cluster-stop spark-demo path-steps
+.PHONY: install install-spark compile pure run test test-deps dist lint bench hostile mutation clean cluster cluster-stop spark-demo path-steps
 
 install: $(STAMP)
 
@@ -65,8 +65,14 @@ test-deps: install install-spark compile
 	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
 		default-jre-headless:java maven:mvn \
 		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps shellcheck \
-		chromium chromium-driver:chromedriver openssl ccache
+		chromium chromium-driver:chromedriver openssl ccache docker-compose
 	deploy/rocketmq/fetch.sh
+
+# A release: the sdist and, built from it, the wheel with the hot path compiled (a compiler that
+# fails stops the build instead of leaving a pure-Python wheel). `pip install dist/*.whl`.
+dist: install
+	rm -rf dist
+	MQTT_BRIDGE_COMPILE=required $(BIN)/python -m build --outdir dist
 
 lint: install
 	$(BIN)/ruff check .
@@ -183,4 +189,4 @@ cluster-stop:
 	deploy/cluster/stop.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache mutants
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache mutants

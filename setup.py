@@ -1,8 +1,10 @@
 """Build of mqtt-bridge: the modules every message passes through are compiled with mypyc.
 
 Everything else is in pyproject.toml. The compiled modules are the same sources as the pure
-Python ones: `MQTT_BRIDGE_COMPILE=0` (or no mypy at build time) builds a pure-Python package,
-which behaves the same and is slower. In a source checkout `make compile` builds them in place
+Python ones, so a pure-Python package behaves the same, only slower. `MQTT_BRIDGE_COMPILE`:
+unset (or 1) compiles and falls back to pure Python where that fails (no C compiler: a user
+installing the sdist where no wheel fits); `required` fails the build instead (releases); `0`
+builds pure Python on purpose. In a source checkout `make compile` builds them in place
 (next to their .py files) and `make pure` removes them; see docs/decisions.md
 "Building, testing and deployment".
 """
@@ -13,6 +15,8 @@ import os
 import sys
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, CompileError, ExecError, PlatformError
 
 # The publish -> store -> deliver path and what it calls per message (issue 18's profile).
 COMPILED = [
@@ -64,9 +68,39 @@ def compiled_modules() -> list:
     try:
         from mypyc.build import mypycify
     except ImportError:
+        if os.environ.get("MQTT_BRIDGE_COMPILE") == "required":
+            raise
         print("mypyc not found: building mqtt-bridge as pure Python", file=sys.stderr)
         return []
     return mypycify(COMPILED, opt_level="3", group_name="bridge._native")
 
 
-setup(ext_modules=compiled_modules())
+class BuildExtOrPure(build_ext):
+    """Compile the hot path; where that cannot be done (no C compiler, no Python headers), build
+    the pure-Python package instead, which behaves the same, and say so.
+
+    This is what a user gets who installs from the sdist where no wheel fits. A release build
+    sets MQTT_BRIDGE_COMPILE=required (the Dockerfile, `make dist`), so that a broken compiler
+    fails the build instead of shipping the slower package unnoticed.
+    """
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except (CCompilerError, ExecError, PlatformError, CompileError, OSError) as err:
+            if os.environ.get("MQTT_BRIDGE_COMPILE") == "required":
+                raise
+            print(
+                f"compiling the hot path failed ({err}): building mqtt-bridge as pure Python",
+                file=sys.stderr,
+            )
+            # A module built before the failure must not be packaged without the rest: its
+            # import would need the shared library that did not build.
+            for ext in self.extensions:
+                built = self.get_ext_fullpath(ext.name)
+                if os.path.exists(built):
+                    os.remove(built)
+            self.extensions = []
+
+
+setup(ext_modules=compiled_modules(), cmdclass={"build_ext": BuildExtOrPure})

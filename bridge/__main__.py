@@ -24,7 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog_lines.append(f"  {name:<26} {doc} [default: {getattr(defaults, name)}]")
     parser = argparse.ArgumentParser(
         prog="mqtt-bridge",
-        description="MQTT-Bridge: an MQTT 3.1.1 broker node with durable storage.",
+        description=(
+            "MQTT-Bridge: an MQTT 3.1.1 and 5.0 broker node with durable storage, "
+            "clustered over Redis and RocketMQ."
+        ),
         epilog="\n".join(epilog_lines),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

