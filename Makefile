@@ -15,7 +15,7 @@ PYTEST_ARGS ?= -n 4 --durations=5
 N      ?= 3
 DEMO_ARGS ?=
 
-.PHONY: install install-spark compile pure run test test-deps dist lint bench hostile mutation clean cluster cluster-stop spark-demo path-steps
+.PHONY: install install-spark compile pure run test test-deps interop-clients dist lint bench hostile mutation clean cluster cluster-stop spark-demo path-steps
 
 install: $(STAMP)
 
@@ -67,6 +67,13 @@ test-deps: install install-spark compile
 		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps shellcheck \
 		chromium chromium-driver:chromedriver openssl ccache docker-compose
 	deploy/rocketmq/fetch.sh
+	$(MAKE) interop-clients
+
+# The programs that drive MQTT.js, Eclipse Paho Java and Go, and rumqttc in tests/interop, each
+# built once per machine from its pinned versions into ~/.cache/mqtt-bridge/interop (Node.js,
+# Maven, Go and Cargo are the machine's; tests/interop/README.md).
+interop-clients: install
+	$(BIN)/python tests/interop/build.py
 
 # A release: the sdist and, built from it, the wheel with the hot path compiled (a compiler that
 # fails stops the build instead of leaving a pure-Python wheel). `pip install dist/*.whl`.

@@ -89,7 +89,7 @@ _SHARED_ROCKETMQ = pytest.StashKey[LocalRocketMQ]()
 
 
 FIRST = ("tests/spark/test_demo.py", "tests/spark/", "tests/faults/", "tests/rocketmq/",
-         "tests/release/", "tests/cluster/", "tests/integration/",
+         "tests/interop/", "tests/release/", "tests/cluster/", "tests/integration/",
          "tests/storage/", "tests/")  # fmt: skip
 """Where a module's tests come in the run: the folders whose modules wait longest first (the
 Spark demo alone takes minutes), so that under pytest-xdist the long ones start at once and the
