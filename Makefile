@@ -65,7 +65,7 @@ test-deps: install install-spark compile
 	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
 		default-jre-headless:java maven:mvn \
 		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps shellcheck \
-		chromium chromium-driver:chromedriver openssl ccache docker-compose
+		chromium chromium-driver:chromedriver openssl ccache docker-compose prometheus
 	deploy/rocketmq/fetch.sh
 	$(MAKE) interop-clients
 

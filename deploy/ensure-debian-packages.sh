@@ -22,7 +22,7 @@ echo "installing Debian packages: ${missing[*]}"
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 # These packages enable a system service; tests, benchmarks and deploy/*/start.sh start their own.
-for svc in mosquitto redis-server redis-sentinel haproxy; do
+for svc in mosquitto redis-server redis-sentinel haproxy prometheus; do
     if printf '%s\n' "${missing[@]}" | grep -qx "$svc"; then
         (systemctl disable --now "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true)
     fi

@@ -59,6 +59,54 @@ LIMIT_COUNTERS = {
 }
 """Counters of the limits and listeners' guards, always exported (0 until one applies)."""
 
+NODE_COUNTERS = {
+    "connections_accepted": "CONNECTs accepted (CONNACK 0)",
+    "connections_refused": "CONNECTs refused, for any reason (each cause also has its counter)",
+    "connections_refused_clientid_prefix": "CONNECTs refused because the ClientId's prefix is "
+    "bound to another user (ACL clientid rules)",
+    "clients_disconnected_clientid_prefix": "connected clients closed because a changed ACL "
+    "bound their ClientId's prefix to another user",
+    "keepalive_timeouts": "clients closed for sending nothing within their keep-alive allowance",
+    "packets_too_large": "clients closed for a packet over max_packet_size",
+    "protocol_errors": "clients closed for a malformed packet or a protocol error",
+    "subscriptions_refused": "topic filters a SUBACK refused (not authorized, bad filter, quota)",
+    "quota_refused_subscriptions": "topic filters refused at max_subscriptions_per_client",
+    "quota_refused_will": "CONNECTs refused because their will's payload is over max_will_bytes",
+    "quota_refused_retained": "retained PUBLISHes refused over the retained_max_* quotas",
+    "quota_refused_delayed": "delayed PUBLISHes refused over the delayed_max_* quotas",
+    "quota_refused_awaiting_rel": "QoS 2 PUBLISHes refused while max_awaiting_rel of the "
+    "client's were waiting for their PUBREL",
+    "properties_too_large": "PUBLISHes refused for properties over max_message_properties",
+    "payload_format_invalid": "PUBLISHes refused whose payload is not the UTF-8 their Payload "
+    "Format Indicator says",
+    "publishers_slowed": "times the node held a publisher's PUBACKs because a connected "
+    "subscriber was past max_queued_messages or max_queued_bytes (backpressure)",
+    "subscribers_behind": "times a connected subscriber went past max_queued_messages or "
+    "max_queued_bytes (its publishers are slowed until it catches up)",
+    "qos0_publisher_waits": "times a QoS 0 publisher's socket was read later because a "
+    "subscriber's buffer was full",
+    "qos0_subscribers_stuck": "QoS 0 subscribers that read nothing within qos0_publisher_wait "
+    "(publishers stop waiting for them; their messages drop past write_buffer_high)",
+    "delivery_store_errors": "reads of the store for a delivery that failed (retried)",
+    "qos2_copies_skipped": "second stored copies of a QoS 2 message not delivered again",
+    "readers_rewound": "client cursors moved back after a failed write took back messages",
+    "retained_copies_stored": "retained messages copied into a new subscriber's queue",
+    "retained_copies_unchanged": "retained copies not stored again: the subscriber had them",
+    "presubscriptions": "subscriptions a session got at its CONNECT from `presubscribe`",
+    "sessions_expired": "sessions removed at their expiry",
+    "sessions_released": "sessions handed to another node that took the client over",
+    "wills_published": "wills published (the client went away without DISCONNECT)",
+    "wills_cancelled": "wills not published (the client came back in time, or disconnected "
+    "cleanly)",
+    "client_events": "$SYS client connected/disconnected events published",
+    "client_events_lost": "$SYS client events not published because the store failed",
+    "peer_confirm_timeouts": "subscriptions whose peers' confirmation did not come within "
+    "interest_confirm_timeout (SUBACK sent anyway)",
+}
+"""The node's other counters, each exported as mqtt_bridge_<name>_total from the start (0 until
+it first moves), so a dashboard shows 0 rather than no data and `increase()` sees the first
+move. A counter missing here is still exported once it moves, as `count of <name>`."""
+
 # Counters shown under a name of their own (or folded into a labelled family); every other
 # counter of the node is exported as mqtt_bridge_<name>_total.
 _SPECIAL = {
@@ -230,8 +278,10 @@ class NodeCollector:
                 links.add_metric([peer], 1 if up else 0)
             yield links
 
+        for name, doc in NODE_COUNTERS.items():
+            yield _counter(name, doc, counters.get(name, 0))
         for name, value in sorted(counters.items()):
-            if name in _SPECIAL or name in DROP_REASONS:
+            if name in _SPECIAL or name in DROP_REASONS or name in NODE_COUNTERS:
                 continue
             yield _counter(name, f"count of {name.replace('_', ' ')}", value)
 
