@@ -12,11 +12,9 @@ configuration documents.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -35,7 +33,7 @@ from tests.support.admin_http import AdminHttp
 from tests.support.clients import PahoClient, RawClient, paho_client
 from tests.support.cluster import ClusterLauncher
 from tests.support.haproxy import LocalHAProxy
-from tests.support.processes import REPO, BridgeProcess, free_port, wait_for_port
+from tests.support.processes import REPO, BridgeProcess, free_port, terminate, wait_for_port
 from tests.support.redis import LocalRedis
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 from tests.support.waiting import poll_until, wait_until
@@ -128,14 +126,7 @@ class PrometheusProcess:
 
     def stop(self) -> None:
         """SIGTERM (Prometheus closes its TSDB), SIGKILL after 10 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        terminate(self.proc)
 
     def api(self, path: str, **params: str) -> Any:
         """The `data` of a successful answer of /api/v1/PATH."""

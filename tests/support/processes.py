@@ -35,6 +35,18 @@ def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | Non
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
 
 
+def terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """SIGTERM and wait for an orderly exit; SIGKILL after `timeout` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout)
+
+
 class BridgeProcess:
     """One `python -m bridge` node on a loopback port, with its data dir and log file."""
 
@@ -87,13 +99,7 @@ class BridgeProcess:
 
     def stop(self) -> None:
         """SIGTERM and wait for an orderly shutdown (SIGKILL after 10 s)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        terminate(self.proc)
 
     def log_text(self) -> str:
         """Everything the node has logged so far."""
