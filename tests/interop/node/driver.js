@@ -4,19 +4,7 @@
 
 const readline = require('node:readline')
 const { Connection } = require('./connection')
-const {
-  CommandError,
-  send,
-  describeError,
-  badField,
-  field,
-  isObject,
-  stringField,
-  boolField,
-  uintField,
-  qosField,
-  encodeProperties,
-} = require('./protocol')
+const protocol = require('./protocol')
 
 const DEFAULT_TIMEOUT_MS = 10000
 // The scenario kills a node and expects the client back within about a second.
@@ -28,32 +16,32 @@ let connection = null
 let exitRequested = false
 
 function connected() {
-  if (!connection) throw new CommandError('not connected: send connect first')
+  if (!connection) throw new protocol.CommandError('not connected: send connect first')
   return connection
 }
 
 function connectProperties(cmd, version) {
-  const sessionExpiry = uintField(cmd, 'session_expiry', 0)
-  const topicAliasMaximum = uintField(cmd, 'topic_alias_maximum', 0)
+  const sessionExpiry = protocol.uintField(cmd, 'session_expiry', 0)
+  const topicAliasMaximum = protocol.uintField(cmd, 'topic_alias_maximum', 0)
   const properties = {}
   if (sessionExpiry > 0) properties.sessionExpiryInterval = sessionExpiry
   if (topicAliasMaximum > 0) properties.topicAliasMaximum = topicAliasMaximum
   if (version === 4 && Object.keys(properties).length > 0) {
-    throw new CommandError('session_expiry and topic_alias_maximum need version 5')
+    throw new protocol.CommandError('session_expiry and topic_alias_maximum need version 5')
   }
   return Object.keys(properties).length > 0 ? properties : undefined
 }
 
 function clientOptions(cmd) {
-  const version = field(cmd, 'version', '4 or 5', (v) => v === 4 || v === 5)
-  const reconnect = boolField(cmd, 'reconnect', false)
+  const version = protocol.field(cmd, 'version', '4 or 5', (v) => v === 4 || v === 5)
+  const reconnect = protocol.boolField(cmd, 'reconnect', false)
   return {
-    clientId: stringField(cmd, 'client_id'),
+    clientId: protocol.stringField(cmd, 'client_id'),
     protocolVersion: version,
-    clean: boolField(cmd, 'clean', true),
-    keepalive: uintField(cmd, 'keepalive', 60),
-    username: stringField(cmd, 'username', null),
-    password: stringField(cmd, 'password', null),
+    clean: protocol.boolField(cmd, 'clean', true),
+    keepalive: protocol.uintField(cmd, 'keepalive', 60),
+    username: protocol.stringField(cmd, 'username', null),
+    password: protocol.stringField(cmd, 'password', null),
     properties: connectProperties(cmd, version),
     reconnectPeriod: reconnect ? RECONNECT_PERIOD_MS : 0,
     // The session (and its subscriptions) is the server's to keep: never subscribe again.
@@ -62,8 +50,8 @@ function clientOptions(cmd) {
 }
 
 async function connect(cmd, timeoutMs) {
-  const url = stringField(cmd, 'url')
-  if (!/^(mqtt|ws):\/\//.test(url)) throw badField('url', 'an mqtt:// or ws:// url', url)
+  const url = protocol.stringField(cmd, 'url')
+  if (!/^(mqtt|ws):\/\//.test(url)) throw protocol.badField('url', 'an mqtt:// or ws:// url', url)
   const options = clientOptions(cmd)
   if (connection) {
     // A connect replaces the connection before it, which the test no longer wants.
@@ -85,12 +73,14 @@ async function connect(cmd, timeoutMs) {
 
 async function subscribe(cmd) {
   const conn = connected()
-  const filter = stringField(cmd, 'filter')
-  const options = { qos: qosField(cmd) }
-  const subscriptionId = field(cmd, 'subscription_id', 'an integer 1-268435455',
+  const filter = protocol.stringField(cmd, 'filter')
+  const options = { qos: protocol.qosField(cmd) }
+  const subscriptionId = protocol.field(cmd, 'subscription_id', 'an integer 1-268435455',
     (v) => Number.isInteger(v) && v >= 1 && v <= 268435455, null)
   if (subscriptionId !== null) {
-    if (conn.version !== 5) throw new CommandError("field 'subscription_id' needs version 5")
+    if (conn.version !== 5) {
+      throw new protocol.CommandError("field 'subscription_id' needs version 5")
+    }
     options.properties = { subscriptionIdentifier: subscriptionId }
   }
   const suback = await new Promise((resolve, reject) => {
@@ -104,7 +94,7 @@ async function subscribe(cmd) {
 
 async function unsubscribe(cmd) {
   const conn = connected()
-  const filter = stringField(cmd, 'filter')
+  const filter = protocol.stringField(cmd, 'filter')
   await new Promise((resolve, reject) => {
     conn.client.unsubscribe(filter, (err) => (err ? reject(err) : resolve()))
   })
@@ -117,28 +107,28 @@ function publishTarget(conn, topic, properties) {
   const alias = properties.topic_alias
   if (alias === undefined || alias === null) return { topic, properties: {} }
   if (!Number.isInteger(alias) || alias < 1 || alias > 0xffff) {
-    throw badField('topic_alias', 'an integer 1-65535', alias)
+    throw protocol.badField('topic_alias', 'an integer 1-65535', alias)
   }
   // MQTT.js refuses an alias above the server's maximum, but at QoS 1 and 2 drops its own error
   // (the publish never completes): refuse it here, with the library's words.
   const maximum = conn.client.serverProperties?.topicAliasMaximum ?? 0
   if (alias > maximum) {
     const limit = `the server's Topic Alias Maximum ${maximum}`
-    throw new CommandError(`Sending Topic Alias out of range: ${alias} is above ${limit}`)
+    throw new protocol.CommandError(`Sending Topic Alias out of range: ${alias} is above ${limit}`)
   }
   return { topic: conn.topicForAlias(topic, alias), properties: { topicAlias: alias } }
 }
 
 async function publish(cmd) {
   const conn = connected()
-  const topic = stringField(cmd, 'topic')
-  const payload = Buffer.from(stringField(cmd, 'payload', ''), 'utf8')
-  const properties = field(cmd, 'properties', 'an object', isObject, {})
+  const topic = protocol.stringField(cmd, 'topic')
+  const payload = Buffer.from(protocol.stringField(cmd, 'payload', ''), 'utf8')
+  const properties = protocol.field(cmd, 'properties', 'an object', protocol.isObject, {})
   if (conn.version !== 5 && Object.keys(properties).length > 0) {
-    throw new CommandError("field 'properties' needs version 5")
+    throw new protocol.CommandError("field 'properties' needs version 5")
   }
-  const options = { qos: qosField(cmd), retain: boolField(cmd, 'retain', false) }
-  const encoded = encodeProperties(properties)
+  const options = { qos: protocol.qosField(cmd), retain: protocol.boolField(cmd, 'retain', false) }
+  const encoded = protocol.encodeProperties(properties)
   const target = publishTarget(conn, topic, properties)
   if (Object.keys(properties).length > 0) options.properties = { ...encoded, ...target.properties }
   await new Promise((resolve, reject) => {
@@ -183,20 +173,20 @@ function parseCommand(line) {
   try {
     cmd = JSON.parse(line)
   } catch (err) {
-    throw new CommandError(`not a JSON command: ${err.message}`)
+    throw new protocol.CommandError(`not a JSON command: ${err.message}`)
   }
-  if (!isObject(cmd)) throw new CommandError('a command must be a JSON object')
+  if (!protocol.isObject(cmd)) throw new protocol.CommandError('a command must be a JSON object')
   return cmd
 }
 
 // Checks the fields every command has; returns how long the command may take.
 function checkCommand(cmd) {
-  field(cmd, 'id', 'an integer', Number.isInteger)
+  protocol.field(cmd, 'id', 'an integer', Number.isInteger)
   if (!Object.hasOwn(COMMANDS, cmd.op)) {
-    throw new CommandError(`unknown op ${JSON.stringify(cmd.op ?? null)}`)
+    throw new protocol.CommandError(`unknown op ${JSON.stringify(cmd.op ?? null)}`)
   }
   const isTimeout = (v) => Number.isInteger(v) && v > 0
-  return field(cmd, 'timeout_ms', 'a positive integer', isTimeout, DEFAULT_TIMEOUT_MS)
+  return protocol.field(cmd, 'timeout_ms', 'a positive integer', isTimeout, DEFAULT_TIMEOUT_MS)
 }
 
 // The result line of one command line.
@@ -209,7 +199,7 @@ async function run(line) {
     const result = await withTimeout(COMMANDS[cmd.op](cmd, timeoutMs), timeoutMs)
     return { id, ok: true, ...result }
   } catch (err) {
-    return { id, ok: false, error: describeError(err) }
+    return { id, ok: false, error: protocol.describeError(err) }
   }
 }
 
@@ -220,7 +210,7 @@ async function main() {
   for await (const line of lines) {
     if (line.trim() === '') continue
     const result = await run(line)
-    send(result)
+    protocol.send(result)
     if (exitRequested) break
   }
   // Also at the end of stdin; exit() drops a connection still open without DISCONNECT.

@@ -5,6 +5,7 @@
 use crate::command::{PublishParams, SubscribeParams};
 use crate::output;
 use crate::tracker::{Acknowledgement, Kind, Reply, Tracker, Written};
+use rumqttc::Outgoing;
 use serde_json::{Map, Value};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -62,6 +63,19 @@ pub enum Progress {
     DisconnectWritten,
     /// Pings and the acks rumqttc sends itself.
     Nothing,
+}
+
+impl Progress {
+    /// What rumqttc wrote out: both versions' event loops report it as the same `Outgoing`.
+    pub fn outgoing(outgoing: Outgoing) -> Progress {
+        match outgoing {
+            Outgoing::Publish(pkid) => Progress::Written(Written::Publish(pkid)),
+            Outgoing::Subscribe(pkid) => Progress::Written(Written::Subscribe(pkid)),
+            Outgoing::Unsubscribe(pkid) => Progress::Written(Written::Unsubscribe(pkid)),
+            Outgoing::Disconnect => Progress::DisconnectWritten,
+            _ => Progress::Nothing,
+        }
+    }
 }
 
 /// One MQTT version's event loop.

@@ -2,8 +2,8 @@
 
 use crate::command::{ConnectParams, PublishParams, SubscribeParams};
 use crate::session::{self, valid_filter, valid_topic, Progress, Requests, Session};
-use crate::tracker::{Acknowledgement, Written};
-use rumqttc::{AsyncClient, ClientError, Event, Incoming, MqttOptions, Outgoing, QoS, Request, SubscribeReasonCode};
+use crate::tracker::Acknowledgement;
+use rumqttc::{AsyncClient, ClientError, Event, Incoming, MqttOptions, QoS, Request, SubscribeReasonCode};
 use serde_json::{Map, Value};
 use std::time::Duration;
 
@@ -92,6 +92,7 @@ impl session::EventLoop for EventLoop {
 
 fn progress(event: Event) -> Progress {
     match event {
+        Event::Outgoing(outgoing) => Progress::outgoing(outgoing),
         Event::Incoming(Incoming::ConnAck(connack)) => Progress::Connected { session_present: connack.session_present },
         Event::Incoming(Incoming::Publish(publish)) => Progress::Message(message(publish)),
         Event::Incoming(Incoming::PubAck(ack)) => Progress::Acked(Acknowledgement::PubAck { pkid: ack.pkid, code: 0 }),
@@ -104,10 +105,6 @@ fn progress(event: Event) -> Progress {
             Progress::Acked(Acknowledgement::SubAck { pkid: ack.pkid, granted })
         }
         Event::Incoming(Incoming::UnsubAck(ack)) => Progress::Acked(Acknowledgement::UnsubAck { pkid: ack.pkid }),
-        Event::Outgoing(Outgoing::Publish(pkid)) => Progress::Written(Written::Publish(pkid)),
-        Event::Outgoing(Outgoing::Subscribe(pkid)) => Progress::Written(Written::Subscribe(pkid)),
-        Event::Outgoing(Outgoing::Unsubscribe(pkid)) => Progress::Written(Written::Unsubscribe(pkid)),
-        Event::Outgoing(Outgoing::Disconnect) => Progress::DisconnectWritten,
         _ => Progress::Nothing,
     }
 }

@@ -3,13 +3,12 @@
 use crate::command::{ConnectParams, PublishParams, SubscribeParams};
 use crate::properties;
 use crate::session::{self, valid_filter, valid_topic, Progress, Requests, Session};
-use crate::tracker::{Acknowledgement, Written};
+use crate::tracker::Acknowledgement;
 use rumqttc::v5::mqttbytes::v5::{
     ConnAck, PubAckReason, PubCompReason, PubRecReason, Publish, SubscribeProperties, SubscribeReasonCode,
 };
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, ClientError, Event, Incoming, MqttOptions, Request};
-use rumqttc::Outgoing;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -148,6 +147,7 @@ impl session::EventLoop for EventLoop {
     async fn poll(&mut self) -> Result<Progress, String> {
         let event = self.inner.poll().await.map_err(|error| error.to_string())?;
         Ok(match event {
+            Event::Outgoing(outgoing) => Progress::outgoing(outgoing),
             Event::Incoming(Incoming::ConnAck(connack)) => self.connected(&connack),
             Event::Incoming(Incoming::Publish(publish)) => Progress::Message(self.message(publish)),
             Event::Incoming(Incoming::PubAck(ack)) => {
@@ -164,10 +164,6 @@ impl session::EventLoop for EventLoop {
                 Progress::Acked(Acknowledgement::SubAck { pkid: ack.pkid, granted })
             }
             Event::Incoming(Incoming::UnsubAck(ack)) => Progress::Acked(Acknowledgement::UnsubAck { pkid: ack.pkid }),
-            Event::Outgoing(Outgoing::Publish(pkid)) => Progress::Written(Written::Publish(pkid)),
-            Event::Outgoing(Outgoing::Subscribe(pkid)) => Progress::Written(Written::Subscribe(pkid)),
-            Event::Outgoing(Outgoing::Unsubscribe(pkid)) => Progress::Written(Written::Unsubscribe(pkid)),
-            Event::Outgoing(Outgoing::Disconnect) => Progress::DisconnectWritten,
             _ => Progress::Nothing,
         })
     }

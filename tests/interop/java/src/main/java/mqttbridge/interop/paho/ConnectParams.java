@@ -17,7 +17,7 @@ record ConnectParams(
     static final int RECONNECT_DELAY_MS = 1000;
     /**
      * How long a close lets Paho's sender write what is queued before it drops the connection:
-     * the acknowledgements of messages already reported (see V3Client.messageArrived), so the
+     * the acknowledgements of messages already reported (see PahoClient.deliver), so the
      * server does not deliver them again. Paho takes no new messages meanwhile, and waits for
      * nothing when nothing is queued.
      */
