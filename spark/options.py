@@ -6,6 +6,7 @@ query runs. See docs/spark.md for the table of options.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -123,8 +124,32 @@ def _offsets(options: Mapping[str, str], name: str, default: str, allowed: tuple
     return parsed
 
 
+KNOWN_OPTIONS: Final = (
+    "nameserver", "path", "topicFilter", "topics", "startingOffsets", "endingOffsets",
+    "startingTimestamp", "endingTimestamp", "maxMessagesPerTrigger", "failOnDataLoss",
+    "pullBatchSize", "consumerGroup", "requestTimeout", "accessKey", "secretKey", "tls",
+    "tlsCaFile", "tlsCertFile", "tlsKeyFile", "tlsVerifyHostname",
+)  # fmt: skip
+"""Every option of the source (docs/spark.md's table); Spark hands them over in any case."""
+
+
+def _refuse_unknown(options: Mapping[str, str]) -> None:
+    """An option the source does not know is an error, never silently ignored: a habit from
+    Spark's Kafka source (`maxOffsetsPerTrigger`) would otherwise read without its limit."""
+    known = {name.lower(): name for name in KNOWN_OPTIONS}
+    for key in options:
+        if key.lower() in known:
+            continue
+        close = difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.6)
+        hint = f"; did you mean {known[close[0]]}?" if close else ""
+        raise OptionError(
+            f"option {key}: the rocketmq source has no such option{hint} (docs/spark.md lists them)"
+        )
+
+
 def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Check `options` and turn them into `SourceOptions` (raises OptionError)."""
+    _refuse_unknown(options)
     nameserver = _get(options, "nameserver")
     path = _get(options, "path")
     if bool(nameserver) == bool(path):
@@ -150,8 +175,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         first = topic_filter.split("/", 1)[0]
         topics = None if first in ("+", "#") else (rocketmq_topic(first),)
     ending = _offsets(options, "endingOffsets", "latest", ("latest",))
-    if streaming and _get(options, "endingOffsets") is not None:
-        raise OptionError("option endingOffsets: only for a batch read (spark.read)")
+    for batch_only in ("endingOffsets", "endingTimestamp"):
+        if streaming and _get(options, batch_only) is not None:
+            raise OptionError(f"option {batch_only}: only for a batch read (spark.read)")
     fail_text = (_get(options, "failOnDataLoss") or "true").strip().lower()
     if fail_text not in ("true", "false"):
         raise OptionError(f"option failOnDataLoss: true or false, got {fail_text!r}")

@@ -166,6 +166,34 @@ async def resolve(
     return await _each(queues, one)
 
 
+def advance(
+    begin: dict[QueueKey, int], ends: dict[QueueKey, int], *, fail_on_data_loss: bool
+) -> tuple[dict[QueueKey, int], dict[QueueKey, int]]:
+    """Where each queue's next batch ends, from the offsets read so far (`begin`) and the
+    queues' current ends: (the new ends, the offsets the batch starts from).
+
+    A queue the broker no longer lists keeps its offset. A queue whose end is behind what was
+    already read went back: its store was wiped or its topic recreated, and the old offsets
+    mean nothing there. With failOnDataLoss that fails the query naming the queue; without it
+    the queue is read again from its start (offset 0), with a warning, instead of waiting
+    silently until it grows past the old offset and then skipping what came before."""
+    starts = dict(begin)
+    merged = dict(begin)
+    for q, end in ends.items():
+        read = begin.get(q, 0)
+        if end < read:
+            what = (
+                f"queue {q[0]} {queue_id(q[1], q[2])}: its end offset went back from {read} "
+                f"to {end} (its store was wiped or its topic recreated)"
+            )
+            if fail_on_data_loss:
+                raise DataLossError(what + "; set failOnDataLoss=false to read it again")
+            log.warning("%s: read again from its start (failOnDataLoss=false)", what)
+            starts[q] = 0
+        merged[q] = end
+    return merged, starts
+
+
 def limit_range(
     start: dict[QueueKey, int], end: dict[QueueKey, int], max_messages: int
 ) -> dict[QueueKey, int]:

@@ -99,16 +99,20 @@ class _Offsets:
         async def work(client: Any) -> dict[str, Any]:
             queues = await rmq.list_queues(client, o)
             ends = await rmq.end_offsets(client, queues)
-            begin = rmq.from_json(start)
-            # A queue may only move forward; one the broker no longer lists keeps its offset.
-            merged = {**begin, **{q: max(e, begin.get(q, 0)) for q, e in ends.items()}}
+            merged, starts = rmq.advance(
+                rmq.from_json(start), ends, fail_on_data_loss=o.fail_on_data_loss
+            )
             if max_messages is not None:
-                merged = rmq.limit_range(begin, merged, max_messages)
+                merged = rmq.limit_range(starts, merged, max_messages)
             return rmq.to_json(merged)
 
         return rmq.run_with_client(o, work)
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+    def partitions(
+        self, start: dict[str, Any], end: dict[str, Any], *, streaming: bool = False
+    ) -> list[InputPartition]:
+        """The ranges [start, end) of every queue, one task each. In a stream an end behind its
+        start is a queue that went back (`rmq.advance`): it is read again from its start."""
         o = self.options
         if o.path is not None:
             lo = int(start.get(log_reader.EMBEDDED, 0))
@@ -118,6 +122,8 @@ class _Offsets:
         parts: list[InputPartition] = []
         for (topic, broker, queue), stop in sorted(rmq.from_json(end).items()):
             first = begin.get((topic, broker, queue), 0)  # a queue new since `start`: all of it
+            if streaming and stop < first:
+                first = 0
             if stop > first:
                 parts.append(InputPartition(rmq.QueueRange(topic, broker, queue, first, stop)))
         return parts
@@ -173,7 +179,7 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return _Offsets(self.options).partitions(start, end)
+        return _Offsets(self.options).partitions(start, end, streaming=True)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, partition)
@@ -191,8 +197,10 @@ def _at_most(
         if isinstance(value, dict):
             limits = target.get(topic, {})
             floor = start.get(topic, {})
+            # A queue behind its start went back (`rmq.advance`) and is read again: kept.
             out[topic] = {
-                q: max(floor.get(q, 0), min(o, limits.get(q, o))) for q, o in value.items()
+                q: o if o < floor.get(q, 0) else max(floor.get(q, 0), min(o, limits.get(q, o)))
+                for q, o in value.items()
             }
         else:
             out[topic] = max(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import Row, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from bridge.storage import FileLogStore, Message, metadata
 from tests.spark.conftest import (
@@ -24,7 +25,7 @@ from tests.spark.conftest import (
     unique,
 )
 from tests.support.processes import BridgeProcess
-from tests.support.rocketmq import LocalRocketMQ
+from tests.support.rocketmq import CLUSTER, LocalRocketMQ
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(300)]
@@ -314,3 +315,42 @@ def test_mqtt5_metadata_is_read_into_columns_of_its_own_from_rocketmq_and_the_em
     asyncio.run(write_log())
     [row] = spark.read.format("rocketmq").load(str(tmp_path / "data")).collect()
     assert v5_columns(row) == V5_COLUMNS
+
+
+def test_a_stream_whose_topic_was_recreated_fails_naming_the_queue_or_reads_it_again(
+    spark: SparkSession, rocketmq, bridge_factory: Callable[..., BridgeProcess], tmp_path: Path
+) -> None:
+    """The topic is deleted and created again on the broker (offsets start over at 0) between
+    two runs of a stream on one checkpoint: with failOnDataLoss the run fails naming the queue
+    that went back; without it the queue is read again from its start, nothing skipped."""
+    top = unique("reset")
+    ns = rocketmq.namesrv_addr
+    rocketmq.create_topic(top, queues=1)
+    bridge_settings = ("store=rocketmq", f"rocketmq_namesrv={ns}", f"rocketmq_namespace={top}")
+    first_bridge = bridge_factory(*bridge_settings)
+    publish_all(first_bridge.port, [(f"{top}/m", b"old%d" % i) for i in range(5)])
+    first_bridge.kill()
+
+    def run_once(fail_on_data_loss: str) -> StreamingQuery:
+        frame = (
+            spark.readStream.format("rocketmq")
+            .option("nameserver", ns)
+            .option("topics", top)
+            .option("startingOffsets", "earliest")
+            .option("failOnDataLoss", fail_on_data_loss)
+            .load()
+        )
+        return run_available_now(frame.select("payload", "queue", "offset"), tmp_path)
+
+    assert sum(p["numInputRows"] for p in run_once("true").recentProgress) == 5
+    rocketmq.admin("deleteTopic", "-t", top, "-c", CLUSTER)
+    rocketmq.create_topic(top, queues=1)
+    second_bridge = bridge_factory(*bridge_settings)
+    publish_all(second_bridge.port, [(f"{top}/m", b"new%d" % i) for i in range(3)])
+
+    with pytest.raises(Exception, match=r"went back from 5 to 3"):
+        run_once("true")
+    run_once("false")
+
+    payloads = sorted(bytes(r.payload) for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    assert payloads == sorted([b"old%d" % i for i in range(5)] + [b"new%d" % i for i in range(3)])
