@@ -49,6 +49,7 @@ class SourceOptions:
     ending_timestamp: int | None
     max_per_trigger: int | None
     fail_on_data_loss: bool
+    min_partitions: int | None
     pull_batch: int
     consumer_group: str
     request_timeout: float
@@ -128,7 +129,7 @@ KNOWN_OPTIONS: Final = (
     "nameserver", "path", "topicFilter", "topics", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "maxMessagesPerTrigger", "failOnDataLoss",
     "pullBatchSize", "consumerGroup", "requestTimeout", "accessKey", "secretKey", "tls",
-    "tlsCaFile", "tlsCertFile", "tlsKeyFile", "tlsVerifyHostname",
+    "tlsCaFile", "tlsCertFile", "tlsKeyFile", "tlsVerifyHostname", "minPartitions",
 )  # fmt: skip
 """Every option of the source (docs/spark.md's table); Spark hands them over in any case."""
 
@@ -226,6 +227,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         ending_timestamp=_int(options, "endingTimestamp", minimum=0),
         max_per_trigger=max_per_trigger,
         fail_on_data_loss=fail_text == "true",
+        min_partitions=_int(options, "minPartitions", minimum=1),
         pull_batch=_int(options, "pullBatchSize", minimum=1) or 32,
         consumer_group=_get(options, "consumerGroup") or DEFAULT_GROUP,
         request_timeout=request_timeout,

@@ -227,6 +227,24 @@ class QueueRange:
     end: int
 
 
+def split_ranges(ranges: list[QueueRange], min_partitions: int) -> list[QueueRange]:
+    """`ranges` cut into at least `min_partitions` pieces where they hold that many messages
+    (Spark's Kafka option of the same name): each range is split in proportion to its size,
+    into pieces of nearly equal length, so one big queue is read by several tasks at once."""
+    total = sum(r.end - r.start for r in ranges)
+    if min_partitions <= len(ranges) or total == 0:
+        return ranges
+    out: list[QueueRange] = []
+    for r in ranges:
+        size = r.end - r.start
+        pieces = max(1, min(size, -(-size * min_partitions // total)))
+        for i in range(pieces):
+            start = r.start + size * i // pieces
+            end = r.start + size * (i + 1) // pieces
+            out.append(QueueRange(r.topic, r.broker, r.queue, start, end))
+    return out
+
+
 def read_range(options: SourceOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
     """The rows of one queue range, in offset order, as Arrow batches (runs on an executor)."""
     loop = asyncio.new_event_loop()

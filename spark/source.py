@@ -89,22 +89,28 @@ class _Offsets:
         """Where a batch read ends (endingOffsets / endingTimestamp)."""
         return self._resolve(self.options.ending, self.options.ending_timestamp)
 
-    def latest(self, start: dict[str, Any], max_messages: int | None) -> dict[str, Any]:
-        """The newest offsets, at most `max_messages` past `start`."""
+    def latest(
+        self, start: dict[str, Any], max_messages: int | None
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The newest offsets, at most `max_messages` past `start`, and the newest offsets of
+        all (what is available, for the query's progress; None where finding it would cost a
+        scan of its own: the embedded log under a limit)."""
         o = self.options
         if o.path is not None:
             begin = int(start.get(log_reader.EMBEDDED, log_reader.first_position(o.path)))
-            return {log_reader.EMBEDDED: log_reader.scan_end(o.path, begin, max_messages)}
+            end = {log_reader.EMBEDDED: log_reader.scan_end(o.path, begin, max_messages)}
+            return end, end if max_messages is None else None
 
-        async def work(client: Any) -> dict[str, Any]:
+        async def work(client: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
             queues = await rmq.list_queues(client, o)
             ends = await rmq.end_offsets(client, queues)
-            merged, starts = rmq.advance(
+            available, starts = rmq.advance(
                 rmq.from_json(start), ends, fail_on_data_loss=o.fail_on_data_loss
             )
+            merged = available
             if max_messages is not None:
-                merged = rmq.limit_range(starts, merged, max_messages)
-            return rmq.to_json(merged)
+                merged = rmq.limit_range(starts, available, max_messages)
+            return rmq.to_json(merged), rmq.to_json(available)
 
         return rmq.run_with_client(o, work)
 
@@ -119,14 +125,16 @@ class _Offsets:
             hi = int(end.get(log_reader.EMBEDDED, 0))
             return [InputPartition(r) for r in log_reader.split(o.path, lo, hi)]
         begin = rmq.from_json(start)
-        parts: list[InputPartition] = []
+        ranges: list[rmq.QueueRange] = []
         for (topic, broker, queue), stop in sorted(rmq.from_json(end).items()):
             first = begin.get((topic, broker, queue), 0)  # a queue new since `start`: all of it
             if streaming and stop < first:
                 first = 0
             if stop > first:
-                parts.append(InputPartition(rmq.QueueRange(topic, broker, queue, first, stop)))
-        return parts
+                ranges.append(rmq.QueueRange(topic, broker, queue, first, stop))
+        if o.min_partitions is not None:
+            ranges = rmq.split_ranges(ranges, o.min_partitions)
+        return [InputPartition(r) for r in ranges]
 
 
 def start_offsets(options: SourceOptions) -> dict[str, Any]:
@@ -156,6 +164,7 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._target: dict[str, Any] | None = None
+        self._available: dict[str, Any] | None = None
 
     def initialOffset(self) -> dict[str, Any]:
         return _Offsets(self.options).start()
@@ -168,15 +177,20 @@ class RocketMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         # The offsets of "now": a query with trigger(availableNow=True) stops there.
         offsets = _Offsets(self.options)
-        self._target = offsets.latest({}, None)
+        self._target = offsets.latest({}, None)[0]
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         offsets = _Offsets(self.options)
-        latest = offsets.latest(start, max_rows)
+        latest, self._available = offsets.latest(start, max_rows)
         if self._target is not None:
             latest = _at_most(latest, self._target, start)
         return latest
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The newest offsets the last latestOffset saw, past any maxMessagesPerTrigger: a
+        query's progress shows them beside the batch's end offsets, so the lag shows."""
+        return self._available
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return _Offsets(self.options).partitions(start, end, streaming=True)

@@ -8,6 +8,7 @@ its own RocketMQ topic on the session's broker.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -136,6 +137,13 @@ def test_offsets_and_timestamps_bound_a_batch_read(
     latest = source(spark, ns, topics=top, startingOffsets="latest").load().count()
     assert latest == 0
 
+    # minPartitions splits the queues' ranges into that many tasks at least, rows unchanged.
+    split = source(spark, ns, topics=top, minPartitions="8").load()
+    assert split.rdd.getNumPartitions() >= 8
+    assert sorted(bytes(r.payload) for r in split.collect()) == sorted(
+        [b"early-%d" % i for i in range(6)] + [b"late-%d" % i for i in range(5)]
+    )
+
 
 def test_a_batch_read_of_a_secured_rocketmq_signs_and_speaks_tls_and_names_a_wrong_secret_key(
     spark: SparkSession, secured_rocketmq: LocalRocketMQ
@@ -203,10 +211,16 @@ def test_a_stream_takes_at_most_max_messages_per_trigger_and_resumes_from_its_ch
             .load()
         )
         query = run_available_now(frame.select("payload", "broker", "queue", "offset"), tmp_path)
+        progress.extend(query.recentProgress)
         return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
+    progress: list = []
     first = run_once()
     assert sum(first) == 30 and max(first) <= 7
+    # Each batch's progress shows the newest offsets (reportLatestOffset) past its own end.
+    (batch, *_) = (p["sources"][0] for p in progress if p["numInputRows"])
+    available = sum(json.loads(batch["latestOffset"])[top].values())
+    assert available == 30 > sum(json.loads(batch["endOffset"])[top].values())
     publish_all(rocketmq_bridge.port, [(f"{top}/m", b"b%d" % i) for i in range(12)])
     second = run_once()
     assert sum(second) == 12 and max(second) <= 7

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.storage.rocketmq import Credentials, TlsOptions
 from spark.options import OptionError, client_security, parse_options
-from spark.rocketmq_reader import DataLossError, advance, from_json, limit_range, to_json
+from spark.rocketmq_reader import (
+    DataLossError,
+    QueueRange,
+    advance,
+    from_json,
+    limit_range,
+    split_ranges,
+    to_json,
+)
 from spark.source import _at_most, _Offsets
 
 
@@ -172,3 +182,36 @@ def test_queues_that_did_not_go_back_advance_to_their_end_and_unlisted_ones_stay
     merged, starts = advance(begin, ends, fail_on_data_loss=True)
     assert merged == {**begin, **ends}
     assert starts == begin
+
+
+ranges = st.lists(
+    st.tuples(st.integers(0, 1000), st.integers(1, 500)).map(lambda t: (t[0], t[0] + t[1])),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(ranges, st.integers(1, 40))
+def test_min_partitions_splits_ranges_into_contiguous_pieces_covering_exactly_the_same_offsets(
+    spans: list[tuple[int, int]], min_partitions: int
+) -> None:
+    queues = [QueueRange("t", "b", i, lo, hi) for i, (lo, hi) in enumerate(spans)]
+
+    pieces = split_ranges(queues, min_partitions)
+
+    total = sum(hi - lo for lo, hi in spans)
+    assert len(pieces) >= min(min_partitions, total)
+    assert all(p.end > p.start for p in pieces)
+    for q in queues:
+        mine = [p for p in pieces if p.queue == q.queue]
+        assert mine[0].start == q.start and mine[-1].end == q.end
+        assert all(a.end == b.start for a, b in pairwise(mine))
+
+
+def test_min_partitions_is_a_positive_integer() -> None:
+    assert (
+        parse_options({"nameserver": "h:1", "minPartitions": "6"}, streaming=False).min_partitions
+        == 6
+    )
+    with pytest.raises(OptionError, match="option minPartitions: must be at least 1"):
+        parse_options({"nameserver": "h:1", "minPartitions": "0"}, streaming=False)
