@@ -131,7 +131,9 @@ def run_backfill(
         if name in GOLD_TABLES:
             writer = writer.partitionBy(_gold_partition(name))
         writer.parquet(config.table(name))
-        counts[name] = spark.read.parquet(config.table(name)).count()
+        # With the frame's schema: an empty table partitioned by date is a folder without a
+        # file, from which Spark cannot infer one (all messages malformed, a range with none).
+        counts[name] = spark.read.schema(frame.schema).parquet(config.table(name)).count()
     parsed.unpersist()
     return counts
 

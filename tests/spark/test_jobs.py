@@ -25,8 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark.intervals import Sample, Shifts, batch_intervals
-from spark.jobs import JobConfig, read_table, run_backfill
-from spark.telemetry import Device, encode, validate
+from spark.jobs import ALL_TABLES, JobConfig, read_table, run_backfill
+from spark.telemetry import TOPIC_PREFIX, Device, encode, validate
 from tests.spark.conftest import publish_all, unique
 from tests.support.processes import BridgeProcess
 
@@ -173,6 +173,22 @@ def published(rocketmq_bridge: BridgeProcess) -> tuple[str, list[tuple[str, byte
     messages, valid = telemetry(top)
     publish_all(rocketmq_bridge.port, messages, client_id=unique("plant-gw-"))
     return top, messages, valid
+
+
+def test_back_fill_of_only_malformed_payloads_writes_empty_tables_and_the_quarantine(
+    spark: SparkSession, bridge_factory: Callable[..., BridgeProcess], tmp_path: Path
+) -> None:
+    # The embedded store: the bridge's log is read by the same source, no broker needed.
+    bridge = bridge_factory("client_events=false")
+    junk = [(f"{TOPIC_PREFIX}/L1/press{i % 3}/telemetry", b"not json %d" % i) for i in range(12)]
+    publish_all(bridge.port, junk)
+    config = JobConfig(out=str(tmp_path / "bi"), path=str(bridge.data_dir))
+
+    counts = run_backfill(spark, config, None, None)
+
+    assert counts == {name: 12 if name == "quarantine" else 0 for name in ALL_TABLES}
+    quarantine = read_table(spark, config, "quarantine")
+    assert quarantine is not None and quarantine.count() == 12
 
 
 def test_back_fill_builds_every_table_exactly_and_quarantines_malformed_payloads(
