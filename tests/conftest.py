@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.support.clients import close_all_raw_clients
-from tests.support.processes import BridgeProcess
+from tests.support.processes import BridgeProcess, bridge_nodes
 from tests.support.redis import LocalRedis, RedisAuth
 from tests.support.rocketmq import SHARED_ENV, ExternalRocketMQ, LocalRocketMQ
 from tests.support.rocketmq_use import rocketmq_for_tests
@@ -189,26 +189,10 @@ def _close_raw_clients() -> Iterator[None]:
 
 @pytest.fixture
 def bridge_factory(tmp_path: Path) -> Iterator[Callable[..., BridgeProcess]]:
-    """Start bridge nodes (`factory(*settings, data_dir=None)`); all are killed at the end."""
-    started: list[BridgeProcess] = []
-
-    def factory(
-        *settings: str, data_dir: Path | None = None, port: int | None = None, start: bool = True
-    ) -> BridgeProcess:
-        node = BridgeProcess(data_dir or tmp_path / f"node{len(started)}", *settings, port=port)
-        started.append(node)
-        return node.start() if start else node
-
-    yield factory
-    for node in started:
-        node.kill()
-    # Any traceback in a node's log is a bug, whatever the test asserted (an exception that
-    # escaped into the event loop, a failed background task).
-    for node in started:
-        text = node.log_text()
-        assert "Traceback" not in text, (
-            f"node on port {node.port} logged a traceback:\n{text[-4000:]}"
-        )
+    """Start bridge nodes (`factory(*settings, data_dir=None)`); all are killed at the end and
+    a traceback in any node's log fails the test (`bridge_nodes`)."""
+    with bridge_nodes(tmp_path) as factory:
+        yield factory
 
 
 @pytest.fixture

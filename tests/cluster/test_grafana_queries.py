@@ -33,7 +33,14 @@ from tests.support.admin_http import AdminHttp
 from tests.support.clients import PahoClient, RawClient, paho_client
 from tests.support.cluster import ClusterLauncher
 from tests.support.haproxy import LocalHAProxy
-from tests.support.processes import REPO, BridgeProcess, free_port, terminate, wait_for_port
+from tests.support.processes import (
+    REPO,
+    BridgeProcess,
+    bridge_nodes,
+    free_port,
+    terminate,
+    wait_for_port,
+)
 from tests.support.redis import LocalRedis
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 from tests.support.waiting import poll_until, wait_until
@@ -172,19 +179,8 @@ def module_bridges(
 ) -> Iterator[Callable[..., BridgeProcess]]:
     """`bridge_factory` (tests/conftest.py) for the module: nodes killed after its last test,
     and a traceback in any node's log fails it."""
-    base = tmp_path_factory.mktemp("grafana-nodes")
-    started: list[BridgeProcess] = []
-
-    def factory(*settings: str, port: int | None = None) -> BridgeProcess:
-        node = BridgeProcess(base / f"node{len(started)}", *settings, port=port)
-        started.append(node)
-        return node.start()
-
-    yield factory
-    for node in started:
-        node.kill()
-    for node in started:
-        assert "Traceback" not in node.log_text(), node.log_text()[-4000:]
+    with bridge_nodes(tmp_path_factory.mktemp("grafana-nodes")) as factory:
+        yield factory
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from tests.interop.driver import Driver
 from tests.support.admin_http import CLUSTER_SECRET, TOKEN, AdminHttp
 from tests.support.cluster import ClusterLauncher
 from tests.support.haproxy import LocalHAProxy
-from tests.support.processes import BridgeProcess, free_port, wait_for_port
+from tests.support.processes import BridgeProcess, bridge_nodes, free_port, wait_for_port
 from tests.support.redis import LocalRedis
 from tests.support.rocketmq import ExternalRocketMQ, LocalRocketMQ
 
@@ -69,13 +69,6 @@ def topic(client: Client) -> str:
     return f"interop/{client.library}-{client.transport}/{uuid.uuid4().hex[:8]}"
 
 
-def _check_logs(nodes: list[BridgeProcess]) -> None:
-    # Any traceback in a node's log is a bug, whatever the test asserted.
-    for node in nodes:
-        text = node.log_text()
-        assert "Traceback" not in text, f"node on {node.port} logged a traceback:\n{text[-4000:]}"
-
-
 @dataclass
 class SingleNode:
     node: BridgeProcess
@@ -89,16 +82,10 @@ class SingleNode:
 def single_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SingleNode]:
     """One bridge on the embedded store, MQTT over TCP and over WebSocket."""
     ws_port = free_port()
-    node = BridgeProcess(
-        tmp_path_factory.mktemp("interop-node") / "data", f"ws_listen=127.0.0.1:{ws_port}"
-    )
-    try:
-        node.start()
+    with bridge_nodes(tmp_path_factory.mktemp("interop-node")) as start:
+        node = start(f"ws_listen=127.0.0.1:{ws_port}")
         wait_for_port(ws_port, proc=node.proc)
         yield SingleNode(node, ws_port)
-    finally:
-        node.kill()
-    _check_logs([node])
 
 
 @dataclass
@@ -160,32 +147,23 @@ def balanced_cluster(
     redis_server: LocalRedis,
 ) -> Iterator[BalancedCluster]:
     work = tmp_path_factory.mktemp("interop-cluster")
-    started: list[BridgeProcess] = []
-
-    def factory(*settings: str, port: int | None = None) -> BridgeProcess:
-        node = BridgeProcess(work / f"node{len(started)}", *settings, port=port)
-        started.append(node)
-        return node.start()
-
-    launcher = ClusterLauncher(
-        factory, rocketmq.namesrv_addr, tuple(redis_server.bridge_settings())
-    )
-    cluster = BalancedCluster(launcher, {}, {}, {})
-    node_ids = ("n1", "n2", "n3")
-    try:
-        for node_id in node_ids:
-            cluster.start(node_id)
-        for transport in ("tcp", "ws"):
-            backends = [f"127.0.0.1:{cluster.ports[n][transport]}" for n in node_ids]
-            balancer = LocalHAProxy(work / f"haproxy-{transport}", None, backends)
-            cluster.balancers[transport] = balancer.start()
-            for backend in backends:
-                balancer.wait_for_status(backend, "UP", timeout=20)
-        yield cluster
-    finally:
-        for balancer in cluster.balancers.values():
-            balancer.stop()
-        for node in started:
-            node.kill()
-        launcher.stop_all()
-    _check_logs(started)
+    with bridge_nodes(work) as start:
+        launcher = ClusterLauncher(
+            start, rocketmq.namesrv_addr, tuple(redis_server.bridge_settings())
+        )
+        cluster = BalancedCluster(launcher, {}, {}, {})
+        node_ids = ("n1", "n2", "n3")
+        try:
+            for node_id in node_ids:
+                cluster.start(node_id)
+            for transport in ("tcp", "ws"):
+                backends = [f"127.0.0.1:{cluster.ports[n][transport]}" for n in node_ids]
+                balancer = LocalHAProxy(work / f"haproxy-{transport}", None, backends)
+                cluster.balancers[transport] = balancer.start()
+                for backend in backends:
+                    balancer.wait_for_status(backend, "UP", timeout=20)
+            yield cluster
+        finally:
+            for balancer in cluster.balancers.values():
+                balancer.stop()
+            launcher.stop_all()

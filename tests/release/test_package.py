@@ -250,10 +250,13 @@ def test_the_image_entrypoint_in_the_image_environment_passes_its_health_check_a
 ) -> None:
     env, entrypoint, health = image_environment()
     port, admin = free_port(), free_port()
-    # The image's settings, with free ports instead of the container's own and a data folder of
-    # the test's: 0.0.0.0 is kept (the container listens on all addresses).
-    env["MQTT_BRIDGE_LISTEN"] = re.sub(r":\d+$", f":{port}", env["MQTT_BRIDGE_LISTEN"])
-    env["MQTT_BRIDGE_ADMIN_LISTEN"] = re.sub(r":\d+$", f":{admin}", env["MQTT_BRIDGE_ADMIN_LISTEN"])
+    # The image's settings, with loopback and free ports instead of the container's 0.0.0.0 and
+    # fixed ports (an anonymous broker is not opened to the machine's network for a test; that
+    # the image's 0.0.0.0 with anonymous clients is a valid configuration is checked in
+    # tests/unit/project/test_deploy_image.py), and a data folder of the test's.
+    assert env["MQTT_BRIDGE_LISTEN"].startswith("0.0.0.0:")
+    env["MQTT_BRIDGE_LISTEN"] = f"127.0.0.1:{port}"
+    env["MQTT_BRIDGE_ADMIN_LISTEN"] = f"127.0.0.1:{admin}"
     env["MQTT_BRIDGE_DATA_DIR"] = str(tmp_path / "data")
     env.pop("VIRTUAL_ENV", None)
     env.pop("PATH", None)

@@ -12,6 +12,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.ports import free_port, free_ports
@@ -157,6 +159,33 @@ class MosquittoProcess:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@contextmanager
+def bridge_nodes(base: Path) -> Iterator[Callable[..., BridgeProcess]]:
+    """Start bridge nodes with data under `base` (`start(*settings, data_dir=None, port=None,
+    start=True)`); when the block ends all are killed by PID, and any traceback in a node's
+    log fails it, whatever the test asserted (an exception that escaped into the event loop, a
+    failed background task)."""
+    started: list[BridgeProcess] = []
+
+    def start(
+        *settings: str, data_dir: Path | None = None, port: int | None = None, start: bool = True
+    ) -> BridgeProcess:
+        node = BridgeProcess(data_dir or base / f"node{len(started)}", *settings, port=port)
+        started.append(node)
+        return node.start() if start else node
+
+    try:
+        yield start
+    finally:
+        for node in started:
+            node.kill()
+    for node in started:
+        text = node.log_text()
+        assert "Traceback" not in text, (
+            f"node on port {node.port} logged a traceback:\n{text[-4000:]}"
+        )
 
 
 def require_loopback_alias(reason: str) -> None:
