@@ -96,6 +96,7 @@ class ClusterOwnership:
         config: Config,
         node_id: str,
         refresh_queue_ends: Callable[[str], Awaitable[None]],
+        queue_end: Callable[[str], int],
         spawn: Spawner,
     ) -> None:
         self.cluster = cluster
@@ -110,6 +111,8 @@ class ClusterOwnership:
         self.refresh_queue_ends = refresh_queue_ends
         """Re-read the ends of the queues a client reads, then wake it
         (`bridge.node.wakes.Wakes.refresh_queue_ends`)."""
+        self.queue_end = queue_end
+        """The end of a queue's part as the store knows it (`MessageStore.end_offset`)."""
         self.spawn = spawn
         self.registry_entries = RegistryEntries(sessions, spawn)
 
@@ -153,12 +156,21 @@ class ClusterOwnership:
             self.here.discard(session, [])  # a stale copy from before
         if "subs" in records and not claim.was_clean:
             claim.records = records
-            self.adopt(client_id, claim)
+            session = self.adopt(client_id, claim, sent_unknown=False)
+            if state is None:
+                # The old node did not answer: the registry's copy may predate what it sent.
+                await self.refresh_queue_ends(client_id)
+                self.assume_sent(session)
             return True
         return False
 
-    def adopt(self, client_id: str, claim: Claim) -> Session:
-        """Hold a persistent session taken over from another node (offline until it connects)."""
+    def adopt(self, client_id: str, claim: Claim, *, sent_unknown: bool = True) -> Session:
+        """Hold a persistent session taken over from another node (offline until it connects).
+
+        `sent_unknown`: the session comes from the registry's copy (its node died or did not
+        answer), written up to `offset_flush_interval` before that node last sent anything, so
+        what it sent since is unknown: once the queues' ends are read, everything up to them
+        counts as possibly sent (`assume_sent`)."""
         records = claim.records
         session = self.here.restore(
             client_id, records["subs"], records.get("off"), records.get("online") is not None
@@ -167,17 +179,29 @@ class ClusterOwnership:
             if name.startswith("q2:"):
                 self.here.restore_qos2_marker(session, int(name[3:]), value)
         if claim.previous_node and claim.previous_node != self.node_id:
-            self.spawn(self._learn_ends_after_move(client_id))
+            self.spawn(self._learn_ends_after_move(session, sent_unknown))
         return session
 
-    async def _learn_ends_after_move(self, client_id: str) -> None:
+    async def _learn_ends_after_move(self, session: Session, sent_unknown: bool) -> None:
         """Read the ends of an adopted session's queues now and once more `interest_grace`
         later: until the other nodes have heard that its filters are read here, they announce
         what they store on them to the node that held it, and this node's readers would wait
         for the next message."""
-        await self.refresh_queue_ends(client_id)
+        await self.refresh_queue_ends(session.client_id)
+        if sent_unknown:
+            self.assume_sent(session)
         await asyncio.sleep(self.config.interest_grace)
-        await self.refresh_queue_ends(client_id)
+        await self.refresh_queue_ends(session.client_id)
+
+    def assume_sent(self, session: Session) -> None:
+        """Count every message of the session's queues up to their known ends as possibly sent
+        by the node that held it, so that each comes again with DUP=1 (MQTT-3.3.1-1: a
+        redelivery is marked; one never sent before but marked only tells the client to check
+        for a duplicate, which QoS 1 and 2 receivers do anyway)."""
+        for part, cursor in session.cursors.items():
+            end = self.queue_end(part)
+            if end > max(cursor, session.resend_below.get(part, -1)):
+                session.set_resend_below(part, end)
 
     def release(self, client_id: str, epoch: int | None = None) -> bytes:
         """Another node took the client over (at `epoch`, if known): close its connection here

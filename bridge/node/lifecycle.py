@@ -136,6 +136,7 @@ class SessionLifecycle:
             config=self.config,
             node_id=self.node_id,
             refresh_queue_ends=self.publisher.wakes.refresh_queue_ends,
+            queue_end=self.store.end_offset,
             spawn=self.spawn,
         )
         return self.ownership

@@ -7,6 +7,8 @@ test prints the time from CONNACK to the first message."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -83,6 +85,39 @@ def test_in_flight_messages_come_back_at_once_on_a_node_that_never_held_the_sess
     print(f"first redelivery (MQTT level {level}) on another node after {took * 1000:.1f} ms")
     assert sorted(p.payload for p in got) == [b"one", b"two"]
     assert all(p.dup for p in got if p.qos)
+
+
+def test_in_flight_messages_come_back_marked_dup_when_the_old_node_does_not_answer_in_time(
+    cluster: ClusterLauncher,
+) -> None:
+    """Node a is frozen (SIGSTOP) when the session resumes on c: c waits `takeover_timeout` for
+    a's answer, then takes the session from the registry's copy, written before a sent the
+    messages (a writes offsets only every 30 s here). What a sent cannot be told from that copy:
+    whatever the session's queues held when c took it may have been sent, and comes with DUP=1."""
+    a = cluster.start("a", SLOW_REREAD, "offset_flush_interval=30")
+    c = cluster.start("c", SLOW_REREAD, "takeover_timeout=1")
+    cluster.wait_linked()
+    sub, connack = persistent(a, 4)
+    assert connack.return_code == 0
+    sub.send(Subscribe(1, [Subscription("frozen/#", 2)]))
+    assert isinstance(sub.recv(10), Suback)
+    sub.send(Publish("frozen/x", b"one", 1, False, packet_id=1))
+    sub.send(Publish("frozen/x", b"two", 2, False, packet_id=2))
+    got = []
+    while len(got) < 2:  # received, not acknowledged
+        packet = sub.recv(10)
+        if isinstance(packet, Publish):
+            got.append(packet.payload)
+    os.kill(a.pid, signal.SIGSTOP)
+    try:
+        sub.close()
+        took, got = first_after_resume(c, 4)
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    c.wait_for_log("did not release it in time")
+    print(f"first redelivery after an unanswered Release after {took * 1000:.1f} ms")
+    assert sorted(p.payload for p in got) == [b"one", b"two"]
+    assert all(p.dup for p in got), [(p.payload, p.dup) for p in got]
 
 
 @pytest.mark.parametrize("left", ["live", "stopped", "killed"])

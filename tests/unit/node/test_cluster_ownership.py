@@ -84,7 +84,10 @@ class Link:
 
 
 def ownership(
-    epochs: dict[str, int], sessions: dict[str, Session], connections: dict[str, Any]
+    epochs: dict[str, int],
+    sessions: dict[str, Session],
+    connections: dict[str, Any],
+    ends: dict[str, int] | None = None,
 ) -> tuple[ClusterOwnership, Membership, Here, Wills]:
     cluster, here, wills = Membership(epochs), Here(sessions), Wills()
     unused: Any = None
@@ -99,6 +102,7 @@ def ownership(
         config=Config(),
         node_id="node-a",
         refresh_queue_ends=unused,
+        queue_end=lambda part: (ends or {}).get(part, 0),
         spawn=unused,
     )
     return owner, cluster, here, wills
@@ -143,3 +147,15 @@ def test_lost_ownership_lets_go_only_of_clients_this_node_no_longer_owns() -> No
     assert [peer for peer, _ in cluster.handed] == [ANY_PEER]
     assert json.loads(cluster.handed[0][1])["subs"]
     assert "kept" in sessions
+
+
+def test_a_session_whose_sends_are_unknown_marks_its_queues_up_to_their_ends_for_dup() -> None:
+    """What the old node sent after the registry's copy was written is unknown: each part's
+    messages up to its end come with DUP=1; a part read to its end, or marked further already,
+    keeps its mark."""
+    session = Session(client_id="phone", persistent=True)
+    session.cursors = {"f/0": 5, "f/1": 7, "f/2": 3}
+    session.resend_below = {"f/2": 12}
+    owner, *_ = ownership({}, {"phone": session}, {}, ends={"f/0": 9, "f/1": 7, "f/2": 10})
+    owner.assume_sent(session)
+    assert dict(session.resend_below) == {"f/0": 9, "f/2": 12}
