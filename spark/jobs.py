@@ -5,7 +5,11 @@
         --from 2026-11-01T00:00 --to 2026-11-08T00:00
     python -m spark.jobs show --out bi/
 
-(`--path DATA_DIR` instead of `--nameserver` reads a bridge's embedded store.)
+(`--path DATA_DIR` instead of `--nameserver` reads a bridge's embedded store.) On a Spark
+cluster, the same commands go through spark-submit, with the `spark` and `bridge` packages
+shipped to the executors (deploy/spark/package.sh makes the zip; docs/spark.md):
+
+    spark-submit --master spark://HOST:7077 --py-files factory-bi.zip spark/jobs.py stream ...
 
 The streaming job runs four queries on the `rocketmq` source, each with its own checkpoint:
 
@@ -518,4 +522,11 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
 
 
 if __name__ == "__main__":
+    if not __package__:
+        # Run as a file (`spark-submit spark/jobs.py`): run the package's module instead, so
+        # that the functions Spark ships to executors name `spark.jobs`, which the executors
+        # import from --py-files, not a `__main__` they do not have.
+        from spark.jobs import main as package_main
+
+        sys.exit(package_main())
     sys.exit(main())

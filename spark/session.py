@@ -1,4 +1,5 @@
-"""A local Spark session with the `rocketmq` source registered, as the jobs and tests use it."""
+"""The Spark session of the jobs and tests, with the `rocketmq` source registered: local by
+default, or on the cluster `spark-submit` names."""
 
 from __future__ import annotations
 
@@ -6,36 +7,61 @@ import os
 import sys
 from collections.abc import Mapping
 
+from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from spark.source import RocketMQDataSource
+
+DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+"""Settings the jobs want unless the user set them (on spark-submit's command line or in its
+properties file)."""
+
+LOCAL_DEFAULTS = {"spark.driver.memory": "1g"}
+"""Settings of a local session only: on a cluster spark-submit sizes the driver."""
+
+
+def submitted() -> bool:
+    """Whether this Python process was started by spark-submit, whose JVM it talks to (and
+    which has set the master, the driver's memory and the executors' cores already)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def spark_session(
     app: str = "factory-bi",
     *,
-    master: str = "local[2]",
+    master: str | None = None,
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """A Spark session (local mode by default) that can read `format("rocketmq")`.
+    """A Spark session that can read `format("rocketmq")`.
 
-    Python workers run this interpreter, so they import the same packages (the bridge's remoting
-    client, pyarrow). Times are UTC: device timestamps are epoch milliseconds, and shifts and
-    minutes in the tables are cut in UTC unless a job says otherwise.
+    Started by spark-submit (`spark-submit --master spark://HOST:7077 spark/jobs.py ...`), the
+    session runs where spark-submit says, with what it set; only settings it left unset get
+    `DEFAULTS`. Otherwise (`python -m spark.jobs`, the tests) it is local (`master`, default
+    `local[*]`) and Python workers run this interpreter, so they import the same packages (the
+    bridge's remoting client, pyarrow). Times are UTC: device timestamps are epoch
+    milliseconds, and shifts and minutes in the tables are cut in UTC unless a job says
+    otherwise.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.appName(app)
-        .master(master)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-    )
-    for key, value in (conf or {}).items():
+    builder = SparkSession.builder.appName(app)
+    settings = dict(DEFAULTS)
+    if submitted():
+        given = SparkConf()  # spark-submit's settings, read from its JVM
+        settings = {key: value for key, value in settings.items() if not given.contains(key)}
+        if master:
+            builder = builder.master(master)
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        builder = builder.master(master or "local[*]")
+        settings.update(LOCAL_DEFAULTS)
+    settings.update(conf or {})
+    for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

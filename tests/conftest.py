@@ -89,16 +89,24 @@ _SHARED_ROCKETMQ = pytest.StashKey[LocalRocketMQ]()
 
 
 FIRST = ("tests/spark/test_demo.py", "tests/spark/", "tests/faults/", "tests/rocketmq/",
-         "tests/interop/", "tests/release/", "tests/cluster/", "tests/integration/",
-         "tests/storage/", "tests/")  # fmt: skip
-"""Where a module's tests come in the run: the folders whose modules wait longest first (the
-Spark demo alone takes minutes), so that under pytest-xdist the long ones start at once and the
-many short unit-test modules fill the workers at the end."""
+         "tests/spark/test_cluster.py", "tests/interop/", "tests/release/", "tests/cluster/",
+         "tests/integration/", "tests/storage/", "tests/")  # fmt: skip
+"""Where a module's tests come in the run (by the longest of these its path starts with): the
+folders whose modules wait longest first (the Spark demo alone takes minutes), so that under
+pytest-xdist the long ones start at once and the many short unit-test modules fill the workers
+at the end. The standalone-cluster module starts after the first wave, which holds the other
+Spark jobs."""
+
+
+ALONE = ("tests/spark/test_demo.py", "tests/spark/test_cluster.py")
+"""Spark modules with servers of their own (the demo's, a standalone cluster's), which run on a
+worker of their own beside the modules that share the session's local Spark."""
 
 
 def _rank(item: pytest.Item) -> int:
     path = item.nodeid.split("::", 1)[0]
-    return next((i for i, prefix in enumerate(FIRST) if path.startswith(prefix)), len(FIRST))
+    matches = [(len(prefix), i) for i, prefix in enumerate(FIRST) if path.startswith(prefix)]
+    return max(matches)[1] if matches else len(FIRST)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -122,7 +130,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            if path.startswith("tests/spark/") and path != FIRST[0]:
+            if path.startswith("tests/spark/") and path not in ALONE:
                 return "tests/spark"
             return path
 
