@@ -83,6 +83,17 @@ class JobConfig:
     shifts: Shifts = field(default_factory=Shifts)
     watermark_s: int = 120
     """How late (device time) a message may arrive and still count."""
+    max_clock_ahead_s: int = tables.MAX_CLOCK_AHEAD_S
+    """How far ahead of the broker's store time a device's timestamp is believed
+    (`tables.parse`); less than the watermark, so one device moves the watermark at most this
+    far past the broker's clock and never past an honest device's data."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_clock_ahead_s < self.watermark_s:
+            raise ValueError(
+                f"the clock allowance ({self.max_clock_ahead_s} s) must be at least 0 and less "
+                f"than the watermark ({self.watermark_s} s)"
+            )
 
     def source_options(self, **extra: str) -> dict[str, str]:
         """Options of the `rocketmq` source reading this job's telemetry."""
@@ -110,7 +121,7 @@ def run_backfill(
         # Stored no earlier than the device time it reports, less the watermark of clock skew.
         options["startingTimestamp"] = str(max(0, start_ms - config.watermark_s * 1000))
     raw = spark.read.format("rocketmq").options(**options).load()
-    parsed = tables.parse(raw).cache()
+    parsed = tables.parse(raw, config.max_clock_ahead_s).cache()
     good = tables.valid(parsed)
     if start_ms is not None:
         good = good.where(F.col("ts_ms") >= start_ms)
@@ -281,7 +292,8 @@ def stream_starters(
         options["maxMessagesPerTrigger"] = str(max_per_trigger)
 
     def parsed() -> DataFrame:
-        return tables.parse(spark.readStream.format("rocketmq").options(**options).load())
+        raw = spark.readStream.format("rocketmq").options(**options).load()
+        return tables.parse(raw, config.max_clock_ahead_s)
 
     def deduplicated() -> DataFrame:
         watermark = f"{config.watermark_s} seconds"
@@ -336,7 +348,14 @@ def stream_starters(
 
     return {
         "telemetry": to_files(
-            lambda: deduplicated().select(*tables.TELEMETRY_COLUMNS), "telemetry"
+            # Rows whose device clock was not believed, per micro-batch, in the query's
+            # progress (`observedMetrics`).
+            lambda: (
+                deduplicated()
+                .select(*tables.TELEMETRY_COLUMNS)
+                .observe("clock", F.count_if(F.col("clock_ahead")).alias("clock_ahead_rows"))
+            ),
+            "telemetry",
         ),
         "quarantine": to_files(lambda: tables.quarantined(parsed()), "quarantine"),
         "line_minute": to_files(lambda: tables.line_minute(deduplicated()), "line_minute"),
@@ -425,6 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="SECONDS",
                 help="how late a message may arrive, device time (default 120)",
             )
+            p.add_argument(
+                "--max-clock-ahead",
+                type=int,
+                default=tables.MAX_CLOCK_AHEAD_S,
+                metavar="SECONDS",
+                help="a device timestamp further ahead of the broker's store time counts at "
+                f"the store time, flagged (default {tables.MAX_CLOCK_AHEAD_S})",
+            )
 
     stream = sub.add_parser("stream", help="keep the tables up to date")
     common(stream)
@@ -454,7 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from spark.session import spark_session
@@ -463,14 +491,18 @@ def main(argv: list[str] | None = None) -> int:
         spark = spark_session("factory-bi-show")
         show_tables(spark, JobConfig(out=args.out), args.rows)
         return 0
-    config = JobConfig(
-        out=args.out,
-        nameserver=args.nameserver,
-        path=args.path,
-        topic_filter=args.topic_filter,
-        shifts=args.shifts,
-        watermark_s=args.watermark,
-    )
+    try:
+        config = JobConfig(
+            out=args.out,
+            nameserver=args.nameserver,
+            path=args.path,
+            topic_filter=args.topic_filter,
+            shifts=args.shifts,
+            watermark_s=args.watermark,
+            max_clock_ahead_s=args.max_clock_ahead,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     spark = spark_session(f"factory-bi-{args.command}")
     if args.command == "backfill":
         counts = run_backfill(spark, config, args.start, args.end)

@@ -29,13 +29,14 @@ from spark.telemetry import validate
 
 PARSED_DDL = (
     "device STRING, line STRING, station STRING, seq BIGINT, ts TIMESTAMP, ts_ms BIGINT, "
+    "device_ts TIMESTAMP, clock_ahead BOOLEAN, "
     "state STRING, good BIGINT, bad BIGINT, alarms ARRAY<STRING>, error STRING, "
     "topic STRING, payload BINARY, key STRING, publish_time TIMESTAMP, store_time TIMESTAMP, "
     "broker STRING, queue INT, offset BIGINT"
 )
 TELEMETRY_COLUMNS = [
-    "device", "line", "station", "seq", "ts", "state", "good", "bad", "alarms",
-    "topic", "key", "store_time",
+    "device", "line", "station", "seq", "ts", "device_ts", "clock_ahead", "state", "good", "bad",
+    "alarms", "topic", "key", "store_time",
 ]  # fmt: skip
 QUARANTINE_COLUMNS = [
     "error", "topic", "payload", "key", "publish_time", "store_time", "broker", "queue", "offset",
@@ -58,7 +59,13 @@ _FROM_PAYLOAD = {
 """Column -> field of the validated payload."""
 
 
-def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+MAX_CLOCK_AHEAD_S = 30
+"""How far ahead of the broker's clock a device's timestamp is believed, by default."""
+
+
+def _parse_batches(
+    batches: Iterator[pa.RecordBatch], max_ahead_ms: int
+) -> Iterator[pa.RecordBatch]:
     schema = _parsed_arrow_schema()
     for batch in batches:
         checked = [validate(payload or b"") for payload in batch.column("payload").to_pylist()]
@@ -69,7 +76,14 @@ def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
             )
             for name, field in _FROM_PAYLOAD.items()
         }
+        device_ms = arrays["ts_ms"]
+        stored = batch.column("store_time").cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+        ahead = pc.greater(device_ms, pc.add(stored, max_ahead_ms))
+        ahead = pc.if_else(pc.is_null(device_ms), ahead, pc.fill_null(ahead, False))
+        arrays["ts_ms"] = pc.if_else(ahead, stored, device_ms)
+        arrays["clock_ahead"] = ahead
         arrays["ts"] = pc.multiply(arrays["ts_ms"], 1000).cast(schema.field("ts").type)
+        arrays["device_ts"] = pc.multiply(device_ms, 1000).cast(schema.field("ts").type)
         arrays["error"] = pa.array([reason for _, reason in checked], type=pa.string())
         for name in _PASSED:  # handed through as they came, no Python objects
             arrays[name] = batch.column(name).cast(schema.field(name).type)
@@ -86,6 +100,8 @@ def _parsed_arrow_schema() -> pa.Schema:
             ("seq", pa.int64()),
             ("ts", ts),
             ("ts_ms", pa.int64()),
+            ("device_ts", ts),
+            ("clock_ahead", pa.bool_()),
             ("state", pa.string()),
             ("good", pa.int64()),
             ("bad", pa.int64()),
@@ -103,9 +119,21 @@ def _parsed_arrow_schema() -> pa.Schema:
     )
 
 
-def parse(raw: DataFrame) -> DataFrame:
-    """Source rows -> PARSED_DDL rows: telemetry fields (error null) or an error (fields null)."""
-    return raw.select(*_PASSED).mapInArrow(_parse_batches, PARSED_DDL)
+def parse(raw: DataFrame, max_clock_ahead_s: float = MAX_CLOCK_AHEAD_S) -> DataFrame:
+    """Source rows -> PARSED_DDL rows: telemetry fields (error null) or an error (fields null).
+
+    A row's event time (`ts`, `ts_ms`) is the device's timestamp unless that lies more than
+    `max_clock_ahead_s` ahead of the time the broker stored the message: a clock that far
+    ahead is wrong, and believing it would move the stream's watermark past every other
+    device's data. Such a row counts at its store time instead, keeps the device's time in
+    `device_ts` and is flagged `clock_ahead`. A timestamp in the past is believed (a device
+    sends what it buffered during an outage): it is late, not wrong."""
+    max_ahead_ms = int(max_clock_ahead_s * 1000)
+
+    def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _parse_batches(batches, max_ahead_ms)
+
+    return raw.select(*_PASSED).mapInArrow(parse_batches, PARSED_DDL)
 
 
 def valid(parsed: DataFrame) -> DataFrame:
