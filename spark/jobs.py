@@ -11,102 +11,28 @@ shipped to the executors (deploy/spark/package.sh makes the zip; docs/spark.md):
 
     spark-submit --master spark://HOST:7077 --py-files factory-bi.zip spark/jobs.py stream ...
 
-The streaming job runs four queries on the `rocketmq` source, each with its own checkpoint:
-
-* telemetry: every valid message once (deduplicated on device and seq);
-* quarantine: every malformed message, with the reason;
-* line_minute: per line and minute, appended once the watermark has passed the minute;
-* intervals: per device, closed state and alarm intervals (`state_intervals`,
-  `alarm_intervals`), and after each micro-batch `availability` and `alarm_summary` are
-  recomputed for the days it touched.
-
-The first three write through Spark's exactly-once file sink; the intervals query writes each
-micro-batch's rows to `batch=<id>`, replaced if Spark replays the batch after a crash. So a
-query stopped or killed at any point and restarted from its checkpoint counts every message
-once.
-Messages are deduplicated on (device, seq) within the watermark (a QoS 1 retransmission is
-stored twice). Rows later than the watermark are dropped by Spark and counted in the query
-progress (`numRowsDroppedByWatermark`). Table layouts: docs/spark.md.
+The back-fill, reading the tables and the command line are here; the streaming job is
+`spark.stream`'s, what both share (`JobConfig`, the tables' names) `spark.job_config`'s. Table
+layouts: docs/spark.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import signal
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
-import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from spark import tables
-from spark.intervals import DeviceTrack, Shifts, days_touched
-from spark.options import parse_options
-from spark.running import supervise
-from spark.source import start_offsets
-from spark.telemetry import TOPIC_PREFIX
+from spark.intervals import Shifts
+from spark.job_config import ALL_TABLES, GOLD_TABLES, TELEMETRY_FILTER, JobConfig
+from spark.stream import run_streams
 
 log = logging.getLogger("spark.jobs")
-
-TELEMETRY_FILTER = f"{TOPIC_PREFIX}/+/+/telemetry"
-GOLD_TABLES = ("availability", "alarm_summary")
-ALL_TABLES = (
-    "telemetry",
-    "quarantine",
-    "line_minute",
-    "state_intervals",
-    "alarm_intervals",
-    "availability",
-    "alarm_summary",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class JobConfig:
-    """Where to read, where to write, and the knobs both jobs share."""
-
-    out: str
-    nameserver: str | None = None
-    path: str | None = None
-    topic_filter: str = TELEMETRY_FILTER
-    shifts: Shifts = field(default_factory=Shifts)
-    watermark_s: int = 120
-    """How late (device time) a message may arrive and still count."""
-    max_clock_ahead_s: int = tables.MAX_CLOCK_AHEAD_S
-    """How far ahead of the broker's store time a device's timestamp is believed
-    (`tables.parse`); less than the watermark, so one device moves the watermark at most this
-    far past the broker's clock and never past an honest device's data."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.max_clock_ahead_s < self.watermark_s:
-            raise ValueError(
-                f"the clock allowance ({self.max_clock_ahead_s} s) must be at least 0 and less "
-                f"than the watermark ({self.watermark_s} s)"
-            )
-
-    def source_options(self, **extra: str) -> dict[str, str]:
-        """Options of the `rocketmq` source reading this job's telemetry."""
-        options = {"topicFilter": self.topic_filter, **extra}
-        if self.nameserver:
-            options["nameserver"] = self.nameserver
-        if self.path:
-            options["path"] = self.path
-        return options
-
-    def table(self, name: str) -> str:
-        return str(Path(self.out) / name)
-
 
 # --- batch ---------------------------------------------------------------------------------
 
@@ -133,6 +59,10 @@ def run_backfill(
     alarms = tables.alarm_intervals(intervals)
     outputs = {
         "telemetry": good.select(*tables.TELEMETRY_COLUMNS),
+        # Nothing is late for a back-fill, which reads everything before it counts.
+        "late": good.select(
+            *tables.TELEMETRY_COLUMNS, F.lit(None).cast("timestamp").alias("watermark")
+        ).limit(0),
         "quarantine": tables.quarantined(parsed),
         "line_minute": tables.line_minute(good),
         "state_intervals": states,
@@ -157,212 +87,6 @@ def _gold_partition(name: str) -> str:
     return "shift_date" if name == "availability" else "date"
 
 
-# --- streaming -----------------------------------------------------------------------------
-
-
-def _track_devices(
-    key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState
-) -> Iterator[pd.DataFrame]:
-    """applyInPandasWithState: one device's new messages (or a timeout) -> closed intervals."""
-    device = key[0]
-    track = DeviceTrack.from_json(device, state.get[0]) if state.exists else DeviceTrack(device)
-    samples = [] if state.hasTimedOut else [s for f in frames for s in tables.samples_of(f)]
-    watermark = state.getCurrentWatermarkMs()
-    closed, late = track.advance(samples, watermark)
-    if late:
-        log.warning(
-            "device %s: %d messages older than ones already applied; left out", device, late
-        )
-    state.update((track.to_json(),))
-    due = track.next_due
-    if due is not None:
-        # Called again once the watermark passes the oldest pending message.
-        state.setTimeoutTimestamp(max(due, watermark + 1))
-    if closed:  # an empty frame would only be concatenated away
-        yield tables.interval_frame(closed)
-
-
-def _write_batch(frame: DataFrame, path: str, batch_id: int) -> None:
-    """A micro-batch's rows into `path/batch=<id>`, replaced if Spark replays the batch."""
-    frame.write.mode("overwrite").parquet(f"{path}/batch={batch_id}")
-
-
-class GoldRefresher:
-    """Keeps `availability` and `alarm_summary` up to date for the days new intervals touch,
-    recomputing them at most every `every_s` seconds (they read the whole day's intervals, so
-    doing it after every micro-batch would slow the stream down).
-
-    Days waiting for a refresh are kept in a file under the intervals checkpoint, written before
-    the micro-batch's intervals count as done, so a job killed in between refreshes them after
-    its restart."""
-
-    def __init__(self, config: JobConfig, checkpoint: Path, every_s: float) -> None:
-        self.config = config
-        self.every_s = every_s
-        self.path = checkpoint / "gold-pending.json"
-        self.pending: set[str] = set()
-        if self.path.exists():
-            self.pending = set(json.loads(self.path.read_text()))
-        self.last = 0.0
-
-    def add(self, days: Iterable[str]) -> None:
-        new = set(days) - self.pending
-        if new:
-            self.pending |= new
-            self._save()
-
-    def maybe_refresh(self, spark: SparkSession, *, force: bool = False) -> None:
-        if self.pending and (force or time.monotonic() - self.last >= self.every_s):
-            refresh_gold(spark, self.config, sorted(self.pending))
-            self.pending.clear()
-            self._save()
-            self.last = time.monotonic()
-
-    def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sorted(self.pending)))
-        os.replace(tmp, self.path)
-
-
-def _intervals_batch(config: JobConfig, gold: GoldRefresher):  # type: ignore[no-untyped-def]
-    def write(batch: DataFrame, batch_id: int) -> None:
-        batch = batch.cache()
-        try:
-            states = tables.state_intervals(batch)
-            alarms = tables.alarm_intervals(batch)
-            _write_batch(states, config.table("state_intervals"), batch_id)
-            _write_batch(alarms, config.table("alarm_intervals"), batch_id)
-            closed = batch.select("kind", F.unix_millis("start"), F.unix_millis("end")).collect()
-            gold.add(days_touched(closed, config.shifts))
-            gold.maybe_refresh(batch.sparkSession)
-        finally:
-            batch.unpersist()
-
-    return write
-
-
-def refresh_gold(spark: SparkSession, config: JobConfig, days: list[str]) -> None:
-    """Recompute `availability` (shift dates) and `alarm_summary` (alarm start dates) for
-    `days` from the interval tables, replacing those days' partitions."""
-    first = datetime.fromisoformat(min(days)).replace(tzinfo=UTC)
-    # A shift of day d lies within [d 00:00, d+2 00:00): its start is a time of day d, and it
-    # ends at the latest at the first shift start of d+1.
-    last = datetime.fromisoformat(max(days)).replace(tzinfo=UTC) + timedelta(days=2)
-    states = spark.read.parquet(config.table("state_intervals")).drop("batch")
-    overlapping = states.where((F.col("end") > F.lit(first)) & (F.col("start") < F.lit(last)))
-    table = tables.availability(overlapping, config.shifts).where(F.col("shift_date").isin(days))
-    _overwrite_partitions(table, config.table("availability"), "shift_date")
-    alarms = spark.read.parquet(config.table("alarm_intervals")).drop("batch")
-    summary = tables.alarm_summary(alarms.where(F.to_date("start").cast("string").isin(days)))
-    _overwrite_partitions(summary, config.table("alarm_summary"), "date")
-
-
-def _overwrite_partitions(frame: DataFrame, path: str, column: str) -> None:
-    spark = frame.sparkSession
-    previous = spark.conf.get("spark.sql.sources.partitionOverwriteMode")
-    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
-    try:
-        frame.write.mode("overwrite").partitionBy(column).parquet(path)
-    finally:
-        spark.conf.set("spark.sql.sources.partitionOverwriteMode", previous or "static")
-
-
-def stream_starters(
-    spark: SparkSession,
-    config: JobConfig,
-    checkpoint: str,
-    *,
-    trigger_s: float = 5.0,
-    available_now: bool = False,
-    max_per_trigger: int | None = None,
-    starting_offsets: str = "earliest",
-    gold: GoldRefresher | None = None,
-) -> dict[str, Callable[[], StreamingQuery]]:
-    """The four queries, by name, each as a function that starts it; a query resumes from its
-    checkpoint under `checkpoint`, so starting one again after it failed is exactly-once. A new
-    query starts at `starting_offsets`, resolved once here so that all four start at the same
-    offsets (each would otherwise resolve "latest" at its own first trigger)."""
-    options = config.source_options()
-    start = start_offsets(
-        parse_options({**options, "startingOffsets": starting_offsets}, streaming=True)
-    )
-    options["startingOffsets"] = json.dumps(start)
-    if max_per_trigger:
-        options["maxMessagesPerTrigger"] = str(max_per_trigger)
-
-    def parsed() -> DataFrame:
-        raw = spark.readStream.format("rocketmq").options(**options).load()
-        return tables.parse(raw, config.max_clock_ahead_s)
-
-    def deduplicated() -> DataFrame:
-        watermark = f"{config.watermark_s} seconds"
-        rows = tables.valid(parsed()).withWatermark("ts", watermark)
-        return rows.dropDuplicatesWithinWatermark(["device", "seq"])
-
-    def trigger(writer):  # type: ignore[no-untyped-def]
-        if available_now:
-            return writer.trigger(availableNow=True)
-        return writer.trigger(processingTime=f"{trigger_s} seconds")
-
-    ck = Path(checkpoint)
-
-    def to_files(frame: Callable[[], DataFrame], name: str) -> Callable[[], StreamingQuery]:
-        def start() -> StreamingQuery:
-            # Spark's file sink: a micro-batch's files count only once its commit is logged.
-            writer = (
-                frame()
-                .writeStream.format("parquet")
-                .outputMode("append")
-                .option("path", config.table(name))
-                .option("checkpointLocation", str(ck / name))
-            )
-            return trigger(writer).queryName(name).start()
-
-        return start
-
-    if gold is None:
-        gold = GoldRefresher(config, ck / "intervals", 0.0 if available_now else 60.0)
-    batch_writer = _intervals_batch(config, gold)
-
-    def intervals() -> StreamingQuery:
-        columns = ["device", "line", "station", "seq", "ts", "ts_ms", "state", "alarms"]
-        stateful = (
-            deduplicated()
-            .select(*columns)
-            .groupBy("device")
-            .applyInPandasWithState(
-                _track_devices,
-                tables.INTERVAL_DDL,
-                "track STRING",
-                "append",
-                GroupStateTimeout.EventTimeTimeout,
-            )
-        )
-        writer = stateful.writeStream.foreachBatch(batch_writer)
-        return (
-            trigger(writer.option("checkpointLocation", str(ck / "intervals")))
-            .queryName("intervals")
-            .start()
-        )
-
-    return {
-        "telemetry": to_files(
-            # Rows whose device clock was not believed, per micro-batch, in the query's
-            # progress (`observedMetrics`).
-            lambda: (
-                deduplicated()
-                .select(*tables.TELEMETRY_COLUMNS)
-                .observe("clock", F.count_if(F.col("clock_ahead")).alias("clock_ahead_rows"))
-            ),
-            "telemetry",
-        ),
-        "quarantine": to_files(lambda: tables.quarantined(parsed()), "quarantine"),
-        "line_minute": to_files(lambda: tables.line_minute(deduplicated()), "line_minute"),
-        "intervals": intervals,
-    }
-
-
 # --- reading the tables ---------------------------------------------------------------------
 
 
@@ -378,6 +102,7 @@ def read_table(spark: SparkSession, config: JobConfig, name: str) -> DataFrame |
 def show_tables(spark: SparkSession, config: JobConfig, rows: int = 20) -> None:
     order = {
         "telemetry": ["device", "seq"],
+        "late": ["device", "ts"],
         "quarantine": ["store_time"],
         "line_minute": ["minute", "line"],
         "state_intervals": ["device", "start"],
@@ -510,47 +235,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {count} rows")
         return 0
     return run_streams(spark, config, args)
-
-
-def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace) -> int:
-    """Run the streaming queries until SIGINT/SIGTERM (or `--for`, or all data with
-    `--available-now`). A query that fails (a broker restart, or Spark's Python worker not
-    connecting back in time on a loaded machine) is restarted from its checkpoint, which is
-    exactly-once, after the wait `RestartPolicy` gives, while the others run on; the job gives
-    up when failures come too often (`spark/running.py`)."""
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        # Stop between micro-batches rather than interrupt a call into the JVM.
-        signal.signal(signum, lambda *_: stop.set())
-    gold = GoldRefresher(
-        config, Path(args.checkpoint) / "intervals", 0.0 if args.available_now else 60.0
-    )
-
-    def finish() -> None:
-        try:
-            gold.maybe_refresh(spark, force=True)
-        except Exception:
-            if not stop.is_set():
-                raise
-            log.info("stopping: availability left for the next run (days kept in %s)",
-                     gold.path)  # fmt: skip
-
-    return supervise(
-        stream_starters(
-            spark,
-            config,
-            args.checkpoint,
-            trigger_s=args.trigger,
-            available_now=args.available_now,
-            max_per_trigger=args.max_per_trigger,
-            starting_offsets=args.starting_offsets,
-            gold=gold,
-        ),
-        finish,
-        available_now=args.available_now,
-        deadline=None if args.run_for is None else time.monotonic() + args.run_for,
-        stop=stop,
-    )
 
 
 if __name__ == "__main__":

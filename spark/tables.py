@@ -38,6 +38,16 @@ TELEMETRY_COLUMNS = [
     "device", "line", "station", "seq", "ts", "device_ts", "clock_ahead", "state", "good", "bad",
     "alarms", "topic", "key", "store_time",
 ]  # fmt: skip
+LATE_COLUMNS = [*TELEMETRY_COLUMNS, "watermark"]
+"""A late row: the telemetry columns and the event-time watermark it came behind."""
+ARRIVALS_DDL = (
+    "arrival STRING, device STRING, line STRING, station STRING, seq BIGINT, ts TIMESTAMP, "
+    "device_ts TIMESTAMP, clock_ahead BOOLEAN, state STRING, good BIGINT, bad BIGINT, "
+    "alarms ARRAY<STRING>, topic STRING, key STRING, store_time TIMESTAMP, watermark TIMESTAMP"
+)
+"""The stream's sorted rows (`spark.arrivals`): `arrival` is "counted" or "late"."""
+ARRIVALS_COLUMNS = ["arrival", *LATE_COLUMNS]
+"""ARRIVALS_DDL's columns, in order."""
 QUARANTINE_COLUMNS = [
     "error", "topic", "payload", "key", "publish_time", "store_time", "broker", "queue", "offset",
 ]  # fmt: skip

@@ -94,13 +94,13 @@ FIRST = ("tests/spark/test_demo.py", "tests/spark/", "tests/faults/", "tests/roc
 """Where a module's tests come in the run (by the longest of these its path starts with): the
 folders whose modules wait longest first (the Spark demo alone takes minutes), so that under
 pytest-xdist the long ones start at once and the many short unit-test modules fill the workers
-at the end. The standalone-cluster module starts after the first wave, which holds the other
-Spark jobs."""
+at the end. The standalone-cluster module comes last of the Spark modules that share a worker
+(`pytest_xdist_make_scheduler`), so its seven JVMs start once the demo's are likely gone."""
 
 
-ALONE = ("tests/spark/test_demo.py", "tests/spark/test_cluster.py")
-"""Spark modules with servers of their own (the demo's, a standalone cluster's), which run on a
-worker of their own beside the modules that share the session's local Spark."""
+ALONE = ("tests/spark/test_demo.py",)
+"""The Spark module with servers of its own (the demo's), which runs on a worker of its own
+beside the modules that share the session's local Spark."""
 
 
 def _rank(item: pytest.Item) -> int:

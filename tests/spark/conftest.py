@@ -22,6 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from spark.session import spark_session
 from tests.support.clients import stop_paho
 from tests.support.processes import BridgeProcess
+from tests.support.rocketmq import LocalRocketMQ
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +51,18 @@ def run_available_now(frame: DataFrame, out: Path) -> StreamingQuery:
 
 def unique(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="package")
+def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
+    """A RocketMQ of two broker groups (broker-a, broker-b), started once for the Spark tests
+    that need one (~30 s on two cores): they run one after another on one worker."""
+    mq = LocalRocketMQ(tmp_path_factory.mktemp("rocketmq-groups"), groups=2, timer=False)
+    mq.start()
+    try:
+        yield mq
+    finally:
+        mq.stop(graceful=False)
 
 
 @pytest.fixture

@@ -1,21 +1,26 @@
 """A factory's telemetry for the BI job tests, and the tables it must give.
 
-`telemetry` makes 30 minutes of four devices on two lines (duplicates, malformed payloads, a
-device whose clock runs hours ahead); `expected_tables` computes every table from the messages
-in plain Python, independently of the jobs' Spark code; `actual_tables` reads what a job wrote,
-in the same shape, so a test compares the two row for row.
+`telemetry` makes 30 minutes of four devices on two lines (duplicates, malformed payloads, and a
+last message three hours past the others in device time, which moves the watermark past
+everything); `expected_tables` computes every table from the messages in plain Python, apart
+from the jobs' Spark code (it shares only the interval and shift rules of `spark.intervals`);
+`actual_tables` reads what a job wrote, in the same shape, so a test compares the two row for
+row.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark.intervals import Sample, Shifts, batch_intervals
-from spark.jobs import JobConfig, read_table
+from spark.job_config import JobConfig
+from spark.jobs import read_table
 from spark.telemetry import Device, encode, validate
 
 START_MS = 1_767_592_800_000 - 20 * 60_000
@@ -77,6 +82,7 @@ def expected_tables(valid: list[dict], published: list[tuple[str, bytes]]) -> di
     out["telemetry"] = Counter(
         (m["device"], m["seq"], m["ts"], m["state"], m["good"], m["bad"]) for m in unique_messages
     )
+    out["late"] = Counter()  # published in device-time order: nothing comes behind the watermark
     out["quarantine"] = Counter(
         (reason, payload)
         for _, payload in published
@@ -89,7 +95,7 @@ def expected_tables(valid: list[dict], published: list[tuple[str, bytes]]) -> di
         cell[1] += m["bad"]
         cell[2] += 1
     out["line_minute"] = Counter(
-        (line, at, good, bad, good + bad, messages)
+        (line, at, good, bad, good + bad, ratio(bad, good + bad), messages)
         for (line, at), (good, bad, messages) in per_minute.items()
     )
     by_device: dict[str, list[Sample]] = defaultdict(list)
@@ -104,18 +110,46 @@ def expected_tables(valid: list[dict], published: list[tuple[str, bytes]]) -> di
     out["alarm_intervals"] = Counter(
         (i.device, i.what, i.start, i.end) for i in intervals if i.kind == "alarm"
     )
-    shift_seconds: dict[tuple[str, str, int], dict[str, float]] = defaultdict(
-        lambda: defaultdict(float)
-    )
+    shift_ms: dict[tuple[str, str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for i in intervals:
         if i.kind == "state":
             for date, number, _, ms in Shifts().pieces(i.start, i.end):
-                shift_seconds[(i.device, date, number)][i.what] += ms / 1000
+                shift_ms[(i.device, date, number)][i.what] += ms
     out["availability"] = Counter(
-        (device, date, number, round(s["RUNNING"], 3), round(sum(s.values()), 3))
-        for (device, date, number), s in shift_seconds.items()
+        (
+            device,
+            date,
+            number,
+            s["RUNNING"] / 1000,
+            sum(s.values()) / 1000,
+            ratio(s["RUNNING"], sum(s.values())),
+        )
+        for (device, date, number), s in shift_ms.items()
+    )
+    alarms: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
+    for i in intervals:
+        if i.kind == "alarm":
+            day = datetime.fromtimestamp(i.start / 1000, UTC).date().isoformat()
+            alarms[(day, i.what)].append((i.device, i.end - i.start))
+    out["alarm_summary"] = Counter(
+        (
+            day,
+            code,
+            len(raised),
+            sum(ms for _, ms in raised) / 1000,
+            max(ms for _, ms in raised) / 1000,
+            len({device for device, _ in raised}),
+        )
+        for (day, code), raised in alarms.items()
     )
     return out
+
+
+def ratio(part: int, whole: int) -> float | None:
+    """`part / whole` to four places, half up, as the tables round (None when `whole` is 0)."""
+    if not whole:
+        return None
+    return float((Decimal(part) / Decimal(whole)).quantize(Decimal("0.0001"), ROUND_HALF_UP))
 
 
 def actual_tables(spark: SparkSession, out: Path) -> dict[str, Counter]:
@@ -130,21 +164,35 @@ def actual_tables(spark: SparkSession, out: Path) -> dict[str, Counter]:
         "device",
         F.col("shift_date").cast("string").alias("shift_date"),
         "shift",
-        F.round("running_s", 3).alias("running_s"),
-        F.round("observed_s", 3).alias("observed_s"),
+        "running_s",
+        "observed_s",
+        "availability",
+    )
+    alarm_summary = table("alarm_summary")
+    assert alarm_summary is not None
+    alarm_summary = alarm_summary.select(
+        F.col("date").cast("string").alias("date"),
+        "code",
+        "count",
+        "total_s",
+        "max_s",
+        "devices",
     )
     return {
         "telemetry": rows(table("telemetry"), "device", "seq", "ts", "state", "good", "bad"),
+        # Written only once a row is late (a stream), or empty (a back-fill).
+        "late": Counter() if (late := table("late")) is None else rows(late, "device", "seq"),
         "quarantine": Counter(
             (r.error, bytes(r.payload))
             for r in table("quarantine").collect()  # type: ignore[union-attr]
         ),
         "line_minute": rows(
-            table("line_minute"), "line", "minute", "good", "bad", "total", "messages"
+            table("line_minute"), "line", "minute", "good", "bad", "total", "scrap_rate", "messages"
         ),
         "state_intervals": rows(table("state_intervals"), "device", "state", "start", "end"),
         "alarm_intervals": rows(table("alarm_intervals"), "device", "code", "start", "end"),
         "availability": rows(availability, *availability.columns),
+        "alarm_summary": rows(alarm_summary, *alarm_summary.columns),
     }
 
 

@@ -41,16 +41,6 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "spark"
 
 
 @pytest.fixture(scope="module")
-def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
-    mq = LocalRocketMQ(tmp_path_factory.mktemp("rocketmq-two-groups"), groups=2, timer=False)
-    mq.start()
-    try:
-        yield mq
-    finally:
-        mq.stop(graceful=False)
-
-
-@pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
     """A master and one worker (deploy/spark/start.sh): their data folder and the master's
     port. Stopped (workers, their executors, the master) by deploy/spark/stop.sh."""

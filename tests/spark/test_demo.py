@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark.jobs import ALL_TABLES
+from spark.job_config import ALL_TABLES
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(960)]
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from spark.jobs import ALL_TABLES, JobConfig, read_table, run_backfill
+from spark.job_config import ALL_TABLES, JobConfig
+from spark.jobs import read_table, run_backfill
 from spark.telemetry import TOPIC_PREFIX
 from tests.spark.conftest import publish_all, unique
 from tests.spark.factory_day import (

@@ -3,14 +3,13 @@
 One RocketMQ topic has queues on both groups, another only on the second (created there by its
 first message). The messages go in with RocketMQ's own admin tool (`sendMessage -b GROUP -i
 QUEUE`), not through a bridge, so where each one is stored is known; Spark must read them back
-from every group, in a batch and in a stream. Start-up of the two groups takes
-~30 s on two cores, so this module runs them once for its tests.
+from every group, in a batch and in a stream. The two groups are the package's `two_groups`
+(tests/spark/conftest.py), started once for this module and test_cluster.py.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,16 +24,6 @@ GROUPS = ("broker-a", "broker-b")
 
 Stored = tuple[str, str, str, bytes]
 """(RocketMQ topic, broker group, MQTT topic, payload) of one message."""
-
-
-@pytest.fixture(scope="module")
-def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRocketMQ]:
-    mq = LocalRocketMQ(tmp_path_factory.mktemp("rocketmq-groups"), groups=2, timer=False)
-    mq.start()
-    try:
-        yield mq
-    finally:
-        mq.stop(graceful=False)
 
 
 def send(

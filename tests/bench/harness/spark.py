@@ -144,8 +144,10 @@ def check_count(spark: Any, frame: Any, expected: int, label: str) -> float | No
 
 
 class TableWatcher:
-    """Follows one file-sink table: when each Parquet file first became readable and when it
-    was first listed in `_spark_metadata`, and the event times of its rows."""
+    """Follows one table of the stream job: when each Parquet file first became readable and
+    when it was committed, and the event times of its rows. A file-sink table's files are
+    committed once listed in `_spark_metadata`; a table written per micro-batch into
+    `batch=<id>` folders (`telemetry`), once its folder has Spark's `_SUCCESS` marker."""
 
     def __init__(
         self, directory: Path, event_ms: Callable[[pa.Table], list[int]], probe_column: str
@@ -159,21 +161,35 @@ class TableWatcher:
         self._logs_read: set[str] = set()
 
     def poll(self, now: float) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self.directory):
-                name = entry.name
-                if name in self.readable_at or not name.endswith(".parquet"):
-                    continue
-                if name.startswith((".", "_")):
-                    continue
-                try:  # a file the sink is still writing has no footer yet: try again later
-                    table = pq.read_table(entry.path)
-                except (OSError, pa.ArrowInvalid):
-                    continue
-                self.readable_at[name] = now
-                column = table.column(self.probe_column)
-                self.rows[name] = table.filter(pc.invert(pc.starts_with(column, PROBE_LINE)))
+        for folder in self._folders():
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(folder):
+                    name = entry.name
+                    if name in self.readable_at or not name.endswith(".parquet"):
+                        continue
+                    if name.startswith((".", "_")):
+                        continue
+                    try:  # a file still being written has no footer yet: try again later
+                        table = pq.read_table(entry.path)
+                    except (OSError, pa.ArrowInvalid):
+                        continue
+                    self.readable_at[name] = now
+                    column = table.column(self.probe_column)
+                    self.rows[name] = table.filter(pc.invert(pc.starts_with(column, PROBE_LINE)))
+                if folder != self.directory and (folder / "_SUCCESS").exists():
+                    for entry in os.scandir(folder):
+                        if entry.name.endswith(".parquet"):
+                            self.committed_at.setdefault(entry.name, now)
         self._poll_commits(now)
+
+    def _folders(self) -> list[Path]:
+        """The table's folder and its micro-batch folders (`batch=<id>`)."""
+        try:
+            batches = [Path(e.path) for e in os.scandir(self.directory)
+                       if e.is_dir() and e.name.startswith("batch=")]  # fmt: skip
+        except FileNotFoundError:
+            return []
+        return [self.directory, *batches]
 
     def _poll_commits(self, now: float) -> None:
         with contextlib.suppress(FileNotFoundError):

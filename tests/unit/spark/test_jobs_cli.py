@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark.jobs import JobConfig, main
+from spark.job_config import JobConfig
+from spark.jobs import main
 
 
 def test_a_clock_allowance_not_below_the_watermark_is_refused_naming_both(

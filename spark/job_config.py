@@ -1,0 +1,60 @@
+"""What the BI jobs share: where they read and write and the knobs of both (`JobConfig`), and
+the names of their tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spark import tables
+from spark.intervals import Shifts
+from spark.telemetry import TOPIC_PREFIX
+
+TELEMETRY_FILTER = f"{TOPIC_PREFIX}/+/+/telemetry"
+GOLD_TABLES = ("availability", "alarm_summary")
+ALL_TABLES = (
+    "telemetry",
+    "late",
+    "quarantine",
+    "line_minute",
+    "state_intervals",
+    "alarm_intervals",
+    "availability",
+    "alarm_summary",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """Where to read, where to write, and the knobs both jobs share."""
+
+    out: str
+    nameserver: str | None = None
+    path: str | None = None
+    topic_filter: str = TELEMETRY_FILTER
+    shifts: Shifts = field(default_factory=Shifts)
+    watermark_s: int = 120
+    """How late (device time) a message may arrive and still count."""
+    max_clock_ahead_s: int = tables.MAX_CLOCK_AHEAD_S
+    """How far ahead of the broker's store time a device's timestamp is believed
+    (`tables.parse`); less than the watermark, so one device moves the watermark at most this
+    far past the broker's clock and never past an honest device's data."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_clock_ahead_s < self.watermark_s:
+            raise ValueError(
+                f"the clock allowance ({self.max_clock_ahead_s} s) must be at least 0 and less "
+                f"than the watermark ({self.watermark_s} s)"
+            )
+
+    def source_options(self, **extra: str) -> dict[str, str]:
+        """Options of the `rocketmq` source reading this job's telemetry."""
+        options = {"topicFilter": self.topic_filter, **extra}
+        if self.nameserver:
+            options["nameserver"] = self.nameserver
+        if self.path:
+            options["path"] = self.path
+        return options
+
+    def table(self, name: str) -> str:
+        return str(Path(self.out) / name)
