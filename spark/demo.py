@@ -58,6 +58,10 @@ SHIFT_CHANGE: Final = timedelta(hours=14)
 """A shift boundary of the default shifts (06:00, 14:00, 22:00 UTC)."""
 
 STREAM_QUERIES: Final = ("telemetry", "quarantine", "line_minute", "intervals")
+CLOSED_BY_WATERMARK: Final = ("line_minute", "intervals")
+"""The queries that write what the watermark closes (a minute, an interval): done once a batch
+ran with the final watermark. The others write what they read as they read it (telemetry sorts
+a row on arrival), and Spark runs no batch for them when only the watermark moved."""
 """The queries `python -m spark.jobs stream` runs, each with a checkpoint folder of that name."""
 
 STREAM_START_TIMEOUT: Final = 240.0
@@ -159,16 +163,23 @@ def read_checkpoints(checkpoints: Path) -> list[QueryCheckpoint]:
 def queries_behind(checkpoints: list[QueryCheckpoint], watermark_ms: int) -> list[str]:
     """The queries that have not yet written everything up to a watermark of `watermark_ms`.
 
-    A query with event time is done once it committed a batch that ran with that watermark
-    (the batch that closes every earlier minute and interval). It read the message that moved
-    the watermark there, the last one published, so what it read up to is the end of the
-    data: a query without event time is done once it committed a batch that read that far."""
-    end = next((c.offsets for c in checkpoints if c.ran_with_ms >= watermark_ms), None)
+    A query of CLOSED_BY_WATERMARK is done once it committed a batch that ran with that
+    watermark (the batch that closes every earlier minute and interval). It read the message
+    that moved the watermark there, the last one published, so what it read up to is the end of
+    the data: any other query is done once it committed a batch that read that far."""
+    end = next(
+        (
+            c.offsets
+            for c in checkpoints
+            if c.name in CLOSED_BY_WATERMARK and c.ran_with_ms >= watermark_ms
+        ),
+        None,
+    )
     behind = []
     for c in checkpoints:
         if c.committed is None or c.committed != c.planned:
             done = False
-        elif c.next_ms > 0:
+        elif c.name in CLOSED_BY_WATERMARK:
             done = c.ran_with_ms >= watermark_ms
         else:
             done = end is not None and c.offsets == end

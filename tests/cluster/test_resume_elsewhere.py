@@ -60,6 +60,25 @@ def first_after_resume(node: BridgeProcess, level: int = 5) -> tuple[float, list
     return took, [p for p in got if p.payload != b"probe"]
 
 
+def holding_two_in_flight(node: BridgeProcess, level: int, root: str) -> RawClient:
+    """The session "resumer" on `node` subscribes to `root/#`, publishes a QoS 1 and a QoS 2
+    message there and receives both without acknowledging them; its connection is returned."""
+    sub, connack = persistent(node, level)
+    assert connack.return_code == 0
+    sub.send(Subscribe(1, [Subscription(f"{root}/#", 2)]))
+    suback = sub.recv(10)
+    assert isinstance(suback, Suback) and list(suback.return_codes) == [2], suback
+    sub.send(Publish(f"{root}/x", b"one", 1, False, packet_id=1))
+    sub.send(Publish(f"{root}/x", b"two", 2, False, packet_id=2))
+    got = []
+    while len(got) < 2:  # received, not acknowledged
+        packet = sub.recv(10)
+        if isinstance(packet, Publish):
+            got.append(packet.payload)
+    assert sorted(got) == [b"one", b"two"]
+    return sub
+
+
 @pytest.mark.parametrize("level", [4, 5])
 def test_in_flight_messages_come_back_at_once_on_a_node_that_never_held_the_session(
     cluster: ClusterLauncher, level: int
@@ -67,19 +86,7 @@ def test_in_flight_messages_come_back_at_once_on_a_node_that_never_held_the_sess
     """The session publishes a QoS 1 and a QoS 2 message to its own filter, receives them
     without acknowledging and leaves (as Paho's test_redelivery_on_reconnect does)."""
     a, _b, c = three_nodes(cluster)
-    sub, connack = persistent(a, level)
-    assert connack.return_code == 0
-    sub.send(Subscribe(1, [Subscription("inflight/#", 2)]))
-    suback = sub.recv(10)
-    assert isinstance(suback, Suback) and list(suback.return_codes) == [2], suback
-    sub.send(Publish("inflight/x", b"one", 1, False, packet_id=1))
-    sub.send(Publish("inflight/x", b"two", 2, False, packet_id=2))
-    got = []
-    while len(got) < 2:  # received, not acknowledged
-        packet = sub.recv(10)
-        if isinstance(packet, Publish):
-            got.append(packet.payload)
-    assert sorted(got) == [b"one", b"two"]
+    sub = holding_two_in_flight(a, level, "inflight")
     sub.close()
     took, got = first_after_resume(c, level)
     print(f"first redelivery (MQTT level {level}) on another node after {took * 1000:.1f} ms")
@@ -97,17 +104,7 @@ def test_in_flight_messages_come_back_marked_dup_when_the_old_node_does_not_answ
     a = cluster.start("a", SLOW_REREAD, "offset_flush_interval=30")
     c = cluster.start("c", SLOW_REREAD, "takeover_timeout=1")
     cluster.wait_linked()
-    sub, connack = persistent(a, 4)
-    assert connack.return_code == 0
-    sub.send(Subscribe(1, [Subscription("frozen/#", 2)]))
-    assert isinstance(sub.recv(10), Suback)
-    sub.send(Publish("frozen/x", b"one", 1, False, packet_id=1))
-    sub.send(Publish("frozen/x", b"two", 2, False, packet_id=2))
-    got = []
-    while len(got) < 2:  # received, not acknowledged
-        packet = sub.recv(10)
-        if isinstance(packet, Publish):
-            got.append(packet.payload)
+    sub = holding_two_in_flight(a, 4, "frozen")
     os.kill(a.pid, signal.SIGSTOP)
     try:
         sub.close()
