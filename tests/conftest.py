@@ -92,15 +92,10 @@ FIRST = ("tests/spark/test_demo.py", "tests/spark/", "tests/faults/", "tests/roc
          "tests/spark/test_cluster.py", "tests/interop/", "tests/release/", "tests/cluster/",
          "tests/integration/", "tests/storage/", "tests/")  # fmt: skip
 """Where a module's tests come in the run (by the longest of these its path starts with): the
-folders whose modules wait longest first (the Spark demo alone takes minutes), so that under
-pytest-xdist the long ones start at once and the many short unit-test modules fill the workers
-at the end. The standalone-cluster module comes last of the Spark modules that share a worker
-(`pytest_xdist_make_scheduler`), so its seven JVMs start once the demo's are likely gone."""
-
-
-ALONE = ("tests/spark/test_demo.py",)
-"""The Spark module with servers of its own (the demo's), which runs on a worker of its own
-beside the modules that share the session's local Spark."""
+folders whose modules wait longest first (the Spark tests take a quarter of an hour), so that
+under pytest-xdist the long ones start at once and the many short unit-test modules fill the
+workers at the end. Within the Spark tests' worker the demo comes first and the standalone
+cluster (seven JVMs) last."""
 
 
 def _rank(item: pytest.Item) -> int:
@@ -122,7 +117,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     share one worker and so one Spark JVM (the demo starts its own). Modules are handed out in
     the order of the collection (`FIRST`), not by their number of tests. (pytest-xdist's own
     `--dist loadgroup` cannot express this with pytest 9, which no longer lets a plugin rename a
-    test's node id.)"""
+    test's node id.)
+
+    Every Spark module runs on that one worker, the demo (with servers of its own) too: two
+    streaming jobs side by side, each with four queries triggering every second, ask more than
+    two cores, and their Python workers then miss Spark's fixed 10 s to connect back until the
+    jobs fail or time out."""
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False
@@ -130,7 +130,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            if path.startswith("tests/spark/") and path not in ALONE:
+            if path.startswith("tests/spark/"):
                 return "tests/spark"
             return path
 
