@@ -111,7 +111,7 @@ lint: install
 	bridge/access/login_queue.py bridge/access/login_guard.py \
 	bridge/access/ratelimit.py bridge/access/watch.py bridge/listeners/origins.py bridge/node/flow.py \
 		bridge/logtext.py bridge/private_files.py bridge/listeners/exposure.py \
-		spark/intervals.py spark/options.py spark/telemetry.py
+		spark/intervals.py spark/shifts.py spark/presence.py spark/options.py spark/telemetry.py
 
 # The tests start hundreds of Python processes (bridges, notify, Spark's workers) that import
 # bridge/, notify/ and spark/: their bytecode is written once here, since an environment with

@@ -24,9 +24,9 @@ from pyspark.sql.types import DoubleType
 
 from spark.demo_clock import CLOCK_LINE
 from spark.demo_servers import DemoError
-from spark.intervals import Shifts
 from spark.job_config import ALL_TABLES, JobConfig
 from spark.jobs import read_table, run_backfill, show_tables
+from spark.shifts import Shifts
 from spark.telemetry import TOPIC_PREFIX
 
 STEP_TIMEOUT: Final = 300.0

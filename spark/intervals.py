@@ -1,4 +1,4 @@
-"""Device state and alarm intervals from telemetry samples, and their split into shifts.
+"""Device state and alarm intervals from telemetry samples.
 
 Pure code, no Spark: the streaming job runs `DeviceTrack.advance` inside a stateful operator
 (one track per device, kept in Spark's state store), the batch job runs it once over all of a
@@ -7,7 +7,15 @@ and a back-fill over the same messages produce the same rows (a property test ch
 
 A state interval runs from the first message reporting a state to the first message reporting
 a different one; an alarm interval from the first message listing a code to the first one not
-listing it. Only closed intervals are emitted: the one still running is in the track.
+listing it. Only closed intervals are emitted: the one still running is in the track. With a
+shift calendar (`spark.shifts`) a state is also cut where a shift starts, once the device's next
+message or the watermark has passed that start (`closed_by` "shift_end"), so a machine that stays
+DOWN for a whole shift shows in that shift when it ends, not only when its state changes.
+
+A device's disconnect (`spark.presence`: the broker's `$SYS` event) is a sample of state OFFLINE:
+it closes the running state and every open alarm (`closed_by` "offline": whether the alarm went
+on is unknown), and OFFLINE runs until the device's next report. A disconnect of a device without
+a track (nothing reported yet) changes nothing.
 
 Messages are applied in device-clock order (`ts`, then `seq`). A stream only applies those at or
 before the watermark and keeps the rest pending, so messages arriving out of order (a device's
@@ -19,9 +27,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 
-MS_PER_DAY = 86_400_000
+from spark.presence import OFFLINE
+from spark.shifts import Shifts
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,9 @@ class Interval:
     what: str
     start: int
     end: int
+    closed_by: str = "change"
+    """"change" (the state or the alarm changed), "shift_end" (a state cut where a shift
+    started), or "offline" (an alarm open when the device disconnected)."""
 
 
 @dataclass(slots=True)
@@ -63,9 +74,18 @@ class DeviceTrack:
     last_ts: int = -1
     last_seq: int = -1
     pending: list[Sample] = field(default_factory=list)
+    shifts: Shifts | None = None
+    """The calendar whose shift starts cut states; None: states are cut only by changes."""
+    _cut_at: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    """(state_start, the first shift start after it): asked for on every sample, computed
+    once per state start."""
 
-    def advance(self, samples: Iterable[Sample], watermark: int) -> tuple[list[Interval], int]:
-        """Take `samples`, apply every pending one with ts <= `watermark` in order; returns the
+    def advance(
+        self, samples: Iterable[Sample], watermark: int, *, horizon: int | None = None
+    ) -> tuple[list[Interval], int]:
+        """Take `samples`, apply every pending one with ts <= `watermark` in order, then cut the
+        running state at the shift starts before the watermark (or before `horizon`, when given:
+        a back-fill applies everything and cuts up to the end of its data); returns the
         intervals that closed and how many samples were too late to apply (older than one
         already applied; they are left out)."""
         late = 0
@@ -89,24 +109,54 @@ class DeviceTrack:
             self._apply(sample, closed)
             ready += 1
         del self.pending[:ready]
+        self._cut_before(watermark if horizon is None else min(watermark, horizon), closed)
         return closed, late
+
+    def _cut_before(self, limit: int, closed: list[Interval]) -> None:
+        """Close the running state at every shift start after its start and before `limit`;
+        it runs on from that shift start."""
+        if self.shifts is None or self.state is None:
+            return
+        while (cut := self._next_cut(self.shifts)) < limit:
+            closed.append(self._interval("state", self.state, self.state_start, cut, "shift_end"))
+            self.state_start = cut
+
+    def _next_cut(self, shifts: Shifts) -> int:
+        if self._cut_at is None or self._cut_at[0] != self.state_start:
+            self._cut_at = (self.state_start, shifts.next_start_after(self.state_start))
+        return self._cut_at[1]
+
+    @property
+    def next_cut(self) -> int | None:
+        """The shift start at which the running state is cut next (the watermark must pass it)."""
+        if self.shifts is None or self.state is None:
+            return None
+        return self._next_cut(self.shifts)
 
     def _apply(self, sample: Sample, closed: list[Interval]) -> None:
         ts = sample.ts
+        offline = sample.state == OFFLINE
+        if offline and self.state is None:
+            return  # a device never heard of, or a client that is no device
+        self._cut_before(ts, closed)
         if self.state is None:
             self.state, self.state_start = sample.state, ts
         elif sample.state != self.state:
             closed.append(self._interval("state", self.state, self.state_start, ts))
             self.state, self.state_start = sample.state, ts
+        why = "offline" if offline else "change"
         for code in sorted(set(self.alarms) - sample.alarms):
-            closed.append(self._interval("alarm", code, self.alarms.pop(code), ts))
+            closed.append(self._interval("alarm", code, self.alarms.pop(code), ts, why))
         for code in sorted(sample.alarms - set(self.alarms)):
             self.alarms[code] = ts
-        self.line, self.station = sample.line, sample.station
+        if not offline:  # a disconnect names no line or station
+            self.line, self.station = sample.line, sample.station
         self.last_ts, self.last_seq = ts, sample.seq
 
-    def _interval(self, kind: str, what: str, start: int, end: int) -> Interval:
-        return Interval(kind, self.device, self.line, self.station, what, start, end)
+    def _interval(
+        self, kind: str, what: str, start: int, end: int, closed_by: str = "change"
+    ) -> Interval:
+        return Interval(kind, self.device, self.line, self.station, what, start, end, closed_by)
 
     @property
     def next_due(self) -> int | None:
@@ -134,10 +184,11 @@ class DeviceTrack:
         )
 
     @classmethod
-    def from_json(cls, device: str, text: str) -> DeviceTrack:
+    def from_json(cls, device: str, text: str, shifts: Shifts | None = None) -> DeviceTrack:
         data = json.loads(text)
         return cls(
             device=device,
+            shifts=shifts,
             line=data["line"],
             station=data["station"],
             state=data["state"],
@@ -152,77 +203,31 @@ class DeviceTrack:
         )
 
 
-# --- shifts --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Shifts:
-    """A day cut into shifts at fixed UTC times, e.g. 06:00, 14:00, 22:00 (the default).
-
-    A shift is named by the date it starts on and its number (1 = the first start time of the
-    day), so the night shift 22:00-06:00 belongs to the day it began."""
-
-    starts_minutes: tuple[int, ...] = (6 * 60, 14 * 60, 22 * 60)
-
-    @classmethod
-    def parse(cls, text: str) -> Shifts:
-        """From "06:00,14:00,22:00" (raises ValueError)."""
-        minutes = []
-        for part in text.split(","):
-            hours, sep, mins = part.strip().partition(":")
-            if not sep or not hours.isdigit() or not mins.isdigit():
-                raise ValueError(f"shift start {part.strip()!r}: expected HH:MM")
-            value = int(hours) * 60 + int(mins)
-            if not 0 <= value < 24 * 60:
-                raise ValueError(f"shift start {part.strip()!r} is not a time of day")
-            minutes.append(value)
-        if not minutes or len(set(minutes)) != len(minutes):
-            raise ValueError("shift starts must be distinct and at least one")
-        return cls(tuple(sorted(minutes)))
-
-    def boundaries(self, start_ms: int, end_ms: int) -> list[tuple[int, str, int]]:
-        """(shift start ms, shift date ISO, shift number) of every shift overlapping
-        [start_ms, end_ms), in order."""
-        day = datetime.fromtimestamp(start_ms / 1000, tz=UTC).date() - timedelta(days=1)
-        out: list[tuple[int, str, int]] = []
-        while True:
-            midnight = int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp() * 1000)
-            for number, minute in enumerate(self.starts_minutes, start=1):
-                begin = midnight + minute * 60_000
-                if begin >= end_ms:
-                    return out
-                out.append((begin, day.isoformat(), number))
-            day += timedelta(days=1)
-
-    def pieces(self, start_ms: int, end_ms: int) -> list[tuple[str, int, int, int]]:
-        """[start_ms, end_ms) cut at shift boundaries: (shift date, shift number, shift start
-        ms, milliseconds inside that shift), for each shift it overlaps."""
-        bounds = self.boundaries(start_ms, end_ms)
-        out = []
-        for i, (begin, date, number) in enumerate(bounds):
-            end = bounds[i + 1][0] if i + 1 < len(bounds) else begin + MS_PER_DAY
-            lo, hi = max(begin, start_ms), min(end, end_ms)
-            if lo < hi:
-                out.append((date, number, begin, hi - lo))
-        return out
-
-
 def days_touched(intervals: Iterable[tuple[str, int, int]], shifts: Shifts) -> set[str]:
     """The days whose daily tables new closed intervals change, from (kind, start ms, end ms):
     every shift date a state interval overlaps (availability is per shift, and an interval
-    can run across midnight into the next day's shifts), and the start date of an alarm (the
-    alarm summary counts an alarm on the day it began)."""
+    can run across midnight into the next day's shifts), and the local start date of an alarm
+    (the alarm summary counts an alarm on the plant's day it began)."""
     days: set[str] = set()
     for kind, start, end in intervals:
         if kind == "state":
-            days.update(date for date, _, _, _ in shifts.pieces(start, end))
+            days.update(piece.shift_date for piece in shifts.pieces(start, end))
         else:
-            days.add(datetime.fromtimestamp(start / 1000, tz=UTC).date().isoformat())
+            days.add(shifts.local_date(start).isoformat())
     return days
 
 
-def batch_intervals(device: str, samples: Sequence[Sample]) -> list[Interval]:
-    """Every closed interval of a device's samples at once (a back-fill)."""
-    track = DeviceTrack(device)
-    closed, _ = track.advance(samples, watermark=2**62)
+def batch_intervals(
+    device: str,
+    samples: Sequence[Sample],
+    shifts: Shifts | None = None,
+    horizon: int | None = None,
+) -> list[Interval]:
+    """Every closed interval of a device's samples at once (a back-fill); with `shifts`, the
+    running state is cut at the shift starts before `horizon` (the end of the back-fill's
+    data), as a stream whose watermark reached it would have."""
+    track = DeviceTrack(device, shifts=shifts)
+    if horizon is None:
+        horizon = max((s.ts for s in samples), default=0)
+    closed, _ = track.advance(samples, watermark=2**62, horizon=horizon)
     return closed

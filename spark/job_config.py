@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark import tables
-from spark.intervals import Shifts
+from spark.presence import PRESENCE_FILTER, DeviceClientIds
+from spark.shifts import Shifts
 from spark.telemetry import TOPIC_PREFIX
 
 TELEMETRY_FILTER = f"{TOPIC_PREFIX}/+/+/telemetry"
@@ -39,6 +40,10 @@ class JobConfig:
     """How far ahead of the broker's store time a device's timestamp is believed
     (`tables.parse`); less than the watermark, so one device moves the watermark at most this
     far past the broker's clock and never past an honest device's data."""
+    device_client_ids: DeviceClientIds | None = None
+    """How devices' ClientIds are made from their ids; given, the intervals also read the
+    broker's disconnect events, and a device is OFFLINE from its disconnect to its next
+    report (`spark.presence`)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_clock_ahead_s < self.watermark_s:
@@ -55,6 +60,13 @@ class JobConfig:
         if self.path:
             options["path"] = self.path
         return options
+
+    def presence_options(self) -> dict[str, str] | None:
+        """Options of the `rocketmq` source reading the broker's disconnect events, or None when
+        devices' ClientIds are not known."""
+        if self.device_client_ids is None:
+            return None
+        return self.source_options(topicFilter=PRESENCE_FILTER)
 
     def table(self, name: str) -> str:
         return str(Path(self.out) / name)

@@ -28,8 +28,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark import tables
-from spark.intervals import Shifts
 from spark.job_config import ALL_TABLES, GOLD_TABLES, TELEMETRY_FILTER, JobConfig
+from spark.presence import DeviceClientIds
+from spark.shifts import Downtime, Shifts
 from spark.stream import run_streams
 
 log = logging.getLogger("spark.jobs")
@@ -54,7 +55,12 @@ def run_backfill(
     if end_ms is not None:
         good = good.where(F.col("ts_ms") < end_ms)
     good = good.dropDuplicates(["device", "seq"]).cache()
-    intervals = tables.intervals(good).cache()
+    # States run on to the newest report of any device: as far as a stream's watermark would
+    # have let it cut them at shift starts.
+    horizon = good.agg(F.max("ts_ms")).first()[0] or 0
+    intervals = tables.intervals(
+        good.unionByName(_disconnects(spark, config, start_ms, end_ms)), config.shifts, horizon
+    ).cache()
     states = tables.state_intervals(intervals)
     alarms = tables.alarm_intervals(intervals)
     outputs = {
@@ -68,7 +74,7 @@ def run_backfill(
         "state_intervals": states,
         "alarm_intervals": alarms,
         "availability": tables.availability(states, config.shifts),
-        "alarm_summary": tables.alarm_summary(alarms),
+        "alarm_summary": tables.alarm_summary(alarms, config.shifts),
     }
     counts = {}
     for name, frame in outputs.items():
@@ -81,6 +87,25 @@ def run_backfill(
         counts[name] = spark.read.schema(frame.schema).parquet(config.table(name)).count()
     parsed.unpersist()
     return counts
+
+
+def _disconnects(
+    spark: SparkSession, config: JobConfig, start_ms: int | None, end_ms: int | None
+) -> DataFrame:
+    """The devices' disconnects in [start_ms, end_ms) as OFFLINE rows (`spark.presence`), in
+    the valid rows' columns; none when devices' ClientIds are not known."""
+    options = config.presence_options()
+    if options is None:
+        return spark.createDataFrame([], tables.PARSED_DDL)
+    if start_ms is not None:
+        options["startingTimestamp"] = str(start_ms)
+    raw = spark.read.format("rocketmq").options(**options).load()
+    rows = tables.valid(tables.parse(raw, config.max_clock_ahead_s, config.device_client_ids))
+    if start_ms is not None:
+        rows = rows.where(F.col("ts_ms") >= start_ms)
+    if end_ms is not None:
+        rows = rows.where(F.col("ts_ms") < end_ms)
+    return rows.dropDuplicates(["device", "seq"])
 
 
 def _gold_partition(name: str) -> str:
@@ -136,9 +161,23 @@ def _time(text: str) -> int:
     return int(value.timestamp() * 1000)
 
 
-def _shifts(text: str) -> Shifts:
+def _shift_starts(text: str) -> tuple[int, ...]:
     try:
-        return Shifts.parse(text)
+        return Shifts.parse(text).starts_minutes
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _client_ids(text: str) -> DeviceClientIds:
+    try:
+        return DeviceClientIds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _downtime(text: str) -> Downtime:
+    try:
+        return Downtime.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -158,9 +197,33 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--topic-filter", default=TELEMETRY_FILTER)
             p.add_argument(
                 "--shifts",
-                type=_shifts,
-                default=Shifts(),
-                help="shift start times, UTC (default 06:00,14:00,22:00)",
+                type=_shift_starts,
+                default=Shifts().starts_minutes,
+                help="shift start times, the plant's wall-clock (default 06:00,14:00,22:00)",
+            )
+            p.add_argument(
+                "--timezone",
+                default="UTC",
+                help="the plant's IANA time zone, e.g. Europe/Berlin: shifts and days follow its "
+                "clocks, daylight saving included (default UTC)",
+            )
+            p.add_argument(
+                "--planned-downtime",
+                type=_downtime,
+                action="append",
+                default=[],
+                metavar="[DAYS|DATE] HH:MM-HH:MM",
+                help="planned downtime, local time, left out of availability: '12:00-12:30' "
+                "every day, 'Sat,Sun 00:00-24:00', '2026-12-24 14:00-24:00' (repeatable)",
+            )
+            p.add_argument(
+                "--device-client-id",
+                type=_client_ids,
+                default=None,
+                metavar="PATTERN",
+                help="devices connect with this ClientId, {device} standing for the device id "
+                "(e.g. {device}, sim-{device}): their disconnects (the broker's $SYS events) "
+                "make them OFFLINE until their next report (default: not read)",
             )
             p.add_argument(
                 "--watermark",
@@ -205,6 +268,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def job_config(args: argparse.Namespace) -> JobConfig:
+    """The `JobConfig` of a `backfill` or `stream` command line (ValueError when it cannot be)."""
+    return JobConfig(
+        out=args.out,
+        nameserver=args.nameserver,
+        path=args.path,
+        topic_filter=args.topic_filter,
+        shifts=Shifts(args.shifts, args.timezone, tuple(args.planned_downtime)),
+        watermark_s=args.watermark,
+        max_clock_ahead_s=args.max_clock_ahead,
+        device_client_ids=args.device_client_id,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -217,15 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         show_tables(spark, JobConfig(out=args.out), args.rows)
         return 0
     try:
-        config = JobConfig(
-            out=args.out,
-            nameserver=args.nameserver,
-            path=args.path,
-            topic_filter=args.topic_filter,
-            shifts=args.shifts,
-            watermark_s=args.watermark,
-            max_clock_ahead_s=args.max_clock_ahead,
-        )
+        config = job_config(args)
     except ValueError as exc:
         parser.error(str(exc))
     spark = spark_session(f"factory-bi-{args.command}")

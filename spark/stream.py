@@ -45,31 +45,44 @@ from spark.intervals import DeviceTrack, days_touched
 from spark.job_config import JobConfig
 from spark.options import parse_options
 from spark.running import supervise
+from spark.shifts import Shifts
 from spark.source import start_offsets
 
 log = logging.getLogger("spark.stream")
 
 
-def _track_devices(
-    key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState
-) -> Iterator[pd.DataFrame]:
-    """applyInPandasWithState: one device's new messages (or a timeout) -> closed intervals."""
-    device = key[0]
-    track = DeviceTrack.from_json(device, state.get[0]) if state.exists else DeviceTrack(device)
-    samples = [] if state.hasTimedOut else [s for f in frames for s in tables.samples_of(f)]
-    watermark = state.getCurrentWatermarkMs()
-    closed, late = track.advance(samples, watermark)
-    if late:
-        log.warning(
-            "device %s: %d messages older than ones already applied; left out", device, late
+def _device_tracker(shifts: Shifts):  # type: ignore[no-untyped-def]
+    def track_device(
+        key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        """applyInPandasWithState: one device's new messages (or a timeout) -> closed
+        intervals."""
+        device = key[0]
+        track = (
+            DeviceTrack.from_json(device, state.get[0], shifts)
+            if state.exists
+            else DeviceTrack(device, shifts=shifts)
         )
-    state.update((track.to_json(),))
-    due = track.next_due
-    if due is not None:
-        # Called again once the watermark passes the oldest pending message.
-        state.setTimeoutTimestamp(max(due, watermark + 1))
-    if closed:  # an empty frame would only be concatenated away
-        yield tables.interval_frame(closed)
+        samples = [] if state.hasTimedOut else [s for f in frames for s in tables.samples_of(f)]
+        watermark = state.getCurrentWatermarkMs()
+        closed, late = track.advance(samples, watermark)
+        if late:
+            log.warning(
+                "device %s: %d messages older than ones already applied; left out", device, late
+            )
+        if track.state is None and not track.pending:
+            state.remove()  # only disconnects of a client that never reported: no device
+            return
+        state.update((track.to_json(),))
+        # Called again once the watermark passes the oldest pending message, or the shift start
+        # where the running state is cut.
+        due = min((t for t in (track.next_due, track.next_cut) if t is not None), default=None)
+        if due is not None:
+            state.setTimeoutTimestamp(max(due, watermark + 1))
+        if closed:  # an empty frame would only be concatenated away
+            yield tables.interval_frame(closed)
+
+    return track_device
 
 
 def _sort_device_arrivals(
@@ -189,16 +202,20 @@ def _intervals_batch(config: JobConfig, gold: GoldRefresher):  # type: ignore[no
 def refresh_gold(spark: SparkSession, config: JobConfig, days: list[str]) -> None:
     """Recompute `availability` (shift dates) and `alarm_summary` (alarm start dates) for
     `days` from the interval tables, replacing those days' partitions."""
-    first = datetime.fromisoformat(min(days)).replace(tzinfo=UTC)
-    # A shift of day d lies within [d 00:00, d+2 00:00): its start is a time of day d, and it
-    # ends at the latest at the first shift start of d+1.
-    last = datetime.fromisoformat(max(days)).replace(tzinfo=UTC) + timedelta(days=2)
+    # A shift of local day d lies within [d 00:00, d+2 00:00) local time: its start is a time
+    # of day d, and it ends at the latest at the first shift start of d+1. A day either side
+    # covers every time zone's offset from UTC.
+    first = datetime.fromisoformat(min(days)).replace(tzinfo=UTC) - timedelta(days=1)
+    last = datetime.fromisoformat(max(days)).replace(tzinfo=UTC) + timedelta(days=3)
     states = spark.read.parquet(config.table("state_intervals")).drop("batch")
     overlapping = states.where((F.col("end") > F.lit(first)) & (F.col("start") < F.lit(last)))
     table = tables.availability(overlapping, config.shifts).where(F.col("shift_date").isin(days))
     _overwrite_partitions(table, config.table("availability"), "shift_date")
     alarms = spark.read.parquet(config.table("alarm_intervals")).drop("batch")
-    summary = tables.alarm_summary(alarms.where(F.to_date("start").cast("string").isin(days)))
+    shifts = config.shifts
+    summary = tables.alarm_summary(
+        alarms.where(tables.plant_date("start", shifts).isin(days)), shifts
+    )
     _overwrite_partitions(summary, config.table("alarm_summary"), "date")
 
 
@@ -234,15 +251,36 @@ def stream_starters(
     options["startingOffsets"] = json.dumps(start)
     if max_per_trigger:
         options["maxMessagesPerTrigger"] = str(max_per_trigger)
+    presence = config.presence_options()
+    if presence is not None:
+        presence_start = {**presence, "startingOffsets": starting_offsets}
+        presence["startingOffsets"] = json.dumps(
+            start_offsets(parse_options(presence_start, streaming=True))
+        )
+        if max_per_trigger:
+            presence["maxMessagesPerTrigger"] = str(max_per_trigger)
 
     def parsed() -> DataFrame:
         raw = spark.readStream.format("rocketmq").options(**options).load()
         return tables.parse(raw, config.max_clock_ahead_s)
 
-    def deduplicated() -> DataFrame:
+    def deduplicated(with_disconnects: bool = False) -> DataFrame:
+        if with_disconnects and presence is not None:
+            # One source of telemetry and one of disconnect events, parsed together, so that a
+            # single watermark covers both.
+            raw = (
+                spark.readStream.format("rocketmq").options(**options).load()
+                .unionByName(spark.readStream.format("rocketmq").options(**presence).load())
+            )  # fmt: skip
+            rows = tables.parse(raw, config.max_clock_ahead_s, config.device_client_ids)
+        else:
+            rows = parsed()
         watermark = f"{config.watermark_s} seconds"
-        rows = tables.valid(parsed()).withWatermark("ts", watermark)
-        return rows.dropDuplicatesWithinWatermark(["device", "seq"])
+        return (
+            tables.valid(rows)
+            .withWatermark("ts", watermark)
+            .dropDuplicatesWithinWatermark(["device", "seq"])
+        )
 
     def trigger(writer):  # type: ignore[no-untyped-def]
         if available_now:
@@ -300,11 +338,11 @@ def stream_starters(
     def intervals() -> StreamingQuery:
         columns = ["device", "line", "station", "seq", "ts", "ts_ms", "state", "alarms"]
         stateful = (
-            deduplicated()
+            deduplicated(with_disconnects=True)
             .select(*columns)
             .groupBy("device")
             .applyInPandasWithState(
-                _track_devices,
+                _device_tracker(config.shifts),
                 tables.INTERVAL_DDL,
                 "track STRING",
                 "append",

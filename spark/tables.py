@@ -4,7 +4,8 @@
     line_minute(valid)    per line and minute: good, bad, total, scrap rate, messages
     intervals(valid)      closed state and alarm intervals per device (batch form)
     availability(states)  per device and shift: seconds in each state, availability
-    alarm_summary(alarms) per day and alarm code: count, total and longest duration, devices
+    alarm_summary(alarms) per plant day and alarm code: count, total and longest duration,
+                          devices
 
 Table layouts are in docs/spark.md. Units are in the column names (`_s`: seconds); durations are
 rounded to the millisecond the devices stamp (`SECONDS_DIGITS`) and ratios to `RATIO_DIGITS`
@@ -24,7 +25,9 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark.intervals import Interval, Sample, Shifts, batch_intervals
+from spark.intervals import Interval, Sample, batch_intervals
+from spark.presence import OFFLINE, DeviceClientIds, disconnect_of
+from spark.shifts import Shifts
 from spark.telemetry import validate
 
 PARSED_DDL = (
@@ -53,7 +56,7 @@ QUARANTINE_COLUMNS = [
 ]  # fmt: skip
 INTERVAL_DDL = (
     "kind STRING, device STRING, line STRING, station STRING, what STRING, "
-    "start TIMESTAMP, `end` TIMESTAMP, duration_s DOUBLE"
+    "start TIMESTAMP, `end` TIMESTAMP, duration_s DOUBLE, closed_by STRING"
 )
 
 SECONDS_DIGITS = 3
@@ -73,12 +76,37 @@ MAX_CLOCK_AHEAD_S = 30
 """How far ahead of the broker's clock a device's timestamp is believed, by default."""
 
 
+NOT_A_DEVICE_EVENT = "not a disconnect event of a device"
+"""The error of a `$SYS` message that says nothing about a device (`spark.presence`)."""
+
+
+def _checked(
+    topic: str, payload: bytes, ids: DeviceClientIds | None
+) -> tuple[dict | None, str | None]:
+    """(the row's fields, None) or (None, why not): a telemetry payload, or with `ids` a
+    device's disconnect event as an OFFLINE row (seq = -time, so that a copy of the event
+    deduplicates and no device's own seq is taken)."""
+    if ids is None or not topic.startswith("$SYS/"):
+        return validate(payload)
+    event = disconnect_of(topic, payload, ids)
+    if event is None:
+        return None, NOT_A_DEVICE_EVENT
+    device, ts = event
+    return {"device": device, "line": None, "station": None, "seq": -ts, "ts": ts,
+            "state": OFFLINE, "good": 0, "bad": 0, "alarms": []}, None  # fmt: skip
+
+
 def _parse_batches(
-    batches: Iterator[pa.RecordBatch], max_ahead_ms: int
+    batches: Iterator[pa.RecordBatch], max_ahead_ms: int, ids: DeviceClientIds | None
 ) -> Iterator[pa.RecordBatch]:
     schema = _parsed_arrow_schema()
     for batch in batches:
-        checked = [validate(payload or b"") for payload in batch.column("payload").to_pylist()]
+        checked = [
+            _checked(topic or "", payload or b"", ids)
+            for topic, payload in zip(
+                batch.column("topic").to_pylist(), batch.column("payload").to_pylist(), strict=True
+            )
+        ]
         arrays = {
             name: pa.array(
                 [record[field] if record else None for record, _ in checked],
@@ -129,8 +157,14 @@ def _parsed_arrow_schema() -> pa.Schema:
     )
 
 
-def parse(raw: DataFrame, max_clock_ahead_s: float = MAX_CLOCK_AHEAD_S) -> DataFrame:
+def parse(
+    raw: DataFrame,
+    max_clock_ahead_s: float = MAX_CLOCK_AHEAD_S,
+    client_ids: DeviceClientIds | None = None,
+) -> DataFrame:
     """Source rows -> PARSED_DDL rows: telemetry fields (error null) or an error (fields null).
+    With `client_ids`, a stored disconnect event of a device is a row of state OFFLINE at the
+    broker's time of the event, without line and station (`spark.presence`).
 
     A row's event time (`ts`, `ts_ms`) is the device's timestamp unless that lies more than
     `max_clock_ahead_s` ahead of the time the broker stored the message: a clock that far
@@ -141,7 +175,7 @@ def parse(raw: DataFrame, max_clock_ahead_s: float = MAX_CLOCK_AHEAD_S) -> DataF
     max_ahead_ms = int(max_clock_ahead_s * 1000)
 
     def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _parse_batches(batches, max_ahead_ms)
+        return _parse_batches(batches, max_ahead_ms, client_ids)
 
     return raw.select(*_PASSED).mapInArrow(parse_batches, PARSED_DDL)
 
@@ -177,7 +211,7 @@ def line_minute(valid_rows: DataFrame) -> DataFrame:
 def samples_of(frame: pd.DataFrame) -> list[Sample]:
     """The interval builder's samples from a pandas frame of valid rows."""
     return [
-        Sample(int(ts), int(seq), str(state), frozenset(alarms), str(line), str(station))
+        Sample(int(ts), int(seq), str(state), frozenset(alarms), line or "", station or "")
         for ts, seq, state, alarms, line, station in zip(
             frame["ts_ms"],
             frame["seq"],
@@ -208,35 +242,46 @@ def interval_frame(closed: list[Interval]) -> pd.DataFrame:
             # Whole milliseconds divided by 1000 is already the float nearest the decimal
             # seconds (division rounds correctly): no noise to round away, unlike a sum.
             "duration_s": pd.Series([(i.end - i.start) / 1000 for i in closed], dtype="float64"),
+            "closed_by": text([i.closed_by for i in closed]),
         }
     )
 
 
-def _batch_device(key: tuple[str], frame: pd.DataFrame) -> pd.DataFrame:
-    return interval_frame(batch_intervals(key[0], samples_of(frame)))
+def _batch_devices(shifts: Shifts, horizon: int):  # type: ignore[no-untyped-def]
+    def batch_device(key: tuple[str], frame: pd.DataFrame) -> pd.DataFrame:
+        return interval_frame(batch_intervals(key[0], samples_of(frame), shifts, horizon))
+
+    return batch_device
 
 
-def intervals(valid_rows: DataFrame) -> DataFrame:
-    """Every closed state and alarm interval of the given (deduplicated) messages."""
+def intervals(valid_rows: DataFrame, shifts: Shifts, horizon: int) -> DataFrame:
+    """Every closed state and alarm interval of the given (deduplicated) messages, states cut
+    at the shift starts before `horizon` (the back-fill's end of data: its newest `ts_ms`)."""
     columns = ["device", "line", "station", "seq", "ts_ms", "state", "alarms"]
-    return valid_rows.select(*columns).groupBy("device").applyInPandas(_batch_device, INTERVAL_DDL)
+    return (
+        valid_rows.select(*columns)
+        .groupBy("device")
+        .applyInPandas(_batch_devices(shifts, horizon), INTERVAL_DDL)
+    )
 
 
 def state_intervals(all_intervals: DataFrame) -> DataFrame:
     return all_intervals.where(F.col("kind") == "state").select(
-        "device", "line", "station", F.col("what").alias("state"), "start", "end", "duration_s"
-    )
+        "device", "line", "station", F.col("what").alias("state"), "start", "end", "duration_s",
+        "closed_by",
+    )  # fmt: skip
 
 
 def alarm_intervals(all_intervals: DataFrame) -> DataFrame:
     return all_intervals.where(F.col("kind") == "alarm").select(
-        "device", "line", "station", F.col("what").alias("code"), "start", "end", "duration_s"
-    )
+        "device", "line", "station", F.col("what").alias("code"), "start", "end", "duration_s",
+        "closed_by",
+    )  # fmt: skip
 
 
 _PIECES_DDL = (
     "device STRING, line STRING, shift_date STRING, shift INT, shift_start TIMESTAMP, "
-    "state STRING, seconds DOUBLE"
+    "planned DOUBLE, state STRING, seconds DOUBLE"
 )
 
 
@@ -249,9 +294,10 @@ def _shift_pieces(shifts: Shifts):  # type: ignore[no-untyped-def]
             for device, line, state, start, end in zip(
                 frame["device"], frame["line"], frame["state"], starts, ends, strict=True
             ):
-                for date, number, shift_start, ms in shifts.pieces(int(start), int(end)):
-                    rows.append((device, line, date, number, shift_start, state, ms / 1000))
-            columns = list(zip(*rows, strict=True)) if rows else [()] * 7
+                for piece in shifts.pieces(int(start), int(end)):
+                    rows.append((device, line, piece.shift_date, piece.shift, piece.shift_start,
+                                 piece.planned_ms / 1000, state, piece.ms / 1000))  # fmt: skip
+            columns = list(zip(*rows, strict=True)) if rows else [()] * 8
             out = pd.DataFrame(
                 {
                     "device": pd.Series(columns[0], dtype=object),
@@ -259,8 +305,9 @@ def _shift_pieces(shifts: Shifts):  # type: ignore[no-untyped-def]
                     "shift_date": pd.Series(columns[2], dtype=object),
                     "shift": pd.Series(columns[3], dtype="int32"),
                     "shift_start": pd.to_datetime(pd.Series(columns[4], dtype="int64"), unit="ms"),
-                    "state": pd.Series(columns[5], dtype=object),
-                    "seconds": pd.Series(columns[6], dtype="float64"),
+                    "planned": pd.Series(columns[5], dtype="float64"),
+                    "state": pd.Series(columns[6], dtype=object),
+                    "seconds": pd.Series(columns[7], dtype="float64"),
                 }
             )
             yield out
@@ -269,8 +316,11 @@ def _shift_pieces(shifts: Shifts):  # type: ignore[no-untyped-def]
 
 
 def availability(states: DataFrame, shifts: Shifts) -> DataFrame:
-    """Per device and shift: seconds RUNNING, IDLE, DOWN, SETUP within closed state intervals,
-    observed = their sum, availability = running / observed."""
+    """Per device and shift of the calendar: the shift's planned production time (`planned_s`:
+    its length less planned downtime), the seconds RUNNING, IDLE, DOWN, SETUP and OFFLINE
+    within closed state intervals outside planned downtime, observed = their sum, and the OEE
+    availability running / observed (docs/spark.md: the time before a device's first report is
+    not held against it)."""
     pieces = states.select("device", "line", "state", "start", "end").mapInPandas(
         _shift_pieces(shifts), _PIECES_DDL
     )
@@ -278,11 +328,12 @@ def availability(states: DataFrame, shifts: Shifts) -> DataFrame:
     def seconds_in(state: str) -> F.Column:
         return F.sum(F.when(F.col("state") == state, F.col("seconds")).otherwise(0.0))
 
-    table = pieces.groupBy("device", "line", "shift_date", "shift", "shift_start").agg(
+    table = pieces.groupBy("device", "line", "shift_date", "shift", "shift_start", "planned").agg(
         seconds_in("RUNNING").alias("running"),
         seconds_in("IDLE").alias("idle"),
         seconds_in("DOWN").alias("down"),
         seconds_in("SETUP").alias("setup"),
+        seconds_in(OFFLINE).alias("offline"),
         F.sum("seconds").alias("observed"),
     )
     return table.select(
@@ -291,7 +342,10 @@ def availability(states: DataFrame, shifts: Shifts) -> DataFrame:
         "shift_date",
         "shift",
         "shift_start",
-        *(_seconds(name) for name in ("running", "idle", "down", "setup", "observed")),
+        *(
+            _seconds(name)
+            for name in ("planned", "running", "idle", "down", "setup", "offline", "observed")
+        ),
         F.round(F.col("running") / F.col("observed"), RATIO_DIGITS).alias("availability"),
     )
 
@@ -301,10 +355,15 @@ def _seconds(name: str) -> F.Column:
     return F.round(F.col(name), SECONDS_DIGITS).alias(f"{name}_s")
 
 
-def alarm_summary(alarms: DataFrame) -> DataFrame:
-    """Per day (of the alarm's start, UTC) and code: how many, total and longest seconds, and
-    how many devices raised it."""
-    return alarms.groupBy(F.to_date("start").cast("string").alias("date"), "code").agg(
+def plant_date(column: str, shifts: Shifts) -> F.Column:
+    """The plant's local date (ISO) of timestamp `column` (the session's time zone is UTC)."""
+    return F.to_date(F.from_utc_timestamp(column, shifts.timezone)).cast("string")
+
+
+def alarm_summary(alarms: DataFrame, shifts: Shifts) -> DataFrame:
+    """Per day (the plant's local date of the alarm's start) and code: how many, total and
+    longest seconds, and how many devices raised it."""
+    return alarms.groupBy(plant_date("start", shifts).alias("date"), "code").agg(
         F.count(F.lit(1)).alias("count"),
         F.round(F.sum("duration_s"), SECONDS_DIGITS).alias("total_s"),
         F.round(F.max("duration_s"), SECONDS_DIGITS).alias("max_s"),

@@ -3,31 +3,44 @@
 `telemetry` makes 30 minutes of four devices on two lines (duplicates, malformed payloads, and a
 last message three hours past the others in device time, which moves the watermark past
 everything); `expected_tables` computes every table from the messages in plain Python, apart
-from the jobs' Spark code (it shares only the interval and shift rules of `spark.intervals`);
-`actual_tables` reads what a job wrote, in the same shape, so a test compares the two row for
-row.
+from the jobs' Spark code (it shares only the interval rules of `spark.intervals` and the
+calendar of `spark.shifts`); `actual_tables` reads what a job wrote, in the same shape, so a
+test compares the two row for row.
+
+The 30 minutes are those around midnight of 7-8 March 2026 in Havana, where the clocks go
+forward from 00:00 to 01:00: they hold a change of the plant's date that UTC does not have, a
+night shift an hour short, a shift start (01:00) that cuts every running state, and five
+minutes of planned downtime. The jobs run with the same calendar (`CALENDAR_ARGS`).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark.intervals import Sample, Shifts, batch_intervals
+from spark.intervals import Sample, batch_intervals
 from spark.job_config import JobConfig
 from spark.jobs import read_table
+from spark.shifts import Downtime, Shifts
 from spark.telemetry import Device, encode, validate
 
-START_MS = 1_767_592_800_000 - 20 * 60_000
-"""2026-01-05T05:40Z: the data crosses the 06:00 shift change."""
+START_MS = 1_772_945_100_000
+"""2026-03-08T04:45Z, 23:45 on the 7th in Havana (UTC-5; UTC-4 from 05:00Z)."""
 SPAN_MS = 30 * 60_000
 CLOCK_MS = START_MS + 3 * 3_600_000
 """A message this far in the device future moves the watermark past everything else."""
+CALENDAR_ARGS = ["--timezone", "America/Havana", "--shifts", "01:00,06:00,14:00,22:00",
+                 "--planned-downtime", "Sun 01:00-01:05"]  # fmt: skip
+"""The jobs' calendar on their command line: 01:00 local is 05:00Z on Sunday 8 March, the first
+instant after the clocks went forward; the night shift that began at 22:00 on the 7th (03:00Z)
+lasts two hours, not three."""
+CALENDAR = Shifts.parse("01:00,06:00,14:00,22:00", "America/Havana",
+                        (Downtime.parse("Sun 01:00-01:05"),))  # fmt: skip
+"""The same calendar, for a `JobConfig` and the expected tables."""
 
 
 def telemetry(top: str) -> tuple[list[tuple[str, bytes]], list[dict]]:
@@ -103,33 +116,38 @@ def expected_tables(valid: list[dict], published: list[tuple[str, bytes]]) -> di
         by_device[m["device"]].append(
             Sample(m["ts"], m["seq"], m["state"], frozenset(m["alarms"]), m["line"], m["station"])
         )
-    intervals = [i for d, s in by_device.items() for i in batch_intervals(d, s)]
+    newest = max(m["ts"] for m in unique_messages)  # how far a back-fill cuts running states
+    intervals = [i for d, s in by_device.items() for i in batch_intervals(d, s, CALENDAR, newest)]
     out["state_intervals"] = Counter(
-        (i.device, i.what, i.start, i.end) for i in intervals if i.kind == "state"
+        (i.device, i.what, i.start, i.end, i.closed_by) for i in intervals if i.kind == "state"
     )
     out["alarm_intervals"] = Counter(
         (i.device, i.what, i.start, i.end) for i in intervals if i.kind == "alarm"
     )
-    shift_ms: dict[tuple[str, str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    shift_ms: dict[tuple[str, str, int, int], dict[str, int]] = defaultdict(
+        lambda: defaultdict(int)
+    )
     for i in intervals:
         if i.kind == "state":
-            for date, number, _, ms in Shifts().pieces(i.start, i.end):
-                shift_ms[(i.device, date, number)][i.what] += ms
+            for piece in CALENDAR.pieces(i.start, i.end):
+                planned = CALENDAR.planned_ms(piece.shift_start)
+                shift_ms[(i.device, piece.shift_date, piece.shift, planned)][i.what] += piece.ms
     out["availability"] = Counter(
         (
             device,
             date,
             number,
+            planned / 1000,
             s["RUNNING"] / 1000,
             sum(s.values()) / 1000,
             ratio(s["RUNNING"], sum(s.values())),
         )
-        for (device, date, number), s in shift_ms.items()
+        for (device, date, number, planned), s in shift_ms.items()
     )
     alarms: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
     for i in intervals:
         if i.kind == "alarm":
-            day = datetime.fromtimestamp(i.start / 1000, UTC).date().isoformat()
+            day = CALENDAR.local_date(i.start).isoformat()
             alarms[(day, i.what)].append((i.device, i.end - i.start))
     out["alarm_summary"] = Counter(
         (
@@ -164,6 +182,7 @@ def actual_tables(spark: SparkSession, out: Path) -> dict[str, Counter]:
         "device",
         F.col("shift_date").cast("string").alias("shift_date"),
         "shift",
+        "planned_s",
         "running_s",
         "observed_s",
         "availability",
@@ -189,7 +208,9 @@ def actual_tables(spark: SparkSession, out: Path) -> dict[str, Counter]:
         "line_minute": rows(
             table("line_minute"), "line", "minute", "good", "bad", "total", "scrap_rate", "messages"
         ),
-        "state_intervals": rows(table("state_intervals"), "device", "state", "start", "end"),
+        "state_intervals": rows(
+            table("state_intervals"), "device", "state", "start", "end", "closed_by"
+        ),
         "alarm_intervals": rows(table("alarm_intervals"), "device", "code", "start", "end"),
         "availability": rows(availability, *availability.columns),
         "alarm_summary": rows(alarm_summary, *alarm_summary.columns),

@@ -29,7 +29,13 @@ from pyspark.sql import functions as F
 from bridge.storage.rocketmq.groups import BrokerGroups
 from bridge.storage.rocketmq.mapping import rocketmq_topic
 from tests.spark.conftest import publish_all, unique
-from tests.spark.factory_day import actual_tables, expected_tables, telemetry, without_open_minute
+from tests.spark.factory_day import (
+    CALENDAR_ARGS,
+    actual_tables,
+    expected_tables,
+    telemetry,
+    without_open_minute,
+)
 from tests.spark.job_process import commits, kill_group, wait_for
 from tests.support.ports import free_port
 from tests.support.processes import BridgeProcess
@@ -134,7 +140,8 @@ def test_jobs_on_a_standalone_cluster_lose_no_row_to_a_killed_executor_or_driver
 ) -> None:
     cluster, port = standalone
     top, messages, valid = published
-    source = ["--nameserver", two_groups.namesrv_addr, "--topic-filter", f"{top}/+/+/telemetry"]
+    source = ["--nameserver", two_groups.namesrv_addr, "--topic-filter", f"{top}/+/+/telemetry",
+              *CALENDAR_ARGS]  # fmt: skip
     brokers = (
         spark.read.format("rocketmq")
         .option("nameserver", two_groups.namesrv_addr)

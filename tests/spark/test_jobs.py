@@ -25,6 +25,8 @@ from spark.jobs import read_table, run_backfill
 from spark.telemetry import TOPIC_PREFIX
 from tests.spark.conftest import publish_all, unique
 from tests.spark.factory_day import (
+    CALENDAR,
+    CALENDAR_ARGS,
     START_MS,
     actual_tables,
     expected_tables,
@@ -67,7 +69,7 @@ def test_back_fill_builds_every_table_exactly_and_quarantines_malformed_payloads
 ) -> None:
     top, messages, valid = published
     config = JobConfig(out=str(tmp_path / "bi"), nameserver=rocketmq.namesrv_addr,
-                       topic_filter=f"{top}/+/+/telemetry")  # fmt: skip
+                       topic_filter=f"{top}/+/+/telemetry", shifts=CALENDAR)  # fmt: skip
     counts = run_backfill(spark, config, None, None)
     expected = expected_tables(valid, messages)
     actual = actual_tables(spark, tmp_path / "bi")
@@ -93,7 +95,7 @@ def stream_job(nameserver: str, top: str, out: Path, ck: Path, *extra: str) -> s
     command = [
         sys.executable, "-m", "spark.jobs", "stream", "--nameserver", nameserver,
         "--topic-filter", f"{top}/+/+/telemetry", "--out", str(out), "--checkpoint", str(ck),
-        *extra,
+        *CALENDAR_ARGS, *extra,
     ]  # fmt: skip
     with open(out.parent / "stream.log", "ab") as log:
         return subprocess.Popen(

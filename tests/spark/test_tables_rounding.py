@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from spark import tables
-from spark.intervals import Interval, Shifts
+from spark.intervals import Interval
+from spark.shifts import Shifts
 
 DAY = dt.datetime(2026, 3, 2, 7, 0, 0)  # inside shift 1 (06:00-14:00 UTC)
 
@@ -45,7 +46,7 @@ def test_availability_and_alarm_summary_round_float_sums_to_the_millisecond(
         "device STRING, line STRING, station STRING, code STRING, start TIMESTAMP, "
         "`end` TIMESTAMP, duration_s DOUBLE",
     )
-    summary = tables.alarm_summary(alarms).collect()[0]
+    summary = tables.alarm_summary(alarms, Shifts()).collect()[0]
     assert (summary["count"], summary.total_s, summary.max_s, summary.devices) == (2, 0.3, 0.2, 2)
 
 

@@ -1,16 +1,17 @@
-"""The interval builder and shift cutting behind the state, alarm and availability tables."""
+"""The interval builder behind the state and alarm tables: states, alarms, the watermark, and
+states cut at shift starts."""
 
 from __future__ import annotations
 
 import json
-import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark.intervals import DeviceTrack, Interval, Sample, Shifts, batch_intervals, days_touched
+from spark.intervals import DeviceTrack, Interval, Sample, batch_intervals
+from spark.shifts import Shifts
 
 T0 = int(datetime(2026, 1, 5, 6, 0, tzinfo=UTC).timestamp() * 1000)
 
@@ -183,92 +184,118 @@ def test_track_json_round_trip_keeps_pending_samples_and_open_alarms() -> None:
 # --- shifts ---------------------------------------------------------------------------------
 
 
-def ms(text: str) -> int:
+# --- states cut at shift starts ---------------------------------------------------------------
+
+BERLIN = Shifts(timezone="Europe/Berlin")
+"""06:00, 14:00 and 22:00 in Berlin: 05:00, 13:00 and 21:00 UTC in January."""
+
+
+def utc(text: str) -> int:
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
 
 
-def test_an_interval_across_the_night_shift_is_cut_at_each_shift_start() -> None:
-    pieces = Shifts().pieces(ms("2026-01-05T21:00"), ms("2026-01-06T07:00"))
-    assert pieces == [
-        ("2026-01-05", 2, ms("2026-01-05T14:00"), 3_600_000),
-        ("2026-01-05", 3, ms("2026-01-05T22:00"), 8 * 3_600_000),
-        ("2026-01-06", 1, ms("2026-01-06T06:00"), 3_600_000),
+def test_a_machine_down_for_whole_shifts_shows_in_each_once_the_watermark_passes_its_end() -> None:
+    track = DeviceTrack("d", shifts=BERLIN)
+    down = Sample(utc("2026-01-05T04:00"), 0, "DOWN", frozenset(), "L1", "S1")
+    closed, _ = track.advance([down], utc("2026-01-05T04:30"))
+    assert closed == []
+    closed, _ = track.advance([], utc("2026-01-05T21:30"))
+    assert [(i.what, i.start, i.end, i.closed_by) for i in closed] == [
+        ("DOWN", utc("2026-01-05T04:00"), utc("2026-01-05T05:00"), "shift_end"),
+        ("DOWN", utc("2026-01-05T05:00"), utc("2026-01-05T13:00"), "shift_end"),
+        ("DOWN", utc("2026-01-05T13:00"), utc("2026-01-05T21:00"), "shift_end"),
+    ]
+    assert track.next_cut == utc("2026-01-06T05:00")
+    running = Sample(utc("2026-01-05T23:00"), 1, "RUNNING", frozenset(), "L1", "S1")
+    closed, _ = track.advance([running], utc("2026-01-05T23:30"))
+    assert [(i.what, i.start, i.end, i.closed_by) for i in closed] == [
+        ("DOWN", utc("2026-01-05T21:00"), utc("2026-01-05T23:00"), "change"),
     ]
 
 
-def test_the_night_shift_belongs_to_the_day_it_began() -> None:
-    pieces = Shifts().pieces(ms("2026-01-06T01:00"), ms("2026-01-06T02:00"))
-    assert pieces == [("2026-01-05", 3, ms("2026-01-05T22:00"), 3_600_000)]
+def test_a_state_is_cut_only_once_the_watermark_is_past_the_shift_start() -> None:
+    track = DeviceTrack("d", shifts=BERLIN)
+    track.advance([Sample(utc("2026-01-05T04:00"), 0, "IDLE", frozenset(), "L1", "S1")], 0)
+    assert track.advance([], utc("2026-01-05T05:00"))[0] == []  # at the start, not past it
+    (cut,), _ = track.advance([], utc("2026-01-05T05:00") + 1)
+    assert (cut.start, cut.end) == (utc("2026-01-05T04:00"), utc("2026-01-05T05:00"))
 
 
-@given(st.integers(0, 10 * 86_400_000), st.integers(1, 3 * 86_400_000))
-def test_shift_pieces_add_up_to_the_interval(offset: int, length: int) -> None:
-    start = T0 + offset
-    pieces = Shifts.parse("07:30,19:30").pieces(start, start + length)
-    assert sum(p[3] for p in pieces) == length
-    assert all(p[3] > 0 for p in pieces)
-
-
-@pytest.mark.parametrize(
-    ("text", "why"),
-    [
-        ("", "expected HH:MM"),
-        ("6", "expected HH:MM"),
-        ("ab:cd", "expected HH:MM"),
-        ("ab:30", "expected HH:MM"),
-        ("06:xy", "expected HH:MM"),
-        ("25:00", "not a time of day"),
-        ("24:00", "not a time of day"),
-        ("06:00,06:00", "distinct"),
-    ],
-)
-def test_bad_shift_starts_are_refused_saying_why(text: str, why: str) -> None:
-    with pytest.raises(ValueError, match=why):
-        Shifts.parse(text)
-
-
-def test_shift_starts_are_minutes_of_the_day_in_order_from_midnight_to_23_59() -> None:
-    assert Shifts.parse("22:00, 06:30,14:15").starts_minutes == (390, 855, 1320)
-    assert Shifts.parse("00:00,23:59").starts_minutes == (0, 1439)
-
-
-def test_shift_boundaries_reach_back_no_further_than_the_day_before_and_stop_before_the_end() -> (
-    None
-):
-    start = ms("2026-01-06T07:00")
-    bounds = Shifts().boundaries(start, ms("2026-01-06T22:00"))
-    assert bounds[-3:] == [
-        (ms("2026-01-05T22:00"), "2026-01-05", 3),
-        (ms("2026-01-06T06:00"), "2026-01-06", 1),
-        (ms("2026-01-06T14:00"), "2026-01-06", 2),
+def test_alarms_are_not_cut_at_shift_starts() -> None:
+    samples = [
+        Sample(utc("2026-01-05T04:00"), 0, "DOWN", frozenset({"E101"}), "L1", "S1"),
+        Sample(utc("2026-01-05T06:00"), 1, "RUNNING", frozenset(), "L1", "S1"),
     ]
-    assert ms("2026-01-05T00:00") <= bounds[0][0]
+    closed = batch_intervals("d", samples, BERLIN)
+    assert [(i.kind, i.start, i.end) for i in closed if i.kind == "alarm"] == [
+        ("alarm", utc("2026-01-05T04:00"), utc("2026-01-05T06:00"))
+    ]
+    assert [(i.start, i.end, i.closed_by) for i in closed if i.kind == "state"] == [
+        (utc("2026-01-05T04:00"), utc("2026-01-05T05:00"), "shift_end"),
+        (utc("2026-01-05T05:00"), utc("2026-01-05T06:00"), "change"),
+    ]
 
 
-def test_shifts_are_cut_in_utc_whatever_the_machines_time_zone(
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_back_fill_cuts_the_running_state_up_to_the_end_of_its_data() -> None:
+    samples = [Sample(utc("2026-01-05T12:00"), 0, "SETUP", frozenset(), "L1", "S1")]
+    assert batch_intervals("d", samples, BERLIN) == []  # its own last report is the end
+    closed = batch_intervals("d", samples, BERLIN, horizon=utc("2026-01-05T22:00"))
+    assert [(i.start, i.end) for i in closed] == [
+        (utc("2026-01-05T12:00"), utc("2026-01-05T13:00")),
+        (utc("2026-01-05T13:00"), utc("2026-01-05T21:00")),
+    ]
+
+
+CALENDAR = Shifts.parse("07:00,07:40,08:30", "Europe/Berlin")
+"""Shift starts 06:00, 06:40 and 07:30 UTC in January: inside the generated samples' span."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(samples_strategy, st.data())
+def test_streaming_with_a_shift_calendar_equals_the_back_fill_to_the_same_horizon(
+    steps: list, data: st.DataObject
 ) -> None:
-    monkeypatch.setenv("TZ", "Asia/Shanghai")
-    time.tzset()
-    try:
-        pieces = Shifts().pieces(ms("2026-01-06T01:00"), ms("2026-01-06T02:00"))
-        alarm_day = days_touched(
-            [("alarm", ms("2026-01-06T20:00"), ms("2026-01-06T21:00"))], Shifts()
-        )
-    finally:
-        monkeypatch.undo()
-        time.tzset()
-    assert pieces == [("2026-01-05", 3, ms("2026-01-05T22:00"), 3_600_000)]
-    assert alarm_day == {"2026-01-06"}
+    samples = build(steps)
+    lateness = 120_000
+    order = sorted(
+        range(len(samples)),
+        key=lambda i: samples[i].ts + data.draw(st.integers(0, lateness // 2)),
+    )
+    track = DeviceTrack("d", shifts=CALENDAR)
+    streamed: list[Interval] = []
+    newest, index = 0, 0
+    delivered: list[Sample] = []
+    while index < len(order):
+        size = data.draw(st.integers(1, 5))
+        chunk = [samples[i] for i in order[index : index + size]]
+        index += size
+        if any(s.ts < newest - lateness for s in chunk):
+            continue
+        newest = max(newest, *(s.ts for s in chunk))
+        delivered.extend(chunk)
+        track = DeviceTrack.from_json("d", track.to_json(), CALENDAR)
+        closed, late = track.advance(chunk, newest - lateness)
+        assert late == 0
+        streamed.extend(closed)
+    horizon = newest + data.draw(st.integers(1, 3 * 3_600_000))
+    closed, _ = track.advance([], horizon)
+    streamed.extend(closed)
+    expected = batch_intervals("d", delivered, CALENDAR, horizon)
+    assert sorted(map(full_key, streamed)) == sorted(map(full_key, expected))
+    # Cutting never changes how long a state lasted, only where its rows end: joined again,
+    # the pieces are the uncut intervals, plus the running state's pieces up to the horizon.
+    joined: list[Interval] = []
+    for piece in sorted((i for i in expected if i.kind == "state"), key=lambda i: i.start):
+        if joined and joined[-1].closed_by == "shift_end" and joined[-1].end == piece.start:
+            assert joined[-1].what == piece.what
+            joined[-1] = replace(joined[-1], end=piece.end, closed_by=piece.closed_by)
+        else:
+            joined.append(piece)
+    if joined and joined[-1].closed_by == "shift_end":
+        joined.pop()  # the running state, cut up to the horizon
+    uncut = [i for i in batch_intervals("d", delivered) if i.kind == "state"]
+    assert [(i.what, i.start, i.end) for i in joined] == [(i.what, i.start, i.end) for i in uncut]
 
 
-def test_an_interval_across_midnight_touches_the_next_days_shifts_too() -> None:
-    days = days_touched([("state", ms("2026-01-05T21:00"), ms("2026-01-06T07:00"))], Shifts())
-    assert days == {"2026-01-05", "2026-01-06"}
-    # 01:00-02:00 is the night shift that began the day before.
-    assert days_touched([("state", ms("2026-01-06T01:00"), ms("2026-01-06T02:00"))], Shifts()) == {
-        "2026-01-05"
-    }
-    assert days_touched([("alarm", ms("2026-01-06T01:00"), ms("2026-01-07T02:00"))], Shifts()) == {
-        "2026-01-06"
-    }
+def full_key(interval: Interval) -> tuple[object, ...]:
+    return (interval.kind, interval.what, interval.start, interval.end, interval.closed_by)
