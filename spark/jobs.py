@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -299,9 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     spark = spark_session(f"factory-bi-{args.command}")
     if args.command == "backfill":
+        began = time.monotonic()
         counts = run_backfill(spark, config, args.start, args.end)
         for name, count in counts.items():
             print(f"{name}: {count} rows")
+        print(f"back-fill took {time.monotonic() - began:.1f} s")
         return 0
     return run_streams(spark, config, args)
 

@@ -26,6 +26,12 @@ Three measurements, each printed as a table as it finishes:
    is written per micro-batch, its ``batch=<id>`` folder finished) minus its ``ts``. The
    issue's goal: ≤ 10 s with a 5 s trigger.
 
+4. Back-fill (``--backfill local|cluster|both``): ``spark.jobs backfill`` over the produced
+   messages, every table, ``--runs`` times, in a local session and/or submitted to a standalone
+   cluster started by deploy/spark (harness/spark_backfill.py). The issue's target: a back-fill
+   of 1 M stored messages at >= 50k msg/s (``--messages 1000000 --skip-read --skip-e2e
+   --backfill both``).
+
 A ``line_minute`` row is appended only once the watermark (120 s of device time) has passed the
 minute's end, so it needs about 190 s of running before the first one can appear: the default
 ``--e2e-seconds`` is 240 for that reason.
@@ -43,15 +49,13 @@ import argparse
 import asyncio
 import datetime as dt
 import os
-import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,33 +68,25 @@ from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.mapping import rocketmq_topic, to_rocketmq
 from spark import telemetry
 from spark.simulate import device_names
-from tests.bench.harness.common import REPO, RESULTS_DIR, copy_logs, log, on_sigterm, tail
-from tests.bench.harness.processes import kill_session
+from tests.bench.harness.common import RESULTS_DIR, log, on_sigterm
 from tests.bench.harness.procfs import (
-    CpuWindow,
-    children_cpu_s,
     loadavg,
-    machine_busy_s,
-    proc_cpu,
-    session_cpu,
 )
 from tests.bench.harness.rocketmq import add_rocketmq_option, local_rocketmq, stop_rocketmq
 from tests.bench.harness.spark import (
-    PROBE_DEVICE,
-    QUERIES,
     TRIGGER_S,
     ReadResult,
-    StreamJob,
-    TableWatcher,
-    batch_seconds,
     check_count,
-    delay_stats,
-    epoch_ms,
     time_reads,
 )
-from tests.bench.harness.spark_report import RESULT_PREFIX, report
-from tests.support.processes import BridgeProcess
-from tests.support.rocketmq import LocalRocketMQ
+from tests.bench.harness.spark_backfill import (
+    BackfillRuns,
+    cluster_backfills,
+    local_backfills,
+    standalone_cluster,
+)
+from tests.bench.harness.spark_e2e import SIM_DEVICES_PER_LINE, SIM_LINES, run_e2e
+from tests.bench.harness.spark_report import report
 
 TOPIC_ROOT = telemetry.TOPIC_PREFIX  # MQTT first level "factory" = RocketMQ topic "factory"
 QUEUES = 4  # the broker's defaultTopicQueueNums, stated explicitly
@@ -99,11 +95,8 @@ SEND_WINDOW = 512
 PRODUCE_CAP_S = 300.0
 WRITE_CAP_S = 300.0
 # End to end: the simulator's load (the stream job's settings are in harness/spark.py).
-SIM_LINES, SIM_DEVICES_PER_LINE, SIM_RATE, SIM_INTERVAL_S = 4, 50, 400, 1
-POLL_S = 0.25
-WARMUP_S = 20.0
-"""Rows published in the first seconds meet Python workers and code paths still starting up;
-the delays are printed for every row and again for the rows after this."""
+BACKFILL_CONF = {"spark.driver.memory": "3g", "spark.ui.showConsoleProgress": "false"}
+"""The local back-fill's session: room for a million cached rows (the default is 1g)."""
 
 
 # --------------------------------------------------------------------------- messages
@@ -266,154 +259,30 @@ def bench_embedded_reads(spark: Any, data_dir: Path, written: Produced, runs: in
     return time_reads(spark, "embedded log: all columns", source, runs, written.sent)
 
 
-# --------------------------------------------------------------------------- end to end
+def run_backfills(
+    where: str, nameserver: str, produced: Produced, runs: int, tmp: Path
+) -> list[BackfillRuns]:
+    """`spark.jobs backfill` over the produced messages: locally, on a cluster, or both."""
+    topic_filter = f"{TOPIC_ROOT}/+/+/telemetry"
+    done = []
+    if where in ("local", "both"):
+        from spark.session import spark_session
 
-
-def simulator_command(port: int, seconds: float) -> list[str]:
-    """`python -m spark.simulate` in real time: device clocks = wall clock."""
-    return [
-        sys.executable, "-m", "spark.simulate", "--port", str(port),
-        "--time-scale", "1", "--interval", str(SIM_INTERVAL_S),
-        "--lines", str(SIM_LINES), "--devices-per-line", str(SIM_DEVICES_PER_LINE),
-        "--rate", str(SIM_RATE), "--duration", f"{seconds:g}",
-    ]  # fmt: skip
-
-
-def run_e2e(mq: LocalRocketMQ, tmp: Path, seconds: float) -> dict[str, Any]:
-    """Bridge + stream job + simulator; the delays of the telemetry and line_minute rows."""
-    out, ck = tmp / "bi", tmp / "ck"
-    bridge = BridgeProcess(
-        tmp / "bridge-data", "store=rocketmq", f"rocketmq_namesrv={mq.namesrv_addr}"
-    )
-    job = StreamJob(out, ck, tmp / "stream-job.log", mq.namesrv_addr)
-    result: dict[str, Any] = {"job_command": shlex.join(job.command())}
-    logs = {"stream.log": job.log_path, "bridge.log": bridge.log_path}
-    try:
-        bridge.start()
-        log(f"    bridge pid {bridge.pid} on 127.0.0.1:{bridge.port} (store=rocketmq)")
-        job.start()
-        assert job.proc is not None
-        log(f"    stream job pid {job.proc.pid}: {result['job_command']}")
-        ready_s, probes = asyncio.run(job.wait_ready())
-        result["job_start_s"] = ready_s
-        result["job_start_cpu_s"] = job.cpu()
-        log(
-            f"    stream job's four queries running after {ready_s:.1f} s ({probes} probe "
-            f"messages of {PROBE_DEVICE}; {result['job_start_cpu_s']:.0f} CPU s so far)"
-        )
-        result.update(_drive(mq, bridge, job, out, seconds))
-        # Spark warns when a micro-batch takes longer than the trigger interval.
-        behind = re.findall(r"falling behind.* spent (\d+) milliseconds", job.log_text())
-        result["batches_behind"] = len(behind)
-        result["slowest_behind_s"] = max((int(ms) for ms in behind), default=0) / 1000
-    finally:
-        job.stop()
-        bridge.stop()
-        copy_logs(logs, RESULTS_DIR, f"{RESULT_PREFIX}-")
-    return result
-
-
-def _drive(
-    mq: LocalRocketMQ, bridge: BridgeProcess, job: StreamJob, out: Path, seconds: float
-) -> dict[str, Any]:
-    telemetry_rows = TableWatcher(out / "telemetry", lambda t: epoch_ms(t, "ts"), "device")
-    minute_rows = TableWatcher(out / "line_minute", lambda t: epoch_ms(t, "minute"), "line")
-    cmd = simulator_command(bridge.port, seconds)
-    sim_log = job.log_path.parent / "simulate.log"
-    roles: dict[str, Callable[[], float | None]] = {
-        "stream job": job.cpu,
-        "bridge": lambda: session_cpu(bridge.pid),
-        "rocketmq broker": lambda: proc_cpu(mq.pid("broker")),
-        "namesrv": lambda: proc_cpu(mq.pid("namesrv")),
-        "machine": machine_busy_s,
-    }
-    usage = CpuWindow(roles)
-    sim_cpu0 = children_cpu_s()
-    load_start = loadavg()
-    began_wall = time.time()
-    began = time.monotonic()
-    log(f"    simulator: {shlex.join(cmd)}")
-    with open(sim_log, "wb") as sim_out:
-        sim = subprocess.Popen(
-            cmd, cwd=REPO, stdout=sim_out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-    try:
-        sim_deadline = began + seconds + 90
-        while sim.poll() is None and time.monotonic() < sim_deadline:
-            now = time.time()
-            telemetry_rows.poll(now)
-            minute_rows.poll(now)
-            time.sleep(POLL_S)
-    finally:
-        if sim.poll() is None:
-            log("    simulator still running past its cap; SIGKILL")
-            kill_session(sim.pid)
-        sim.wait(10)
-    sim_cpu = children_cpu_s() - sim_cpu0
-    sim_text = sim_log.read_text(errors="replace")
-    summary = [line for line in sim_text.splitlines() if "done in" in line]
-    acked_match = re.search(r"acked (\d+)", summary[-1]) if summary else None
-    acked = int(acked_match.group(1)) if acked_match else None
-    # The last rows need up to a trigger and a micro-batch more: wait for them (bounded).
-    tail_deadline = time.monotonic() + 3 * TRIGGER_S + 30
-    while time.monotonic() < tail_deadline and job.proc is not None and job.proc.poll() is None:
-        now = time.time()
-        telemetry_rows.poll(now)
-        minute_rows.poll(now)
-        caught_up = acked is not None and telemetry_rows.row_count() >= acked
-        if caught_up and telemetry_rows.all_committed():
-            break
-        time.sleep(POLL_S)
-    usage.close()
-    window = time.monotonic() - began
-    cpu = {k: usage.used(k) for k in roles}
-    cpu["simulator"] = sim_cpu
-    if job.proc is not None and job.proc.poll() is not None:
-        log(f"    WARNING: the stream job exited ({job.proc.returncode}):\n{tail(job.log_path)}")
-
-    warm_ms = (began_wall + WARMUP_S) * 1000
-    all_readable, all_committed = telemetry_rows.delays()
-    warm_readable, warm_committed = telemetry_rows.delays(after_ms=warm_ms)
-    minute_readable, minute_committed = minute_rows.delays(offset_s=60.0)
-    keys = set()
-    first_seq: dict[str, int] = {}
-    for table in telemetry_rows.rows.values():
-        pairs = zip(
-            table.column("device").to_pylist(), table.column("seq").to_pylist(), strict=True
-        )
-        for device, seq in pairs:
-            keys.add((device, seq))
-            first_seq[device] = min(seq, first_seq.get(device, seq))
-    ingest = []
-    for table in telemetry_rows.rows.values():
-        for ts, stored in zip(epoch_ms(table, "ts"), epoch_ms(table, "store_time"), strict=False):
-            ingest.append((stored - ts) / 1000)
-    return {
-        "simulator_command": shlex.join(cmd),
-        "simulator_summary": summary[-1] if summary else tail(sim_log, 5),
-        "acked": acked,
-        "window_s": window,
-        "load_start": load_start,
-        "load_end": loadavg(),
-        "telemetry_rows": telemetry_rows.row_count(),
-        "telemetry_distinct": len(keys),
-        "telemetry_files": len(telemetry_rows.rows),
-        # Messages of the simulator's devices missing before each device's first row (seq 0 on).
-        "missing_at_start": sum(first_seq.values()),
-        "devices_seen": len(first_seq),
-        "delays": {
-            "telemetry, file readable": delay_stats(all_readable),
-            "telemetry, committed": delay_stats(all_committed),
-            f"telemetry, file readable, ts >= start + {WARMUP_S:.0f} s": delay_stats(warm_readable),
-            f"telemetry, committed, ts >= start + {WARMUP_S:.0f} s": delay_stats(warm_committed),
-            "line_minute, file readable (from minute end)": delay_stats(minute_readable),
-            "line_minute, committed (from minute end)": delay_stats(minute_committed),
-        },
-        "ingest": delay_stats(ingest),
-        "cpu_s": cpu,
-        "batches": {q: delay_stats(batch_seconds(job.checkpoint / q, began_wall)) for q in QUERIES},
-    }
+        log(f"\n=== back-fill of {produced.sent:,} messages in a local session, load average "
+            f"{loadavg()}")  # fmt: skip
+        spark = spark_session("spark-bench-backfill", conf=BACKFILL_CONF)
+        try:
+            done.append(local_backfills(spark, nameserver, topic_filter, produced.sent, runs, tmp))
+        finally:
+            spark.stop()
+    if where in ("cluster", "both"):
+        log(f"\n=== back-fill of {produced.sent:,} messages on a standalone cluster, load "
+            f"average {loadavg()}")  # fmt: skip
+        done.append(cluster_backfills(nameserver, topic_filter, produced.sent, runs, tmp))
+    for runs_of in done:
+        for error in runs_of.errors:
+            log(f"    {error}")
+    return done
 
 
 # --------------------------------------------------------------------------- main
@@ -433,12 +302,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "need about 190 s before the first can appear)",
     )
     ap.add_argument("--skip-e2e", action="store_true", help="only the batch reads")
+    ap.add_argument(
+        "--e2e-rate",
+        type=int,
+        default=SIM_LINES * SIM_DEVICES_PER_LINE,
+        help="devices of the end-to-end run, each sending a message a second (200)",
+    )
+    ap.add_argument(
+        "--e2e-cluster",
+        action="store_true",
+        help="run the end-to-end stream job on a standalone cluster (deploy/spark)",
+    )
+    ap.add_argument(
+        "--backfill",
+        choices=("local", "cluster", "both"),
+        default=None,
+        help="also time `spark.jobs backfill` over the produced messages, --runs times: in a "
+        "local session, on a standalone cluster (deploy/spark), or both",
+    )
     ap.add_argument("--skip-read", action="store_true", help="only the end-to-end run")
     add_rocketmq_option(ap)
     args = ap.parse_args(argv)
     if args.messages < 1 or args.runs < 1 or args.e2e_seconds <= 0:
         ap.error("--messages and --runs must be at least 1, --e2e-seconds positive")
-    if args.skip_e2e and args.skip_read:
+    if args.skip_e2e and args.skip_read and not args.backfill:
         ap.error("--skip-e2e and --skip-read together leave nothing to run")
     return args
 
@@ -472,9 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             f"    started in {time.monotonic() - began:.1f} s; topic {TOPIC_ROOT!r}, "
             f"{QUEUES} queues"
         )
-        if not args.skip_read:
-            from spark.session import spark_session
-
+        if not args.skip_read or args.backfill:
             log(f"\n=== producing {args.messages:,} telemetry messages into RocketMQ "
                 f"(RocketMQClient.send, {SEND_WINDOW} in flight)")  # fmt: skip
             produced = asyncio.run(produce(mq.namesrv_addr, args.messages))
@@ -486,6 +371,16 @@ def main(argv: list[str] | None = None) -> int:
             for error in produced.errors:
                 log(f"    {error}")
             failed |= produced.failed > 0
+            results["produce"] = vars(produced) | {"rate": produced.rate}
+        if args.backfill:
+            results["backfills"] = [
+                vars(r) | {"median_rate": r.median_rate(), "median_job_rate": r.median_rate(True)}
+                for r in run_backfills(args.backfill, mq.namesrv_addr, produced, args.runs, tmp)
+            ]
+            failed |= any(r["errors"] for r in results["backfills"])
+        if not args.skip_read:
+            from spark.session import spark_session
+
             log(f"\n=== writing {args.messages:,} messages with FileLogStore (bridge defaults)")
             data_dir = tmp / "embedded"
             written = asyncio.run(write_log(data_dir, args.messages))
@@ -494,7 +389,6 @@ def main(argv: list[str] | None = None) -> int:
             spark = spark_session("spark-bench", conf={"spark.ui.showConsoleProgress": "false"})
             reads = bench_rocketmq_reads(spark, mq.namesrv_addr, produced, args.runs)
             reads.append(bench_embedded_reads(spark, data_dir, written, args.runs))
-            results["produce"] = vars(produced) | {"rate": produced.rate}
             results["filelog_write"] = vars(written) | {"rate": written.rate}
             results["reads"] = [vars(r) | {"median_rate": r.median_rate()} for r in reads]
             failed |= any(s is None for r in reads for s in r.seconds)
@@ -503,7 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_e2e:
             log(f"\n=== end to end: bridge + spark.jobs stream (trigger {TRIGGER_S} s) + "
                 f"simulator for {args.e2e_seconds:g} s, load average {loadavg()}")  # fmt: skip
-            results["e2e"] = run_e2e(mq, tmp, args.e2e_seconds)
+            if args.e2e_cluster:
+                with standalone_cluster(tmp) as cluster:
+                    results["e2e"] = run_e2e(mq, tmp, args.e2e_seconds, args.e2e_rate, cluster)
+            else:
+                results["e2e"] = run_e2e(mq, tmp, args.e2e_seconds, args.e2e_rate, None)
     except (RuntimeError, OSError, TimeoutError) as exc:
         log(f"ERROR: {exc}")
         results["error"] = str(exc)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,6 +91,7 @@ def rocketmq_nodes(
     return start
 
 
+ADMIN_SEND_ATTEMPTS = 5
 SEND_TIMED_OUT = ("call timeout", "RemotingTimeoutException")
 """What mqadmin prints when its producer gave up waiting (RocketMQ's sendDefaultImpl)."""
 
@@ -104,17 +106,20 @@ def admin_send(
 
     mqadmin's producer gives up after its own 3 s, counted from before its JVM looked up the
     topic's route: on a machine busy with other tests its cold start can use them up, before or
-    after the broker stored the message. Such a send is tried again, up to three times in all,
-    and never stored twice unless the caller says it does not matter: with `arrived`, a send
-    is tried again only when `arrived(15.0)` (waiting up to that many seconds for the message
-    where the test expects it) says it did not come; without it, the caller's test is
-    indifferent to a message stored twice."""
-    for attempt in range(3):
+    after the broker stored the message (CI saw three cold starts in a row leave the route
+    lookup 700 ms, all timing out). Such a send is tried again, up to five times in all, a
+    second apart, and never stored twice unless the caller says it does not matter: with
+    `arrived`, a send is tried again only when `arrived(15.0)` (waiting up to that many seconds
+    for the message where the test expects it) says it did not come; without it, the caller's
+    test is indifferent to a message stored twice."""
+    for attempt in range(ADMIN_SEND_ATTEMPTS):
         try:
             return mq.admin("sendMessage", *args)
         except RuntimeError as exc:
-            if attempt == 2 or not any(text in str(exc) for text in SEND_TIMED_OUT):
+            last = attempt == ADMIN_SEND_ATTEMPTS - 1
+            if last or not any(text in str(exc) for text in SEND_TIMED_OUT):
                 raise
         if arrived is not None and arrived(15.0):
             return ""
-    raise AssertionError("unreachable: the third attempt returns or raises")
+        time.sleep(1.0)
+    raise AssertionError("unreachable: the last attempt returns or raises")

@@ -240,17 +240,24 @@ def epoch_ms(table: pa.Table, column: str) -> list[int]:
 
 @dataclass
 class StreamJob:
-    """`python -m spark.jobs stream` in a session of its own, logging to a file."""
+    """`python -m spark.jobs stream` in a session of its own, logging to a file; or, given a
+    standalone cluster's data folder, the same job through deploy/spark/submit.sh."""
 
     out: Path
     checkpoint: Path
     log_path: Path
     nameserver: str
     proc: subprocess.Popen[bytes] | None = None
+    cluster: Path | None = None
+    env: dict[str, str] | None = None
 
     def command(self) -> list[str]:
+        if self.cluster is not None:
+            launch = [str(REPO / "deploy" / "spark" / "submit.sh"), str(self.cluster), "stream"]
+        else:
+            launch = [sys.executable, "-m", "spark.jobs", "stream"]
         return [
-            sys.executable, "-m", "spark.jobs", "stream",
+            *launch,
             "--nameserver", self.nameserver,
             "--out", str(self.out), "--checkpoint", str(self.checkpoint),
             "--trigger", str(TRIGGER_S), "--starting-offsets", "latest",
@@ -260,7 +267,7 @@ class StreamJob:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 self.command(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL, start_new_session=True, env=self.env,
             )  # fmt: skip
 
     def planned(self) -> bool:

@@ -30,6 +30,24 @@ def read_table(results: list[ReadResult]) -> str:
     return plain_table(head, body, right=set(range(1, len(head))))
 
 
+def backfill_table(runs: list[dict[str, Any]]) -> str:
+    """The timed back-fills as a plain-text table (msg/s over wall time, and over the job's own
+    time where spark-submit's start-up is in the wall time)."""
+    count = max(len(r["seconds"]) for r in runs)
+    head = ["back-fill", *(f"run {i + 1} msg/s" for i in range(count)), "median msg/s",
+            "median, job's own time"]  # fmt: skip
+    body = [
+        [
+            r["where"],
+            *(fmt_rate(r["messages"] / s) if s else "failed" for s in r["seconds"]),
+            fmt_rate(r["median_rate"]),
+            fmt_rate(r["median_job_rate"]),
+        ]
+        for r in runs
+    ]
+    return plain_table(head, body, right=set(range(1, len(head))))
+
+
 def batch_table(batches: dict[str, dict[str, Any]]) -> str:
     """Micro-batch durations per query as a plain-text table."""
     head = ["query", "batches", "p50 s", "p95 s", "max s"]
@@ -75,6 +93,13 @@ def report(meta: dict[str, Any], results: dict[str, Any], send_window: int) -> N
         f"- command: `{meta['command']}`",
         "- no ratio: Mosquitto has no counterpart of a Spark source",
     ]
+    if "backfills" in results:
+        table = backfill_table(results["backfills"])
+        messages = results["backfills"][0]["messages"]
+        log(f"\nback-fill of {messages:,} stored messages (spark.jobs backfill, every table):")
+        log(table)
+        md += ["", f"Back-fill of {messages:,} stored messages, every BI table:", "", "```",
+               table, "```"]  # fmt: skip
     if "reads" in results:
         p, w = results["produce"], results["filelog_write"]
         reads = [
