@@ -130,6 +130,39 @@ def build(steps: list[tuple[int, str, frozenset[str]]]) -> list[Sample]:
     return out
 
 
+LATENESS = 120_000
+"""The watermark's delay in the streaming properties."""
+
+
+def stream_in_chunks(
+    samples: list[Sample], data: st.DataObject, shifts: Shifts | None
+) -> tuple[DeviceTrack, list[Interval], list[Sample], int]:
+    """Deliver `samples` to a track in chunks of 1-5, each shuffled within half the lateness,
+    the track going through its state-store form between chunks; the watermark trails the
+    newest time seen by LATENESS, and a chunk with a sample behind it is left out (Spark
+    drops such rows before the operator). Returns the track, the intervals it closed, the
+    samples delivered and the newest time seen."""
+    order = data.draw(st.permutations(range(len(samples))))
+    order = sorted(order, key=lambda i: samples[i].ts + data.draw(st.integers(0, LATENESS // 2)))
+    track = DeviceTrack("d", shifts=shifts)
+    streamed: list[Interval] = []
+    delivered: list[Sample] = []
+    newest, index = 0, 0
+    while index < len(order):
+        size = data.draw(st.integers(1, 5))
+        chunk = [samples[i] for i in order[index : index + size]]
+        index += size
+        if any(s.ts < newest - LATENESS for s in chunk):
+            continue
+        newest = max(newest, *(s.ts for s in chunk))
+        delivered.extend(chunk)
+        track = DeviceTrack.from_json("d", track.to_json(), shifts)
+        closed, late = track.advance(chunk, newest - LATENESS)
+        assert late == 0
+        streamed.extend(closed)
+    return track, streamed, delivered, newest
+
+
 @settings(max_examples=200, deadline=None)
 @given(samples_strategy)
 def test_batch_intervals_match_the_reference_rules(steps: list) -> None:
@@ -144,30 +177,7 @@ def test_batch_intervals_match_the_reference_rules(steps: list) -> None:
 def test_streaming_in_any_chunks_within_the_watermark_equals_the_back_fill(
     steps: list, data: st.DataObject
 ) -> None:
-    samples = build(steps)
-    lateness = 120_000
-    # Deliver in chunks, each chunk shuffled; the watermark trails the newest time seen by
-    # `lateness`, and no sample arrives after the watermark has passed it.
-    order = data.draw(st.permutations(range(len(samples))))
-    order = sorted(order, key=lambda i: samples[i].ts + data.draw(st.integers(0, lateness // 2)))
-    track = DeviceTrack("d")
-    streamed: list[Interval] = []
-    newest = 0
-    index = 0
-    delivered: list[Sample] = []
-    while index < len(order):
-        size = data.draw(st.integers(1, 5))
-        chunk = [samples[i] for i in order[index : index + size]]
-        index += size
-        if any(s.ts < newest - lateness for s in chunk):
-            continue  # Spark would drop these before the operator; not this property's case
-        newest = max(newest, *(s.ts for s in chunk))
-        delivered.extend(chunk)
-        state = track.to_json()  # the track survives the state store round trip
-        track = DeviceTrack.from_json("d", state)
-        closed, late = track.advance(chunk, newest - lateness)
-        assert late == 0
-        streamed.extend(closed)
+    track, streamed, delivered, _ = stream_in_chunks(build(steps), data, None)
     closed, _ = track.advance([], 2**62)  # the watermark passes everything
     streamed.extend(closed)
     assert sorted(map(key, streamed)) == sorted(map(key, batch_intervals("d", delivered)))
@@ -256,27 +266,7 @@ def test_streaming_with_a_shift_calendar_equals_the_back_fill_to_the_same_horizo
     steps: list, data: st.DataObject
 ) -> None:
     samples = build(steps)
-    lateness = 120_000
-    order = sorted(
-        range(len(samples)),
-        key=lambda i: samples[i].ts + data.draw(st.integers(0, lateness // 2)),
-    )
-    track = DeviceTrack("d", shifts=CALENDAR)
-    streamed: list[Interval] = []
-    newest, index = 0, 0
-    delivered: list[Sample] = []
-    while index < len(order):
-        size = data.draw(st.integers(1, 5))
-        chunk = [samples[i] for i in order[index : index + size]]
-        index += size
-        if any(s.ts < newest - lateness for s in chunk):
-            continue
-        newest = max(newest, *(s.ts for s in chunk))
-        delivered.extend(chunk)
-        track = DeviceTrack.from_json("d", track.to_json(), CALENDAR)
-        closed, late = track.advance(chunk, newest - lateness)
-        assert late == 0
-        streamed.extend(closed)
+    track, streamed, delivered, newest = stream_in_chunks(samples, data, CALENDAR)
     horizon = newest + data.draw(st.integers(1, 3 * 3_600_000))
     closed, _ = track.advance([], horizon)
     streamed.extend(closed)
