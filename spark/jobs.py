@@ -50,12 +50,7 @@ def run_backfill(
         options["startingTimestamp"] = str(max(0, start_ms - config.watermark_s * 1000))
     raw = spark.read.format("rocketmq").options(**options).load()
     parsed = tables.parse(raw, config.max_clock_ahead_s).cache()
-    good = tables.valid(parsed)
-    if start_ms is not None:
-        good = good.where(F.col("ts_ms") >= start_ms)
-    if end_ms is not None:
-        good = good.where(F.col("ts_ms") < end_ms)
-    good = good.dropDuplicates(["device", "seq"]).cache()
+    good = _once_in_range(tables.valid(parsed), start_ms, end_ms).cache()
     # States run on to the newest report of any device: as far as a stream's watermark would
     # have let it cut them at shift starts.
     horizon = good.agg(F.max("ts_ms")).first()[0] or 0
@@ -102,6 +97,12 @@ def _disconnects(
         options["startingTimestamp"] = str(start_ms)
     raw = spark.read.format("rocketmq").options(**options).load()
     rows = tables.valid(tables.parse(raw, config.max_clock_ahead_s, config.device_client_ids))
+    return _once_in_range(rows, start_ms, end_ms)
+
+
+def _once_in_range(rows: DataFrame, start_ms: int | None, end_ms: int | None) -> DataFrame:
+    """The valid rows of event time [start_ms, end_ms) (open ends when None), each (device,
+    seq) once: a QoS 1 retransmission is stored twice."""
     if start_ms is not None:
         rows = rows.where(F.col("ts_ms") >= start_ms)
     if end_ms is not None:

@@ -23,7 +23,7 @@ zone database is the system's (Debian's tzdata), or the `tzdata` package where t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -248,8 +248,3 @@ def zone(name: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
         raise ValueError(f"unknown time zone {name!r} (an IANA name like Europe/Berlin)") from None
-
-
-def utc_midnight(day: date) -> int:
-    """Epoch ms of 00:00 UTC on `day`."""
-    return int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp() * 1000)

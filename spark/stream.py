@@ -244,21 +244,19 @@ def stream_starters(
     checkpoint under `checkpoint`, so starting one again after it failed is exactly-once. A new
     query starts at `starting_offsets`, resolved once here so that all four start at the same
     offsets (each would otherwise resolve "latest" at its own first trigger)."""
-    options = config.source_options()
-    start = start_offsets(
-        parse_options({**options, "startingOffsets": starting_offsets}, streaming=True)
-    )
-    options["startingOffsets"] = json.dumps(start)
-    if max_per_trigger:
-        options["maxMessagesPerTrigger"] = str(max_per_trigger)
-    presence = config.presence_options()
-    if presence is not None:
-        presence_start = {**presence, "startingOffsets": starting_offsets}
-        presence["startingOffsets"] = json.dumps(
-            start_offsets(parse_options(presence_start, streaming=True))
+
+    def resolved(source: dict[str, str]) -> dict[str, str]:
+        start = start_offsets(
+            parse_options({**source, "startingOffsets": starting_offsets}, streaming=True)
         )
+        source = {**source, "startingOffsets": json.dumps(start)}
         if max_per_trigger:
-            presence["maxMessagesPerTrigger"] = str(max_per_trigger)
+            source["maxMessagesPerTrigger"] = str(max_per_trigger)
+        return source
+
+    options = resolved(config.source_options())
+    presence_source = config.presence_options()
+    presence = None if presence_source is None else resolved(presence_source)
 
     def parsed() -> DataFrame:
         raw = spark.readStream.format("rocketmq").options(**options).load()
