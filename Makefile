@@ -50,12 +50,14 @@ pure:
 	find bridge -name '*.so' -delete
 	rm -f $(COMPILE_STAMP)
 
-# PySpark and its Python dependencies (pyarrow, pandas, matplotlib): for the Spark source, jobs,
-# tests and demo; not needed to run a gateway.
+# PySpark and its Python dependencies (pyarrow, pandas, matplotlib), and Delta Lake's jars in
+# ~/.cache/mqtt-bridge (the BI tables' format): for the Spark source, jobs, tests and demo; not
+# needed to run a gateway.
 install-spark: $(SPARK_STAMP)
 
 $(SPARK_STAMP): $(STAMP)
 	MQTT_BRIDGE_COMPILE=0 $(BIN)/python -m pip install -q -e '.[test,spark]'
+	deploy/spark/fetch-delta.sh >/dev/null
 	touch $(SPARK_STAMP)
 
 run: compile
@@ -111,7 +113,7 @@ lint: install
 	bridge/access/login_queue.py bridge/access/login_guard.py \
 	bridge/access/ratelimit.py bridge/access/watch.py bridge/listeners/origins.py bridge/node/flow.py \
 		bridge/logtext.py bridge/private_files.py bridge/listeners/exposure.py \
-		spark/intervals.py spark/shifts.py spark/presence.py spark/options.py spark/telemetry.py
+		spark/intervals.py spark/shifts.py spark/presence.py spark/options.py spark/telemetry.py spark/delta.py
 
 # The tests start hundreds of Python processes (bridges, notify, Spark's workers) that import
 # bridge/, notify/ and spark/: their bytecode is written once here, since an environment with

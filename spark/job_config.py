@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
+
+from pyspark.sql import DataFrame
 
 from spark import tables
 from spark.presence import PRESENCE_FILTER, DeviceClientIds
@@ -12,7 +15,6 @@ from spark.shifts import Shifts
 from spark.telemetry import TOPIC_PREFIX
 
 TELEMETRY_FILTER = f"{TOPIC_PREFIX}/+/+/telemetry"
-GOLD_TABLES = ("availability", "alarm_summary")
 ALL_TABLES = (
     "telemetry",
     "late",
@@ -23,6 +25,36 @@ ALL_TABLES = (
     "availability",
     "alarm_summary",
 )
+
+
+class Layout(NamedTuple):
+    """How a table is partitioned: by `partition`, the plant's local date (ISO) of the time
+    column `dated_by` (None: the table has the date column itself), and which column says how
+    far the table has got (`spark.delta.table_state`)."""
+
+    partition: str
+    dated_by: str | None
+    newest: str
+
+
+LAYOUTS = {
+    "telemetry": Layout("date", "ts", "ts"),
+    "late": Layout("date", "ts", "ts"),
+    "quarantine": Layout("date", "store_time", "store_time"),
+    "line_minute": Layout("date", "minute", "minute"),
+    "state_intervals": Layout("date", "start", "end"),
+    "alarm_intervals": Layout("date", "start", "end"),
+    "availability": Layout("shift_date", None, "shift_start"),
+    "alarm_summary": Layout("date", None, "date"),
+}
+
+
+def dated(frame: DataFrame, name: str, shifts: Shifts) -> DataFrame:
+    """`frame`, rows of table `name`, with the date column the table is partitioned by."""
+    layout = LAYOUTS[name]
+    if layout.dated_by is None:
+        return frame
+    return frame.withColumn(layout.partition, tables.plant_date(layout.dated_by, shifts))
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,13 +23,13 @@ import logging
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark import tables
-from spark.job_config import ALL_TABLES, GOLD_TABLES, TELEMETRY_FILTER, JobConfig
+from spark import delta, tables
+from spark.delta import TableState
+from spark.job_config import ALL_TABLES, LAYOUTS, TELEMETRY_FILTER, JobConfig, dated
 from spark.presence import DeviceClientIds
 from spark.shifts import Downtime, Shifts
 from spark.stream import run_streams
@@ -74,13 +74,12 @@ def run_backfill(
     }
     counts = {}
     for name, frame in outputs.items():
-        writer = frame.write.mode("overwrite")
-        if name in GOLD_TABLES:
-            writer = writer.partitionBy(_gold_partition(name))
-        writer.parquet(config.table(name))
-        # With the frame's schema: an empty table partitioned by date is a folder without a
-        # file, from which Spark cannot infer one (all messages malformed, a range with none).
-        counts[name] = spark.read.schema(frame.schema).parquet(config.table(name)).count()
+        # Each table replaced in one Delta version: a reader sees the old table or the new one.
+        path = config.table(name)
+        delta.replace_table(dated(frame, name, config.shifts), path, LAYOUTS[name].partition)
+        table = delta.read(spark, path)
+        assert table is not None
+        counts[name] = table.count()
     parsed.unpersist()
     return counts
 
@@ -110,23 +109,31 @@ def _once_in_range(rows: DataFrame, start_ms: int | None, end_ms: int | None) ->
     return rows.dropDuplicates(["device", "seq"])
 
 
-def _gold_partition(name: str) -> str:
-    return "shift_date" if name == "availability" else "date"
-
-
 # --- reading the tables ---------------------------------------------------------------------
 
 
 def read_table(spark: SparkSession, config: JobConfig, name: str) -> DataFrame | None:
-    """A table as the jobs left it (without the micro-batch column), or None if not written."""
-    path = Path(config.table(name))
-    if not path.exists() or not any(path.rglob("*.parquet")):
-        return None
-    frame = spark.read.parquet(str(path))
-    return frame.drop("batch") if "batch" in frame.columns else frame
+    """A table's newest version, or None if it was never written."""
+    return delta.read(spark, config.table(name))
+
+
+def table_states(spark: SparkSession, config: JobConfig) -> list[TableState]:
+    """Where each written table stands (`spark.delta.table_state`)."""
+    states = []
+    for name in ALL_TABLES:
+        state = delta.table_state(spark, name, config.table(name), LAYOUTS[name].newest)
+        if state is not None:
+            states.append(state)
+    return states
 
 
 def show_tables(spark: SparkSession, config: JobConfig, rows: int = 20) -> None:
+    """Where each table stands, then each table's first `rows` rows."""
+    print(f"{'table':<16} {'version':>7}  {'committed (UTC)':<19}  {'files':>5}  newest")
+    for state in table_states(spark, config):
+        committed = state.committed.strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{state.name:<16} {state.version:>7}  {committed:<19}  {state.files:>5}  "
+              f"{state.newest or '(empty)'}")  # fmt: skip
     order = {
         "telemetry": ["device", "seq"],
         "late": ["device", "ts"],

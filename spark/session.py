@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
+from spark import delta
 from spark.source import RocketMQDataSource
 
 DEFAULTS = {
@@ -18,12 +19,15 @@ DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    **delta.SESSION_SETTINGS,
 }
 """Settings the jobs want unless the user set them (on spark-submit's command line or in its
 properties file)."""
 
 LOCAL_DEFAULTS = {"spark.driver.memory": "1g"}
-"""Settings of a local session only: on a cluster spark-submit sizes the driver."""
+"""Settings of a local session only: on a cluster spark-submit sizes the driver, and its
+`--jars` or `--packages` bring Delta Lake (the driver's JVM has started by the time this runs,
+too late to add jars to it)."""
 
 
 def submitted() -> bool:
@@ -38,7 +42,7 @@ def spark_session(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """A Spark session that can read `format("rocketmq")`.
+    """A Spark session that can read `format("rocketmq")` and read and write Delta tables.
 
     Started by spark-submit (`spark-submit --master spark://HOST:7077 spark/jobs.py ...`), the
     session runs where spark-submit says, with what it set; only settings it left unset get
@@ -60,6 +64,7 @@ def spark_session(
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         builder = builder.master(master or "local[*]")
         settings.update(LOCAL_DEFAULTS)
+        settings.update(delta.jar_settings())
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -10,10 +10,11 @@ Each query has its own checkpoint:
   `alarm_intervals`), and after each micro-batch `availability` and `alarm_summary` are
   recomputed for the days it touched.
 
-quarantine and line_minute write through Spark's exactly-once file sink; the telemetry and
-intervals queries write each micro-batch's rows to `batch=<id>`, replaced if Spark replays the
-batch after a crash. So a query stopped or killed at any point and restarted from its
-checkpoint counts every message once.
+Every table is a Delta table (`spark.delta`). quarantine and line_minute write through Delta's
+streaming sink; the telemetry and intervals queries append each micro-batch's rows to their
+tables with the batch id, which Delta records in the same commit and skips when Spark replays
+the batch after a crash. So a query stopped or killed at any point and restarted from its
+checkpoint counts every message once, and a reader sees a micro-batch's rows all or not at all.
 Messages are deduplicated on (device, seq) within the watermark (a QoS 1 retransmission is
 stored twice). A message's event time is its device's timestamp unless that is too far ahead of
 the broker's store time (`tables.parse`), so no device moves the watermark past the others.
@@ -39,10 +40,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from spark import tables
+from spark import delta, tables
 from spark.arrivals import Seen, sort_arrivals
 from spark.intervals import DeviceTrack, days_touched
-from spark.job_config import JobConfig
+from spark.job_config import LAYOUTS, JobConfig, dated
 from spark.options import parse_options
 from spark.running import supervise
 from spark.shifts import Shifts
@@ -121,27 +122,41 @@ def _sort_device_arrivals(
         yield rows[tables.ARRIVALS_COLUMNS]
 
 
-def _arrivals_batch(config: JobConfig):  # type: ignore[no-untyped-def]
+class BatchWriter:
+    """Appends a streaming query's micro-batches to its tables, each batch at most once per
+    table (`delta.append_batch`, under the query's id from `checkpoint`)."""
+
+    def __init__(self, config: JobConfig, checkpoint: Path) -> None:
+        self.config = config
+        self.checkpoint = checkpoint
+        self.app_ids: dict[str, str] = {}
+
+    def append(self, frame: DataFrame, name: str, batch_id: int) -> None:
+        app_id = self.app_ids.get(name)
+        if app_id is None:
+            app_id = delta.query_app_id(frame.sparkSession, str(self.checkpoint), name)
+            self.app_ids[name] = app_id
+        rows = dated(frame, name, self.config.shifts)
+        delta.append_batch(rows, self.config.table(name), LAYOUTS[name].partition, app_id, batch_id)
+
+
+def _arrivals_batch(config: JobConfig, checkpoint: Path):  # type: ignore[no-untyped-def]
+    tables_out = BatchWriter(config, checkpoint)
+
     def write(batch: DataFrame, batch_id: int) -> None:
         batch = batch.cache()
         try:
             kinds = {row[0] for row in batch.select("arrival").distinct().collect()}
             if "counted" in kinds:
                 counted = batch.where(F.col("arrival") == "counted")
-                _write_batch(counted.select(*tables.TELEMETRY_COLUMNS),
-                             config.table("telemetry"), batch_id)  # fmt: skip
+                tables_out.append(counted.select(*tables.TELEMETRY_COLUMNS), "telemetry", batch_id)
             if "late" in kinds:
                 late = batch.where(F.col("arrival") == "late")
-                _write_batch(late.select(*tables.LATE_COLUMNS), config.table("late"), batch_id)
+                tables_out.append(late.select(*tables.LATE_COLUMNS), "late", batch_id)
         finally:
             batch.unpersist()
 
     return write
-
-
-def _write_batch(frame: DataFrame, path: str, batch_id: int) -> None:
-    """A micro-batch's rows into `path/batch=<id>`, replaced if Spark replays the batch."""
-    frame.write.mode("overwrite").parquet(f"{path}/batch={batch_id}")
 
 
 class GoldRefresher:
@@ -182,14 +197,16 @@ class GoldRefresher:
         os.replace(tmp, self.path)
 
 
-def _intervals_batch(config: JobConfig, gold: GoldRefresher):  # type: ignore[no-untyped-def]
+def _intervals_batch(  # type: ignore[no-untyped-def]
+    config: JobConfig, gold: GoldRefresher, checkpoint: Path
+):
+    tables_out = BatchWriter(config, checkpoint)
+
     def write(batch: DataFrame, batch_id: int) -> None:
         batch = batch.cache()
         try:
-            states = tables.state_intervals(batch)
-            alarms = tables.alarm_intervals(batch)
-            _write_batch(states, config.table("state_intervals"), batch_id)
-            _write_batch(alarms, config.table("alarm_intervals"), batch_id)
+            tables_out.append(tables.state_intervals(batch), "state_intervals", batch_id)
+            tables_out.append(tables.alarm_intervals(batch), "alarm_intervals", batch_id)
             closed = batch.select("kind", F.unix_millis("start"), F.unix_millis("end")).collect()
             gold.add(days_touched(closed, config.shifts))
             gold.maybe_refresh(batch.sparkSession)
@@ -207,26 +224,24 @@ def refresh_gold(spark: SparkSession, config: JobConfig, days: list[str]) -> Non
     # covers every time zone's offset from UTC.
     first = datetime.fromisoformat(min(days)).replace(tzinfo=UTC) - timedelta(days=1)
     last = datetime.fromisoformat(max(days)).replace(tzinfo=UTC) + timedelta(days=3)
-    states = spark.read.parquet(config.table("state_intervals")).drop("batch")
-    overlapping = states.where((F.col("end") > F.lit(first)) & (F.col("start") < F.lit(last)))
-    table = tables.availability(overlapping, config.shifts).where(F.col("shift_date").isin(days))
-    _overwrite_partitions(table, config.table("availability"), "shift_date")
-    alarms = spark.read.parquet(config.table("alarm_intervals")).drop("batch")
-    shifts = config.shifts
-    summary = tables.alarm_summary(
-        alarms.where(tables.plant_date("start", shifts).isin(days)), shifts
-    )
-    _overwrite_partitions(summary, config.table("alarm_summary"), "date")
-
-
-def _overwrite_partitions(frame: DataFrame, path: str, column: str) -> None:
-    spark = frame.sparkSession
-    previous = spark.conf.get("spark.sql.sources.partitionOverwriteMode")
-    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
-    try:
-        frame.write.mode("overwrite").partitionBy(column).parquet(path)
-    finally:
-        spark.conf.set("spark.sql.sources.partitionOverwriteMode", previous or "static")
+    states = delta.read(spark, config.table("state_intervals"))
+    if states is not None:
+        # An interval is cut at every shift start, so none is longer than a shift (at most a
+        # day): the date partitions from the day before `first` hold every one that overlaps.
+        states = states.where(
+            (F.col("date") >= (first - timedelta(days=1)).date().isoformat())
+            & (F.col("date") < last.date().isoformat())
+        )
+        overlapping = states.where((F.col("end") > F.lit(first)) & (F.col("start") < F.lit(last)))
+        table = tables.availability(overlapping, config.shifts).where(
+            F.col("shift_date").isin(days)
+        )
+        delta.replace_partitions(table, config.table("availability"), "shift_date", days)
+    alarms = delta.read(spark, config.table("alarm_intervals"))
+    if alarms is not None:
+        # An alarm counts on the plant's date of its start: its interval's `date`.
+        summary = tables.alarm_summary(alarms.where(F.col("date").isin(days)), config.shifts)
+        delta.replace_partitions(summary, config.table("alarm_summary"), "date", days)
 
 
 def stream_starters(
@@ -287,13 +302,15 @@ def stream_starters(
 
     ck = Path(checkpoint)
 
-    def to_files(frame: Callable[[], DataFrame], name: str) -> Callable[[], StreamingQuery]:
+    def to_table(frame: Callable[[], DataFrame], name: str) -> Callable[[], StreamingQuery]:
         def start() -> StreamingQuery:
-            # Spark's file sink: a micro-batch's files count only once its commit is logged.
+            # Delta's streaming sink: each micro-batch one commit, recorded with the query's
+            # id and the batch id, so a replayed batch is not written twice.
             writer = (
-                frame()
-                .writeStream.format("parquet")
+                dated(frame(), name, config.shifts)
+                .writeStream.format("delta")
                 .outputMode("append")
+                .partitionBy(LAYOUTS[name].partition)
                 .option("path", config.table(name))
                 .option("checkpointLocation", str(ck / name))
             )
@@ -303,7 +320,7 @@ def stream_starters(
 
     if gold is None:
         gold = GoldRefresher(config, ck / "intervals", 0.0 if available_now else 60.0)
-    batch_writer = _intervals_batch(config, gold)
+    batch_writer = _intervals_batch(config, gold, ck / "intervals")
 
     def arrivals() -> StreamingQuery:
         rows = tables.valid(parsed()).withWatermark("ts", f"{config.watermark_s} seconds")
@@ -326,7 +343,7 @@ def stream_starters(
                 ),
             )
         )
-        writer = sorted_rows.writeStream.foreachBatch(_arrivals_batch(config))
+        writer = sorted_rows.writeStream.foreachBatch(_arrivals_batch(config, ck / "telemetry"))
         return (
             trigger(writer.option("checkpointLocation", str(ck / "telemetry")))
             .queryName("telemetry")
@@ -356,8 +373,8 @@ def stream_starters(
 
     return {
         "telemetry": arrivals,
-        "quarantine": to_files(lambda: tables.quarantined(parsed()), "quarantine"),
-        "line_minute": to_files(lambda: tables.line_minute(deduplicated()), "line_minute"),
+        "quarantine": to_table(lambda: tables.quarantined(parsed()), "quarantine"),
+        "line_minute": to_table(lambda: tables.line_minute(deduplicated()), "line_minute"),
         "intervals": intervals,
     }
 

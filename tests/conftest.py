@@ -37,10 +37,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 # tests/spark/test_jobs.py, 194 -> 134 CPU seconds) without changing what they compute. A Python
 # worker Spark starts has 15 s by default to connect back and authenticate, which a JVM on a
 # machine busy with the other workers' servers has missed ("Python worker failed to connect
-# back"): 120 s here.
+# back"): 120 s here. C1-only JIT reserves 48 MiB for compiled code, which a job writing Delta
+# tables fills ("CodeCache is full. Compiler has been disabled"): 128 MiB.
 os.environ.setdefault(
     "PYSPARK_SUBMIT_ARGS",
-    "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC'"
+    "--driver-java-options"
+    " '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=128m'"
     " --conf spark.python.authenticate.socketTimeout=120s pyspark-shell",
 )
 

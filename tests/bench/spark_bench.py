@@ -22,8 +22,7 @@ Three measurements, each printed as a table as it finishes:
    (device clocks = wall clock, so a row's ``ts`` is when it was published) for
    ``--e2e-seconds``. The harness polls the ``telemetry`` and ``line_minute`` directories every
    0.25 s; a row's delay is the time its Parquet file was first readable (and, second figure,
-   committed: listed in the file sink's ``_spark_metadata`` log, or for ``telemetry``, which
-   is written per micro-batch, its ``batch=<id>`` folder finished) minus its ``ts``. The
+   committed: named by a commit of the Delta table's log, ``_delta_log``) minus its ``ts``. The
    issue's goal: ≤ 10 s with a 5 s trigger.
 
 4. Back-fill (``--backfill local|cluster|both``): ``spark.jobs backfill`` over the produced

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from spark.job_config import ALL_TABLES, JobConfig
-from spark.jobs import read_table, run_backfill
+from spark.job_config import ALL_TABLES, LAYOUTS, JobConfig
+from spark.jobs import read_table, run_backfill, table_states
 from spark.telemetry import TOPIC_PREFIX
 from tests.spark.conftest import publish_all, unique
 from tests.spark.factory_day import (
@@ -76,6 +76,11 @@ def test_back_fill_builds_every_table_exactly_and_quarantines_malformed_payloads
     for name, table in expected.items():
         assert actual[name] == table, name
     assert counts["quarantine"] == 3
+    states = {state.name: state for state in table_states(spark, config)}
+    assert {name: state.partitioned_by for name, state in states.items()} == {
+        name: (LAYOUTS[name].partition,) for name in ALL_TABLES
+    }
+    assert states["telemetry"].newest is not None
     assert {reason for reason, _ in actual["quarantine"]} == {
         "not JSON",
         "missing field 'line'",

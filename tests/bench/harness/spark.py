@@ -144,10 +144,10 @@ def check_count(spark: Any, frame: Any, expected: int, label: str) -> float | No
 
 
 class TableWatcher:
-    """Follows one table of the stream job: when each Parquet file first became readable and
-    when it was committed, and the event times of its rows. A file-sink table's files are
-    committed once listed in `_spark_metadata`; a table written per micro-batch into
-    `batch=<id>` folders (`telemetry`), once its folder has Spark's `_SUCCESS` marker."""
+    """Follows one Delta table of the stream job: when each Parquet file first became readable
+    and when it was committed (named by an `add` in the table's log, `_delta_log/<version>.json`),
+    and the event times of its rows. Files a compaction wrote (an `OPTIMIZE` commit) hold rows
+    counted already and are left out."""
 
     def __init__(
         self, directory: Path, event_ms: Callable[[pa.Table], list[int]], probe_column: str
@@ -158,6 +158,7 @@ class TableWatcher:
         self.readable_at: dict[str, float] = {}
         self.committed_at: dict[str, float] = {}
         self.rows: dict[str, pa.Table] = {}
+        self._compacted: set[str] = set()
         self._logs_read: set[str] = set()
 
     def poll(self, now: float) -> None:
@@ -167,7 +168,7 @@ class TableWatcher:
                     name = entry.name
                     if name in self.readable_at or not name.endswith(".parquet"):
                         continue
-                    if name.startswith((".", "_")):
+                    if name.startswith((".", "_")) or name in self._compacted:
                         continue
                     try:  # a file still being written has no footer yet: try again later
                         table = pq.read_table(entry.path)
@@ -176,35 +177,37 @@ class TableWatcher:
                     self.readable_at[name] = now
                     column = table.column(self.probe_column)
                     self.rows[name] = table.filter(pc.invert(pc.starts_with(column, PROBE_LINE)))
-                if folder != self.directory and (folder / "_SUCCESS").exists():
-                    for entry in os.scandir(folder):
-                        if entry.name.endswith(".parquet"):
-                            self.committed_at.setdefault(entry.name, now)
         self._poll_commits(now)
 
     def _folders(self) -> list[Path]:
-        """The table's folder and its micro-batch folders (`batch=<id>`)."""
+        """The table's date partitions (`date=<day>`)."""
         try:
-            batches = [Path(e.path) for e in os.scandir(self.directory)
-                       if e.is_dir() and e.name.startswith("batch=")]  # fmt: skip
+            return [Path(e.path) for e in os.scandir(self.directory)
+                    if e.is_dir() and "=" in e.name]  # fmt: skip
         except FileNotFoundError:
             return []
-        return [self.directory, *batches]
 
     def _poll_commits(self, now: float) -> None:
         with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self.directory / "_spark_metadata"):
+            for entry in sorted(os.scandir(self.directory / "_delta_log"), key=lambda e: e.name):
                 name = entry.name
-                if name in self._logs_read or not re.fullmatch(r"\d+(\.compact)?", name):
+                if name in self._logs_read or not re.fullmatch(r"\d+\.json", name):
                     continue
                 try:
-                    lines = Path(entry.path).read_text().splitlines()
-                except OSError:
-                    continue
+                    actions = [
+                        json.loads(line) for line in Path(entry.path).read_text().splitlines()
+                    ]
+                except (OSError, ValueError):
+                    continue  # not complete yet
                 self._logs_read.add(name)
-                for line in lines[1:]:  # the first line is the log's version, "v1"
-                    with contextlib.suppress(ValueError, KeyError):
-                        file_name = json.loads(line)["path"].rsplit("/", 1)[-1]
+                info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+                added = [a["add"]["path"].rsplit("/", 1)[-1] for a in actions if "add" in a]
+                for file_name in added:
+                    if info.get("operation") == "OPTIMIZE":
+                        self._compacted.add(file_name)
+                        self.rows.pop(file_name, None)
+                        self.readable_at.pop(file_name, None)
+                    else:
                         self.committed_at.setdefault(file_name, now)
 
     def row_count(self) -> int:
