@@ -20,6 +20,7 @@ from typing import NamedTuple
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 DELTA_VERSION = "4.4.0"
 """Delta Lake's release for Spark 4.2 (the `pyspark` the project pins)."""
@@ -75,6 +76,14 @@ def append_batch(frame: DataFrame, path: str, partition: str, app_id: str, batch
         .option("txnVersion", batch_id)
         .save(path)
     )
+
+
+def ensure_table(spark: SparkSession, path: str, schema: StructType, partition: str) -> None:
+    """An empty table of `schema` at `path` unless one is there, so that a stream can read it
+    before anything was written."""
+    if read(spark, path) is None:
+        empty = spark.createDataFrame([], schema)
+        empty.write.format("delta").mode("append").partitionBy(partition).save(path)
 
 
 def replace_table(frame: DataFrame, path: str, partition: str) -> None:

@@ -58,11 +58,12 @@ SHIFT_CHANGE: Final = timedelta(hours=14)
 """A shift boundary of the default shifts (06:00, 14:00, 22:00 UTC)."""
 
 STREAM_QUERIES: Final = ("telemetry", "quarantine", "line_minute", "intervals")
-CLOSED_BY_WATERMARK: Final = ("line_minute", "intervals")
-"""The queries that write what the watermark closes (a minute, an interval): done once a batch
-ran with the final watermark. The others write what they read as they read it (telemetry sorts
-a row on arrival), and Spark runs no batch for them when only the watermark moved."""
 """The queries `python -m spark.jobs stream` runs, each with a checkpoint folder of that name."""
+CLOSED_BY_WATERMARK: Final = ("line_minute", "intervals")
+"""The queries that write what the watermark closes (a minute, an interval), reading the
+`telemetry` table: done once a batch ran with the final watermark. The others read the broker
+and write what they read as they read it (telemetry sorts a row on arrival), and Spark runs no
+batch for them when only the watermark moved."""
 
 STREAM_START_TIMEOUT: Final = 240.0
 STREAM_RESTARTS: Final = 2
@@ -165,24 +166,30 @@ def queries_behind(checkpoints: list[QueryCheckpoint], watermark_ms: int) -> lis
 
     A query of CLOSED_BY_WATERMARK is done once it committed a batch that ran with that
     watermark (the batch that closes every earlier minute and interval). It read the message
-    that moved the watermark there, the last one published, so what it read up to is the end of
-    the data: any other query is done once it committed a batch that read that far."""
-    end = next(
-        (
-            c.offsets
-            for c in checkpoints
-            if c.name in CLOSED_BY_WATERMARK and c.ran_with_ms >= watermark_ms
-        ),
-        None,
-    )
+    that moved the watermark there, the last one published, from the `telemetry` table: so the
+    telemetry query is done once such a batch exists and it has none in progress, and
+    quarantine, which reads the broker as telemetry does, once it read as far."""
+
+    def settled(c: QueryCheckpoint) -> bool:
+        return c.committed is not None and c.committed == c.planned
+
+    closed = {
+        c.name
+        for c in checkpoints
+        if c.name in CLOSED_BY_WATERMARK and settled(c) and c.ran_with_ms >= watermark_ms
+    }
+    telemetry = next((c for c in checkpoints if c.name == "telemetry"), None)
+    read_all = telemetry is not None and settled(telemetry) and bool(closed)
     behind = []
     for c in checkpoints:
-        if c.committed is None or c.committed != c.planned:
-            done = False
-        elif c.name in CLOSED_BY_WATERMARK:
-            done = c.ran_with_ms >= watermark_ms
+        if c.name in CLOSED_BY_WATERMARK:
+            done = c.name in closed
+        elif c.name == "telemetry":
+            done = read_all
         else:
-            done = end is not None and c.offsets == end
+            done = (
+                read_all and settled(c) and telemetry is not None and c.offsets == telemetry.offsets
+            )
         if not done:
             behind.append(c.name)
     return behind

@@ -12,7 +12,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
@@ -41,8 +41,12 @@ def started(query: StreamingQuery) -> StreamingQuery:
     return query
 
 
+Starters = dict[str, Callable[[], StreamingQuery]]
+"""Queries by name, each as the function that starts it (`spark.stream.stream_starters`)."""
+
+
 def supervise(
-    starters: dict[str, Callable[[], StreamingQuery]],
+    stages: Sequence[Starters],
     finish: Callable[[], None],
     *,
     available_now: bool,
@@ -50,37 +54,61 @@ def supervise(
     stop: threading.Event,
     restarts: RestartPolicy | None = None,
 ) -> int:
-    """Start the queries (each by its function in `starters`, one after another), watch them,
-    and return the job's exit status.
+    """Start the queries (each by its function in `stages`, one after another, stage by
+    stage), watch them, and return the job's exit status.
 
+    A later stage reads what an earlier one writes: with `available_now`, each stage runs until
+    all its queries have read what there is, then the next starts; otherwise all run at once.
     When they end well (or `stop` is set, or `deadline` passes), they are stopped, `finish`
     runs and the status is 0. A query that fails is started again, alone, after the wait
     `restarts` gives, while the others run on (each has its own checkpoint); when it gives none
     (failures come too often) every query is stopped, the job prints why and the status is 1."""
     restarts = restarts or RestartPolicy()
+    if not available_now:
+        stages = [{name: start for stage in stages for name, start in stage.items()}]
     running: dict[str, StreamingQuery] = {}
     try:
-        for name, start in starters.items():
-            running[name] = started(start())
-        while (failed := _watch(running, available_now, deadline, stop)) is not None:
-            name, error = failed
-            wait = restarts.failed(time.monotonic())
-            if wait is None:
-                print(f"error: query {name} failed: {error} ({restarts.limit + 1} failures "
-                      f"within {restarts.window_s:.0f} s)", file=sys.stderr)  # fmt: skip
-                return 1
-            log.error("query %s failed (%s); restarting it from its checkpoint in %.0f s",
-                      name, error, wait)  # fmt: skip
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - time.monotonic()))
-            if stop.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
-                log.info("stopping before the restart; the checkpoints hold where to resume")
-                return 0
-            running[name] = started(starters[name]())
+        for stage in stages:
+            status = _run_stage(stage, running, available_now, deadline, stop, restarts)
+            if status is not None:
+                return status
+            if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                break
     finally:
         _stop_all(running, stop)
     finish()
     return 0
+
+
+def _run_stage(
+    starters: Starters,
+    running: dict[str, StreamingQuery],
+    available_now: bool,
+    deadline: float | None,
+    stop: threading.Event,
+    restarts: RestartPolicy,
+) -> int | None:
+    """Run one stage's queries (kept in `running`, for the caller to stop) until they are done
+    or the job is told to stop: None, go on; or the job's exit status, now."""
+    stage: dict[str, StreamingQuery] = {}
+    for name, start in starters.items():
+        stage[name] = running[name] = started(start())
+    while (failed := _watch(stage, available_now, deadline, stop)) is not None:
+        name, error = failed
+        wait = restarts.failed(time.monotonic())
+        if wait is None:
+            print(f"error: query {name} failed: {error} ({restarts.limit + 1} failures "
+                  f"within {restarts.window_s:.0f} s)", file=sys.stderr)  # fmt: skip
+            return 1
+        log.error("query %s failed (%s); restarting it from its checkpoint in %.0f s",
+                  name, error, wait)  # fmt: skip
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - time.monotonic()))
+        if stop.wait(wait) or (deadline is not None and time.monotonic() >= deadline):
+            log.info("stopping before the restart; the checkpoints hold where to resume")
+            return 0
+        stage[name] = running[name] = started(starters[name]())
+    return None
 
 
 def _watch(

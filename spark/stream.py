@@ -1,14 +1,19 @@
-"""The streaming BI job: four queries on the `rocketmq` source that keep the tables up to date.
+"""The streaming BI job: four queries that keep the tables up to date.
 
-Each query has its own checkpoint:
+Each query has its own checkpoint. Two read the broker (`rocketmq` source):
 
 * telemetry: every valid message once (deduplicated on device and seq), and the `late` table:
   messages that came behind the watermark (`spark.arrivals`);
-* quarantine: every malformed message, with the reason;
+* quarantine: every malformed message, with the reason.
+
+Two read the `telemetry` table as it grows (Delta's streaming source), so a message is read from
+the broker and parsed twice rather than four times, and they count what `telemetry` holds:
+
 * line_minute: per line and minute, appended once the watermark has passed the minute;
 * intervals: per device, closed state and alarm intervals (`state_intervals`,
-  `alarm_intervals`), and after each micro-batch `availability` and `alarm_summary` are
-  recomputed for the days it touched.
+  `alarm_intervals`), with the broker's disconnect events when devices' ClientIds are known;
+  after each micro-batch `availability` and `alarm_summary` are recomputed for the days it
+  touched.
 
 Every table is a Delta table (`spark.delta`). quarantine and line_minute write through Delta's
 streaming sink; the telemetry and intervals queries append each micro-batch's rows to their
@@ -39,6 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.types import StructType
 
 from spark import delta, tables
 from spark.arrivals import Seen, sort_arrivals
@@ -244,6 +250,24 @@ def refresh_gold(spark: SparkSession, config: JobConfig, days: list[str]) -> Non
         delta.replace_partitions(summary, config.table("alarm_summary"), "date", days)
 
 
+STAGES = (("telemetry", "quarantine"), ("line_minute", "intervals"))
+"""The queries in the order they depend on each other: the second pair reads the `telemetry`
+table the first query writes."""
+
+
+def telemetry_schema(spark: SparkSession, config: JobConfig) -> StructType:
+    """The `telemetry` table's columns, as the telemetry query writes them."""
+    rows = spark.createDataFrame([], tables.ARRIVALS_DDL).select(*tables.TELEMETRY_COLUMNS)
+    return dated(rows, "telemetry", config.shifts).schema
+
+
+def staged(
+    starters: dict[str, Callable[[], StreamingQuery]],
+) -> list[dict[str, Callable[[], StreamingQuery]]]:
+    """`starters` grouped by `STAGES`, for `spark.running.supervise`."""
+    return [{name: starters[name] for name in stage if name in starters} for stage in STAGES]
+
+
 def stream_starters(
     spark: SparkSession,
     config: JobConfig,
@@ -256,9 +280,14 @@ def stream_starters(
     gold: GoldRefresher | None = None,
 ) -> dict[str, Callable[[], StreamingQuery]]:
     """The four queries, by name, each as a function that starts it; a query resumes from its
-    checkpoint under `checkpoint`, so starting one again after it failed is exactly-once. A new
-    query starts at `starting_offsets`, resolved once here so that all four start at the same
-    offsets (each would otherwise resolve "latest" at its own first trigger)."""
+    checkpoint under `checkpoint`, so starting one again after it failed is exactly-once.
+
+    telemetry and quarantine read the broker (`rocketmq` source); a new one starts at
+    `starting_offsets`, resolved once here so that both start at the same offsets (each would
+    otherwise resolve "latest" at its own first trigger). line_minute and intervals read the
+    `telemetry` table, so a message is read from the broker and parsed twice, not four times,
+    and they count exactly what `telemetry` holds (`STAGES`: with `available_now` they run
+    once the first two are done)."""
 
     def resolved(source: dict[str, str]) -> dict[str, str]:
         start = start_offsets(
@@ -273,27 +302,40 @@ def stream_starters(
     presence_source = config.presence_options()
     presence = None if presence_source is None else resolved(presence_source)
 
+    watermark = f"{config.watermark_s} seconds"
+
     def parsed() -> DataFrame:
         raw = spark.readStream.format("rocketmq").options(**options).load()
         return tables.parse(raw, config.max_clock_ahead_s)
 
-    def deduplicated(with_disconnects: bool = False) -> DataFrame:
-        if with_disconnects and presence is not None:
-            # One source of telemetry and one of disconnect events, parsed together, so that a
-            # single watermark covers both.
-            raw = (
-                spark.readStream.format("rocketmq").options(**options).load()
-                .unionByName(spark.readStream.format("rocketmq").options(**presence).load())
-            )  # fmt: skip
-            rows = tables.parse(raw, config.max_clock_ahead_s, config.device_client_ids)
-        else:
-            rows = parsed()
-        watermark = f"{config.watermark_s} seconds"
-        return (
-            tables.valid(rows)
+    # The telemetry table is where the downstream queries read, so it exists before they start.
+    delta.ensure_table(spark, config.table("telemetry"), telemetry_schema(spark, config), "date")
+
+    def counted() -> DataFrame:
+        """The `telemetry` table as a stream: every valid message once, parsed once (by the
+        telemetry query), in the order that query committed them, each commit whole. A
+        downstream batch so never holds part of a telemetry batch whose other part came
+        before it: its watermark is never ahead of the telemetry query's, and nothing
+        counted there is late here."""
+        rows = (
+            spark.readStream.format("delta")
+            .option("maxFilesPerTrigger", str(2**31 - 1))
+            .load(config.table("telemetry"))
+        )
+        return rows.withColumn("ts_ms", F.unix_millis("ts")).withWatermark("ts", watermark)
+
+    def with_disconnects(columns: list[str]) -> DataFrame:
+        rows = counted().select(*columns)
+        if presence is None:
+            return rows
+        # The broker's disconnect events as OFFLINE rows, each once, under the same watermark.
+        raw = spark.readStream.format("rocketmq").options(**presence).load()
+        events = (
+            tables.valid(tables.parse(raw, config.max_clock_ahead_s, config.device_client_ids))
             .withWatermark("ts", watermark)
             .dropDuplicatesWithinWatermark(["device", "seq"])
         )
+        return rows.unionByName(events.select(*columns))
 
     def trigger(writer):  # type: ignore[no-untyped-def]
         if available_now:
@@ -323,7 +365,7 @@ def stream_starters(
     batch_writer = _intervals_batch(config, gold, ck / "intervals")
 
     def arrivals() -> StreamingQuery:
-        rows = tables.valid(parsed()).withWatermark("ts", f"{config.watermark_s} seconds")
+        rows = tables.valid(parsed()).withWatermark("ts", watermark)
         sorted_rows = (
             rows.select(*tables.TELEMETRY_COLUMNS, "ts_ms")
             .groupBy("device")
@@ -353,8 +395,7 @@ def stream_starters(
     def intervals() -> StreamingQuery:
         columns = ["device", "line", "station", "seq", "ts", "ts_ms", "state", "alarms"]
         stateful = (
-            deduplicated(with_disconnects=True)
-            .select(*columns)
+            with_disconnects(columns)
             .groupBy("device")
             .applyInPandasWithState(
                 _device_tracker(config.shifts),
@@ -374,7 +415,7 @@ def stream_starters(
     return {
         "telemetry": arrivals,
         "quarantine": to_table(lambda: tables.quarantined(parsed()), "quarantine"),
-        "line_minute": to_table(lambda: tables.line_minute(deduplicated()), "line_minute"),
+        "line_minute": to_table(lambda: tables.line_minute(counted()), "line_minute"),
         "intervals": intervals,
     }
 
@@ -403,15 +444,17 @@ def run_streams(spark: SparkSession, config: JobConfig, args: argparse.Namespace
                      gold.path)  # fmt: skip
 
     return supervise(
-        stream_starters(
-            spark,
-            config,
-            args.checkpoint,
-            trigger_s=args.trigger,
-            available_now=args.available_now,
-            max_per_trigger=args.max_per_trigger,
-            starting_offsets=args.starting_offsets,
-            gold=gold,
+        staged(
+            stream_starters(
+                spark,
+                config,
+                args.checkpoint,
+                trigger_s=args.trigger,
+                available_now=args.available_now,
+                max_per_trigger=args.max_per_trigger,
+                starting_offsets=args.starting_offsets,
+                gold=gold,
+            )
         ),
         finish,
         available_now=args.available_now,

@@ -42,7 +42,7 @@ def run_available_now(spark: SparkSession, config: JobConfig, ck: Path) -> None:
     what is stored; the other three are not needed here."""
     starters = stream_starters(spark, config, str(ck), available_now=True)
     status = supervise(
-        {"telemetry": starters["telemetry"]},
+        [{"telemetry": starters["telemetry"]}],
         lambda: None,
         available_now=True,
         deadline=time.monotonic() + 240,

@@ -83,8 +83,10 @@ def test_a_disconnected_device_is_offline_until_its_next_report_in_stream_and_ba
 
     run_backfill(spark, config("bf"), None, None)
     starters = stream_starters(spark, config("st"), str(tmp_path / "ck"), available_now=True)
-    status = supervise({"intervals": starters["intervals"]}, lambda: None, available_now=True,
-                       deadline=time.monotonic() + 240, stop=threading.Event())  # fmt: skip
+    # The intervals query reads the telemetry table, which the telemetry query writes first.
+    status = supervise([{"telemetry": starters["telemetry"]}, {"intervals": starters["intervals"]}],
+                       lambda: None, available_now=True, deadline=time.monotonic() + 240,
+                       stop=threading.Event())  # fmt: skip
     assert status == 0
 
     states, alarms = intervals_of(spark, config("bf"))
