@@ -44,6 +44,11 @@ def will_of(online_record: bytes | None) -> Message | None:
     return decode_message(will.encode()) if will else None
 
 
+def session_filters(subs: str | bytes) -> set[str]:
+    """The (non-shared) filters of a persistent session's subscriptions record (`session`)."""
+    return set(json.loads(subs).get("subs", {}))
+
+
 def encode_message(message: Message) -> bytes:
     """A message as a small JSON record (retained messages, wills; a peer gets a retained
     message in this form too). Its MQTT 5 metadata (`Message.properties`, see

@@ -399,6 +399,14 @@ class Cluster:
         """A session went to `peer` (`Interest.handed_to`)."""
         self.interest.handed_to(peer, state)
 
+    def hold_arriving(self, filters: set[str]) -> None:
+        """A session claimed from another node is on its way here (`Interest.hold_arriving`)."""
+        self.interest.hold_arriving(filters)
+
+    def release_arriving(self, filters: set[str]) -> None:
+        """The session of `hold_arriving(filters)` is adopted, or will not be."""
+        self.interest.release_arriving(filters)
+
     def forward(self, peers: list[str], message: Message) -> None:
         """A QoS 0 message for these peers' subscribers (`Interest.forward`)."""
         self.interest.forward(peers, message)

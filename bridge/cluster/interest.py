@@ -93,6 +93,9 @@ class Interest:
         self._removals: set[str] = set()
         self._removal_timer: asyncio.TimerHandle | None = None
         self.handed = HandedInterest(self.add_filters, self.remove_filters, config)
+        self.arriving: Counter[str] = Counter()
+        """Filter -> sessions this node has claimed from another node and not adopted yet
+        (`hold_arriving`)."""
         self.synced: set[str] = set()
         """Peers whose interest replay ended on their current link."""
 
@@ -187,7 +190,40 @@ class Interest:
         for topic_filter in filters:
             if topic_filter in known:
                 known.discard(topic_filter)
+                if peer == ANY_PEER and topic_filter in self.arriving:
+                    continue  # still held for a session on its way here
                 self.node.trie.unsubscribe(topic_filter, subscriber)
+
+    # -- sessions on their way here ---------------------------------------------------------------
+
+    def hold_arriving(self, filters: set[str]) -> None:
+        """This node has claimed a session subscribed to `filters` from another node and will
+        adopt it once that node hands it over (or does not answer). Until then nothing here
+        subscribes to them: the previous owner's interest is all that stores messages on their
+        queues, and it goes when that node is known gone, which can happen first (a draining
+        node is declared dead, and its interest forgotten, while the Release is under way). So
+        the filters are held: in this node's trie under `ANY_PEER`'s pseudo id (a publish here
+        stores on their queues; QoS 0 is not forwarded to it), and announced to the peers as
+        this node's interest, before any of them can hear from here that the previous owner
+        has gone."""
+        subscriber = peer_subscriber(ANY_PEER)
+        for topic_filter in filters:
+            self.arriving[topic_filter] += 1
+            self.node.trie.subscribe(topic_filter, subscriber, 0)
+            self.local_filter_added(topic_filter)
+
+    def release_arriving(self, filters: set[str]) -> None:
+        """The session held by `hold_arriving(filters)` is adopted here, or will not be."""
+        subscriber = peer_subscriber(ANY_PEER)
+        for topic_filter in filters:
+            count = self.arriving[topic_filter] - 1
+            if count > 0:
+                self.arriving[topic_filter] = count
+            else:
+                del self.arriving[topic_filter]
+                if topic_filter not in self.peer_filters.get(ANY_PEER, ()):
+                    self.node.trie.unsubscribe(topic_filter, subscriber)
+            self.local_filter_removed(topic_filter)
 
     def handed_to(self, peer: str, state: bytes) -> None:
         """The session in `state` (`release_session`'s answer) went to `peer` (`ANY_PEER`: to a

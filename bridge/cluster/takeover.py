@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from redis.exceptions import RedisError
 
 from bridge.cluster import wire
-from bridge.state import will_of
+from bridge.state import session_filters, will_of
 from bridge.storage.base import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -97,8 +97,7 @@ def handed_filters(state: bytes) -> set[str]:
     """The (non-shared) filters of a session in the state `release_session` hands over."""
     if not state:
         return set()
-    subscriptions = json.loads(json.loads(state)["subs"])
-    return set(subscriptions.get("subs", {}))
+    return session_filters(json.loads(state)["subs"])
 
 
 class HandedInterest:

@@ -27,7 +27,7 @@ from bridge.node.roles import ClientLink, Spawner
 from bridge.node.wills import delay_of
 from bridge.router.queues import ANY_PEER
 from bridge.session import Session
-from bridge.state import will_of
+from bridge.state import session_filters, will_of
 from bridge.storage.base import MetaUpdate, SessionBound, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -52,6 +52,15 @@ class Membership(Protocol):
 
     def handed_to(self, peer: str, state: bytes) -> None:
         """A session went to `peer` (`ANY_PEER` if which one is not known)."""
+        ...
+
+    def hold_arriving(self, filters: set[str]) -> None:
+        """A session subscribed to `filters`, claimed from another node, is on its way here:
+        messages published meanwhile still go to its queues."""
+        ...
+
+    def release_arriving(self, filters: set[str]) -> None:
+        """The session of `hold_arriving(filters)` is adopted here, or will not be."""
         ...
 
 
@@ -140,6 +149,22 @@ class ClusterOwnership:
         previous = claim.previous_node
         if not previous or previous == self.node_id:
             return False
+        # From the claim on, the previous owner may be declared gone and its interest forgotten
+        # before the session is adopted here: hold its filters meanwhile.
+        arriving: set[str] = set()
+        if "subs" in claim.records and not claim.was_clean:
+            arriving = session_filters(claim.records["subs"])
+        cluster.hold_arriving(arriving)
+        try:
+            return await self._receive(client_id, claim, previous, clean)
+        finally:
+            cluster.release_arriving(arriving)
+
+    async def _receive(self, client_id: str, claim: Claim, previous: str, clean: bool) -> bool:
+        """Have `previous`, which held the client, close its connection and hand over the
+        session; publish the old connection's will; adopt the session (True) unless there is
+        none to resume (False)."""
+        cluster = self.cluster
         state = await cluster.request_release(previous, client_id, claim.epoch)
         will = will_of(claim.online)
         if will is not None and (clean or not delay_of(claim.online)):

@@ -12,6 +12,8 @@ from bridge.cluster import announce, wire
 from bridge.cluster.cluster import Cluster
 from bridge.config import Config
 from bridge.node import Node
+from bridge.router.plan import DirectRoutes
+from bridge.router.queues import ANY_PEER
 from bridge.storage.filelog import FileLogStore
 
 
@@ -157,5 +159,48 @@ def test_while_a_live_peer_has_no_link_this_node_rereads_its_readers_queue_ends_
             assert len(refreshes) == partitioned  # linked again: no more re-reads
         finally:
             keeper.cancel()
+
+    asyncio.run(main())
+
+
+def queues_of(node: Node, topic: str) -> list[str]:
+    """The queues a QoS 1 message to `topic` published on `node` is stored on."""
+    return list(DirectRoutes().queued_plan(topic, node.trie).queues)
+
+
+def test_a_session_on_its_way_here_keeps_its_queues_fed_when_its_previous_owner_is_forgotten(
+    tmp_path: Path,
+) -> None:
+    """The CI loss of 27 PUBACKed messages in the SIGTERM drain drill: node c claimed the
+    subscriber from draining node a, declared a dead (forgetting its interest) while a's
+    Release answer was still awaited, and stored the publishes in between on no queue."""
+
+    async def main() -> None:
+        node, cluster = make_cluster(tmp_path)
+        cluster.interest.add_filters("b", ("load/#",))  # the previous owner's subscriber
+        assert queues_of(node, "load/pub2") == ["f:load/#"]
+        cluster.hold_arriving({"load/#"})  # claimed from b, Release under way
+        assert cluster.interest.local_counts["load/#"] == 1  # announced to the peers
+        cluster.peer_gone("b")  # b declared dead meanwhile
+        assert queues_of(node, "load/pub2") == ["f:load/#"]
+        cluster.release_arriving({"load/#"})  # adopted (its own subscription took over)
+        assert queues_of(node, "load/pub2") == []
+        assert "load/#" not in cluster.interest.local_counts  # withdrawn after the grace
+
+    asyncio.run(main())
+
+
+def test_a_held_filter_also_handed_to_any_peer_stays_until_both_let_it_go(tmp_path: Path) -> None:
+    async def main() -> None:
+        node, cluster = make_cluster(tmp_path)
+        cluster.hold_arriving({"load/#"})
+        cluster.interest.add_filters(ANY_PEER, ("load/#",))  # a session handed elsewhere
+        cluster.interest.remove_filters(ANY_PEER, {"load/#"})  # its grace ran out
+        assert queues_of(node, "load/x") == ["f:load/#"]  # still held
+        cluster.interest.add_filters(ANY_PEER, ("load/#",))
+        cluster.release_arriving({"load/#"})
+        assert queues_of(node, "load/x") == ["f:load/#"]  # still handed
+        cluster.interest.remove_filters(ANY_PEER, {"load/#"})
+        assert queues_of(node, "load/x") == []
 
     asyncio.run(main())

@@ -3,9 +3,12 @@ registry, the cluster and the session lifecycle replaced by the few members it u
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import Counter
 from typing import Any
 
+from bridge.cluster.registry import Claim
 from bridge.config import Config
 from bridge.counters import Metrics
 from bridge.node.cluster_ownership import ClusterOwnership
@@ -159,3 +162,43 @@ def test_a_session_whose_sends_are_unknown_marks_its_queues_up_to_their_ends_for
     owner, *_ = ownership({}, {"phone": session}, {}, ends={"f/0": 9, "f/1": 7, "f/2": 10})
     owner.assume_sent(session)
     assert dict(session.resend_below) == {"f/0": 9, "f/2": 12}
+
+
+class Arrivals(Membership):
+    """A cluster whose registry hands the client over from node-b, and which records what it
+    holds for an arriving session at the moment node-b is asked to release it."""
+
+    def __init__(self, subs: bytes) -> None:
+        super().__init__({})
+        self.held: Counter[str] = Counter()
+        self.held_during_release: dict[str, int] = {}
+        claim = Claim(epoch=2, previous_node="node-b", records={"subs": subs, "off": b"{}"})
+
+        async def claim_it(client_id: str, clean: bool, identity: str | None = None) -> Claim:
+            return claim
+
+        self.registry.claim = claim_it  # type: ignore[attr-defined]
+
+    async def request_release(self, peer: str, client_id: str, epoch: int) -> bytes | None:
+        self.held_during_release = dict(self.held)
+        return json.dumps({"subs": '{"subs": {"load/#": 1}}', "off": "{}"}).encode()
+
+    def hold_arriving(self, filters: set[str]) -> None:
+        self.held.update(filters)
+
+    def release_arriving(self, filters: set[str]) -> None:
+        self.held.subtract(filters)
+
+
+def test_a_session_claimed_from_another_node_keeps_its_filters_held_until_adopted() -> None:
+    """Between the claim and the adoption the previous owner can be declared dead and its
+    interest forgotten (the drain drill's lost messages): the session's filters are held."""
+    cluster = Arrivals(b'{"subs": {"load/#": 1, "alerts/+": 0}}')
+    owner, *_ = ownership({}, {}, {})
+    owner.cluster = cluster  # type: ignore[assignment]
+    adopted: list[str] = []
+    owner.adopt = lambda client_id, claim, **_: adopted.append(client_id)  # type: ignore[method-assign]
+    taken = asyncio.run(owner.take_over(Link(), "keeper", False, True, None))  # type: ignore[arg-type]
+    assert taken is True and adopted == ["keeper"]
+    assert cluster.held_during_release == {"load/#": 1, "alerts/+": 1}
+    assert +cluster.held == Counter()  # let go once adopted
