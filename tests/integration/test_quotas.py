@@ -21,6 +21,7 @@ from tests.support.admin_http import TOKEN, AdminHttp
 from tests.support.clients import RawClient
 from tests.support.mqtt5 import RawClient5
 from tests.support.processes import BridgeProcess, free_port
+from tests.support.waiting import poll_until
 
 pytestmark = pytest.mark.integration
 
@@ -357,6 +358,7 @@ def test_repeated_subscribes_do_not_store_unsent_retained_copies_again(
     assert retain(second, topics[2], b"3", 1) == 0
     second.disconnect()
     stored_before = counter(api, "retained_copies_stored")
+    unchanged_before = counter(api, "retained_copies_unchanged")
     reader = RawClient5(bridge.port)
     connack = reader.connect("quota-c-reader", properties={P.RECEIVE_MAXIMUM: 1})
     assert connack.return_code == 0
@@ -365,7 +367,10 @@ def test_repeated_subscribes_do_not_store_unsent_retained_copies_again(
     for packet_id in range(2, 7):
         assert reader.subscribe_many(Subscription("qc/#", 1), packet_id=packet_id) == [1]
     # Three copies for the first SUBSCRIBE, one more for the message already sent; the five
-    # later SUBSCRIBEs found the others still waiting unsent.
+    # later SUBSCRIBEs found the others still waiting unsent (2 + 4 x 3 of them). A SUBSCRIBE
+    # queues its copies after its SUBACK, each once the store has it: wait for all 14.
+    poll_until(lambda: counter(api, "retained_copies_unchanged") >= unchanged_before + 14, 10)
+    assert counter(api, "retained_copies_unchanged") == unchanged_before + 14
     assert counter(api, "retained_copies_stored") == stored_before + 4
     reader.acknowledge(held)
     received = [held.topic]
