@@ -1,9 +1,11 @@
 """Which streamed messages count and which come too late, per device.
 
-The stream's telemetry query hands each device's new rows to `sort_arrivals`, with what it kept
-of the device (`Seen`) and the event-time watermark in force (`spark.jobs` does it through
-`applyInPandasWithState` without a timeout, so Spark passes on every row, those behind the
-watermark too):
+The stream's telemetry query decides each new row against what it kept of the row's device
+(`Seen`) and the event-time watermark in force. It hands Spark's `applyInPandasWithState` (without
+a timeout, so Spark passes on every row, those behind the watermark too) a bucket of devices at a
+time (`sort_bucket`, `DEVICE_BUCKETS`), not a device: a call per device costs a pandas frame per
+device and micro-batch, which at a few thousand devices was most of the query's time, while a
+row's fate depends only on its own device's `Seen`:
 
 * a row behind the watermark is *late*: the tables built on event time have closed that time (a
   minute written, an interval applied), so it goes to the `late` table, with the watermark it
@@ -22,6 +24,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+DEVICE_BUCKETS = 64
+"""Devices are sorted in this many groups (`pmod(xxhash64(device), DEVICE_BUCKETS)`), each
+group's `Seen`s kept as one state row. It is part of the query's state layout: a checkpoint
+written with another value holds its devices under other buckets, so it must not change."""
 
 
 @dataclass(slots=True)
@@ -47,17 +54,52 @@ class Sorted:
     late: list[int]
 
 
-def sort_arrivals(rows: Sequence[tuple[int, int]], seen: Seen, watermark_ms: int) -> Sorted:
-    """Sort one device's new rows, (seq, ts_ms) in arrival order, against the watermark and
-    what it counted before; `seen` is updated and pruned of seqs the watermark has passed."""
+@dataclass(slots=True)
+class BucketSeen:
+    """`Seen` of every device of one bucket that counted a seq the watermark has not passed:
+    device -> Seen. Kept in the query's state between micro-batches, as JSON."""
+
+    devices: dict[str, Seen] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {device: seen.seqs for device, seen in self.devices.items()}, separators=(",", ":")
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> BucketSeen:
+        return cls(
+            {
+                device: Seen({int(seq): int(ts) for seq, ts in seqs.items()})
+                for device, seqs in json.loads(text).items()
+            }
+        )
+
+
+def sort_bucket(
+    rows: Sequence[tuple[str, int, int]], seen: BucketSeen, watermark_ms: int
+) -> Sorted:
+    """Sort the new rows of a bucket's devices, (device, seq, ts_ms) in arrival order, against
+    the watermark and what each device counted before: each row is decided by its own device's
+    `Seen` alone. `seen` is updated and pruned of seqs the watermark has passed, and of devices
+    left with none."""
     counted: list[int] = []
     late: list[int] = []
-    for position, (seq, ts_ms) in enumerate(rows):
+    devices = seen.devices
+    for position, (device, seq, ts_ms) in enumerate(rows):
         if ts_ms < watermark_ms:
             late.append(position)
-        elif seq not in seen.seqs:
-            seen.seqs[seq] = ts_ms
+            continue
+        kept = devices.get(device)
+        if kept is None:
+            kept = devices[device] = Seen()
+        if seq not in kept.seqs:
+            kept.seqs[seq] = ts_ms
             counted.append(position)
-    for seq in [s for s, ts in seen.seqs.items() if ts < watermark_ms]:
-        del seen.seqs[seq]
+    for device in list(devices):
+        seqs = devices[device].seqs
+        for seq in [s for s, ts in seqs.items() if ts < watermark_ms]:
+            del seqs[seq]
+        if not seqs:
+            del devices[device]
     return Sorted(counted, late)

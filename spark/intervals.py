@@ -1,9 +1,10 @@
 """Device state and alarm intervals from telemetry samples.
 
 Pure code, no Spark: the streaming job runs `DeviceTrack.advance` inside a stateful operator
-(one track per device, kept in Spark's state store), the batch job runs it once over all of a
-device's messages. The same function makes both tables, so a stream that has seen everything
-and a back-fill over the same messages produce the same rows (a property test checks this).
+(a track per device, kept in Spark's state store a bucket of devices per key: `BucketTracks`),
+the batch job runs it once over all of a device's messages. The same function makes both
+tables, so a stream that has seen everything and a back-fill over the same messages produce the
+same rows (a property test checks this).
 
 A state interval runs from the first message reporting a state to the first message reporting
 a different one; an alarm interval from the first message listing a code to the first one not
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from spark.presence import OFFLINE
 from spark.shifts import Shifts
@@ -163,29 +165,33 @@ class DeviceTrack:
         """Device time of the earliest pending sample (the watermark must pass it)."""
         return self.pending[0].ts if self.pending else None
 
+    @property
+    def due(self) -> int | None:
+        """The watermark at which the track has something to do without a new message: apply
+        its earliest pending sample or cut its running state at the next shift start."""
+        return min((t for t in (self.next_due, self.next_cut) if t is not None), default=None)
+
     # -- state store form
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "line": self.line,
-                "station": self.station,
-                "state": self.state,
-                "state_start": self.state_start,
-                "alarms": self.alarms,
-                "last_ts": self.last_ts,
-                "last_seq": self.last_seq,
-                "pending": [
-                    [s.ts, s.seq, s.state, sorted(s.alarms), s.line, s.station]
-                    for s in self.pending
-                ],
-            },
-            separators=(",", ":"),
-        )
+    def to_state(self) -> dict[str, object]:
+        """The track as plain JSON values (the device and the calendar are not part of it)."""
+        return {
+            "line": self.line,
+            "station": self.station,
+            "state": self.state,
+            "state_start": self.state_start,
+            "alarms": self.alarms,
+            "last_ts": self.last_ts,
+            "last_seq": self.last_seq,
+            "pending": [
+                [s.ts, s.seq, s.state, sorted(s.alarms), s.line, s.station] for s in self.pending
+            ],
+        }
 
     @classmethod
-    def from_json(cls, device: str, text: str, shifts: Shifts | None = None) -> DeviceTrack:
-        data = json.loads(text)
+    def from_state(
+        cls, device: str, data: dict[str, Any], shifts: Shifts | None = None
+    ) -> DeviceTrack:
         return cls(
             device=device,
             shifts=shifts,
@@ -200,6 +206,66 @@ class DeviceTrack:
                 Sample(ts, seq, state, frozenset(alarms), line, station)
                 for ts, seq, state, alarms, line, station in data["pending"]
             ],
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_state(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, device: str, text: str, shifts: Shifts | None = None) -> DeviceTrack:
+        return cls.from_state(device, json.loads(text), shifts)
+
+
+@dataclass(slots=True)
+class BucketTracks:
+    """The tracks of one bucket of devices, kept by the stream as one state row: Spark's
+    stateful operator costs a pandas frame per key and micro-batch, so a key per device was
+    most of the query's time at a few thousand devices. Advancing every track of the bucket
+    at each call is what a timeout per device would do: a track with nothing due is unchanged
+    by `advance([], watermark)`."""
+
+    shifts: Shifts | None
+    tracks: dict[str, DeviceTrack] = field(default_factory=dict)
+
+    def advance(
+        self, samples: dict[str, list[Sample]], watermark: int
+    ) -> tuple[list[Interval], dict[str, int]]:
+        """Give each device its new `samples` (device -> samples) and advance every track to
+        `watermark`; returns the intervals that closed and, per device, how many samples were
+        too late to apply. A track with neither a state nor pending samples is dropped (only
+        disconnects of a client that never reported: no device)."""
+        closed: list[Interval] = []
+        late: dict[str, int] = {}
+        for device in samples.keys() - self.tracks.keys():
+            self.tracks[device] = DeviceTrack(device, shifts=self.shifts)
+        for device, track in list(self.tracks.items()):
+            done, too_late = track.advance(samples.get(device, ()), watermark)
+            closed.extend(done)
+            if too_late:
+                late[device] = too_late
+            if track.state is None and not track.pending:
+                del self.tracks[device]
+        return closed, late
+
+    @property
+    def due(self) -> int | None:
+        """The earliest `DeviceTrack.due` of the bucket: when Spark must call it again."""
+        return min((d for t in self.tracks.values() if (d := t.due) is not None), default=None)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {device: track.to_state() for device, track in self.tracks.items()},
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str, shifts: Shifts | None = None) -> BucketTracks:
+        return cls(
+            shifts,
+            {
+                device: DeviceTrack.from_state(device, data, shifts)
+                for device, data in json.loads(text).items()
+            },
         )
 
 

@@ -47,8 +47,8 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import StructType
 
 from spark import delta, tables
-from spark.arrivals import Seen, sort_arrivals
-from spark.intervals import DeviceTrack, days_touched
+from spark.arrivals import DEVICE_BUCKETS, BucketSeen, sort_bucket
+from spark.intervals import BucketTracks, days_touched
 from spark.job_config import LAYOUTS, JobConfig, dated
 from spark.options import parse_options
 from spark.running import supervise
@@ -58,64 +58,72 @@ from spark.source import start_offsets
 log = logging.getLogger("spark.stream")
 
 
-def _device_tracker(shifts: Shifts):  # type: ignore[no-untyped-def]
-    def track_device(
-        key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState
+def _bucket_tracker(shifts: Shifts):  # type: ignore[no-untyped-def]
+    def track_bucket(
+        key: tuple[int], frames: Iterator[pd.DataFrame], state: GroupState
     ) -> Iterator[pd.DataFrame]:
-        """applyInPandasWithState: one device's new messages (or a timeout) -> closed
-        intervals."""
-        device = key[0]
-        track = (
-            DeviceTrack.from_json(device, state.get[0], shifts)
-            if state.exists
-            else DeviceTrack(device, shifts=shifts)
+        """applyInPandasWithState: one bucket of devices' new messages (or a timeout) -> closed
+        intervals (`spark.intervals.BucketTracks`)."""
+        tracks = (
+            BucketTracks.from_json(state.get[0], shifts) if state.exists else BucketTracks(shifts)
         )
-        samples = [] if state.hasTimedOut else [s for f in frames for s in tables.samples_of(f)]
+        samples = {} if state.hasTimedOut else tables.samples_by_device(pd.concat(list(frames)))
         watermark = state.getCurrentWatermarkMs()
-        closed, late = track.advance(samples, watermark)
-        if late:
+        closed, late = tracks.advance(samples, watermark)
+        for device, count in late.items():
             log.warning(
-                "device %s: %d messages older than ones already applied; left out", device, late
+                "device %s: %d messages older than ones already applied; left out", device, count
             )
-        if track.state is None and not track.pending:
-            state.remove()  # only disconnects of a client that never reported: no device
+        if not tracks.tracks:
+            state.remove()
             return
-        state.update((track.to_json(),))
-        # Called again once the watermark passes the oldest pending message, or the shift start
-        # where the running state is cut.
-        due = min((t for t in (track.next_due, track.next_cut) if t is not None), default=None)
+        state.update((tracks.to_json(),))
+        # Called again once the watermark passes a track's oldest pending message, or the shift
+        # start where its running state is cut.
+        due = tracks.due
         if due is not None:
             state.setTimeoutTimestamp(max(due, watermark + 1))
         if closed:  # an empty frame would only be concatenated away
             yield tables.interval_frame(closed)
 
-    return track_device
+    return track_bucket
 
 
-def _sort_device_arrivals(
-    key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState
+def _sort_bucket_arrivals(
+    key: tuple[int], frames: Iterator[pd.DataFrame], state: GroupState
 ) -> Iterator[pd.DataFrame]:
     """applyInPandasWithState without a timeout (so Spark passes on the rows behind the
-    watermark too): one device's new rows -> those that count and the late ones
-    (`spark.arrivals`), as ARRIVALS_DDL rows."""
+    watermark too): the new rows of one bucket of devices (`spark.arrivals.DEVICE_BUCKETS`) ->
+    those that count and the late ones (`spark.arrivals.sort_bucket`), as ARRIVALS_DDL rows."""
     frame = pd.concat(list(frames), ignore_index=True)
     if frame.empty:
         return
-    seen = Seen.from_json(state.get[0]) if state.exists else Seen()
+    seen = BucketSeen.from_json(state.get[0]) if state.exists else BucketSeen()
     watermark = state.getCurrentWatermarkMs()
-    result = sort_arrivals(
-        list(zip(frame["seq"].tolist(), frame["ts_ms"].tolist(), strict=True)), seen, watermark
+    result = sort_bucket(
+        list(
+            zip(
+                frame["device"].tolist(),
+                frame["seq"].tolist(),
+                frame["ts_ms"].tolist(),
+                strict=True,
+            )
+        ),
+        seen,
+        watermark,
     )
-    if seen.seqs:
+    if seen.devices:
         state.update((seen.to_json(),))
     else:
-        state.remove()  # nothing within the watermark: a quiet device keeps no state
+        state.remove()  # nothing within the watermark: quiet devices keep no state
     if result.late:
-        log.warning(
-            "device %s: %d messages behind the watermark; written to the late table",
-            key[0],
-            len(result.late),
-        )
+        late = frame.iloc[result.late]
+        for device, count in late["device"].value_counts().items():
+            log.warning(
+                "device %s: %d messages behind the watermark; written to the late table",
+                device,
+                count,
+            )
     rows = pd.concat(
         [
             frame.iloc[result.counted].assign(arrival="counted"),
@@ -303,6 +311,8 @@ def stream_starters(
     presence = None if presence_source is None else resolved(presence_source)
 
     watermark = f"{config.watermark_s} seconds"
+    # The stateful queries keep their state a bucket of devices per key (spark.arrivals).
+    device_bucket = F.pmod(F.xxhash64("device"), F.lit(DEVICE_BUCKETS))
 
     def parsed() -> DataFrame:
         raw = spark.readStream.format("rocketmq").options(**options).load()
@@ -367,10 +377,14 @@ def stream_starters(
     def arrivals() -> StreamingQuery:
         rows = tables.valid(parsed()).withWatermark("ts", watermark)
         sorted_rows = (
-            rows.select(*tables.TELEMETRY_COLUMNS, "ts_ms")
-            .groupBy("device")
+            rows.select(
+                *tables.TELEMETRY_COLUMNS,
+                "ts_ms",
+                device_bucket.alias("device_bucket"),
+            )
+            .groupBy("device_bucket")
             .applyInPandasWithState(
-                _sort_device_arrivals,
+                _sort_bucket_arrivals,
                 tables.ARRIVALS_DDL,
                 "seen STRING",
                 "append",
@@ -396,9 +410,10 @@ def stream_starters(
         columns = ["device", "line", "station", "seq", "ts", "ts_ms", "state", "alarms"]
         stateful = (
             with_disconnects(columns)
-            .groupBy("device")
+            .withColumn("device_bucket", device_bucket)
+            .groupBy("device_bucket")
             .applyInPandasWithState(
-                _device_tracker(config.shifts),
+                _bucket_tracker(config.shifts),
                 tables.INTERVAL_DDL,
                 "track STRING",
                 "append",

@@ -224,6 +224,14 @@ def samples_of(frame: pd.DataFrame) -> list[Sample]:
     ]
 
 
+def samples_by_device(frame: pd.DataFrame) -> dict[str, list[Sample]]:
+    """`samples_of` a frame of several devices' rows, per device, each in the frame's order."""
+    samples: dict[str, list[Sample]] = {}
+    for device, sample in zip(frame["device"], samples_of(frame), strict=True):
+        samples.setdefault(device, []).append(sample)
+    return samples
+
+
 def interval_frame(closed: list[Interval]) -> pd.DataFrame:
     """Intervals as a pandas frame of INTERVAL_DDL."""
 

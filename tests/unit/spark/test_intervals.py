@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark.intervals import DeviceTrack, Interval, Sample, batch_intervals
+from spark.intervals import BucketTracks, DeviceTrack, Interval, Sample, batch_intervals
 from spark.shifts import Shifts
 
 T0 = int(datetime(2026, 1, 5, 6, 0, tzinfo=UTC).timestamp() * 1000)
@@ -181,6 +181,56 @@ def test_streaming_in_any_chunks_within_the_watermark_equals_the_back_fill(
     closed, _ = track.advance([], 2**62)  # the watermark passes everything
     streamed.extend(closed)
     assert sorted(map(key, streamed)) == sorted(map(key, batch_intervals("d", delivered)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(samples_strategy, min_size=1, max_size=3), st.data())
+def test_a_bucket_of_devices_closes_what_each_device_track_alone_closes(
+    devices_steps: list[list], data: st.DataObject
+) -> None:
+    """The stream keeps a bucket of devices per state row, advancing every track at each call;
+    each device's own track, advanced only when it has samples or its `due` has passed (as a
+    per-device timeout would), must close the same intervals."""
+    shifts = data.draw(st.sampled_from([None, BERLIN]))
+    arrivals = [(f"d{n}", s) for n, steps in enumerate(devices_steps) for s in build(steps)]
+    jitter = {id(s): data.draw(st.integers(0, LATENESS // 2)) for _, s in arrivals}
+    arrivals.sort(key=lambda pair: pair[1].ts + jitter[id(pair[1])])
+    bucket = BucketTracks(shifts)
+    alone = {device: DeviceTrack(device, shifts=shifts) for device, _ in arrivals}
+    from_bucket: list[Interval] = []
+    from_alone: list[Interval] = []
+    newest, index = 0, 0
+    while index < len(arrivals):
+        size = data.draw(st.integers(1, 8))
+        chunk = arrivals[index : index + size]
+        index += size
+        if any(s.ts < newest - LATENESS for _, s in chunk):
+            continue  # Spark drops rows behind the watermark before the operator
+        newest = max(newest, *(s.ts for _, s in chunk))
+        watermark = newest - LATENESS
+        by_device: dict[str, list[Sample]] = {}
+        for device, s in chunk:
+            by_device.setdefault(device, []).append(s)
+        bucket = BucketTracks.from_json(bucket.to_json(), shifts)
+        closed, late = bucket.advance(by_device, watermark)
+        assert late == {}
+        from_bucket.extend(closed)
+        for device, track in alone.items():
+            due = track.due
+            if device in by_device or (due is not None and due <= watermark):
+                closed, _ = track.advance(by_device.get(device, []), watermark)
+                from_alone.extend(closed)
+        dues = [d for d in (t.due for t in alone.values()) if d is not None]
+        assert bucket.due == (min(dues) if dues else None)
+    closed, _ = bucket.advance({}, newest)
+    from_bucket.extend(closed)
+    for track in alone.values():
+        from_alone.extend(track.advance([], newest)[0])
+
+    def keys(intervals: list[Interval]) -> list[tuple[object, ...]]:
+        return sorted((i.device, i.closed_by, *key(i)) for i in intervals)
+
+    assert keys(from_bucket) == keys(from_alone)
 
 
 def test_track_json_round_trip_keeps_pending_samples_and_open_alarms() -> None:
