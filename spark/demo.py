@@ -57,13 +57,13 @@ WATERMARK_S: Final = 120
 SHIFT_CHANGE: Final = timedelta(hours=14)
 """A shift boundary of the default shifts (06:00, 14:00, 22:00 UTC)."""
 
-STREAM_QUERIES: Final = ("telemetry", "quarantine", "line_minute", "intervals")
+STREAM_QUERIES: Final = ("telemetry", "line_minute", "intervals")
 """The queries `python -m spark.jobs stream` runs, each with a checkpoint folder of that name."""
 CLOSED_BY_WATERMARK: Final = ("line_minute", "intervals")
 """The queries that write what the watermark closes (a minute, an interval), reading the
-`telemetry` table: done once a batch ran with the final watermark. The others read the broker
-and write what they read as they read it (telemetry sorts a row on arrival), and Spark runs no
-batch for them when only the watermark moved."""
+`telemetry` table: done once a batch ran with the final watermark. The other, telemetry, reads
+the broker and writes what it reads as it reads it (it sorts a row on arrival), and Spark runs
+no batch for it when only the watermark moved."""
 
 STREAM_START_TIMEOUT: Final = 240.0
 STREAM_RESTARTS: Final = 2
@@ -126,8 +126,6 @@ class QueryCheckpoint:
     """The event-time watermark the newest committed batch ran with."""
     next_ms: int
     """The watermark the next batch will run with; 0 for a query without event time."""
-    offsets: object
-    """The source offsets the newest committed batch read up to."""
 
     @classmethod
     def read(cls, folder: Path) -> QueryCheckpoint:
@@ -136,18 +134,17 @@ class QueryCheckpoint:
 
         planned, committed = ids("offsets"), ids("commits")
         if not committed:
-            return cls(folder.name, max(planned, default=None), None, 0, 0, None)
+            return cls(folder.name, max(planned, default=None), None, 0, 0)
         newest = max(committed)
         # offsets/N: "v1", the batch's metadata, then one line per source.
-        lines = (folder / "offsets" / str(newest)).read_text().splitlines()
+        metadata = (folder / "offsets" / str(newest)).read_text().splitlines()[1]
         commit = json.loads((folder / "commits" / str(newest)).read_text().splitlines()[1])
         return cls(
             folder.name,
             max(planned),
             newest,
-            int(json.loads(lines[1]).get("batchWatermarkMs", 0)),
+            int(json.loads(metadata).get("batchWatermarkMs", 0)),
             int(commit.get("nextBatchWatermarkMs", 0)),
-            [json.loads(line) for line in lines[2:]],
         )
 
 
@@ -167,8 +164,7 @@ def queries_behind(checkpoints: list[QueryCheckpoint], watermark_ms: int) -> lis
     A query of CLOSED_BY_WATERMARK is done once it committed a batch that ran with that
     watermark (the batch that closes every earlier minute and interval). It read the message
     that moved the watermark there, the last one published, from the `telemetry` table: so the
-    telemetry query is done once such a batch exists and it has none in progress, and
-    quarantine, which reads the broker as telemetry does, once it read as far."""
+    telemetry query is done once such a batch exists and it has none in progress."""
 
     def settled(c: QueryCheckpoint) -> bool:
         return c.committed is not None and c.committed == c.planned
@@ -178,21 +174,14 @@ def queries_behind(checkpoints: list[QueryCheckpoint], watermark_ms: int) -> lis
         for c in checkpoints
         if c.name in CLOSED_BY_WATERMARK and settled(c) and c.ran_with_ms >= watermark_ms
     }
-    telemetry = next((c for c in checkpoints if c.name == "telemetry"), None)
-    read_all = telemetry is not None and settled(telemetry) and bool(closed)
-    behind = []
-    for c in checkpoints:
-        if c.name in CLOSED_BY_WATERMARK:
-            done = c.name in closed
-        elif c.name == "telemetry":
-            done = read_all
-        else:
-            done = (
-                read_all and settled(c) and telemetry is not None and c.offsets == telemetry.offsets
-            )
-        if not done:
-            behind.append(c.name)
-    return behind
+    telemetry_done = bool(closed)  # and settled, below: it wrote what the others read
+    return [
+        c.name
+        for c in checkpoints
+        if not (
+            c.name in closed if c.name in CLOSED_BY_WATERMARK else telemetry_done and settled(c)
+        )
+    ]
 
 
 class StreamJob:

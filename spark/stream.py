@@ -1,13 +1,14 @@
-"""The streaming BI job: four queries that keep the tables up to date.
+"""The streaming BI job: three queries that keep the tables up to date.
 
-Each query has its own checkpoint. Two read the broker (`rocketmq` source):
+Each query has its own checkpoint. One reads the broker (`rocketmq` source) and parses each
+message once:
 
-* telemetry: every valid message once (deduplicated on device and seq), and the `late` table:
-  messages that came behind the watermark (`spark.arrivals`);
-* quarantine: every malformed message, with the reason.
+* telemetry: every valid message once (deduplicated on device and seq), the `late` table:
+  messages that came behind the watermark (`spark.arrivals`), and the `quarantine` table: every
+  malformed message, with the reason.
 
 Two read the `telemetry` table as it grows (Delta's streaming source), so a message is read from
-the broker and parsed twice rather than four times, and they count what `telemetry` holds:
+the broker and parsed once rather than four times, and they count what `telemetry` holds:
 
 * line_minute: per line and minute, appended once the watermark has passed the minute;
 * intervals: per device, closed state and alarm intervals (`state_intervals`,
@@ -15,9 +16,9 @@ the broker and parsed twice rather than four times, and they count what `telemet
   after each micro-batch `availability` and `alarm_summary` are recomputed for the days it
   touched.
 
-Every table is a Delta table (`spark.delta`). quarantine and line_minute write through Delta's
-streaming sink; the telemetry and intervals queries append each micro-batch's rows to their
-tables with the batch id, which Delta records in the same commit and skips when Spark replays
+Every table is a Delta table (`spark.delta`). line_minute writes through Delta's streaming
+sink; the telemetry and intervals queries append each micro-batch's rows to their tables with
+the batch id, which Delta records in the same commit and skips when Spark replays
 the batch after a crash. So a query stopped or killed at any point and restarted from its
 checkpoint counts every message once, and a reader sees a micro-batch's rows all or not at all.
 Messages are deduplicated on (device, seq) within the watermark (a QoS 1 retransmission is
@@ -94,18 +95,23 @@ def _sort_bucket_arrivals(
 ) -> Iterator[pd.DataFrame]:
     """applyInPandasWithState without a timeout (so Spark passes on the rows behind the
     watermark too): the new rows of one bucket of devices (`spark.arrivals.DEVICE_BUCKETS`) ->
-    those that count and the late ones (`spark.arrivals.sort_bucket`), as ARRIVALS_DDL rows."""
+    those that count and the late ones (`spark.arrivals.sort_bucket`), and the malformed ones
+    (all in the bucket of a null device), as ARRIVALS_DDL rows."""
     frame = pd.concat(list(frames), ignore_index=True)
     if frame.empty:
         return
+    malformed = frame["error"].notna()
+    quarantined = frame[malformed]
+    frame = frame[~malformed].reset_index(drop=True)
     seen = BucketSeen.from_json(state.get[0]) if state.exists else BucketSeen()
     watermark = state.getCurrentWatermarkMs()
     result = sort_bucket(
         list(
             zip(
                 frame["device"].tolist(),
-                frame["seq"].tolist(),
-                frame["ts_ms"].tolist(),
+                # int64 unless malformed rows (null) came in the same frame: float64 then
+                frame["seq"].astype("int64").tolist(),
+                frame["ts_ms"].astype("int64").tolist(),
                 strict=True,
             )
         ),
@@ -128,6 +134,7 @@ def _sort_bucket_arrivals(
         [
             frame.iloc[result.counted].assign(arrival="counted"),
             frame.iloc[result.late].assign(arrival="late"),
+            quarantined.assign(arrival="quarantine"),
         ],
         ignore_index=True,
     )
@@ -167,6 +174,9 @@ def _arrivals_batch(config: JobConfig, checkpoint: Path):  # type: ignore[no-unt
             if "late" in kinds:
                 late = batch.where(F.col("arrival") == "late")
                 tables_out.append(late.select(*tables.LATE_COLUMNS), "late", batch_id)
+            if "quarantine" in kinds:
+                bad = batch.where(F.col("arrival") == "quarantine")
+                tables_out.append(bad.select(*tables.QUARANTINE_COLUMNS), "quarantine", batch_id)
         finally:
             batch.unpersist()
 
@@ -258,7 +268,7 @@ def refresh_gold(spark: SparkSession, config: JobConfig, days: list[str]) -> Non
         delta.replace_partitions(summary, config.table("alarm_summary"), "date", days)
 
 
-STAGES = (("telemetry", "quarantine"), ("line_minute", "intervals"))
+STAGES = (("telemetry",), ("line_minute", "intervals"))
 """The queries in the order they depend on each other: the second pair reads the `telemetry`
 table the first query writes."""
 
@@ -287,15 +297,15 @@ def stream_starters(
     starting_offsets: str = "earliest",
     gold: GoldRefresher | None = None,
 ) -> dict[str, Callable[[], StreamingQuery]]:
-    """The four queries, by name, each as a function that starts it; a query resumes from its
+    """The three queries, by name, each as a function that starts it; a query resumes from its
     checkpoint under `checkpoint`, so starting one again after it failed is exactly-once.
 
-    telemetry and quarantine read the broker (`rocketmq` source); a new one starts at
-    `starting_offsets`, resolved once here so that both start at the same offsets (each would
-    otherwise resolve "latest" at its own first trigger). line_minute and intervals read the
-    `telemetry` table, so a message is read from the broker and parsed twice, not four times,
-    and they count exactly what `telemetry` holds (`STAGES`: with `available_now` they run
-    once the first two are done)."""
+    telemetry reads the broker (`rocketmq` source); a new one starts at `starting_offsets`,
+    resolved here (as are the disconnect events' for intervals, so that both start at the
+    offsets of the job's start, not each at its own first trigger). line_minute and intervals
+    read the `telemetry` table, so a message is read from the broker and parsed once, not four
+    times, and they count exactly what `telemetry` holds (`STAGES`: with `available_now` they
+    run once telemetry is done)."""
 
     def resolved(source: dict[str, str]) -> dict[str, str]:
         start = start_offsets(
@@ -375,11 +385,20 @@ def stream_starters(
     batch_writer = _intervals_batch(config, gold, ck / "intervals")
 
     def arrivals() -> StreamingQuery:
-        rows = tables.valid(parsed()).withWatermark("ts", watermark)
+        # Malformed rows come along, for the quarantine table (read and parsed once for both).
+        # Their event time is null, which leaves the watermark (the newest time less the delay)
+        # where the valid rows put it.
+        rows = parsed().withWatermark("ts", watermark)
         sorted_rows = (
             rows.select(
                 *tables.TELEMETRY_COLUMNS,
                 "ts_ms",
+                "error",
+                F.when(F.col("error").isNotNull(), F.col("payload")).alias("payload"),
+                "publish_time",
+                "broker",
+                "queue",
+                "offset",
                 device_bucket.alias("device_bucket"),
             )
             .groupBy("device_bucket")
@@ -394,6 +413,7 @@ def stream_starters(
             .observe(
                 "arrivals",
                 F.count_if(F.col("arrival") == "late").alias("late_rows"),
+                F.count_if(F.col("arrival") == "quarantine").alias("quarantined_rows"),
                 F.count_if((F.col("arrival") == "counted") & F.col("clock_ahead")).alias(
                     "clock_ahead_rows"
                 ),
@@ -429,7 +449,6 @@ def stream_starters(
 
     return {
         "telemetry": arrivals,
-        "quarantine": to_table(lambda: tables.quarantined(parsed()), "quarantine"),
         "line_minute": to_table(lambda: tables.line_minute(counted()), "line_minute"),
         "intervals": intervals,
     }

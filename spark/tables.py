@@ -46,10 +46,14 @@ LATE_COLUMNS = [*TELEMETRY_COLUMNS, "watermark"]
 ARRIVALS_DDL = (
     "arrival STRING, device STRING, line STRING, station STRING, seq BIGINT, ts TIMESTAMP, "
     "device_ts TIMESTAMP, clock_ahead BOOLEAN, state STRING, good BIGINT, bad BIGINT, "
-    "alarms ARRAY<STRING>, topic STRING, key STRING, store_time TIMESTAMP, watermark TIMESTAMP"
+    "alarms ARRAY<STRING>, topic STRING, key STRING, store_time TIMESTAMP, watermark TIMESTAMP, "
+    "error STRING, payload BINARY, publish_time TIMESTAMP, broker STRING, queue INT, offset BIGINT"
 )
-"""The stream's sorted rows (`spark.arrivals`): `arrival` is "counted" or "late"."""
-ARRIVALS_COLUMNS = ["arrival", *LATE_COLUMNS]
+"""The stream's sorted rows (`spark.arrivals`): `arrival` is "counted", "late" or "quarantine"
+(a malformed message: `error` says why; `payload` is kept for those rows only)."""
+ARRIVALS_COLUMNS = [
+    "arrival", *LATE_COLUMNS, "error", "payload", "publish_time", "broker", "queue", "offset",
+]  # fmt: skip
 """ARRIVALS_DDL's columns, in order."""
 QUARANTINE_COLUMNS = [
     "error", "topic", "payload", "key", "publish_time", "store_time", "broker", "queue", "offset",

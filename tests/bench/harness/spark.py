@@ -47,7 +47,7 @@ this device a second (straight into RocketMQ) until every query has planned a mi
 (an `offsets/` entry), so no simulated message is skipped and the Python workers are warm. Its
 rows are left out of every figure."""
 JOB_STOP_S = 45.0
-QUERIES = ("telemetry", "quarantine", "line_minute", "intervals")
+QUERIES = ("telemetry", "line_minute", "intervals")
 
 
 # --------------------------------------------------------------------------- statistics

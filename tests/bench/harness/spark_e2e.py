@@ -82,7 +82,7 @@ def run_e2e(
         result["job_start_s"] = ready_s
         result["job_start_cpu_s"] = job.cpu()
         log(
-            f"    stream job's four queries running after {ready_s:.1f} s ({probes} probe "
+            f"    stream job's queries running after {ready_s:.1f} s ({probes} probe "
             f"messages of {PROBE_DEVICE}; {result['job_start_cpu_s']:.0f} CPU s so far)"
         )
         result.update(_drive(mq, bridge, job, out, seconds, rate))

@@ -133,7 +133,7 @@ def report(meta: dict[str, Any], results: dict[str, Any], send_window: int) -> N
         log(delays)
         log(
             f"    micro-batches longer than the {TRIGGER_S} s trigger (Spark's 'falling behind' "
-            f"warning, all four queries): {e['batches_behind']}, slowest "
+            f"warning, all queries): {e['batches_behind']}, slowest "
             f"{e['slowest_behind_s']:.1f} s"
         )
         batches = batch_table(e["batches"])
