@@ -93,8 +93,8 @@ class DeviceTrack:
         late = 0
         waiting = {s.seq for s in self.pending}
         for sample in samples:
-            if sample.seq in waiting:
-                continue  # the same message twice (a QoS 1 retransmission)
+            if sample.seq in waiting or (sample.ts, sample.seq) == (self.last_ts, self.last_seq):
+                continue  # the same message twice (a QoS 1 retransmission, an event stored twice)
             if sample.ts < self.last_ts or (
                 sample.ts == self.last_ts and sample.seq <= self.last_seq
             ):

@@ -348,13 +348,12 @@ def stream_starters(
         rows = counted().select(*columns)
         if presence is None:
             return rows
-        # The broker's disconnect events as OFFLINE rows, each once, under the same watermark.
+        # The broker's disconnect events as OFFLINE rows, under the telemetry table's watermark
+        # alone: Spark's global watermark is its slowest input's, so a watermark of their own
+        # would hold every interval back to the last disconnect for as long as the devices
+        # stay connected. An event copy (stored twice) is one the track has applied already.
         raw = spark.readStream.format("rocketmq").options(**presence).load()
-        events = (
-            tables.valid(tables.parse(raw, config.max_clock_ahead_s, config.device_client_ids))
-            .withWatermark("ts", watermark)
-            .dropDuplicatesWithinWatermark(["device", "seq"])
-        )
+        events = tables.valid(tables.parse(raw, config.max_clock_ahead_s, config.device_client_ids))
         return rows.unionByName(events.select(*columns))
 
     def trigger(writer):  # type: ignore[no-untyped-def]

@@ -1,20 +1,24 @@
 """A factory's telemetry for the BI job tests, and the tables it must give.
 
-`telemetry` makes 30 minutes of four devices on two lines (duplicates, malformed payloads, and a
-last message three hours past the others in device time, which moves the watermark past
-everything); `expected_tables` computes every table from the messages in plain Python, apart
-from the jobs' Spark code (it shares only the interval rules of `spark.intervals` and the
-calendar of `spark.shifts`); `actual_tables` reads what a job wrote, in the same shape, so a
-test compares the two row for row.
+`telemetry` makes 30 minutes of four devices on two lines (duplicates, malformed payloads, a
+device switched off for eleven minutes, and a last message three hours past the others in device
+time, which moves the watermark past everything); `power_off` is the broker's event of that
+device's disconnect, for the jobs that know devices' ClientIds; `expected_tables` computes
+every table from the messages in plain Python, apart from the jobs' Spark code (it shares only
+the interval rules of `spark.intervals` and the calendar of `spark.shifts`); `actual_tables`
+reads what a job wrote, in the same shape, so a test compares the two row for row.
 
 The 30 minutes are those around midnight of 7-8 March 2026 in Havana, where the clocks go
 forward from 00:00 to 01:00: they hold a change of the plant's date that UTC does not have, a
 night shift an hour short, a shift start (01:00) that cuts every running state, and five
-minutes of planned downtime. The jobs run with the same calendar (`CALENDAR_ARGS`).
+minutes of planned downtime. The jobs run with the same calendar (`CALENDAR_ARGS`). The device
+switched off is silent across all three: OFFLINE from its disconnect (when the jobs read the
+event) is cut at the shift start, and its part in the planned downtime does not count.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -25,6 +29,7 @@ from pyspark.sql import functions as F
 from spark.intervals import Sample, batch_intervals
 from spark.job_config import JobConfig
 from spark.jobs import read_table
+from spark.presence import OFFLINE
 from spark.shifts import Downtime, Shifts
 from spark.telemetry import Device, encode, validate
 
@@ -43,6 +48,33 @@ CALENDAR = Shifts.parse("01:00,06:00,14:00,22:00", "America/Havana",
 """The same calendar, for a `JobConfig` and the expected tables."""
 
 
+OFF_DEVICE = "L2-D01"
+OFF_MS = START_MS + 11 * 60_000
+"""When OFF_DEVICE loses power: it sends nothing from then until ON_MS."""
+DISCONNECT_MS = OFF_MS + 45_000
+"""When the broker notices (1.5 keepalives of 30 s) and stores the disconnect event."""
+ON_MS = START_MS + 22 * 60_000
+
+
+def device_client_id(top: str) -> str:
+    """The jobs' `--device-client-id` pattern: devices connect as `<top>-<device>`, so no other
+    test's clients (whose events share the broker's `$SYS` topic) are taken for devices."""
+    return f"{top}-{{device}}"
+
+
+def power_off(top: str) -> tuple[str, bytes]:
+    """The `$SYS` disconnect event a node stores for OFF_DEVICE at DISCONNECT_MS (the fields of
+    bridge/operations/systopics.py), for a test to store in RocketMQ as the node would."""
+    client_id = device_client_id(top).replace("{device}", OFF_DEVICE)
+    event = {"clientid": client_id, "username": None, "ip": "127.0.0.1", "node": "n1",
+             "reason": "keepalive timeout", "connected_at": START_MS - 3_600_000,
+             "ts": DISCONNECT_MS}  # fmt: skip
+    return (
+        f"$SYS/brokers/n1/clients/{client_id}/disconnected",
+        json.dumps(event, separators=(",", ":")).encode(),
+    )
+
+
 def telemetry(top: str) -> tuple[list[tuple[str, bytes]], list[dict]]:
     """(what to publish, the valid messages among it): 2 lines x 2 devices over 30 minutes, in
     device-time order as devices running side by side publish them; five messages sent twice
@@ -54,6 +86,8 @@ def telemetry(top: str) -> tuple[list[tuple[str, bytes]], list[dict]]:
         model = Device(line, f"S{n + 1}", device, seed=100 + n, start_ms=START_MS, interval_s=10)
         while model.clock_ms < START_MS + SPAN_MS:
             for message in model.step():
+                if device == OFF_DEVICE and OFF_MS < message["ts"] < ON_MS:
+                    continue  # switched off: nothing is sent
                 timeline.append((message["ts"], f"{top}/{line}/{device}/telemetry", message))
     timeline.sort(key=lambda item: item[0])
     published: list[tuple[str, bytes]] = []
@@ -89,7 +123,10 @@ def minute(ts: int) -> int:
     return ts - ts % 60_000
 
 
-def expected_tables(valid: list[dict], published: list[tuple[str, bytes]]) -> dict[str, Counter]:
+def expected_tables(
+    valid: list[dict], published: list[tuple[str, bytes]], *, offline: bool = False
+) -> dict[str, Counter]:
+    """The tables from the messages; with `offline`, the jobs also read `power_off`'s event."""
     unique_messages = list({(m["device"], m["seq"]): m for m in valid}.values())
     out: dict[str, Counter] = {}
     out["telemetry"] = Counter(
@@ -116,6 +153,10 @@ def expected_tables(valid: list[dict], published: list[tuple[str, bytes]]) -> di
         by_device[m["device"]].append(
             Sample(m["ts"], m["seq"], m["state"], frozenset(m["alarms"]), m["line"], m["station"])
         )
+    if offline:  # OFFLINE from the disconnect to the next report; the event names no line
+        by_device[OFF_DEVICE].append(
+            Sample(DISCONNECT_MS, -DISCONNECT_MS, OFFLINE, frozenset(), "", "")
+        )
     newest = max(m["ts"] for m in unique_messages)  # how far a back-fill cuts running states
     intervals = [i for d, s in by_device.items() for i in batch_intervals(d, s, CALENDAR, newest)]
     out["state_intervals"] = Counter(
@@ -139,6 +180,7 @@ def expected_tables(valid: list[dict], published: list[tuple[str, bytes]]) -> di
             number,
             planned / 1000,
             s["RUNNING"] / 1000,
+            s[OFFLINE] / 1000,
             sum(s.values()) / 1000,
             ratio(s["RUNNING"], sum(s.values())),
         )
@@ -184,6 +226,7 @@ def actual_tables(spark: SparkSession, out: Path) -> dict[str, Counter]:
         "shift",
         "planned_s",
         "running_s",
+        "offline_s",
         "observed_s",
         "availability",
     )

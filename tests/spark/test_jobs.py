@@ -5,7 +5,8 @@ compared row for row with what the published messages must give.
 The streaming job first loses one query's source (its Python worker, SIGKILL), which it
 restarts alone; then the whole job is killed with SIGKILL part-way (driver and JVM,
 mid-micro-batch as it happens) and restarted from its checkpoints: every count must still be
-exact, nothing lost and nothing counted twice.
+exact, nothing lost and nothing counted twice. Both jobs know the devices' ClientIds, so the
+device switched off in the factory day is OFFLINE from the broker's disconnect event.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ from pyspark.sql import SparkSession
 
 from spark.job_config import ALL_TABLES, LAYOUTS, JobConfig
 from spark.jobs import read_table, run_backfill, table_states
+from spark.presence import DeviceClientIds
 from spark.telemetry import TOPIC_PREFIX
-from tests.spark.conftest import publish_all, unique
+from tests.spark.conftest import produce_backend_message, publish_all, unique
 from tests.spark.factory_day import (
     CALENDAR,
     CALENDAR_ARGS,
     START_MS,
     actual_tables,
+    device_client_id,
     expected_tables,
+    power_off,
     rows,
     telemetry,
     without_open_minute,
@@ -41,10 +45,16 @@ pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
-def published(rocketmq_bridge: BridgeProcess) -> tuple[str, list[tuple[str, bytes]], list[dict]]:
+def published(
+    rocketmq_bridge: BridgeProcess, rocketmq
+) -> tuple[str, list[tuple[str, bytes]], list[dict]]:
     top = unique("bi")
     messages, valid = telemetry(top)
     publish_all(rocketmq_bridge.port, messages, client_id=unique("plant-gw-"))
+    # The device switched off: its disconnect event, stored as a node stores it (the event's
+    # time is the factory day's, which a node's own clock cannot give).
+    event_topic, event = power_off(top)
+    produce_backend_message(rocketmq.namesrv_addr, event_topic, event, {})
     return top, messages, valid
 
 
@@ -69,9 +79,10 @@ def test_back_fill_builds_every_table_exactly_and_quarantines_malformed_payloads
 ) -> None:
     top, messages, valid = published
     config = JobConfig(out=str(tmp_path / "bi"), nameserver=rocketmq.namesrv_addr,
-                       topic_filter=f"{top}/+/+/telemetry", shifts=CALENDAR)  # fmt: skip
+                       topic_filter=f"{top}/+/+/telemetry", shifts=CALENDAR,
+                       device_client_ids=DeviceClientIds(device_client_id(top)))  # fmt: skip
     counts = run_backfill(spark, config, None, None)
-    expected = expected_tables(valid, messages)
+    expected = expected_tables(valid, messages, offline=True)
     actual = actual_tables(spark, tmp_path / "bi")
     for name, table in expected.items():
         assert actual[name] == table, name
@@ -100,7 +111,7 @@ def stream_job(nameserver: str, top: str, out: Path, ck: Path, *extra: str) -> s
     command = [
         sys.executable, "-m", "spark.jobs", "stream", "--nameserver", nameserver,
         "--topic-filter", f"{top}/+/+/telemetry", "--out", str(out), "--checkpoint", str(ck),
-        *CALENDAR_ARGS, *extra,
+        "--device-client-id", device_client_id(top), *CALENDAR_ARGS, *extra,
     ]  # fmt: skip
     with open(out.parent / "stream.log", "ab") as log:
         return subprocess.Popen(
@@ -152,9 +163,10 @@ def test_streaming_job_that_loses_a_query_and_then_is_killed_counts_every_messag
         # One query's source dies (its Python worker, SIGKILL): that query alone is restarted
         # from its checkpoint while the others run on.
         # A worker that missed Spark's 10 s to connect back (the job restarted its query) may
-        # linger a moment: wait until there is one, for the one query reading the broker
-        # (telemetry; the other two read the telemetry table).
-        wait_for(lambda: len(source_runners(job)) == 1, 120, "the source's worker", job, log)
+        # linger a moment: wait until there is one per source reading the broker (telemetry's,
+        # and the disconnect events' of intervals, which reads the rest from the telemetry
+        # table; line_minute reads only that table).
+        wait_for(lambda: len(source_runners(job)) == 2, 120, "a worker per source", job, log)
         restarts = log.read_text().count(RESTARTED)
         os.kill(source_runners(job)[0], signal.SIGKILL)
         wait_for(
@@ -175,7 +187,7 @@ def test_streaming_job_that_loses_a_query_and_then_is_killed_counts_every_messag
         assert rerun.wait(400) == 0, (out.parent / "stream.log").read_text()[-3000:]
     finally:
         kill_group(rerun)
-    expected = expected_tables(valid, messages)
+    expected = expected_tables(valid, messages, offline=True)
     actual = actual_tables(spark, out)
     expected["line_minute"] = without_open_minute(expected["line_minute"])
     for name, table in expected.items():

@@ -233,6 +233,15 @@ def test_a_bucket_of_devices_closes_what_each_device_track_alone_closes(
     assert keys(from_bucket) == keys(from_alone)
 
 
+def test_a_copy_of_the_sample_applied_last_is_neither_applied_again_nor_counted_late() -> None:
+    track = DeviceTrack("d1")
+    offline = Sample(T0 + 5000, -(T0 + 5000), "OFFLINE", frozenset(), "", "")
+    track.advance([sample(0, 0), offline], watermark=T0 + 5000)
+    assert track.advance([offline], watermark=T0 + 6000) == ([], 0)
+    closed, late = track.advance([sample(4000, 1)], watermark=T0 + 6000)
+    assert (closed, late) == ([], 1), "an older report than the last applied is late"
+
+
 def test_track_json_round_trip_keeps_pending_samples_and_open_alarms() -> None:
     track = DeviceTrack("d1")
     track.advance([sample(0, 0, alarms=("W201",)), sample(9000, 1, "IDLE")], watermark=T0)
