@@ -52,11 +52,13 @@ if [ -z "$(daemon_pid master)" ]; then
         setsid "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
         --host "$SPARK_BIND" --port "$port" --webui-port "$SPARK_MASTER_UI_PORT" \
         </dev/null >>"$DATA_DIR/master.log" 2>&1 &
-    echo $! >"$DATA_DIR/master.pid"
+    launched=$!
+    echo "$launched" >"$DATA_DIR/master.pid"
     deadline=$((SECONDS + SPARK_START_TIMEOUT))
     until listening "$port"; do
-        pid=$(daemon_pid master)
-        if [ -z "$pid" ]; then
+        # Whether the process launched is alive, not daemon_pid: until the child has exec'd,
+        # its /proc environ is this script's at its own start, without SPARK_DEPLOY_DIR.
+        if ! alive "$launched"; then
             log_tail "$DATA_DIR/master.log"
             die "the master exited during start-up (log: $DATA_DIR/master.log)"
         fi
@@ -78,10 +80,11 @@ for n in $(seq 1 "$workers"); do
         --host "$SPARK_BIND" --webui-port 0 --cores "$SPARK_WORKER_CORES" \
         --memory "$SPARK_WORKER_MEMORY" --work-dir "$DATA_DIR/work-$n" "$master_url" \
         </dev/null >>"$DATA_DIR/worker-$n.log" 2>&1 &
-    echo $! >"$DATA_DIR/worker-$n.pid"
+    launched=$!
+    echo "$launched" >"$DATA_DIR/worker-$n.pid"
     deadline=$((SECONDS + SPARK_START_TIMEOUT))
     until [ "$(grep -c "Registering worker" "$DATA_DIR/master.log" || true)" -gt "$registered" ]; do
-        if [ -z "$(daemon_pid "worker-$n")" ]; then
+        if ! alive "$launched"; then
             log_tail "$DATA_DIR/worker-$n.log"
             die "worker $n exited during start-up (log: $DATA_DIR/worker-$n.log)"
         fi

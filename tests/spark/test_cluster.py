@@ -53,13 +53,14 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     data, port = tmp_path_factory.mktemp("spark-standalone"), free_port()
     env = {**os.environ, "SPARK_WORKER_CORES": "2", "SPARK_WORKER_MEMORY": "2g"}
     try:
-        subprocess.run(
+        started = subprocess.run(
             [DEPLOY / "start.sh", data, str(port), "1"],
             env=env,
-            check=True,
             capture_output=True,
+            text=True,
             timeout=300,
         )
+        assert started.returncode == 0, f"start.sh failed:\n{started.stdout}\n{started.stderr}"
         yield data, port
     finally:
         subprocess.run([DEPLOY / "stop.sh", data], check=False, timeout=120)
