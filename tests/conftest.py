@@ -122,7 +122,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     test's node id.)
 
     Every Spark module runs on that one worker, the demo (with servers of its own) too: two
-    streaming jobs side by side, each with four queries triggering every second, ask more than
+    streaming jobs side by side, each with several queries triggering every second, ask more than
     two cores, and their Python workers then miss Spark's fixed 10 s to connect back until the
     jobs fail or time out."""
     from xdist.scheduler import LoadScopeScheduling
