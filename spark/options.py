@@ -228,7 +228,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         max_per_trigger=max_per_trigger,
         fail_on_data_loss=fail_text == "true",
         min_partitions=_int(options, "minPartitions", minimum=1),
-        pull_batch=_int(options, "pullBatchSize", minimum=1) or 32,
+        pull_batch=_int(options, "pullBatchSize", minimum=1) or 256,
         consumer_group=_get(options, "consumerGroup") or DEFAULT_GROUP,
         request_timeout=request_timeout,
         access_key=access_key,
