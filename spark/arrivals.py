@@ -34,16 +34,9 @@ written with another value holds its devices under other buckets, so it must not
 @dataclass(slots=True)
 class Seen:
     """The seqs a device counted whose event time the watermark has not passed: seq -> ts_ms.
-    Kept in the query's state between micro-batches, as JSON."""
+    Kept in the query's state between micro-batches, in its bucket's `BucketSeen`."""
 
     seqs: dict[int, int] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(self.seqs, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Seen:
-        return cls({int(seq): int(ts) for seq, ts in json.loads(text).items()})
 
 
 @dataclass(frozen=True, slots=True)

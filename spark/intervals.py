@@ -208,13 +208,6 @@ class DeviceTrack:
             ],
         )
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_state(), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, device: str, text: str, shifts: Shifts | None = None) -> DeviceTrack:
-        return cls.from_state(device, json.loads(text), shifts)
-
 
 @dataclass(slots=True)
 class BucketTracks:

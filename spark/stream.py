@@ -96,7 +96,7 @@ def _sort_bucket_arrivals(
     """applyInPandasWithState without a timeout (so Spark passes on the rows behind the
     watermark too): the new rows of one bucket of devices (`spark.arrivals.DEVICE_BUCKETS`) ->
     those that count and the late ones (`spark.arrivals.sort_bucket`), and the malformed ones
-    (all in the bucket of a null device), as ARRIVALS_DDL rows."""
+    (spread over the buckets by where they are stored), as ARRIVALS_DDL rows."""
     frame = pd.concat(list(frames), ignore_index=True)
     if frame.empty:
         return
@@ -398,7 +398,11 @@ def stream_starters(
                 "broker",
                 "queue",
                 "offset",
-                device_bucket.alias("device_bucket"),
+                # A malformed row has no device: spread by where it is stored, so a flood of
+                # them is not one group held by one Python worker.
+                F.when(F.col("device").isNotNull(), device_bucket)
+                .otherwise(F.pmod(F.xxhash64("broker", "queue", "offset"), F.lit(DEVICE_BUCKETS)))
+                .alias("device_bucket"),
             )
             .groupBy("device_bucket")
             .applyInPandasWithState(
