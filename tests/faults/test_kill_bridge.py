@@ -202,10 +202,13 @@ def test_kill_9_while_delivering_qos2_delivers_each_message_exactly_once(bridge)
     publisher = ReliablePublisher(bridge.port, "publisher")
     publisher.publish_all(messages)
 
-    thread, receiver_error = receive_until_broken(subscriber, len(messages))
-    kill_when(bridge, lambda: len(subscriber.delivered) >= 100).join()
-    thread.join(35)
-    assert receiver_error, "the subscriber should have seen the connection break"
+    # The subscriber stops reading after 100 while the bridge still has the rest in flight to
+    # it (a killer thread racing a reading subscriber lost the race on a busy CI machine: all
+    # 300 arrived before the kill).
+    subscriber.receive(until=100, timeout=30)
+    bridge.kill()
+    with pytest.raises((ConnectionError, OSError)):
+        subscriber.receive(until=len(messages), timeout=30)
     assert len(subscriber.delivered) < len(messages)
 
     bridge.start()
