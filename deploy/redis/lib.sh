@@ -8,6 +8,11 @@
 #   appendonlydir/               the append-only file (redis-server)
 #
 # Settings (environment):
+#   REDIS_HOST           127.0.0.1  the IP address start.sh / start-sentinel.sh bind the
+#                        instance to and reach it on; replicas and Sentinels connect from it,
+#                        so it is also the address the others learn. Any other address turns
+#                        protected mode off (without a password it refuses every client that
+#                        is not on the loopback); status.sh reads it from the config
 #   REDIS_START_TIMEOUT  30  seconds to wait for PONG (AOF loading counts: a big AOF needs more)
 #   REDIS_STOP_TIMEOUT   30  seconds between SIGTERM and SIGKILL
 # Access (environment; start.sh and start-sentinel.sh):
@@ -24,6 +29,7 @@
 #                        signed), optional or no
 # Config files that hold a password are written 0600.
 
+: "${REDIS_HOST:=127.0.0.1}"
 : "${REDIS_START_TIMEOUT:=30}"
 : "${REDIS_STOP_TIMEOUT:=30}"
 
@@ -37,6 +43,10 @@ use_data_dir() {
     DATA_DIR="$(realpath -m "$1")"
     PID_FILE="$DATA_DIR/redis.pid"
     LOG_FILE="$DATA_DIR/redis.log"
+}
+
+check_host() {
+    [[ "$REDIS_HOST" =~ ^[0-9A-Fa-f.:]+$ ]] || die "REDIS_HOST must be an IP address, not '$REDIS_HOST'"
 }
 
 check_port() {
@@ -65,6 +75,13 @@ config_file() {
     if [ -f "$DATA_DIR/sentinel.conf" ]; then echo "$DATA_DIR/sentinel.conf"; else echo "$DATA_DIR/redis.conf"; fi
 }
 
+# config_host: the address in this instance's config (its first bind address), else REDIS_HOST.
+config_host() {
+    local host
+    host=$(awk '$1 == "bind" { print $2; exit }' "$(config_file)" 2>/dev/null || true)
+    echo "${host:-$REDIS_HOST}"
+}
+
 # config_port: the port in this instance's config (its tls-port when it speaks TLS only).
 config_port() {
     awk '$1 == "port" { plain = $2 } $1 == "tls-port" { tls = $2 }
@@ -72,7 +89,7 @@ config_port() {
 }
 
 port_open() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+    (exec 3<>"/dev/tcp/$REDIS_HOST/$1") 2>/dev/null
 }
 
 log_tail() {
@@ -129,6 +146,13 @@ load_access() {
     CLI_PASSWORD=$SERVER_PASSWORD
 }
 
+# net_conf: the config lines of where the instance listens (REDIS_HOST). An address other than
+# the loopback is there to be reached from elsewhere, which protected mode would refuse.
+net_conf() {
+    echo "bind $REDIS_HOST"
+    [ "$REDIS_HOST" = 127.0.0.1 ] || echo "protected-mode no"
+}
+
 # tls_conf PORT: the config lines that make PORT a TLS-only port (nothing without TLS).
 tls_conf() {
     if [ -z "$TLS_ON" ]; then
@@ -146,7 +170,7 @@ tls-replication yes
 CONF
 }
 
-# cli PORT ARGS...: redis-cli on 127.0.0.1:PORT, logged in as CLI_USER/CLI_PASSWORD (through
+# cli PORT ARGS...: redis-cli on REDIS_HOST:PORT, logged in as CLI_USER/CLI_PASSWORD (through
 # the environment, never the command line) and with the TLS files.
 cli() {
     local port=$1 args=()
@@ -155,7 +179,7 @@ cli() {
     if [ -n "$TLS_ON" ]; then
         args+=(--tls --cacert "$REDIS_TLS_CA_FILE" --cert "$REDIS_TLS_CERT_FILE" --key "$REDIS_TLS_KEY_FILE")
     fi
-    REDISCLI_AUTH="$CLI_PASSWORD" redis-cli --no-auth-warning -p "$port" "${args[@]}" "$@"
+    REDISCLI_AUTH="$CLI_PASSWORD" redis-cli --no-auth-warning -h "$REDIS_HOST" -p "$port" "${args[@]}" "$@"
 }
 
 # wait_pong PORT: until the launched process answers PING (a server still loading its AOF
@@ -172,7 +196,7 @@ wait_pong() {
         if [ "$SECONDS" -ge "$deadline" ]; then
             kill -KILL "$pid" 2>/dev/null || true
             log_tail
-            die "pid $pid did not answer PING on 127.0.0.1:$port within ${REDIS_START_TIMEOUT}s; killed it"
+            die "pid $pid did not answer PING on $REDIS_HOST:$port within ${REDIS_START_TIMEOUT}s; killed it"
         fi
         sleep 0.05
     done
@@ -184,7 +208,7 @@ refuse_if_taken() {
     local pid
     pid=$(recorded_pid)
     if [ -n "$pid" ]; then
-        echo "redis: already running (pid $pid) on 127.0.0.1:$(config_port), data $DATA_DIR"
+        echo "redis: already running (pid $pid) on $(config_host):$(config_port), data $DATA_DIR"
         exit 0
     fi
     ! port_open "$1" || die "port $1 is taken by another process"

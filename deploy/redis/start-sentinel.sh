@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Start one Redis Sentinel on 127.0.0.1:PORT that watches the master MASTER_NAME; return once it
-# answers PING. Run three (QUORUM 2, the default) so that one can fail and the other two still
-# agree that a master is down and elect the one that fails it over. Clients ask any sentinel for
-# the current master (SENTINEL GET-MASTER-ADDR-BY-NAME MASTER_NAME).
+# Start one Redis Sentinel on REDIS_HOST:PORT (default 127.0.0.1) that watches the master
+# MASTER_NAME; return once it answers PING. Run three (QUORUM 2, the default) so that one can
+# fail and the other two still agree that a master is down and elect the one that fails it over.
+# Clients ask any sentinel for the current master (SENTINEL GET-MASTER-ADDR-BY-NAME MASTER_NAME).
+# The other Sentinels learn it at REDIS_HOST: it talks to the master from that address.
 #   deploy/redis/start-sentinel.sh DATA_DIR PORT MASTER_NAME MASTER_HOST:MASTER_PORT [QUORUM]
 #   deploy/redis/start-sentinel.sh /srv/sentinel-1 26379 mqtt-bridge 127.0.0.1:6379
 # Settings (only used when DATA_DIR has no sentinel.conf yet):
@@ -28,6 +29,7 @@ port=$2
 name=$3
 master=$4
 quorum=${5:-2}
+check_host
 check_port "$port"
 [[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] || die "master name must be [A-Za-z0-9._-]+, not '$name'"
 [[ "$master" =~ ^[^:[:space:]]+:[0-9]+$ ]] || die "master must be HOST:PORT, not '$master'"
@@ -45,6 +47,8 @@ CLI_USER=""
 CLI_PASSWORD=$sentinel_password
 "$HERE/../ensure-debian-packages.sh" redis-sentinel redis-tools:redis-cli procps:ps
 mkdir -p "$DATA_DIR"
+# A kept sentinel.conf keeps its bind address too.
+[ ! -f "$DATA_DIR/sentinel.conf" ] || REDIS_HOST=$(config_host)
 refuse_if_taken "$port"
 
 conf="$DATA_DIR/sentinel.conf"
@@ -62,7 +66,7 @@ sentinel sentinel-pass $sentinel_password"
     chmod 600 "$conf"
     cat >"$conf" <<CONF
 # Written by deploy/redis/start-sentinel.sh; Sentinel rewrites this file as it learns.
-bind 127.0.0.1
+$(net_conf)
 $(tls_conf "$port")
 daemonize no
 dir "$DATA_DIR"
@@ -77,4 +81,4 @@ fi
 
 launch redis-sentinel "$conf"
 wait_pong "$port"
-echo "redis: sentinel up (pid $(recorded_pid)) on 127.0.0.1:$port, watching $name, data $DATA_DIR"
+echo "redis: sentinel up (pid $(recorded_pid)) on $REDIS_HOST:$port, watching $name, data $DATA_DIR"

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Start one Redis server on 127.0.0.1:PORT with its config, AOF, log and PID in DATA_DIR; return
-# once it answers PING (with its data loaded). Durability is the append-only file alone, no RDB
-# snapshots: a write is in the AOF (OS page cache) before it is acknowledged and fsynced every
-# second, so kill -9 loses nothing acknowledged (short of a disk so slow that Redis postpones
-# AOF writes, which it logs) and a power cut about the last second; REDIS_APPENDFSYNC=always
-# fsyncs before every reply (slower, loses nothing). Starting again on the same DATA_DIR
-# reloads the AOF. Idempotent: a running instance is left alone.
+# Start one Redis server on REDIS_HOST:PORT (default 127.0.0.1) with its config, AOF, log and
+# PID in DATA_DIR; return once it answers PING (with its data loaded). Durability is the
+# append-only file alone, no RDB snapshots: a write is in the AOF (OS page cache) before it is
+# acknowledged and fsynced every second, so kill -9 loses nothing acknowledged (short of a disk
+# so slow that Redis postpones AOF writes, which it logs) and a power cut about the last second;
+# REDIS_APPENDFSYNC=always fsyncs before every reply (slower, loses nothing). Starting again on
+# the same DATA_DIR reloads the AOF. Idempotent: a running instance is left alone.
 #   deploy/redis/start.sh DATA_DIR PORT [--replicaof HOST:PORT]
 #   deploy/redis/start.sh /srv/redis-a 6379
 #   deploy/redis/start.sh /srv/redis-b 6380 --replicaof 127.0.0.1:6379
 #   REDIS_PASSWORD_FILE=/srv/redis.pw REDIS_USER=mqtt deploy/redis/start.sh /srv/redis-a 6379
+#   REDIS_HOST=10.0.0.5 deploy/redis/start.sh /srv/redis-a 6379
 # Then: status.sh, stop.sh (SIGTERM), kill.sh (SIGKILL) with the same DATA_DIR. Settings, a
-# password, an ACL user and TLS: lib.sh.
+# password, an ACL user, TLS and REDIS_HOST: lib.sh.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -21,6 +22,7 @@ usage() { die "usage: start.sh DATA_DIR PORT [--replicaof HOST:PORT]"; }
 [ $# -eq 2 ] || { [ $# -eq 4 ] && [ "$3" = --replicaof ]; } || usage
 use_data_dir "$1"
 port=$2
+check_host
 check_port "$port"
 replicaof=""
 if [ $# -eq 4 ]; then
@@ -57,7 +59,7 @@ touch "$DATA_DIR/redis.conf"
 chmod 600 "$DATA_DIR/redis.conf"
 cat >"$DATA_DIR/redis.conf" <<CONF
 # Written by deploy/redis/start.sh.
-bind 127.0.0.1
+$(net_conf)
 $(tls_conf "$port")
 daemonize no
 dir "$DATA_DIR"
@@ -74,5 +76,5 @@ CONF
 
 launch redis-server "$DATA_DIR/redis.conf"
 wait_pong "$port"
-echo "redis: up (pid $(recorded_pid)) on 127.0.0.1:$port${replicaof:+, $replicaof}," \
+echo "redis: up (pid $(recorded_pid)) on $REDIS_HOST:$port${replicaof:+, $replicaof}," \
     "appendfsync $REDIS_APPENDFSYNC${SERVER_PASSWORD:+, password${REDIS_USER:+ of user $REDIS_USER}}${TLS_ON:+, TLS}, data $DATA_DIR"

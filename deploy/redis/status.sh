@@ -18,6 +18,7 @@ if [ -f "$DATA_DIR/sentinel.conf" ] && [ -n "${REDIS_SENTINEL_PASSWORD_FILE:-}" 
 fi
 pid=$(recorded_pid)
 port=$(config_port)
+REDIS_HOST=$(config_host)
 if [ -z "$pid" ] || [ -z "$port" ]; then
     echo "stopped (data $DATA_DIR)"
     exit 1
@@ -30,5 +31,5 @@ else
         | awk -F: '$1 == "role" || $1 == "master_host" || $1 == "master_port" || $1 == "master_link_status" \
             { printf "%s%s=%s", sep, $1, $2; sep = ", " }' || true)
 fi
-[ -n "$detail" ] || { echo "running (pid $pid) but not answering on 127.0.0.1:$port"; exit 1; }
-echo "running, pid $pid, 127.0.0.1:$port, $detail, data $DATA_DIR"
+[ -n "$detail" ] || { echo "running (pid $pid) but not answering on $REDIS_HOST:$port"; exit 1; }
+echo "running, pid $pid, $REDIS_HOST:$port, $detail, data $DATA_DIR"

@@ -2,6 +2,10 @@
 #
 # Settings (environment variables; an explicitly set variable always wins):
 #   ROCKETMQ_DATA_DIR         <repo>/data/rocketmq   store, logs, PID files, rendered configs
+#   ROCKETMQ_HOST             127.0.0.1  the IP address the NameServer and brokers bind to
+#                                     (but a broker's HA port: every interface) and the brokers
+#                                     register with (brokerIP1, brokerIP2: what clients and slaves
+#                                     connect to); the scripts reach them there
 #   ROCKETMQ_NAMESRV_PORT     19876   NameServer (upstream default 9876)
 #   ROCKETMQ_BROKER_PORT      20911   broker listenPort (upstream 10911); the broker also binds
 #                                     PORT-2 (its "fast" channel) and PORT+1 (HA), keep them free
@@ -27,7 +31,8 @@
 #   ROCKETMQ_JAVA_OPTS        extra JVM options for every process (appended last)
 #   ROCKETMQ_VERSION          5.3.3
 #   ROCKETMQ_CACHE_DIR        ${XDG_CACHE_HOME:-$HOME/.cache}/mqtt-bridge/rocketmq-$ROCKETMQ_VERSION
-#   ROCKETMQ_NAMESRV_ADDR     127.0.0.1:$ROCKETMQ_NAMESRV_PORT (admin.sh against another NameServer)
+#   ROCKETMQ_NAMESRV_ADDR     $ROCKETMQ_HOST:$ROCKETMQ_NAMESRV_PORT (admin.sh against another
+#                             NameServer)
 #   JAVA                      java binary (default: $JAVA_HOME/bin/java, else `java`)
 #   ROCKETMQ_ACL              0, or 1: brokers authenticate every request (ACL 2.0:
 #                             authenticationEnabled, authorizationEnabled) and know one super
@@ -38,10 +43,11 @@
 #                             (saved, mode 600, in $ROCKETMQ_DATA_DIR/rocketmq.env)
 #   ROCKETMQ_TLS              0, or 1: NameServer and brokers speak TLS only
 #                             (tls.server.mode=enforcing), with a throw-away CA and a server
-#                             certificate for 127.0.0.1/localhost made at the first start in
-#                             $ROCKETMQ_DATA_DIR/tls/ (ca.pem is what clients trust, and
-#                             client.pem/client.key a client certificate signed by it); the
-#                             brokers, admin.sh and probe.py connect over TLS too
+#                             certificate for 127.0.0.1/localhost (and ROCKETMQ_HOST) made at
+#                             the first start in $ROCKETMQ_DATA_DIR/tls/ (ca.pem is what
+#                             clients trust, and client.pem/client.key a client certificate
+#                             signed by it); the brokers, admin.sh and probe.py connect over
+#                             TLS too
 #   ROCKETMQ_TLS_MODE         enforcing | permissive (TLS and plain text both accepted)
 #   ROCKETMQ_TLS_CLIENT_AUTH  0, or 1 (with ROCKETMQ_TLS=1): the servers require a client
 #                             certificate signed by the CA (tls/client.pem, client.key are one)
@@ -72,6 +78,7 @@ fi
 : "${ROCKETMQ_VERSION:=5.3.3}"
 : "${ROCKETMQ_CACHE_DIR:=${XDG_CACHE_HOME:-$HOME/.cache}/mqtt-bridge/rocketmq-$ROCKETMQ_VERSION}"
 ROCKETMQ_LIB="$ROCKETMQ_CACHE_DIR/lib"
+: "${ROCKETMQ_HOST:=127.0.0.1}"
 : "${ROCKETMQ_NAMESRV_PORT:=19876}"
 : "${ROCKETMQ_BROKER_PORT:=20911}"
 : "${ROCKETMQ_CLUSTER:=DefaultCluster}"
@@ -94,6 +101,9 @@ for v in ROCKETMQ_ACL ROCKETMQ_TLS ROCKETMQ_TLS_CLIENT_AUTH; do
         *) echo "$v must be 0 or 1, not '${!v}'" >&2; exit 2 ;;
     esac
 done
+case "$ROCKETMQ_HOST" in
+    "" | *[!0-9A-Fa-f.:]*) echo "ROCKETMQ_HOST must be an IP address, not '$ROCKETMQ_HOST'" >&2; exit 2 ;;
+esac
 case "$ROCKETMQ_TLS_MODE" in
     enforcing | permissive) ;;
     *) echo "ROCKETMQ_TLS_MODE must be enforcing or permissive, not '$ROCKETMQ_TLS_MODE'" >&2; exit 2 ;;
@@ -118,10 +128,10 @@ fi
 : "${ROCKETMQ_ADMIN_HEAP:=-Xms64m -Xmx256m}"
 : "${ROCKETMQ_JAVA_OPTS:=}"
 # admin.sh can also talk to another NameServer: ROCKETMQ_NAMESRV_ADDR=host:port admin.sh ...
-: "${ROCKETMQ_NAMESRV_ADDR:=127.0.0.1:$ROCKETMQ_NAMESRV_PORT}"
-RMQ_LOCAL_NAMESRV="127.0.0.1:$ROCKETMQ_NAMESRV_PORT"  # what start*.sh start and register with
+: "${ROCKETMQ_NAMESRV_ADDR:=$ROCKETMQ_HOST:$ROCKETMQ_NAMESRV_PORT}"
+RMQ_LOCAL_NAMESRV="$ROCKETMQ_HOST:$ROCKETMQ_NAMESRV_PORT"  # what start*.sh start and register with
 # shellcheck disable=SC2034  # group 0's master, for the scripts that source this file
-ROCKETMQ_BROKER_ADDR="127.0.0.1:$ROCKETMQ_BROKER_PORT"
+ROCKETMQ_BROKER_ADDR="$ROCKETMQ_HOST:$ROCKETMQ_BROKER_PORT"
 
 case "$ROCKETMQ_FLUSH_DISK_TYPE" in
     SYNC_FLUSH | ASYNC_FLUSH) ;;
@@ -207,12 +217,15 @@ rmq_java_common() {
     fi
 }
 
-# make_tls_files: a throw-away CA and a server certificate (127.0.0.1, localhost) signed by it,
-# made once per data dir. Netty reads the server key only as PKCS#8 PEM (genpkey's format).
+# make_tls_files: a throw-away CA and a server certificate (127.0.0.1, localhost, ROCKETMQ_HOST)
+# signed by it, made once per data dir. Netty reads the server key only as PKCS#8 PEM (genpkey's
+# format).
 make_tls_files() {
     [ "$ROCKETMQ_TLS" = 1 ] || return 0
     [ -s "$RMQ_TLS_DIR/server.pem" ] && return 0
     command -v openssl >/dev/null || die "ROCKETMQ_TLS=1 needs openssl to make its certificates"
+    local san=""
+    [ "$ROCKETMQ_HOST" = 127.0.0.1 ] || san=",IP:$ROCKETMQ_HOST"
     mkdir -p "$RMQ_TLS_DIR"
     chmod 700 "$RMQ_TLS_DIR"
     (
@@ -222,9 +235,9 @@ make_tls_files() {
             -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
             -out ca.pem 2>/dev/null
         openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out server.key 2>/dev/null
-        openssl req -new -key server.key -subj "/CN=127.0.0.1" -out server.csr 2>/dev/null
+        openssl req -new -key server.key -subj "/CN=$ROCKETMQ_HOST" -out server.csr 2>/dev/null
         printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
-            "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" >server.ext
+            "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost$san" >server.ext
         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
             -extfile server.ext -out server.pem 2>/dev/null
         openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out client.key 2>/dev/null
@@ -283,10 +296,10 @@ prepare_dirs() {
         umask 077  # the ACL password is in it
         {
             echo "# Written by deploy/rocketmq/start.sh; read by the other scripts for unset variables."
-            for v in ROCKETMQ_NAMESRV_PORT ROCKETMQ_BROKER_PORT ROCKETMQ_CLUSTER ROCKETMQ_BROKER_NAME \
-                RMQ_GROUPS RMQ_SLAVES ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_TIMER ROCKETMQ_VERSION \
-                ROCKETMQ_ACL ROCKETMQ_ACL_USER ROCKETMQ_ACL_PASSWORD ROCKETMQ_TLS ROCKETMQ_TLS_MODE \
-                ROCKETMQ_TLS_CLIENT_AUTH; do
+            for v in ROCKETMQ_HOST ROCKETMQ_NAMESRV_PORT ROCKETMQ_BROKER_PORT ROCKETMQ_CLUSTER \
+                ROCKETMQ_BROKER_NAME RMQ_GROUPS RMQ_SLAVES ROCKETMQ_FLUSH_DISK_TYPE ROCKETMQ_TIMER \
+                ROCKETMQ_VERSION ROCKETMQ_ACL ROCKETMQ_ACL_USER ROCKETMQ_ACL_PASSWORD ROCKETMQ_TLS \
+                ROCKETMQ_TLS_MODE ROCKETMQ_TLS_CLIENT_AUTH; do
                 printf ': "${%s:=%s}"\n' "$v" "${!v}"
             done
         } >"$ROCKETMQ_DATA_DIR/rocketmq.env.tmp"
@@ -311,6 +324,7 @@ probe_env() {
 # variables of select_broker.
 render() {
     sed -e "s#@DATA_DIR@#$ROCKETMQ_DATA_DIR#g" \
+        -e "s#@HOST@#$ROCKETMQ_HOST#g" \
         -e "s#@NAMESRV_PORT@#$ROCKETMQ_NAMESRV_PORT#g" \
         -e "s#@CLUSTER@#$ROCKETMQ_CLUSTER#g" \
         -e "s#@FLUSH_DISK_TYPE@#$ROCKETMQ_FLUSH_DISK_TYPE#g" \
@@ -360,7 +374,7 @@ select_broker() {
     fi
     B_PORT=$((ROCKETMQ_BROKER_PORT + 20 * i + 10 * id))
     B_HA_PORT=$((B_PORT + 1))
-    B_ADDR="127.0.0.1:$B_PORT"
+    B_ADDR="$ROCKETMQ_HOST:$B_PORT"
     if [ "$i" -eq 0 ] && [ "$id" -eq 0 ]; then
         B_ROLE=broker  # the single-broker layout of old
         B_STORE=$RMQ_STORE
@@ -434,7 +448,7 @@ pid_of() {
 }
 
 port_open() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+    (exec 3<>"/dev/tcp/$ROCKETMQ_HOST/$1") 2>/dev/null
 }
 
 log_tail() {
@@ -480,7 +494,7 @@ wait_up() {
             fi
         fi
         if [ "$SECONDS" -ge "$deadline" ]; then
-            echo "rocketmq: error: $role (pid $pid) not up on 127.0.0.1:$port after ${ROCKETMQ_START_TIMEOUT}s" >&2
+            echo "rocketmq: error: $role (pid $pid) not up on $ROCKETMQ_HOST:$port after ${ROCKETMQ_START_TIMEOUT}s" >&2
             log_tail "$@"
             exit 1
         fi

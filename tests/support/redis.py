@@ -11,6 +11,11 @@
     group.failover()                                    # returns the new master's "host:port"
     group.stop()
 
+On another address, e.g. inside a network namespace (`ip netns add`, root only) that other
+namespaces reach over a veth: `LocalRedis(dir, host="10.213.0.11", netns="db")`, the same for
+LocalSentinel and LocalSentinelRedis. Every script runs there (`ip netns exec`), so the server
+does too, and every address the object gives out is `host`'s.
+
 Access: `LocalRedis(dir, auth=RedisAuth(password="pw"))` starts it with `requirepass`;
 `RedisAuth(password=..., username="app", user_rules="~mqtt:* ...")` with an ACL user (the default
 user off); `RedisAuth(tls=make_tls_files(dir))` TLS-only; `RedisAuth(sentinel_password=...)` gives
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import subprocess
 import time
 import traceback
@@ -40,7 +46,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tests.support.redis_auth import NO_AUTH, RedisAuth
-from tests.support.rocketmq import free_port_block
+from tests.support.rocketmq import free_port_block, in_netns
 from tests.support.scripts import DEPLOY, log_tail, recorded_pid, run_script
 from tests.support.waiting import wait_until
 
@@ -73,17 +79,26 @@ class _RedisProcess:
     start_script: str
 
     def __init__(
-        self, data_dir: Path | str, port: int | None, start_timeout: float, auth: RedisAuth
+        self,
+        data_dir: Path | str,
+        port: int | None,
+        start_timeout: float,
+        auth: RedisAuth,
+        host: str,
+        netns: str | None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port_block()
         self.start_timeout = start_timeout
         self.auth = auth
+        self.host = host
+        self.netns = netns
+        # kill.sh works by PID, from any namespace.
         self._finalizer = weakref.finalize(self, _kill_quietly, self.data_dir)
 
     @property
     def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -137,12 +152,37 @@ class _RedisProcess:
         raise NotImplementedError
 
     def _env(self) -> dict[str, str]:
-        return {"REDIS_START_TIMEOUT": str(int(self.start_timeout))} | self.auth.script_env(
-            self.data_dir.parent / f"{self.data_dir.name}-secrets"
-        )
+        return {
+            "REDIS_HOST": self.host,
+            "REDIS_START_TIMEOUT": str(int(self.start_timeout)),
+        } | self.auth.script_env(self.data_dir.parent / f"{self.data_dir.name}-secrets")
 
     def _script(self, name: str, *args: str, timeout: float) -> str:
-        return run_script(SCRIPTS / name, *args, timeout=timeout, env=self._env())
+        if self.netns is None:
+            return run_script(SCRIPTS / name, *args, timeout=timeout, env=self._env())
+        return _run_in_netns(self.netns, SCRIPTS / name, *args, timeout=timeout, env=self._env())
+
+
+def _run_in_netns(netns: str, script: Path, *args: str, timeout: float, env: dict[str, str]) -> str:
+    """run_script inside network namespace netns (see in_netns): its stdout, or RuntimeError
+    with everything it printed."""
+    command = in_netns(netns, script, *args)
+    try:
+        proc = subprocess.run(
+            command,
+            env=os.environ | env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{' '.join(command)} timed out after {timeout} s") from exc
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+        )
+    return proc.stdout
 
 
 def _kill_quietly(data_dir: Path) -> None:
@@ -153,10 +193,12 @@ def _kill_quietly(data_dir: Path) -> None:
 
 
 class LocalRedis(_RedisProcess):
-    """One redis-server on 127.0.0.1 (deploy/redis/start.sh), its AOF, log and PID in data_dir.
+    """One redis-server (deploy/redis/start.sh), its AOF, log and PID in data_dir.
 
     appendfsync: "everysec" (fsync once a second) or "always" (before every reply).
     replicaof: "host:port" of a master to replicate.
+    host: the address it binds to (REDIS_HOST); netns: the network namespace it runs in, which
+    must hold host (None: this process's).
     """
 
     start_script = "start.sh"
@@ -170,26 +212,28 @@ class LocalRedis(_RedisProcess):
         appendfsync: str = "everysec",
         start_timeout: float = 30.0,
         auth: RedisAuth = NO_AUTH,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> None:
-        super().__init__(data_dir, port, start_timeout, auth)
+        super().__init__(data_dir, port, start_timeout, auth, host, netns)
         self.replicaof = replicaof
         self.appendfsync = appendfsync
 
     @property
     def url(self) -> str:
-        """`redis://[user:password@]127.0.0.1:PORT/0` (`rediss://` with TLS, whose files the
+        """`redis://[user:password@]HOST:PORT/0` (`rediss://` with TLS, whose files the
         URL cannot carry: see bridge_settings)."""
         scheme = "rediss" if self.auth.tls is not None else "redis"
         login = ""
         if self.auth.password:
             login = f"{quote(self.auth.username, safe='')}:{quote(self.auth.password, safe='')}@"
-        return f"{scheme}://{login}127.0.0.1:{self.port}/0"
+        return f"{scheme}://{login}{self.addr}/0"
 
     @property
     def bare_url(self) -> str:
         """The URL without credentials (they come from settings: bridge_settings)."""
         scheme = "rediss" if self.auth.tls is not None else "redis"
-        return f"{scheme}://127.0.0.1:{self.port}/0"
+        return f"{scheme}://{self.addr}/0"
 
     def bridge_settings(self) -> list[str]:
         """`NAME=VALUE` settings for a bridge node using this Redis: its bare URL and the
@@ -214,7 +258,8 @@ class LocalRedis(_RedisProcess):
 
 
 class LocalSentinel(_RedisProcess):
-    """One redis-sentinel on 127.0.0.1 (deploy/redis/start-sentinel.sh) watching master_name."""
+    """One redis-sentinel (deploy/redis/start-sentinel.sh) watching master_name; host and netns
+    as for LocalRedis."""
 
     start_script = "start-sentinel.sh"
 
@@ -229,8 +274,10 @@ class LocalSentinel(_RedisProcess):
         down_after_ms: int = 2000,
         start_timeout: float = 30.0,
         auth: RedisAuth = NO_AUTH,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> None:
-        super().__init__(data_dir, port, start_timeout, auth)
+        super().__init__(data_dir, port, start_timeout, auth, host, netns)
         self.master_name = master_name
         self.master_addr = master_addr
         self.quorum = quorum
@@ -253,8 +300,9 @@ class LocalSentinel(_RedisProcess):
 
 
 class LocalSentinelRedis:
-    """A Sentinel-managed Redis on loopback: a master, one replica and three Sentinels with
-    quorum 2, the smallest group that survives losing the master or one Sentinel.
+    """A Sentinel-managed Redis: a master, one replica and three Sentinels with quorum 2, the
+    smallest group that survives losing the master or one Sentinel. All five on `host`
+    (default the loopback) and in network namespace `netns` (as for LocalRedis).
 
     Roles move with failovers: master_addr() asks the Sentinels who leads now and master()
     returns that server. servers[0] is the first master, servers[1] its replica.
@@ -268,19 +316,30 @@ class LocalSentinelRedis:
         down_after_ms: int = 2000,
         start_timeout: float = 30.0,
         auth: RedisAuth = NO_AUTH,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.master_name = master_name
         self.start_timeout = start_timeout
         self.auth = auth
         base = free_port_block((0, 1, 2, 3, 4))
-        first = LocalRedis(self.data_dir / "redis-0", base, start_timeout=start_timeout, auth=auth)
+        first = LocalRedis(
+            self.data_dir / "redis-0",
+            base,
+            start_timeout=start_timeout,
+            auth=auth,
+            host=host,
+            netns=netns,
+        )
         replica = LocalRedis(
             self.data_dir / "redis-1",
             base + 1,
             replicaof=first.addr,
             start_timeout=start_timeout,
             auth=auth,
+            host=host,
+            netns=netns,
         )
         self.servers = [first, replica]
         self.sentinel_processes = [
@@ -292,6 +351,8 @@ class LocalSentinelRedis:
                 down_after_ms=down_after_ms,
                 start_timeout=start_timeout,
                 auth=auth,
+                host=host,
+                netns=netns,
             )
             for i in range(3)
         ]

@@ -14,6 +14,12 @@ Several broker groups, each with a slave (deploy/rocketmq's RMQ_GROUPS / RMQ_SLA
     mq.add_group("broker-c")          # one more group on the running NameServer
     mq.set_write_permission("broker-a", False)   # brokerPermission 4: read only
 
+On another address, e.g. inside a network namespace (`ip netns add`, root only) that other
+namespaces reach over a veth: every script runs there (`ip netns exec`), so the JVMs do too,
+and every address this object gives out is `host`'s:
+
+    mq = LocalRocketMQ(tmp_path / "rocketmq", host="10.213.0.11", netns="mq").start()
+
 A secured instance (deploy/rocketmq's ROCKETMQ_ACL / ROCKETMQ_TLS): brokers that authenticate
 every request, NameServer and brokers that speak TLS only; `credentials` and `tls_options` are
 what a client needs to talk to it:
@@ -87,8 +93,17 @@ def _load_probe():  # type: ignore[no-untyped-def]
 probe = _load_probe()
 
 
+def in_netns(netns: str | None, script: Path, *args: str) -> list[str]:
+    """The command that runs a deploy script with args: in network namespace `netns` (`ip netns
+    exec`, root only; what it starts stays there) unless that is None."""
+    if netns is None:
+        return [str(script), *args]
+    return ["ip", "netns", "exec", netns, "bash", str(script), *args]
+
+
 class LocalRocketMQ:
-    """NameServer + broker on 127.0.0.1 with everything (store, logs, PIDs) under data_dir."""
+    """NameServer + broker on `host` (127.0.0.1 unless given) with everything (store, logs,
+    PIDs) under data_dir."""
 
     def __init__(
         self,
@@ -105,6 +120,8 @@ class LocalRocketMQ:
         tls: bool = False,
         tls_client_auth: bool = False,
         timer: bool = True,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> None:
         """`groups` broker groups (broker-a, broker-b, ...), each a master and with `slaves=1`
         a slave. The free ports looked for cover them and `spare_groups` more, for add_group().
@@ -112,7 +129,10 @@ class LocalRocketMQ:
         throw-away CA (`tls_options`); `tls_client_auth`: the servers also require a client
         certificate (`tls_options` has one). `timer=False`: the brokers' timer wheel is off
         (deploy/rocketmq's ROCKETMQ_TIMER=0): an instance no delayed publish uses takes half
-        the CPU while idle, which the other tests on two cores get instead."""
+        the CPU while idle, which the other tests on two cores get instead. `host`: the
+        address the servers bind to and register (deploy/rocketmq's ROCKETMQ_HOST); `netns`:
+        the network namespace the scripts, and so the JVMs, run in (it must hold `host`). Free
+        ports are looked for on this machine's loopback either way."""
         if not 1 <= groups <= 26 or slaves not in (0, 1) or spare_groups < 0:
             raise ValueError(f"groups must be 1..26 and slaves 0 or 1, not {groups}, {slaves}")
         self.data_dir = Path(data_dir).resolve()
@@ -132,6 +152,8 @@ class LocalRocketMQ:
         self.tls = tls
         self.tls_client_auth = tls and tls_client_auth
         self.timer = timer
+        self.host = host
+        self.netns = netns
         self._added: list[str] = []
         self._started = False
         # Never leave JVMs behind, even when a test run is interrupted (runs at exit too).
@@ -154,12 +176,12 @@ class LocalRocketMQ:
     # -- addresses -------------------------------------------------------------------------
     @property
     def namesrv_addr(self) -> str:
-        return f"127.0.0.1:{self.namesrv_port}"
+        return f"{self.host}:{self.namesrv_port}"
 
     @property
     def broker_addr(self) -> str:
         """Group 0's master."""
-        return f"127.0.0.1:{self.broker_port}"
+        return f"{self.host}:{self.broker_port}"
 
     def group_names(self) -> list[str]:
         """The groups started by start() and those added since, in that order."""
@@ -171,9 +193,9 @@ class LocalRocketMQ:
         )
 
     def broker_addrs(self) -> dict[tuple[str, int], str]:
-        """{(group name, broker id): "127.0.0.1:port"} of every broker this instance runs."""
+        """{(group name, broker id): "host:port"} of every broker this instance runs."""
         return {
-            (group, broker_id): f"127.0.0.1:{self.broker_port_of(group, broker_id)}"
+            (group, broker_id): f"{self.host}:{self.broker_port_of(group, broker_id)}"
             for group in self.group_names()
             for broker_id in range(self.slaves + 1)
         }
@@ -387,6 +409,7 @@ class LocalRocketMQ:
                 del env[key]
         env.update(
             ROCKETMQ_DATA_DIR=str(self.data_dir),
+            ROCKETMQ_HOST=self.host,
             ROCKETMQ_NAMESRV_PORT=str(self.namesrv_port),
             ROCKETMQ_BROKER_PORT=str(self.broker_port),
             ROCKETMQ_FLUSH_DISK_TYPE=self.flush_disk_type,
@@ -406,7 +429,7 @@ class LocalRocketMQ:
     def _script(self, name: str, *args: str, timeout: float, check: bool = True) -> str:
         try:
             proc = subprocess.run(
-                [str(DEPLOY / name), *args],
+                in_netns(self.netns, DEPLOY / name, *args),
                 env=self._env(),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
