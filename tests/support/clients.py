@@ -43,8 +43,8 @@ def close_all_raw_clients() -> None:
 class RawClient:
     """A blocking MQTT client that sends exactly the packets (or bytes) a test gives it."""
 
-    def __init__(self, port: int, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 5.0, host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         OPEN_RAW_CLIENTS.append(self)
         self.decoder = Decoder()
         self.timeout = timeout

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,18 +23,23 @@ REPO = Path(__file__).resolve().parents[2]
 __all__ = ["free_port", "free_ports"]
 
 
-def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
-    """Block until 127.0.0.1:port accepts a connection, or raise with the reason."""
+def wait_for_port(
+    port: int,
+    timeout: float = 15.0,
+    proc: subprocess.Popen | None = None,
+    host: str = "127.0.0.1",
+) -> None:
+    """Block until host:port accepts a connection, or raise with the reason."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout} s")
 
 
 def terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
@@ -50,10 +55,21 @@ def terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> No
 
 
 class BridgeProcess:
-    """One `python -m bridge` node on a loopback port, with its data dir and log file."""
+    """One `python -m bridge` node on a loopback port, with its data dir and log file.
+    `host` and `wrap` put it elsewhere: the address it listens on, and the command its own runs
+    under (`ip netns exec NS` for a node in a network namespace of its own)."""
 
-    def __init__(self, data_dir: Path, *settings: str, port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *settings: str,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        wrap: Sequence[str] = (),
+    ) -> None:
         self.data_dir = data_dir
+        self.host = host
+        self.wrap = list(wrap)
         self.port = port or free_port()
         self.settings = list(settings)
         self.log_path = data_dir.parent / f"bridge-{self.port}.log"
@@ -64,11 +80,12 @@ class BridgeProcess:
         is set, on its admin port: the node opens the admin API after its MQTT listeners, so a
         test that reads the API right after connecting would otherwise race the node's start."""
         args = [
+            *self.wrap,
             sys.executable,
             "-m",
             "bridge",
             "--listen",
-            f"127.0.0.1:{self.port}",
+            f"{self.host}:{self.port}",
             "--data-dir",
             str(self.data_dir),
             "--log-level",
@@ -81,11 +98,12 @@ class BridgeProcess:
             args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
-        wait_for_port(self.port, proc=self.proc)
+        wait_for_port(self.port, proc=self.proc, host=self.host)
         for setting in self.settings:
             name, _, value = setting.partition("=")
             if name == "admin_listen" and value.rpartition(":")[2] not in ("", "0"):
-                wait_for_port(int(value.rpartition(":")[2]), proc=self.proc)
+                admin_host, _, admin_port = value.rpartition(":")
+                wait_for_port(int(admin_port), proc=self.proc, host=admin_host or self.host)
         return self
 
     @property
