@@ -2,11 +2,19 @@
 client go (`Release`), the old one answers with the session's last state (`Released`).
 
 The asking side waits at most `takeover_timeout` and falls back on the registry's copy of the
-session. The answering side believes no peer on its word: it lets the client go only if the
-registry names the asking node as the client's owner (`bridge.cluster.trust.release_refusal`);
+session. The answering side checks a peer's word against the registry: it lets the client go if
+the registry names the asking node as the client's owner (`bridge.cluster.trust.release_refusal`);
 otherwise it logs the refusal and answers that it holds nothing. If the registry shows that a
 third node took the client since this node held it, this node lets the client go all the same
 (as when its own writes are refused), without handing its state to the asker.
+
+When the registry cannot be read in half of `takeover_timeout` (this node is cut from Redis, the
+asker is not: it just claimed the client there), the peer's word decides, provided its epoch is
+newer than the one this node took the client at: epochs come from one counter in Redis, so a
+newer one was handed out after this node's claim. Keeping the client instead would serve it
+twice, here and on the asking node once its wait is over; letting it go on a word that turns out
+stale costs the client one reconnect. The asker is a cluster member that proved the cluster
+secret on its link.
 """
 
 from __future__ import annotations
@@ -88,10 +96,28 @@ class Releases:
         """Let a client go to the peer that took it over, if the registry agrees it did."""
         peer, client_id = link.peer_id, frame.client_id
         try:
-            owner, current = await self.registry.owner_epoch(client_id)
-        except (RedisError, OSError, StoreUnavailable) as exc:
+            owner, current = await asyncio.wait_for(
+                self.registry.owner_epoch(client_id), self.timeout / 2
+            )
+        except (RedisError, OSError, StoreUnavailable, TimeoutError) as exc:
+            held = self.registry.epochs.get(client_id)
+            if held is None or frame.epoch > held:
+                log.warning(
+                    "client %s: released to node %s on its word (epoch %d, this node's %s): "
+                    "the registry cannot be read (%s)",
+                    client_id,
+                    peer,
+                    frame.epoch,
+                    held,
+                    exc or "no answer in time",
+                )
+                self.node.metrics.inc("peer_releases_unverified")
+                state = self.node.release_session(frame.client_id, frame.epoch)
+                self.handed_to(peer, state)
+                link.send(wire.Released(frame.request, frame.client_id, state))
+                return
             owner, current = "", 0
-            refusal = f"the registry cannot be read to check it ({exc})"
+            refusal = f"the registry cannot be read and this node holds epoch {held}"
         else:
             refusal = release_refusal(owner, current, peer, frame.epoch)
         if refusal:

@@ -45,6 +45,8 @@ LIMIT_COUNTERS = {
     "cluster secret, not a live member, handshake too slow or too large)",
     "peer_releases_refused": "Release requests from peers the registry does not name as the "
     "client's owner",
+    "peer_releases_unverified": "clients let go to a peer on its word (a newer epoch) because "
+    "the registry could not be read: this node was cut from Redis",
     "unauthenticated_refused": "sockets closed at once: max_unauthenticated (or per address) "
     "sockets had no CONNACK yet",
     "unauthenticated_too_many_bytes": "clients closed for sending more than "

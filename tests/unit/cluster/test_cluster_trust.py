@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bridge.cluster import wire
 from bridge.cluster.peer_auth import PeerAuth, RefusalLog, certificate_names, peer_auth
@@ -154,12 +155,21 @@ def test_sighup_rereads_the_secret_file_and_a_bad_file_keeps_the_keys(tmp_path: 
 
 
 class ReleaseRegistry:
-    def __init__(self, owner: str, epoch: int, held: dict[str, int]) -> None:
+    """`owner` None: Redis cannot be reached (the read fails, or with `hang` never answers)."""
+
+    def __init__(
+        self, owner: str | None, epoch: int, held: dict[str, int], hang: bool = False
+    ) -> None:
         self.node_id = "a"
         self.owner, self.epoch = owner, epoch
         self.epochs = held
+        self.hang = hang
 
     async def owner_epoch(self, client_id: str) -> tuple[str, int]:
+        if self.owner is None:
+            if self.hang:
+                await asyncio.sleep(60)
+            raise RedisConnectionError("Redis is cut off")
         return self.owner, self.epoch
 
     def disown(self, client_id: str) -> None:
@@ -197,10 +207,13 @@ class SentLink:
         self.sent.append(frame)
 
 
-def answer(owner: str, epoch: int, held: dict[str, int], asker: str = "b") -> tuple[Any, ...]:
-    registry, node, link = ReleaseRegistry(owner, epoch, held), ReleaseNode(), SentLink(asker)
+def answer(
+    owner: str | None, epoch: int, held: dict[str, int], asker: str = "b", hang: bool = False
+) -> tuple[Any, ...]:
+    registry = ReleaseRegistry(owner, epoch, held, hang)
+    node, link = ReleaseNode(), SentLink(asker)
     handed: list[tuple[str, bytes]] = []
-    releases = Releases({}, registry, node, lambda p, s: handed.append((p, s)), 1.0)  # type: ignore[arg-type]
+    releases = Releases({}, registry, node, lambda p, s: handed.append((p, s)), 0.2)  # type: ignore[arg-type]
     asyncio.run(releases.answer(link, wire.Release(1, "c", 5)))  # type: ignore[arg-type]
     return node, link.sent, handed
 
@@ -222,3 +235,21 @@ def test_a_client_a_third_node_took_since_is_let_go_but_not_handed_to_the_asker(
     node, sent, handed = answer("c3", 6, {"c": 4})
     assert node.lost == ["c"] and node.released == [] and handed == []
     assert sent == [wire.Released(1, "c", b"")]
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["refused", "silent"])
+def test_a_node_cut_from_redis_lets_a_client_go_to_a_peer_that_claimed_it_at_a_newer_epoch(
+    hang: bool,
+) -> None:
+    """Keeping it would serve the client twice once the asker stops waiting (nemesis
+    node-cut-from-redis found the old connection still answered after the new CONNACK)."""
+    node, sent, handed = answer(None, 0, {"c": 4}, hang=hang)
+    assert node.released == ["c"] and handed == [("b", b'{"subs":"{}","off":"{}"}')]
+    assert sent == [wire.Released(1, "c", b'{"subs":"{}","off":"{}"}')]
+    assert node.metrics.counts == {"peer_releases_unverified": 1}
+
+
+def test_a_node_cut_from_redis_keeps_a_client_it_holds_at_a_newer_epoch_than_the_request() -> None:
+    node, sent, handed = answer(None, 0, {"c": 6})  # taken back here since the peer's claim
+    assert node.released == [] and handed == [] and sent == [wire.Released(1, "c", b"")]
+    assert node.metrics.counts == {"peer_releases_refused": 1}
