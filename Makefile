@@ -67,7 +67,8 @@ test-deps: install install-spark compile
 	deploy/ensure-debian-packages.sh mosquitto mosquitto-clients:mosquitto_pub \
 		default-jre-headless:java maven:mvn \
 		redis-server redis-tools:redis-cli redis-sentinel haproxy iproute2:ss procps:ps shellcheck \
-		chromium chromium-driver:chromedriver openssl ccache docker-compose prometheus
+		chromium chromium-driver:chromedriver openssl ccache docker-compose prometheus \
+		nftables:nft faketime
 	deploy/rocketmq/fetch.sh
 	$(MAKE) interop-clients
 

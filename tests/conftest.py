@@ -90,9 +90,9 @@ def _runs_workers(config: pytest.Config) -> bool:
 _SHARED_ROCKETMQ = pytest.StashKey[LocalRocketMQ]()
 
 
-FIRST = ("tests/spark/test_demo.py", "tests/spark/", "tests/faults/", "tests/rocketmq/",
-         "tests/spark/test_cluster.py", "tests/interop/", "tests/release/", "tests/cluster/",
-         "tests/integration/", "tests/storage/", "tests/")  # fmt: skip
+FIRST = ("tests/spark/test_demo.py", "tests/spark/", "tests/nemesis/", "tests/faults/",
+         "tests/rocketmq/", "tests/spark/test_cluster.py", "tests/interop/", "tests/release/",
+         "tests/cluster/", "tests/integration/", "tests/storage/", "tests/")  # fmt: skip
 """Where a module's tests come in the run (by the longest of these its path starts with): the
 folders whose modules wait longest first (the Spark tests take a quarter of an hour), so that
 under pytest-xdist the long ones start at once and the many short unit-test modules fill the

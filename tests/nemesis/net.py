@@ -1,0 +1,146 @@
+"""A network of hosts on one machine: each host a Linux network namespace with one veth into a
+bridge of the root namespace, where the test process, the balancer and the clients live.
+
+    net = Network("nm1").start(["redis", "mq", "n1", "n2", "n3"])
+    net.addr("n1")                     # 10.213.N.21: what n1's processes bind to
+    net.command("n1", ["python", ...]) # argv that runs inside n1's namespace
+    net.cut("n1", "redis")             # packets between them dropped, both ways, silently
+    net.isolate("n1")                  # n1 cut from every host and from the root namespace
+    net.heal()                         # every cut undone
+    net.stop()                         # namespaces, veths and bridge deleted
+
+Cuts are nftables rules in the host's own namespace that drop what it sends to and receives from
+the other side: as on a real network, a cut connection sees no error, only silence, until a
+keep-alive or a timeout notices. Nothing is routed outside the bridge's /24, which exists only
+on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import weakref
+from collections.abc import Iterable, Sequence
+from itertools import count
+
+ROOT = "root"
+"""The root namespace's name in cuts: the test process, the balancer and the clients."""
+
+_SUBNETS = count(0)
+
+
+def _run(*argv: str) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+
+
+def _delete(namespaces: Sequence[str], bridge: str) -> None:
+    """Delete what a Network made (at exit too, so an interrupted run leaves nothing)."""
+    for name in namespaces:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=30)
+
+
+class Network:
+    """Hosts in namespaces `{prefix}-{host}` on the bridge `{prefix}br`, addresses in
+    10.213.X.0/24 (X differs per Network of one process and by PID between processes)."""
+
+    def __init__(self, prefix: str) -> None:
+        if not prefix.isalnum() or len(prefix) > 8:
+            raise ValueError(f"prefix must be at most 8 letters or digits, not {prefix!r}")
+        self.prefix = prefix
+        self.subnet = f"10.213.{(os.getpid() * 7 + next(_SUBNETS)) % 250 + 1}"
+        self.bridge = f"{prefix}br"
+        self.hosts: dict[str, int] = {}  # host -> last octet of its address
+        self.cuts: set[frozenset[str]] = set()
+        self._finalizer = weakref.finalize(self, _delete, [], self.bridge)
+
+    # -- addresses and commands --------------------------------------------------------------
+    @property
+    def gateway(self) -> str:
+        """The root namespace's address on the bridge (where the balancer's checks come from)."""
+        return f"{self.subnet}.1"
+
+    def addr(self, host: str) -> str:
+        return self.gateway if host == ROOT else f"{self.subnet}.{self.hosts[host]}"
+
+    def netns(self, host: str) -> str:
+        return f"{self.prefix}-{host}"
+
+    def command(self, host: str, argv: Sequence[str]) -> list[str]:
+        """`argv` run inside `host`'s namespace (`ip netns exec` execs it: same PID)."""
+        return ["ip", "netns", "exec", self.netns(host), *argv]
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, hosts: Iterable[str]) -> Network:
+        hosts = list(hosts)
+        _delete([self.netns(h) for h in hosts], self.bridge)  # left by a killed earlier run
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _delete, [], self.bridge)
+        _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        for octet, host in enumerate(hosts, start=11):
+            self._add_host(host, octet)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(
+            self, _delete, [self.netns(h) for h in self.hosts], self.bridge
+        )
+        return self
+
+    def _add_host(self, host: str, octet: int) -> None:
+        ns, outside, inside = self.netns(host), f"{self.prefix}{octet}", f"{self.prefix}{octet}i"
+        _run("ip", "netns", "add", ns)
+        self.hosts[host] = octet
+        _run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+        _run("ip", "link", "set", inside, "netns", ns)
+        _run("ip", "link", "set", outside, "master", self.bridge)
+        _run("ip", "link", "set", outside, "up")
+        _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.addr(host)}/24", "dev", inside)
+        _run("ip", "netns", "exec", ns, "ip", "link", "set", inside, "up")
+        # Drops are rules in this table; an empty table lets everything through.
+        self._nft(host, "add table inet nemesis")
+        self._nft(host, "add chain inet nemesis in { type filter hook input priority 0 ; }")
+        self._nft(host, "add chain inet nemesis out { type filter hook output priority 0 ; }")
+
+    def stop(self) -> None:
+        self._finalizer()
+
+    # -- faults ----------------------------------------------------------------------------
+    def cut(self, host: str, other: str) -> None:
+        """Drop every packet between `host` and `other` (ROOT: the root namespace, where the
+        balancer and the clients are), both ways, from now on."""
+        if frozenset((host, other)) in self.cuts:
+            return
+        for side, far in ((host, other), (other, host)):
+            if side == ROOT:
+                continue
+            address = self.addr(far)
+            self._nft(side, f"add rule inet nemesis out ip daddr {address} drop")
+            self._nft(side, f"add rule inet nemesis in ip saddr {address} drop")
+        self.cuts.add(frozenset((host, other)))
+
+    def isolate(self, host: str) -> None:
+        """Cut `host` from every other host and from the root namespace."""
+        for other in [*self.hosts, ROOT]:
+            if other != host:
+                self.cut(host, other)
+
+    def split(self, side: Iterable[str], other_side: Iterable[str]) -> None:
+        """Cut every host of `side` from every host of `other_side`."""
+        others = list(other_side)
+        for host in side:
+            for other in others:
+                self.cut(host, other)
+
+    def heal(self) -> None:
+        """Undo every cut: established connections that outlived it carry on."""
+        for host in self.hosts:
+            self._nft(host, "flush chain inet nemesis in")
+            self._nft(host, "flush chain inet nemesis out")
+        self.cuts.clear()
+
+    def _nft(self, host: str, rule: str) -> None:
+        _run("ip", "netns", "exec", self.netns(host), "nft", rule)
