@@ -10,9 +10,10 @@
 # Settings (environment):
 #   REDIS_HOST           127.0.0.1  the IP address start.sh / start-sentinel.sh bind the
 #                        instance to and reach it on; replicas and Sentinels connect from it,
-#                        so it is also the address the others learn. Any other address turns
-#                        protected mode off (without a password it refuses every client that
-#                        is not on the loopback); status.sh reads it from the config
+#                        so it is also the address the others learn. Any other address needs
+#                        a password (REDIS_PASSWORD_FILE; a Sentinel's own:
+#                        REDIS_SENTINEL_PASSWORD_FILE): other hosts reach it. status.sh reads
+#                        it from the config
 #   REDIS_START_TIMEOUT  30  seconds to wait for PONG (AOF loading counts: a big AOF needs more)
 #   REDIS_STOP_TIMEOUT   30  seconds between SIGTERM and SIGKILL
 # Access (environment; start.sh and start-sentinel.sh):
@@ -146,11 +147,18 @@ load_access() {
     CLI_PASSWORD=$SERVER_PASSWORD
 }
 
-# net_conf: the config lines of where the instance listens (REDIS_HOST). An address other than
-# the loopback is there to be reached from elsewhere, which protected mode would refuse.
+# require_password_off_loopback PASSWORD SETTING: stop unless the instance stays on the loopback
+# or clients must log in (SETTING names where the password comes from). Redis's own protected
+# mode would refuse other hosts' clients without a password; with one it lets them in, and a
+# Redis anyone on the network could use is what it must never be.
+require_password_off_loopback() {
+    [ "$REDIS_HOST" = 127.0.0.1 ] || [ -n "$1" ] \
+        || die "REDIS_HOST $REDIS_HOST is reachable from other hosts: set $2"
+}
+
+# net_conf: the config line of where the instance listens (REDIS_HOST).
 net_conf() {
     echo "bind $REDIS_HOST"
-    [ "$REDIS_HOST" = 127.0.0.1 ] || echo "protected-mode no"
 }
 
 # tls_conf PORT: the config lines that make PORT a TLS-only port (nothing without TLS).

@@ -42,6 +42,7 @@ sentinel_password=""
 if [ -n "${REDIS_SENTINEL_PASSWORD_FILE:-}" ]; then
     sentinel_password=$(read_secret "$REDIS_SENTINEL_PASSWORD_FILE" REDIS_SENTINEL_PASSWORD_FILE)
 fi
+require_password_off_loopback "$sentinel_password" REDIS_SENTINEL_PASSWORD_FILE
 # wait_pong logs in to this Sentinel, not to the servers.
 CLI_USER=""
 CLI_PASSWORD=$sentinel_password

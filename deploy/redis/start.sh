@@ -36,6 +36,7 @@ case "$REDIS_APPENDFSYNC" in
 esac
 
 load_access
+require_password_off_loopback "$SERVER_PASSWORD" REDIS_PASSWORD_FILE
 "$HERE/../ensure-debian-packages.sh" redis-server redis-tools:redis-cli procps:ps
 mkdir -p "$DATA_DIR"
 refuse_if_taken "$port"

@@ -5,7 +5,8 @@
 #   ROCKETMQ_HOST             127.0.0.1  the IP address the NameServer and brokers bind to
 #                                     (but a broker's HA port: every interface) and the brokers
 #                                     register with (brokerIP1, brokerIP2: what clients and slaves
-#                                     connect to); the scripts reach them there
+#                                     connect to); the scripts reach them there. Any other
+#                                     address needs ROCKETMQ_ACL=1: other hosts reach it
 #   ROCKETMQ_NAMESRV_PORT     19876   NameServer (upstream default 9876)
 #   ROCKETMQ_BROKER_PORT      20911   broker listenPort (upstream 10911); the broker also binds
 #                                     PORT-2 (its "fast" channel) and PORT+1 (HA), keep them free
@@ -104,6 +105,12 @@ done
 case "$ROCKETMQ_HOST" in
     "" | *[!0-9A-Fa-f.:]*) echo "ROCKETMQ_HOST must be an IP address, not '$ROCKETMQ_HOST'" >&2; exit 2 ;;
 esac
+# Brokers other hosts reach must authenticate who writes and reads (the NameServer only lists
+# routes; RocketMQ has no login for it).
+if [ "$ROCKETMQ_HOST" != 127.0.0.1 ] && [ "$ROCKETMQ_ACL" != 1 ]; then
+    echo "ROCKETMQ_HOST $ROCKETMQ_HOST is reachable from other hosts: set ROCKETMQ_ACL=1" >&2
+    exit 2
+fi
 case "$ROCKETMQ_TLS_MODE" in
     enforcing | permissive) ;;
     *) echo "ROCKETMQ_TLS_MODE must be enforcing or permissive, not '$ROCKETMQ_TLS_MODE'" >&2; exit 2 ;;

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.support.haproxy import LocalHAProxy
 from tests.support.processes import BridgeProcess
-from tests.support.redis import LocalSentinelRedis
+from tests.support.redis import LocalSentinelRedis, RedisAuth
 from tests.support.rocketmq import LocalRocketMQ
 
 from .net import Network
@@ -51,10 +51,15 @@ class NemesisCluster:
     def _start(self) -> None:
         net = self.net.start(["redis", "mq", *NODES])
         self.redis = LocalSentinelRedis(
-            self.work_dir / "redis", host=net.addr("redis"), netns=net.netns("redis")
+            self.work_dir / "redis",
+            host=net.addr("redis"),
+            netns=net.netns("redis"),
+            auth=RedisAuth(
+                password=secrets.token_urlsafe(18), sentinel_password=secrets.token_urlsafe(18)
+            ),
         ).start()
         self.mq = LocalRocketMQ(
-            self.work_dir / "mq", host=net.addr("mq"), netns=net.netns("mq"), timer=False
+            self.work_dir / "mq", host=net.addr("mq"), netns=net.netns("mq"), timer=False, acl=True
         ).start()
         for node_id in NODES:
             self.nodes[node_id] = self._node(node_id).start()
@@ -76,6 +81,7 @@ class NemesisCluster:
         settings = [
             "store=rocketmq",
             f"rocketmq_namesrv={self.mq.namesrv_addr}",
+            *self.mq.node_settings(self.work_dir / node_id / "secrets"),
             f"rocketmq_namespace={self.name}",
             f"cluster_name={self.name}",
             f"node_id={node_id}",
