@@ -305,6 +305,13 @@ class RedisRegistry:
                 for batch in batches:
                     _fail(batch.future, error)
                 continue
+            except Exception as exc:
+                # Any other failure too: unanswered, these writes' waiters would wait forever.
+                log.error("registry: writes failed: %r", exc)
+                error = StoreUnavailable(f"registry writes failed: {exc!r}")
+                for batch in batches:
+                    _fail(batch.future, error)
+                continue
             position = 0
             for batch in batches:
                 refused = []

@@ -21,13 +21,17 @@ from bridge.mqtt.properties import PropertyId
 from bridge.node.roles import Spawner
 from bridge.state import KIND_ONLINE, encode_message
 from bridge.storage import metadata
-from bridge.storage.base import Message, MetaUpdate, StoreUnavailable
+from bridge.storage.base import Message, MetaUpdate, StaleOwner, StoreUnavailable
 
 if TYPE_CHECKING:
     from bridge.counters import Metrics
     from bridge.node.publish import Publisher
 
 log = logging.getLogger("bridge.node")
+
+RETRY_FIRST = 0.5
+RETRY_MAX = 5.0
+"""Seconds between attempts to store a will the store could not take."""
 
 
 def will_delay(will: Will) -> float:
@@ -120,7 +124,14 @@ class Wills:
         self._delayed.clear()
 
     async def publish(self, client_id: str, message: Message, *, clear_online: bool = True) -> None:
-        """Publish a will once: the online record is deleted in the same atomic append."""
+        """Publish a will once: the online record is deleted in the same atomic append.
+
+        A store that cannot take it now (Redis or the broker away) is asked again, with pauses
+        growing to `RETRY_MAX`: the client is gone and cannot send its will again, so it is the
+        server's to deliver. It stops when the will is stored; when the record's write is refused
+        because another node took the client over (that node's claim took the online record and
+        the will in it: it publishes the will); or when a send may have stored it without saying
+        so (sending it again could publish it twice)."""
         self.metrics.inc("wills_published")
         log.info(
             "client %s: publishing will to '%s'", client_text(client_id), client_text(message.topic)
@@ -128,7 +139,28 @@ class Wills:
         meta = [MetaUpdate(KIND_ONLINE, client_id, None)] if clear_online else []
         if message.retain:
             meta.extend(self.publisher.retained.updates(message))
-        try:
-            await self.publisher.route(message, meta=meta)
-        except StoreUnavailable as exc:
-            log.error("client %s: will not stored, store unavailable: %s", client_id, exc)
+        pause = RETRY_FIRST
+        while True:
+            try:
+                await self.publisher.route(message, meta=meta)
+                return
+            except StaleOwner:
+                log.info(
+                    "client %s: taken over by another node; its will is published there", client_id
+                )
+                return
+            except StoreUnavailable as exc:
+                if exc.maybe_stored:
+                    log.error(
+                        "client %s: will perhaps not stored (not sent again): %s", client_id, exc
+                    )
+                    return
+                self.metrics.inc("wills_retried")
+                log.warning(
+                    "client %s: will not stored, store unavailable (trying again in %.1f s): %s",
+                    client_id,
+                    pause,
+                    exc,
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX)

@@ -98,6 +98,7 @@ NODE_COUNTERS = {
     "sessions_expired": "sessions removed at their expiry",
     "sessions_released": "sessions handed to another node that took the client over",
     "wills_published": "wills published (the client went away without DISCONNECT)",
+    "wills_retried": "attempts to store a will again after the store could not take it",
     "wills_cancelled": "wills not published (the client came back in time, or disconnected "
     "cleanly)",
     "client_events": "$SYS client connected/disconnected events published",

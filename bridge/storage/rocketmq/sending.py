@@ -196,8 +196,12 @@ class SendPipeline:
                 if send.meta_durable is not None and not send.meta_durable.done():
                     await asyncio.wait([send.meta_durable])
                 self._sendq.popleft()
-                if send.meta_durable is not None and send.meta_durable.exception() is not None:
-                    self._finish(send, None, StoreUnavailable(str(send.meta_durable.exception())))
+                failed = None if send.meta_durable is None else send.meta_durable.exception()
+                if failed is not None:
+                    # A StaleOwner stays one: the caller tells a client taken over from an outage.
+                    if not isinstance(failed, StoreUnavailable):
+                        failed = StoreUnavailable(str(failed))
+                    self._finish(send, None, failed)
                     self._complete_in_order()
                     continue
                 target = None
