@@ -15,7 +15,7 @@ PYTEST_ARGS ?= -n 4 --durations=5
 N      ?= 3
 DEMO_ARGS ?=
 
-.PHONY: install install-spark compile pure run test test-deps interop-clients dist lint bench hostile mutation clean cluster cluster-stop spark-demo path-steps
+.PHONY: install install-spark compile pure run test test-deps interop-clients dist lint bench hostile nemesis mutation clean cluster cluster-stop spark-demo path-steps
 
 install: $(STAMP)
 
@@ -156,6 +156,15 @@ path-steps: test-deps
 SECONDS ?= 180
 hostile: install
 	$(BIN)/python -m tests.faults.hostile_run --seconds $(SECONDS)
+
+# Random schedules of overlapping faults on a cluster in network namespaces (not part of `make
+# test`, which runs each fault once; root, nftables): RUNS runs of NEMESIS_SECONDS each, seeded
+# (NEMESIS_SEED replays a printed seed). About a minute and a half per run.
+RUNS ?= 20
+NEMESIS_SECONDS ?= 60
+nemesis: test-deps
+	$(BIN)/python -m tests.nemesis.schedules --runs $(RUNS) --seconds $(NEMESIS_SECONDS) \
+		$(if $(NEMESIS_SEED),--seed $(NEMESIS_SEED))
 
 # Mutation testing of the pure rooms (not part of `make test`; tests/README.md "Mutation testing"):
 # mutmut changes one thing at a time in bridge/mqtt, router, session.py, access's decisions and

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from tests.support.haproxy import LocalHAProxy
 from tests.support.processes import BridgeProcess
-from tests.support.redis import LocalSentinelRedis, RedisAuth
+from tests.support.redis import LocalSentinelRedis
+from tests.support.redis_auth import RedisAuth
 from tests.support.rocketmq import LocalRocketMQ
 
 from .net import Network

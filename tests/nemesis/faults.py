@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .cluster import NemesisCluster
+from .net import Network
 
 
 @dataclass(frozen=True)
@@ -23,20 +24,25 @@ class Fault:
     end: Callable[[NemesisCluster], None]
 
 
-def _heal(cluster: NemesisCluster) -> None:
-    cluster.net.heal()
+class _Cut:
+    """Network cuts made at begin (by `make`, which returns them) and undone at end: the
+    cuts of other faults running at the same time stay."""
+
+    def __init__(self, make: Callable[[Network], list[frozenset[str]]]) -> None:
+        self.make = make
+        self.pairs: list[frozenset[str]] = []
+
+    def begin(self, cluster: NemesisCluster) -> None:
+        self.pairs = self.make(cluster.net)
+
+    def end(self, cluster: NemesisCluster) -> None:
+        pairs, self.pairs = self.pairs, []
+        cluster.net.uncut(pairs)
 
 
-def _cut(host: str, other: str) -> Callable[[NemesisCluster], None]:
-    return lambda cluster: cluster.net.cut(host, other)
-
-
-def _isolate(host: str) -> Callable[[NemesisCluster], None]:
-    return lambda cluster: cluster.net.isolate(host)
-
-
-def _split(side: list[str], other_side: list[str]) -> Callable[[NemesisCluster], None]:
-    return lambda cluster: cluster.net.split(side, other_side)
+def _cut(name: str, what: str, make: Callable[[Network], list[frozenset[str]]]) -> Fault:
+    cut = _Cut(make)
+    return Fault(name, what, cut.begin, cut.end)
 
 
 def _node_pid(node_id: str) -> Callable[[NemesisCluster], int]:
@@ -83,35 +89,30 @@ def _pause(name: str, what: str, pid_of: Callable[[NemesisCluster], int]) -> Fau
 FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
-        Fault(
+        _cut(
             "node-cut-from-redis",
             "n1 cannot reach Redis; its clients and its peer links stay up",
-            _cut("n1", "redis"),
-            _heal,
+            lambda net: [net.cut("n1", "redis")],
         ),
-        Fault(
+        _cut(
             "node-cut-from-rocketmq",
             "n1 cannot reach the NameServer or the broker; its clients stay connected",
-            _cut("n1", "mq"),
-            _heal,
+            lambda net: [net.cut("n1", "mq")],
         ),
-        Fault(
+        _cut(
             "node-cut-from-one-peer",
             "n1 and n2 cannot reach each other; both reach everything else",
-            _cut("n1", "n2"),
-            _heal,
+            lambda net: [net.cut("n1", "n2")],
         ),
-        Fault(
+        _cut(
             "node-isolated",
             "n1 reaches nothing: not Redis, RocketMQ, its peers nor the balancer",
-            _isolate("n1"),
-            _heal,
+            lambda net: net.isolate("n1"),
         ),
-        Fault(
+        _cut(
             "cluster-split-in-halves",
             "n1 with the broker on one side, n2 and n3 with Redis on the other; clients reach all",
-            _split(["n1", "mq"], ["n2", "n3", "redis"]),
-            _heal,
+            lambda net: net.split(["n1", "mq"], ["n2", "n3", "redis"]),
         ),
         _pause(
             "node-paused", "n1 frozen (SIGSTOP) past node_timeout, then resumed", _node_pid("n1")

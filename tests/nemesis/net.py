@@ -5,7 +5,8 @@ bridge of the root namespace, where the test process, the balancer and the clien
     net.addr("n1")                     # 10.213.N.21: what n1's processes bind to
     net.command("n1", ["python", ...]) # argv that runs inside n1's namespace
     net.cut("n1", "redis")             # packets between them dropped, both ways, silently
-    net.isolate("n1")                  # n1 cut from every host and from the root namespace
+    cuts = net.isolate("n1")           # n1 cut from every host and from the root namespace
+    net.uncut(cuts)                    # those cuts undone (others stay)
     net.heal()                         # every cut undone
     net.stop()                         # namespaces, veths and bridge deleted
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import count
 
@@ -53,7 +55,7 @@ class Network:
         self.subnet = f"10.213.{(os.getpid() * 7 + next(_SUBNETS)) % 250 + 1}"
         self.bridge = f"{prefix}br"
         self.hosts: dict[str, int] = {}  # host -> last octet of its address
-        self.cuts: set[frozenset[str]] = set()
+        self.cuts: Counter[frozenset[str]] = Counter()
         self._finalizer = weakref.finalize(self, _delete, [], self.bridge)
 
     # -- addresses and commands --------------------------------------------------------------
@@ -109,38 +111,60 @@ class Network:
         self._finalizer()
 
     # -- faults ----------------------------------------------------------------------------
-    def cut(self, host: str, other: str) -> None:
+    def cut(self, host: str, other: str) -> frozenset[str]:
         """Drop every packet between `host` and `other` (ROOT: the root namespace, where the
-        balancer and the clients are), both ways, from now on."""
-        if frozenset((host, other)) in self.cuts:
-            return
-        for side, far in ((host, other), (other, host)):
-            if side == ROOT:
-                continue
-            address = self.addr(far)
-            self._nft(side, f"add rule inet nemesis out ip daddr {address} drop")
-            self._nft(side, f"add rule inet nemesis in ip saddr {address} drop")
-        self.cuts.add(frozenset((host, other)))
+        balancer and the clients are), both ways, until `uncut` of what this returns (cuts
+        count: two faults cutting one pair both have to end)."""
+        pair = frozenset((host, other))
+        self.cuts[pair] += 1
+        if self.cuts[pair] == 1:
+            self._render({host, other} - {ROOT})
+        return pair
 
-    def isolate(self, host: str) -> None:
+    def uncut(self, pairs: Iterable[frozenset[str]]) -> None:
+        """End cuts `cut` made; the others stay."""
+        touched: set[str] = set()
+        for pair in pairs:
+            self.cuts[pair] -= 1
+            if self.cuts[pair] <= 0:
+                del self.cuts[pair]
+                touched |= pair
+        self._render(touched - {ROOT})
+
+    def isolate(self, host: str) -> list[frozenset[str]]:
         """Cut `host` from every other host and from the root namespace."""
-        for other in [*self.hosts, ROOT]:
-            if other != host:
-                self.cut(host, other)
+        return [self.cut(host, other) for other in [*self.hosts, ROOT] if other != host]
 
-    def split(self, side: Iterable[str], other_side: Iterable[str]) -> None:
+    def split(self, side: Iterable[str], other_side: Iterable[str]) -> list[frozenset[str]]:
         """Cut every host of `side` from every host of `other_side`."""
         others = list(other_side)
-        for host in side:
-            for other in others:
-                self.cut(host, other)
+        return [self.cut(host, other) for host in side for other in others]
 
     def heal(self) -> None:
-        """Undo every cut: established connections that outlived it carry on."""
-        for host in self.hosts:
-            self._nft(host, "flush chain inet nemesis in")
-            self._nft(host, "flush chain inet nemesis out")
+        """Undo every cut: established connections that outlived them carry on."""
         self.cuts.clear()
+        self._render(set(self.hosts))
+
+    def _render(self, hosts: Iterable[str]) -> None:
+        """Rewrite the drop rules of `hosts` from `cuts`, each host's in one nft transaction
+        (no moment without the cuts that stay)."""
+        for host in hosts:
+            lines = ["flush chain inet nemesis in", "flush chain inet nemesis out"]
+            for pair in self.cuts:
+                if host in pair:
+                    (far,) = pair - {host}
+                    address = self.addr(far)
+                    lines.append(f"add rule inet nemesis out ip daddr {address} drop")
+                    lines.append(f"add rule inet nemesis in ip saddr {address} drop")
+            result = subprocess.run(
+                ["ip", "netns", "exec", self.netns(host), "nft", "-f", "-"],
+                input="\n".join(lines) + "\n",
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if result.returncode:
+                raise RuntimeError(f"nft in {host} failed: {result.stderr.strip()}")
 
     def _nft(self, host: str, rule: str) -> None:
         _run("ip", "netns", "exec", self.netns(host), "nft", rule)

@@ -39,9 +39,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NemesisCluster
 
 
 KNOWN = {
-    "redis-paused": "found by this harness, not fixed yet: the will of a client that died as the "
-    "Redis master froze is never published (its store write waits on Redis and is not retried "
-    "to the end)",
+    "redis-paused": "found by this harness, not fixed yet: the will of a client that died just "
+    "after the Redis master froze is never published; its store on the node neither completes "
+    "nor fails (no retry is logged), while the node's other Redis writes fail and recover",
 }
 """Faults whose run fails today for the reason given: strict, so a fix shows as a failure of
 this mark until the entry goes."""

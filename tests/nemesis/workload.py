@@ -13,8 +13,8 @@ what they saw to one `History`.
   DISCONNECT as a device that dies; a connection the network took is never resumed either.
 - `WillWatcher`: receives the wills (a `Subscriber` on the will topics).
 
-A connection is judged dead when a request (PUBLISH, PUBREL, PINGREQ) has had no answer for
-`silence` seconds; clients then connect again, as devices do after their keep-alive.
+A connection is judged dead when a PINGREQ has had no answer for `SILENCE` seconds (any other
+request: `ACK_PATIENCE`); clients then connect again, as devices do after their keep-alive.
 """
 
 from __future__ import annotations
@@ -49,13 +49,16 @@ Address = tuple[str, int]
 KEEPALIVE = 4
 """Seconds: the server drops a client silent for 1.5 times this (and publishes its will)."""
 SILENCE = 4.0
-"""Seconds a request may go unanswered before the client gives the connection up."""
+"""Seconds a PINGREQ may go unanswered before the client gives the connection up (as clients'
+keep-alive does: a server that answers pings is alive, however long a PUBACK takes)."""
+ACK_PATIENCE = 30.0
+"""Seconds any other request may go unanswered on a connection whose pings are answered."""
 PING_EVERY = 1.0
 RECONNECT_PAUSE = 0.3
 
 
 class Dead(ConnectionError):
-    """The client gave a connection up (no answer within `silence`)."""
+    """The client gave a connection up (`SILENCE`, `ACK_PATIENCE`)."""
 
 
 class Link:
@@ -66,7 +69,7 @@ class Link:
         self.index = history.opened(client_id, instance, time.monotonic())
         self.client = RawClient(address[1], timeout=SILENCE, host=address[0])
         self.pending: dict[object, float] = {}  # request key -> when sent (oldest first)
-        self.last_sent = time.monotonic()
+        self.last_received = time.monotonic()
 
     def connect(self, client_id: str, will: Will | None = None) -> bool:
         """CONNECT with a persistent session; the session-present flag."""
@@ -79,9 +82,7 @@ class Link:
 
     def request(self, key: object, packet: object) -> None:
         """Send a packet the server must answer; `key` names the answer."""
-        now = time.monotonic()
-        self.pending.setdefault(key, now)
-        self.last_sent = now
+        self.pending.setdefault(key, time.monotonic())
         self.client.send(packet)
 
     def answered(self, key: object) -> float | None:
@@ -92,16 +93,21 @@ class Link:
         return sent
 
     def poll(self, timeout: float = 0.2) -> object | None:
-        """The next packet, or None; pings when idle; raises Dead when the server is silent."""
+        """The next packet, or None; pings when nothing came for a while; raises Dead when a
+        ping (or, after `ACK_PATIENCE`, any request) has no answer."""
         now = time.monotonic()
-        if self.pending and now - min(self.pending.values()) > SILENCE:
-            raise Dead("no answer")
-        if now - self.last_sent > PING_EVERY and "ping" not in self.pending:
+        ping = self.pending.get("ping")
+        if ping is not None and now - ping > SILENCE:
+            raise Dead("no PINGRESP")
+        if self.pending and now - min(self.pending.values()) > ACK_PATIENCE:
+            raise Dead("a request unanswered")
+        if ping is None and now - self.last_received > PING_EVERY:
             self.request("ping", Pingreq())
         try:
             packet: object = self.client.recv(timeout)
         except TimeoutError:
             return None
+        self.last_received = time.monotonic()
         if isinstance(packet, Pingresp):
             self.answered("ping")
             return None
