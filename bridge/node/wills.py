@@ -21,7 +21,13 @@ from bridge.mqtt.properties import PropertyId
 from bridge.node.roles import Spawner
 from bridge.state import KIND_ONLINE, encode_message
 from bridge.storage import metadata
-from bridge.storage.base import Message, MetaUpdate, StaleOwner, StoreUnavailable
+from bridge.storage.base import (
+    Message,
+    MetaUpdate,
+    RecordsNotWritten,
+    StaleOwner,
+    StoreUnavailable,
+)
 
 if TYPE_CHECKING:
     from bridge.counters import Metrics
@@ -150,7 +156,7 @@ class Wills:
                 )
                 return
             except StoreUnavailable as exc:
-                if exc.maybe_stored:
+                if exc.maybe_stored and not isinstance(exc, RecordsNotWritten):
                     log.error(
                         "client %s: will perhaps not stored (not sent again): %s", client_id, exc
                     )

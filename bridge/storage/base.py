@@ -45,6 +45,13 @@ class StaleOwner(StoreUnavailable):
         self.clients = clients
 
 
+class RecordsNotWritten(StoreUnavailable):
+    """The records a message is stored with (a QoS 2 marker, a will's online record) could not
+    be written first, so the message itself was not sent. `maybe_stored` is about the records: a
+    QoS 2 marker that may be there must be settled before the message is stored again; a will
+    can be sent again."""
+
+
 class SessionBound(Exception):
     """A claim of a ClientId was refused: its session (or live connection) belongs to another
     identity, `owner` (`bridge.access.ownership`); nothing was changed."""

@@ -18,7 +18,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.storage.base import DurableCallback, Message, StoreUnavailable
+from bridge.storage.base import (
+    DurableCallback,
+    Message,
+    RecordsNotWritten,
+    StaleOwner,
+    StoreUnavailable,
+)
 from bridge.storage.rocketmq.acl import authentication_hint
 from bridge.storage.rocketmq.client import RocketMQClient
 from bridge.storage.rocketmq.connection import (
@@ -199,8 +205,12 @@ class SendPipeline:
                 failed = None if send.meta_durable is None else send.meta_durable.exception()
                 if failed is not None:
                     # A StaleOwner stays one: the caller tells a client taken over from an outage.
-                    if not isinstance(failed, StoreUnavailable):
-                        failed = StoreUnavailable(str(failed))
+                    if not isinstance(failed, StaleOwner):
+                        maybe = isinstance(failed, StoreUnavailable) and failed.maybe_stored
+                        failed = RecordsNotWritten(str(failed), maybe_stored=maybe)
+                    # Callbacks run from the in-flight queue, in order: a send that never
+                    # entered it would never be answered (its publisher waiting forever).
+                    self._inflight.append(send)
                     self._finish(send, None, failed)
                     self._complete_in_order()
                     continue

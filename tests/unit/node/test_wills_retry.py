@@ -11,7 +11,7 @@ import pytest
 
 from bridge.node import wills as wills_module
 from bridge.node.wills import Wills
-from bridge.storage.base import Message, StaleOwner, StoreUnavailable
+from bridge.storage.base import Message, RecordsNotWritten, StaleOwner, StoreUnavailable
 
 
 class Counts:
@@ -64,6 +64,18 @@ def test_a_will_of_a_client_another_node_took_over_is_left_to_that_node(
 ) -> None:
     publisher, _ = publish([StoreUnavailable("down"), StaleOwner(["c1"])], monkeypatch)
     assert publisher.attempts == 2 and publisher.routed == []
+
+
+def test_a_will_whose_record_write_may_have_landed_is_sent_again_as_it_was_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis took the online record's deletion but no replica confirmed it: the will itself
+    never went to the broker."""
+    not_sent = RecordsNotWritten(
+        "only 0 of 1 Redis replicas confirmed the write", maybe_stored=True
+    )
+    publisher, _ = publish([not_sent], monkeypatch)
+    assert publisher.attempts == 2 and len(publisher.routed) == 1
 
 
 def test_a_will_that_may_have_been_stored_is_not_sent_again(
