@@ -30,9 +30,9 @@ NODE_TIMEOUT = 6.0
 
 
 class NemesisCluster:
-    def __init__(self, work_dir: Path, prefix: str = "nm") -> None:
+    def __init__(self, work_dir: Path) -> None:
         self.work_dir = work_dir
-        self.net = Network(prefix)
+        self.net = Network()
         self.name = f"nem{uuid.uuid4().hex[:6]}"
         self.secret = secrets.token_hex(32)
         self.redis: LocalSentinelRedis | None = None

@@ -130,6 +130,9 @@ class Verdict:
     """will client -> (wills expected, wills received) where they differ."""
     never_acknowledged: int
     """Published, never acknowledged (the publisher gave up at the end): not a loss."""
+    sessions_lost: list[str] = field(default_factory=list)
+    """ClientIds whose persistent session was gone when they came back (CONNACK with session
+    present 0 after one with a session): their subscriptions and QoS state went with it."""
 
     @property
     def ok(self) -> bool:
@@ -139,6 +142,7 @@ class Verdict:
             or any(self.out_of_order.values())
             or self.split_brain
             or self.wills_wrong
+            or self.sessions_lost
         )
 
     def summary(self) -> str:
@@ -149,6 +153,7 @@ class Verdict:
             f"acknowledged {self.acknowledged}, delivered {self.delivered}, lost {lost}, "
             f"QoS 2 twice {twice}, out of order {disorder}, split-brain windows "
             f"{len(self.split_brain)}, wills wrong {len(self.wills_wrong)}, "
+            f"sessions lost {len(self.sessions_lost)}, "
             f"never acknowledged {self.never_acknowledged}"
         )
 
@@ -163,6 +168,7 @@ class Verdict:
                 if items:
                     lines.append(f"{name} at {subscriber}: {len(items)}, e.g. {items[:limit]}")
         lines += [f"split brain: {line}" for line in self.split_brain[:limit]]
+        lines += [f"session lost: {client_id}" for client_id in self.sessions_lost[:limit]]
         lines += [f"wills of {c}: expected {e}, got {g}" for c, (e, g) in self.wills_wrong.items()]
         return "\n".join(lines)
 
@@ -191,7 +197,23 @@ def check(history: History, will_clients: list[str] = ()) -> Verdict:  # type: i
         split_brain=_split_brain(history.connections),
         wills_wrong=_wills_wrong(history, list(will_clients)),
         never_acknowledged=len(history.sent) - len(acked),
+        sessions_lost=_sessions_lost(history.connections),
     )
+
+
+def _sessions_lost(connections: list[Connection]) -> list[str]:
+    """Every client here keeps a persistent session: once a CONNACK said it had one, a later
+    CONNACK without one means the server lost it."""
+    had: set[str] = set()
+    lost: list[str] = []
+    for connection in sorted(
+        (c for c in connections if c.connack is not None), key=lambda c: c.connack or 0.0
+    ):
+        if connection.session_present:
+            had.add(connection.client_id)
+        elif connection.client_id in had and connection.client_id not in lost:
+            lost.append(connection.client_id)
+    return lost
 
 
 def _out_of_order(

@@ -1,7 +1,7 @@
 """A network of hosts on one machine: each host a Linux network namespace with one veth into a
 bridge of the root namespace, where the test process, the balancer and the clients live.
 
-    net = Network("nm1").start(["redis", "mq", "n1", "n2", "n3"])
+    net = Network().start(["redis", "mq", "n1", "n2", "n3"])
     net.addr("n1")                     # 10.213.N.21: what n1's processes bind to
     net.command("n1", ["python", ...]) # argv that runs inside n1's namespace
     net.cut("n1", "redis")             # packets between them dropped, both ways, silently
@@ -19,16 +19,19 @@ on this machine.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import count
+from pathlib import Path
 
 ROOT = "root"
 """The root namespace's name in cuts: the test process, the balancer and the clients."""
 
-_SUBNETS = count(0)
+_NETWORKS = count(0)
+_NAME = re.compile(r"^n(\d+)[a-z]-")
 
 
 def _run(*argv: str) -> None:
@@ -44,16 +47,39 @@ def _delete(namespaces: Sequence[str], bridge: str) -> None:
     subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=30)
 
 
-class Network:
-    """Hosts in namespaces `{prefix}-{host}` on the bridge `{prefix}br`, addresses in
-    10.213.X.0/24 (X differs per Network of one process and by PID between processes)."""
+def _sweep_stale() -> None:
+    """Delete the namespaces and bridges of Networks whose process is gone (killed before its
+    exit could): their names carry its PID. Another live process's are left alone."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    for line in listed.stdout.splitlines():
+        name = line.split(" ", 1)[0]
+        match = _NAME.match(name)
+        if match and not Path(f"/proc/{match.group(1)}").exists():
+            prefix = name.split("-", 1)[0]
+            _delete([name], f"{prefix}br")
 
-    def __init__(self, prefix: str) -> None:
-        if not prefix.isalnum() or len(prefix) > 8:
-            raise ValueError(f"prefix must be at most 8 letters or digits, not {prefix!r}")
-        self.prefix = prefix
-        self.subnet = f"10.213.{(os.getpid() * 7 + next(_SUBNETS)) % 250 + 1}"
-        self.bridge = f"{prefix}br"
+
+def _free_subnet() -> str:
+    """A 10.213.X prefix no interface of the root namespace has (another run's bridge)."""
+    shown = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, timeout=30)
+    taken = set(re.findall(r"inet 10\.213\.(\d+)\.", shown.stdout))
+    start = os.getpid() % 250
+    for step in range(250):
+        third = (start + step) % 250 + 1
+        if str(third) not in taken:
+            return f"10.213.{third}"
+    raise RuntimeError("no free 10.213.X.0/24 for a test network")
+
+
+class Network:
+    """Hosts in namespaces `{prefix}-{host}` on the bridge `{prefix}br`, where the prefix is
+    this process's PID and a letter (test runs side by side never share a name), addresses in
+    a 10.213.X.0/24 no other interface has."""
+
+    def __init__(self) -> None:
+        self.prefix = f"n{os.getpid()}{'abcdefghijklmnopqrstuvwxyz'[next(_NETWORKS) % 26]}"
+        self.subnet = ""
+        self.bridge = f"{self.prefix}br"
         self.hosts: dict[str, int] = {}  # host -> last octet of its address
         self.cuts: Counter[frozenset[str]] = Counter()
         self._finalizer = weakref.finalize(self, _delete, [], self.bridge)
@@ -77,7 +103,8 @@ class Network:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, hosts: Iterable[str]) -> Network:
         hosts = list(hosts)
-        _delete([self.netns(h) for h in hosts], self.bridge)  # left by a killed earlier run
+        _sweep_stale()
+        self.subnet = _free_subnet()
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _delete, [], self.bridge)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bridge.mqtt.packets import Puback, Publish
@@ -20,12 +21,15 @@ from tests.support.clients import RawClient
 from .cluster import NODE_TIMEOUT, NemesisCluster
 from .faults import Fault
 from .history import History, Verdict, check
-from .workload import Publisher, Subscriber, WillClient
+from .workload import Client, Publisher, Subscriber, WillClient
 
 Schedule = list[tuple[Fault, float, float]]
 
 DRAIN_S = 60.0
-"""At most this long for the clients to complete what they have in flight after the load."""
+"""At most this long for the publishers to complete what they have in flight after the load,
+and again for the subscribers to receive every acknowledged message."""
+FINISH_S = 15.0
+"""At most this long for the other clients to complete their handshakes and disconnect."""
 
 
 @dataclass
@@ -75,17 +79,11 @@ def run(
     finally:
         for fault, _, _ in schedule:  # whatever happened, nothing stays broken
             fault.end(cluster)
-    for publisher in publishers:
-        publisher.finish(DRAIN_S)
-    for publisher in publishers:
-        publisher.join(DRAIN_S + 5)
+    _finish(publishers, DRAIN_S)
     _wait_delivered(history, DRAIN_S)
-    for ending in [*wills, stable, roaming]:
-        ending.finish(DRAIN_S)
-        ending.join(DRAIN_S + 5)
+    _finish([*wills, stable, roaming], FINISH_S)
     _wait_wills(history, [w.client_id for w in wills], 20.0)
-    watcher.finish(10.0)
-    watcher.join(15.0)
+    _finish([watcher], FINISH_S)
     for done in [*publishers, *wills, *listeners]:
         if done.error is not None:
             notes.append(f"{done.name}: {done.error!r}")
@@ -97,6 +95,16 @@ def run(
     )
     verdict = check(history, [w.client_id for w in wills])
     return Result(verdict, recovery, history, notes)
+
+
+def _finish(clients: Sequence[Client], within: float) -> None:
+    """Ask every client to finish, and wait for them all, `within` seconds in all (a client
+    still running then is noted by the caller)."""
+    for client in clients:
+        client.finish(within)
+    deadline = time.monotonic() + within + 2
+    for client in clients:
+        client.join(max(0.0, deadline - time.monotonic()))
 
 
 def _run_schedule(

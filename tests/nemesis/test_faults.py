@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.fault,
     pytest.mark.rocketmq,
     pytest.mark.nemesis,
-    pytest.mark.timeout(240),
+    pytest.mark.timeout(300),
 ]
 
 BEFORE_S = 3.0
@@ -39,18 +39,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NemesisCluster
 
 
 KNOWN = {
-    "redis-paused": "found by this harness, not fixed yet: the will of a client that died just "
-    "after the Redis master froze is never published; its store on the node neither completes "
-    "nor fails (no retry is logged), while the node's other Redis writes fail and recover",
+    "redis-paused": "found by this harness, not fixed yet: across the Sentinel failover a "
+    "persistent session can be gone when its client comes back (CONNACK session present 0): "
+    "its subscriptions with it, so what was published meanwhile never reaches it",
 }
 """Faults whose run fails today for the reason given: strict, so a fix shows as a failure of
-this mark until the entry goes."""
+this mark until the entry goes; only a broken rule counts as the expected failure (a cluster
+that does not start fails the test)."""
+
+
+class RuleBroken(AssertionError):
+    """The history broke a rule, or the cluster served again too late."""
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN[n])) if n in KNOWN else n
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=RuleBroken, reason=KNOWN[n]))
+        if n in KNOWN
+        else n
         for n in FAULTS
     ],
 )
@@ -59,5 +66,7 @@ def test_fault_loses_nothing_acknowledged_and_never_serves_a_client_twice(
 ) -> None:
     result = run(cluster, [(FAULTS[name], BEFORE_S, HOLD_S)], tag=name.replace("-", "")[:12])
     print(f"\n{name}: {result.report()}")
-    assert result.verdict.ok, f"{result.report()}\n{cluster.logs()}"
-    assert result.recovery_s <= 2 * NODE_TIMEOUT, result.report()
+    if not result.verdict.ok:
+        raise RuleBroken(f"{result.report()}\n{cluster.logs()}")
+    if result.recovery_s > 2 * NODE_TIMEOUT:
+        raise RuleBroken(f"served again too late:\n{result.report()}")

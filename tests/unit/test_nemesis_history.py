@@ -82,3 +82,15 @@ def test_wills_must_match_the_abandoned_connections() -> None:
     history.will("w2")  # disconnected cleanly: no will
     history.will("w1")  # a second will of one death
     assert check(history, ["w1", "w2"]).wills_wrong == {"w1": (1, 2), "w2": (0, 1)}
+
+
+def test_a_persistent_session_gone_when_its_client_came_back_is_a_lost_session() -> None:
+    history = _history()
+    _deliver(history, "a", "b", "c")
+    first = history.opened("s", "s", 10.0)
+    history.connacked(first, True, 10.1)
+    assert check(history).ok  # subscribers' first CONNACK above had no session: a new one
+    again = history.opened("s", "s", 12.0)
+    history.connacked(again, False, 12.1)
+    verdict = check(history)
+    assert verdict.sessions_lost == ["s"] and not verdict.ok
