@@ -60,12 +60,13 @@ class ExactlyOnceReceiver:
                 return  # the broker resends PUBREL; we answer PUBCOMP then
             self.client.send(Pubcomp(packet.packet_id))
 
-    def receive(self, until: int, timeout: float = 10.0) -> None:
-        """Handle packets until `until` distinct messages arrived and no QoS 2 handshake is
-        open, or `timeout` passes. A broken connection raises (ConnectionError/OSError)."""
+    def receive(self, until: int, timeout: float = 10.0, settle: bool = True) -> None:
+        """Handle packets until `until` distinct messages arrived and (with `settle`) no QoS 2
+        handshake is open, or `timeout` passes. A broken connection raises
+        (ConnectionError/OSError). Without `settle` it stops at once, handshakes left open."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if len(self.delivered) >= until and not self.awaiting_pubrel:
+            if len(self.delivered) >= until and (not settle or not self.awaiting_pubrel):
                 return
             assert self.client is not None
             try:
