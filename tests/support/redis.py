@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import subprocess
 import time
 import traceback
@@ -46,7 +45,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tests.support.redis_auth import NO_AUTH, RedisAuth
-from tests.support.rocketmq import free_port_block, in_netns
+from tests.support.rocketmq import free_port_block
 from tests.support.scripts import DEPLOY, log_tail, recorded_pid, run_script
 from tests.support.waiting import wait_until
 
@@ -158,31 +157,7 @@ class _RedisProcess:
         } | self.auth.script_env(self.data_dir.parent / f"{self.data_dir.name}-secrets")
 
     def _script(self, name: str, *args: str, timeout: float) -> str:
-        if self.netns is None:
-            return run_script(SCRIPTS / name, *args, timeout=timeout, env=self._env())
-        return _run_in_netns(self.netns, SCRIPTS / name, *args, timeout=timeout, env=self._env())
-
-
-def _run_in_netns(netns: str, script: Path, *args: str, timeout: float, env: dict[str, str]) -> str:
-    """run_script inside network namespace netns (see in_netns): its stdout, or RuntimeError
-    with everything it printed."""
-    command = in_netns(netns, script, *args)
-    try:
-        proc = subprocess.run(
-            command,
-            env=os.environ | env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"{' '.join(command)} timed out after {timeout} s") from exc
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(command)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
-        )
-    return proc.stdout
+        return run_script(SCRIPTS / name, *args, timeout=timeout, env=self._env(), netns=self.netns)
 
 
 def _kill_quietly(data_dir: Path) -> None:

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from bridge.storage.rocketmq import Credentials, TlsOptions
 from tests.support.ports import can_bind, free_port_block
+from tests.support.scripts import in_netns
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "rocketmq"
@@ -91,14 +92,6 @@ def _load_probe():  # type: ignore[no-untyped-def]
 
 
 probe = _load_probe()
-
-
-def in_netns(netns: str | None, script: Path, *args: str) -> list[str]:
-    """The command that runs a deploy script with args: in network namespace `netns` (`ip netns
-    exec`, root only; what it starts stays there) unless that is None."""
-    if netns is None:
-        return [str(script), *args]
-    return ["ip", "netns", "exec", netns, "bash", str(script), *args]
 
 
 class LocalRocketMQ:

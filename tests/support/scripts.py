@@ -14,15 +14,28 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 
 
+def in_netns(netns: str | None, script: Path, *args: str) -> list[str]:
+    """The command that runs a deploy script with args: in network namespace `netns` (`ip netns
+    exec`, root only; what it starts stays there) unless that is None."""
+    if netns is None:
+        return [str(script), *args]
+    return ["ip", "netns", "exec", netns, "bash", str(script), *args]
+
+
 def run_script(
-    script: Path, *args: str, timeout: float, env: Mapping[str, str] | None = None
+    script: Path,
+    *args: str,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    netns: str | None = None,
 ) -> str:
-    """Run a deploy script; return its stdout, or raise RuntimeError with everything it printed
-    (the scripts print the server's log tail when a start fails)."""
+    """Run a deploy script (in network namespace `netns`, if given); return its stdout, or raise
+    RuntimeError with everything it printed (the scripts print the server's log tail when a
+    start fails)."""
     command = f"{script.relative_to(REPO)} {' '.join(args)}"
     try:
         proc = subprocess.run(
-            [str(script), *args],
+            in_netns(netns, script, *args),
             env={**os.environ, **(env or {})},
             stdin=subprocess.DEVNULL,
             capture_output=True,
