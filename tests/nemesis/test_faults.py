@@ -39,13 +39,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NemesisCluster
 
 
 KNOWN = {
-    "redis-paused": "found by this harness, not fixed yet: across the Sentinel failover a "
-    "persistent session can be gone when its client comes back (CONNACK session present 0): "
-    "its subscriptions with it, so what was published meanwhile never reaches it",
+    "redis-paused": "found by this harness, not fixed yet, and not every run: across the "
+    "Sentinel failover a persistent session can be gone when its client comes back (CONNACK "
+    "session present 0): its subscriptions with it, so what was published meanwhile never "
+    "reaches it",
 }
-"""Faults whose run fails today for the reason given: strict, so a fix shows as a failure of
-this mark until the entry goes; only a broken rule counts as the expected failure (a cluster
-that does not start fails the test)."""
+"""Faults whose run breaks a rule today, in some runs, for the reason given: reported as an
+expected failure when it does (only a broken rule counts as one: a cluster that does not start
+fails the test), and as passing when that run did not hit it."""
 
 
 class RuleBroken(AssertionError):
@@ -55,7 +56,7 @@ class RuleBroken(AssertionError):
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=RuleBroken, reason=KNOWN[n]))
+        pytest.param(n, marks=pytest.mark.xfail(strict=False, raises=RuleBroken, reason=KNOWN[n]))
         if n in KNOWN
         else n
         for n in FAULTS
