@@ -147,8 +147,10 @@ class ClusterOwnership:
             return None
         assert claim is not None
         previous = claim.previous_node
-        if not previous or previous == self.node_id:
+        if not previous:
             return False
+        if previous == self.node_id:
+            return self._recover_own_claim(client_id, claim)
         # From the claim on, the previous owner may be declared gone and its interest forgotten
         # before the session is adopted here: hold its filters meanwhile.
         arriving: set[str] = set()
@@ -182,12 +184,37 @@ class ClusterOwnership:
         if "subs" in records and not claim.was_clean:
             claim.records = records
             session = self.adopt(client_id, claim, sent_unknown=False)
-            if state is None:
-                # The old node did not answer: the registry's copy may predate what it sent.
+            if not state:
+                # The old node did not answer, or had no session to hand over (its claim was
+                # applied while it was told it failed: `_recover_own_claim`): the registry's
+                # copy was written by whichever node held the session last, and may predate
+                # what that node sent.
                 await self.refresh_queue_ends(client_id)
                 self.assume_sent(session)
             return True
         return False
+
+    def _recover_own_claim(self, client_id: str, claim: Claim) -> bool:
+        """The registry says this node owned the client before this claim. If its session is
+        here, the connection resumes it (False: nothing came from elsewhere). If it is not, an
+        earlier claim of this node was applied by Redis while the node was told it failed: the
+        replicas did not confirm it (WAIT) because a Sentinel failover had just left the new
+        master without any. The node refused that CONNECT, but the owner had moved, so the
+        node that served the session let it go when its next write was refused. The
+        registry's copy is then the session: adopt it (True), its sends unknown, as from a
+        node that did not answer. Starting afresh here would drop a persistent session and
+        everything published to it meanwhile."""
+        if client_id in self.sessions or "subs" not in claim.records or claim.was_clean:
+            return False
+        log.warning(
+            "client %s: the registry names this node its owner but its session is not here "
+            "(a claim applied while refused); resuming the registry's copy",
+            client_id,
+        )
+        session = self.adopt(client_id, claim)
+        self.metrics.inc("sessions_recovered_from_registry")
+        self.spawn(self._learn_ends_after_move(session, sent_unknown=True))
+        return True
 
     def adopt(self, client_id: str, claim: Claim, *, sent_unknown: bool = True) -> Session:
         """Hold a persistent session taken over from another node (offline until it connects).

@@ -7,18 +7,22 @@ test prints the time from CONNACK to the first message."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 
 import pytest
 
+from bridge.cluster.redis_access import RedisAccess
+from bridge.cluster.registry import RedisRegistry, redis_client
 from bridge.mqtt.packets import Connack, Publish, Suback, Subscribe, Subscription
 from bridge.mqtt.properties import PropertyId
 from tests.support.clients import RawClient
 from tests.support.cluster import ClusterLauncher
 from tests.support.mqtt5 import RawClient5
 from tests.support.processes import BridgeProcess
+from tests.support.redis import LocalRedis
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.timeout(180)]
 
@@ -139,3 +143,35 @@ def test_the_offline_backlog_comes_at_once_on_a_node_that_never_held_the_session
     took, got = first_after_resume(c)
     print(f"first backlog message on another node ({left} node left) after {took * 1000:.1f} ms")
     assert [p.payload for p in got] == [f"m{i}".encode() for i in range(5)]
+
+
+def test_a_session_whose_owner_moved_by_a_refused_claim_resumes_on_that_node_with_its_backlog(
+    cluster: ClusterLauncher, redis_server: LocalRedis
+) -> None:
+    """Found by the nemesis Redis failover: node b's claim of the session was applied by a new
+    master that had no replica yet, so WAIT refused it and b refused that CONNECT, but the
+    registry named b the owner. Made here by claiming for b from outside (b never learns of
+    it). The session then resumes on b: with what it subscribed and what was published
+    meanwhile, not afresh (session present 0, the backlog never delivered)."""
+    a, b, _c = three_nodes(cluster)
+    publisher = RawClient5(a.port)
+    publisher.connect("pub-refused-claim")
+    sub = RawClient5(a.port)
+    assert sub.connect("resumer", False, properties=KEEP).return_code == 0
+    assert sub.subscribe_many(Subscription("refused/#", 2)) == [2]
+    sub.disconnect()
+
+    async def claim_for_b() -> None:
+        registry = RedisRegistry(redis_client(RedisAccess(url=redis_server.url)), cluster.name, "b")
+        try:
+            assert await registry.claim("resumer", False) is not None
+        finally:
+            await registry.close()
+
+    asyncio.run(claim_for_b())
+    for i in range(5):
+        publisher.publish("refused/x", f"m{i}".encode(), 1, packet_id=i + 1)
+    took, got = first_after_resume(b)
+    print(f"first backlog message after a refused claim after {took * 1000:.1f} ms")
+    assert [p.payload for p in got] == [f"m{i}".encode() for i in range(5)]
+    b.wait_for_log("resuming the registry's copy")

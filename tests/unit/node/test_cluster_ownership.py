@@ -202,3 +202,52 @@ def test_a_session_claimed_from_another_node_keeps_its_filters_held_until_adopte
     assert taken is True and adopted == ["keeper"]
     assert cluster.held_during_release == {"load/#": 1, "alerts/+": 1}
     assert +cluster.held == Counter()  # let go once adopted
+
+
+class OwnClaim(Membership):
+    """A registry whose claim finds this node (node-a) the previous owner: an earlier claim of
+    node-a was applied while Redis reported it failed."""
+
+    def __init__(self, records: dict[str, bytes], was_clean: bool = False) -> None:
+        super().__init__({})
+        claim = Claim(epoch=9, previous_node="node-a", records=records, was_clean=was_clean)
+
+        async def claim_it(client_id: str, clean: bool, identity: str | None = None) -> Claim:
+            return claim
+
+        self.registry.claim = claim_it  # type: ignore[attr-defined]
+
+
+def take_over_own_claim(
+    cluster: OwnClaim, sessions: dict[str, Session]
+) -> tuple[bool | None, list[str], list[Any]]:
+    owner, *_ = ownership({}, sessions, {})
+    owner.cluster = cluster  # type: ignore[assignment]
+    adopted: list[str] = []
+    spawned: list[Any] = []
+    owner.adopt = lambda client_id, claim, **_: adopted.append(client_id)  # type: ignore[method-assign, assignment, return-value]
+    owner.spawn = lambda coro: spawned.append(coro.close())  # type: ignore[assignment, func-returns-value]
+    taken = asyncio.run(owner.take_over(Link(), "roamer", False, True, None))  # type: ignore[arg-type]
+    return taken, adopted, spawned
+
+
+def test_a_session_this_node_owns_in_the_registry_but_does_not_hold_is_resumed_from_it() -> None:
+    """Found by the nemesis Redis failover: a claim Redis applied while WAIT refused it left
+    this node the owner without the session; the holder let it go. Starting afresh (session
+    present 0) dropped the subscriptions and all published meanwhile."""
+    records = {"subs": b'{"subs": {"load/#": 2}}', "off": b"{}"}
+    taken, adopted, spawned = take_over_own_claim(OwnClaim(records), {})
+    assert taken is True and adopted == ["roamer"]
+    assert len(spawned) == 1  # its queues' ends are learnt, what was sent marked for DUP
+
+
+def test_a_session_held_here_is_resumed_here_and_not_adopted_again() -> None:
+    records = {"subs": b'{"subs": {"load/#": 2}}'}
+    sessions = {"roamer": Session(client_id="roamer", persistent=True)}
+    taken, adopted, _ = take_over_own_claim(OwnClaim(records), sessions)
+    assert taken is False and adopted == []
+
+
+def test_a_clean_session_this_node_owned_is_not_resumed_from_the_registry() -> None:
+    taken, adopted, _ = take_over_own_claim(OwnClaim({"subs": b"{}"}, was_clean=True), {})
+    assert taken is False and adopted == []
