@@ -1,0 +1,117 @@
+"""A real full disk under the embedded store: its data dir on a tmpfs of a few MiB, filled by
+another file while QoS 1 publishers keep publishing and a subscriber reads live.
+
+What the test holds the store to: a message it could not write is never acknowledged (the
+publisher gets no PUBACK, its connection closes, and it resends after reconnecting); the
+subscriber stays connected throughout; once the space is back the publishers go on without anyone
+restarting anything; and the log is whole afterwards: after a kill -9 and a restart on the same
+disk, a session that was offline the whole time receives every acknowledged message from it.
+The simulated failures of `tests/integration/test_store_failure.py` (ENOSPC raised from a
+patched write) test the same paths message by message; this one is the disk itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.clients import RawClient
+from tests.support.load import Qos1Publisher, Qos1Subscriber, finish
+from tests.support.processes import BridgeProcess
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(150)]
+
+DISK_MIB = 24
+LEFT_FREE = 384 * 1024
+"""Bytes left free by the filler: a few thousand of the publishers' records."""
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of DISK_MIB MiB (root only: mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MIB}m,mode=0700", "tmpfs", str(disk)],
+        check=True,
+    )
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """Write a file that leaves `leave` bytes of `disk` free."""
+    filler = disk / "filler"
+    stat = os.statvfs(disk)
+    size = stat.f_bavail * stat.f_frsize - leave
+    chunk = b"\0" * (1 << 20)
+    with open(filler, "wb") as out:
+        while size > 0:
+            size -= out.write(chunk[: min(size, len(chunk))])
+    return filler
+
+
+def test_a_full_disk_acknowledges_nothing_unstored_resumes_by_itself_and_keeps_the_log_whole(
+    small_disk: Path,
+) -> None:
+    settings = ("segment_bytes=2097152", "segment_preallocate_bytes=262144")
+    bridge = BridgeProcess(small_disk / "data", *settings).start()
+    try:
+        offline = RawClient(bridge.port)
+        offline.connect("offline", clean_session=False)
+        assert offline.subscribe("load/#", 1, packet_id=1) == [1]
+        offline.disconnect()
+        live = Qos1Subscriber(bridge.port, "live", ["load/#"])
+        live.start()
+        assert live.ready.wait(10)
+        stop = threading.Event()
+        publishers = [Qos1Publisher(bridge.port, f"pub{i}", stop, window=20) for i in range(2)]
+        for publisher in publishers:
+            publisher.start()
+        wait_until(lambda: sum(len(p.acks) for p in publishers) > 500, 20, "publishing")
+
+        filler = fill(small_disk, LEFT_FREE)
+        bridge.wait_for_log("rolling back", timeout=30)
+        wait_until(lambda: all(p.closed_at for p in publishers), 20, "both refused")
+        full_at = time.monotonic()
+        time.sleep(2.0)  # full for a while: refused again at every reconnect
+        during = sum(1 for p in publishers for t, _ in p.acks if t > full_at + 0.5)
+
+        filler.unlink()
+        freed_at = time.monotonic()
+        wait_until(
+            lambda: all(any(t > freed_at for t, _ in p.acks) for p in publishers),
+            30,
+            "publishing resumed after the space came back",
+        )
+        finish(stop, publishers)
+        acked = set().union(*(p.acked for p in publishers))
+        wait_until(lambda: acked <= set(live.delivered), 30, "the live subscriber got everything")
+        live.stop.set()
+        live.join(5)
+        assert live.reconnects == 0, "the subscriber's connection did not survive the full disk"
+
+        bridge.kill()
+        bridge.start()
+        after = Qos1Subscriber(bridge.port, "offline")
+        after.start()
+        wait_until(lambda: acked <= set(after.delivered), 30, "the log after a restart")
+        after.stop.set()
+        after.join(5)
+    finally:
+        bridge.kill()
+    refusals = sum(len(p.closed_at) for p in publishers)
+    print(
+        f"\nfull disk: {len(acked)} acknowledged, {refusals} refusals, {during} acknowledged "
+        f"while full, {len(set(after.delivered))} read from the log after kill -9"
+    )
