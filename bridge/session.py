@@ -14,6 +14,7 @@ docs/design.md.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -140,8 +141,8 @@ class Session:
     __slots__ = (
         "_inbound_qos2", "_inflight", "_options", "_qos2_sent", "_resend_below", "_shared",
         "_subscriptions", "client_id", "connected", "cursors", "disconnected_at",
-        "dropped_queue_full", "dropped_retention", "expiry", "owner", "persistent", "read_verdicts",
-        "reads_judged", "released",
+        "dropped_queue_full", "dropped_retention", "expiry", "offline_mono", "owner", "persistent",
+        "read_verdicts", "reads_judged", "released",
     )  # fmt: skip
 
     def __init__(
@@ -184,6 +185,11 @@ class Session:
         """Key -> seq of the last QoS 2 messages sent to the client, oldest first."""
         self.connected = connected
         self.disconnected_at = disconnected_at
+        """Unix time the session went offline: kept in its records (a restart, another node)
+        and shown by the admin API."""
+        self.offline_mono = 0.0
+        """The monotonic clock's reading when this process saw the session go offline (or
+        took it over offline): its age is measured from here (`went_offline`); 0: unknown."""
         self.dropped_queue_full = 0
         self.dropped_retention = 0
 
@@ -371,13 +377,29 @@ class Session:
         inflight, self._inflight = self._inflight, None
         return [] if inflight is None else list(inflight.values())
 
+    def went_offline(self, seconds_ago: float = 0.0) -> None:
+        """The session is offline, since `seconds_ago`. Its age is counted from here on the
+        monotonic clock: a jump of the wall clock (a bad NTP step, a VM resumed, an operator's
+        `date -s`) neither expires it early nor keeps it past its expiry. The Unix time is
+        kept for its records, where nothing better can cross a restart or another node."""
+        self.disconnected_at = time.time() - seconds_ago
+        self.offline_mono = time.monotonic() - seconds_ago
+
+    def offline_seconds(self, now: float) -> float:
+        """How long the session has been offline: by the monotonic clock since `went_offline`,
+        else by the wall clock `now` against `disconnected_at`."""
+        if self.offline_mono:
+            return time.monotonic() - self.offline_mono
+        return now - self.disconnected_at
+
     def expired(self, now: float, default_expiry: float) -> bool:
-        """Whether the session is an offline persistent one whose expiry passed by `now`: its
-        own interval (MQTT 5.0), else `default_expiry` (a 3.1.1 session)."""
+        """Whether the session is an offline persistent one whose expiry passed by `now`
+        (`offline_seconds`): its own interval (MQTT 5.0), else `default_expiry` (a 3.1.1
+        session)."""
         if not self.persistent or self.connected:
             return False
         limit = default_expiry if self.expiry is None else self.expiry
-        return now - self.disconnected_at >= limit
+        return self.offline_seconds(now) >= limit
 
     # -- persistence ---------------------------------------------------------------------------
 

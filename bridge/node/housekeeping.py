@@ -197,7 +197,7 @@ class Housekeeper:
             log.warning(
                 "session %s expired after %.0f s offline: %d queued messages (%d bytes) dropped",
                 session.client_id,
-                now - session.disconnected_at,
+                session.offline_seconds(now),
                 count,
                 size,
             )

@@ -151,7 +151,11 @@ class SessionLifecycle:
         start_new_parts(self.store, session)
         if not session.disconnected_at or was_online:
             # Connected when its node stopped (or never recorded): offline from now on.
-            session.disconnected_at = time.time()
+            session.went_offline()
+        else:
+            # Its age so far comes from the wall clocks (its records'); from here on, this
+            # node's monotonic clock counts it.
+            session.went_offline(max(0.0, time.time() - session.disconnected_at))
         self.sessions[client_id] = session
         self.subscriptions.enter(session)
         return session
@@ -441,7 +445,7 @@ class SessionLifecycle:
             return False
         del self.connections[client_id]
         session.connected = False
-        session.disconnected_at = time.time()
+        session.went_offline()
         return True
 
     def discard(self, session: Session, updates: list[MetaUpdate]) -> None:

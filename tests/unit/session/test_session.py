@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -217,6 +219,18 @@ def test_only_an_offline_persistent_session_expires_after_its_own_interval_or_th
     session.connected = True
     assert not session.expired(9999.0, default_expiry=60.0)
     assert not Session("c", persistent=False).expired(9999.0, default_expiry=60.0)
+
+
+def test_a_session_seen_going_offline_ages_by_the_monotonic_clock_not_the_wall_clock():
+    """A wall clock that jumps an hour forward expires nothing early, and one that jumps back
+    keeps nothing late: `now` (the wall clock) is not asked once the node saw it go offline."""
+    session = Session("c", persistent=True, expiry=600.0)
+    session.went_offline()
+    assert not session.expired(time.time() + 3600, default_expiry=60.0)
+    assert session.offline_seconds(time.time() + 3600) < 5.0
+    session.went_offline(seconds_ago=601.0)  # offline that long by its records' clocks
+    assert session.expired(time.time() - 3600, default_expiry=60.0)
+    assert abs(session.disconnected_at - (time.time() - 601.0)) < 5.0
 
 
 def test_every_part_of_a_persistent_session_survives_a_restore():
