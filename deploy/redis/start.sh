@@ -6,6 +6,11 @@
 # so slow that Redis postpones AOF writes, which it logs) and a power cut about the last second;
 # REDIS_APPENDFSYNC=always fsyncs before every reply (slower, loses nothing). Starting again on
 # the same DATA_DIR reloads the AOF. Idempotent: a running instance is left alone.
+# REDIS_MIN_REPLICAS=N (default 0; give master and replica the same): as a master, refuse every
+# write while fewer than N replicas are connected (min-replicas-to-write, lag at most 10 s). Set
+# it to the bridges' `redis_wait_replicas`: they count a write only once N replicas confirm it
+# (WAIT), and a master without replicas (one just promoted by a Sentinel failover, or a deposed
+# one that woke up) would otherwise apply writes the bridges were told failed.
 #   deploy/redis/start.sh DATA_DIR PORT [--replicaof HOST:PORT]
 #   deploy/redis/start.sh /srv/redis-a 6379
 #   deploy/redis/start.sh /srv/redis-b 6380 --replicaof 127.0.0.1:6379
@@ -30,6 +35,8 @@ if [ $# -eq 4 ]; then
     replicaof="replicaof ${4%:*} ${4##*:}"
 fi
 : "${REDIS_APPENDFSYNC:=everysec}"
+: "${REDIS_MIN_REPLICAS:=0}"
+[[ "$REDIS_MIN_REPLICAS" =~ ^[0-9]+$ ]] || die "REDIS_MIN_REPLICAS must be a number, not '$REDIS_MIN_REPLICAS'"
 case "$REDIS_APPENDFSYNC" in
     everysec | always | no) ;;
     *) die "REDIS_APPENDFSYNC must be everysec, always or no, not '$REDIS_APPENDFSYNC'" ;;
@@ -71,6 +78,8 @@ save ""
 # A master here has one replica (the Sentinel layout): send it the data set as soon as it
 # connects instead of waiting repl-diskless-sync-delay (5 s) for more replicas.
 repl-diskless-sync-max-replicas 1
+min-replicas-to-write $REDIS_MIN_REPLICAS
+min-replicas-max-lag 10
 $replicaof
 $access
 CONF

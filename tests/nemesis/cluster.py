@@ -2,7 +2,7 @@
 every one a host of its own (a network namespace: `net.Network`), behind HAProxy in the root
 namespace where the clients are.
 
-    hosts   redis: master, replica, three Sentinels     mq: NameServer and broker
+    hosts   redis: master, two replicas, 3 Sentinels    mq: NameServer and broker
             n1, n2, n3: a bridge node each              root: HAProxy, the test's clients
 
 The nodes run with the default `node_timeout` (6 s: a node silent that long is taken for dead)
@@ -55,6 +55,8 @@ class NemesisCluster:
             self.work_dir / "redis",
             host=net.addr("redis"),
             netns=net.netns("redis"),
+            replicas=2,
+            min_replicas=1,  # as the nodes' redis_wait_replicas
             auth=RedisAuth(
                 password=secrets.token_urlsafe(18), sentinel_password=secrets.token_urlsafe(18)
             ),

@@ -172,6 +172,7 @@ class LocalRedis(_RedisProcess):
 
     appendfsync: "everysec" (fsync once a second) or "always" (before every reply).
     replicaof: "host:port" of a master to replicate.
+    min_replicas: as a master, refuse writes with fewer replicas connected (REDIS_MIN_REPLICAS).
     host: the address it binds to (REDIS_HOST); netns: the network namespace it runs in, which
     must hold host (None: this process's).
     """
@@ -185,6 +186,7 @@ class LocalRedis(_RedisProcess):
         *,
         replicaof: str | None = None,
         appendfsync: str = "everysec",
+        min_replicas: int = 0,
         start_timeout: float = 30.0,
         auth: RedisAuth = NO_AUTH,
         host: str = "127.0.0.1",
@@ -193,6 +195,7 @@ class LocalRedis(_RedisProcess):
         super().__init__(data_dir, port, start_timeout, auth, host, netns)
         self.replicaof = replicaof
         self.appendfsync = appendfsync
+        self.min_replicas = min_replicas
 
     @property
     def url(self) -> str:
@@ -229,7 +232,10 @@ class LocalRedis(_RedisProcess):
         return args
 
     def _env(self) -> dict[str, str]:
-        return super()._env() | {"REDIS_APPENDFSYNC": self.appendfsync}
+        return super()._env() | {
+            "REDIS_APPENDFSYNC": self.appendfsync,
+            "REDIS_MIN_REPLICAS": str(self.min_replicas),
+        }
 
 
 class LocalSentinel(_RedisProcess):
@@ -276,11 +282,16 @@ class LocalSentinel(_RedisProcess):
 
 class LocalSentinelRedis:
     """A Sentinel-managed Redis: a master, one replica and three Sentinels with quorum 2, the
-    smallest group that survives losing the master or one Sentinel. All five on `host`
+    smallest group that survives losing the master or one Sentinel. All of them on `host`
     (default the loopback) and in network namespace `netns` (as for LocalRedis).
 
+    replicas: how many replicas the first master has (2 keep a replica confirming writes
+    through a failover: the Sentinels point the other one at the new master at once).
+    min_replicas: each server, as a master, refuses writes with fewer replicas connected (set
+    it to the bridges' redis_wait_replicas).
+
     Roles move with failovers: master_addr() asks the Sentinels who leads now and master()
-    returns that server. servers[0] is the first master, servers[1] its replica.
+    returns that server. servers[0] is the first master, servers[1:] its replicas.
     """
 
     def __init__(
@@ -289,6 +300,8 @@ class LocalSentinelRedis:
         master_name: str = "mqtt-bridge",
         *,
         down_after_ms: int = 2000,
+        replicas: int = 1,
+        min_replicas: int = 0,
         start_timeout: float = 30.0,
         auth: RedisAuth = NO_AUTH,
         host: str = "127.0.0.1",
@@ -298,29 +311,33 @@ class LocalSentinelRedis:
         self.master_name = master_name
         self.start_timeout = start_timeout
         self.auth = auth
-        base = free_port_block((0, 1, 2, 3, 4))
+        base = free_port_block(tuple(range(replicas + 4)))
         first = LocalRedis(
             self.data_dir / "redis-0",
             base,
+            min_replicas=min_replicas,
             start_timeout=start_timeout,
             auth=auth,
             host=host,
             netns=netns,
         )
-        replica = LocalRedis(
-            self.data_dir / "redis-1",
-            base + 1,
-            replicaof=first.addr,
-            start_timeout=start_timeout,
-            auth=auth,
-            host=host,
-            netns=netns,
-        )
-        self.servers = [first, replica]
+        self.servers = [first] + [
+            LocalRedis(
+                self.data_dir / f"redis-{i}",
+                base + i,
+                replicaof=first.addr,
+                min_replicas=min_replicas,
+                start_timeout=start_timeout,
+                auth=auth,
+                host=host,
+                netns=netns,
+            )
+            for i in range(1, replicas + 1)
+        ]
         self.sentinel_processes = [
             LocalSentinel(
                 self.data_dir / f"sentinel-{i}",
-                base + 2 + i,
+                base + replicas + 1 + i,
                 master_name,
                 first.addr,
                 down_after_ms=down_after_ms,
@@ -473,8 +490,11 @@ class LocalSentinelRedis:
         return reports
 
     def _replica_in_sync(self) -> bool:
-        with self.servers[1].client() as client:
-            return client.info("replication").get("master_link_status") == "up"
+        for replica in self.servers[1:]:
+            with replica.client() as client:
+                if client.info("replication").get("master_link_status") != "up":
+                    return False
+        return True
 
     def _sentinels_ready(self) -> bool:
         for sentinel in self.sentinel_processes:
@@ -488,7 +508,7 @@ class LocalSentinelRedis:
                 and not r["is_disconnected"]
                 and r.get("master-link-status") == "ok"
             ]
-            if master["num-other-sentinels"] != 2 or not usable:
+            if master["num-other-sentinels"] != 2 or len(usable) < len(self.servers) - 1:
                 return False
         return True
 
