@@ -208,8 +208,10 @@ def async_client(access: RedisAccess, **extra: Any) -> aioredis.Redis:
     (retries)."""
     from redis import asyncio as aioredis
     from redis.asyncio.retry import Retry
-    from redis.asyncio.sentinel import Sentinel, SentinelManagedSSLConnection
+    from redis.asyncio.sentinel import Sentinel
     from redis.backoff import NoBackoff
+
+    from bridge.cluster.sentinel_follow import FollowingConnection, FollowingSSLConnection
 
     if access.sentinels:
         # One try per Sentinel: asking the next one is the retry, and redis-py's default
@@ -217,8 +219,11 @@ def async_client(access: RedisAccess, **extra: Any) -> aioredis.Redis:
         sentinel_options = access.sentinel_options() | {"retry": Retry(NoBackoff(), 0)}
         sentinel = Sentinel(access.sentinel_hosts(), sentinel_kwargs=sentinel_options)
         options = access.server_options() | extra
-        if access.uses_tls:
-            options["connection_class"] = SentinelManagedSSLConnection
+        # A deposed master refusing writes for want of replicas is let go of at once
+        # (`bridge.cluster.sentinel_follow`).
+        options["connection_class"] = (
+            FollowingSSLConnection if access.uses_tls else FollowingConnection
+        )
         return sentinel.master_for(access.master_name, **options)
     return aioredis.Redis.from_url(access.tls_url(), **(access.server_options() | extra))
 

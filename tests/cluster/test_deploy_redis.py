@@ -8,7 +8,10 @@ Every test stops all the processes it starts (the session's redis_server excepte
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import signal
 import socket
 import socketserver
 import subprocess
@@ -23,8 +26,11 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
+from bridge.cluster.redis_access import RedisAccess
+from bridge.cluster.registry import RedisRegistry, redis_client
+from bridge.storage.base import StoreUnavailable
 from tests.support.haproxy import LocalHAProxy
-from tests.support.redis import SCRIPTS, LocalRedis, LocalSentinelRedis
+from tests.support.redis import SCRIPTS, LocalRedis, LocalSentinelRedis, run_and_collect
 from tests.support.rocketmq import free_port_block
 from tests.support.waiting import wait_until
 
@@ -388,3 +394,66 @@ def test_haproxy_reload_changes_the_backends_without_dropping_open_connections(
     # stop.sh ends every worker, including those kept for the connections of earlier configs.
     assert lb.pid is None and lb.processes() == []
     assert _closed_by_peer(on_a)
+
+
+@pytest.mark.fault
+def test_a_deposed_master_refusing_writes_for_want_of_replicas_sends_writes_to_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """The Redis failover of the nemesis: the master is frozen, the Sentinels promote a replica
+    and point the other at it, and the old master wakes up still believing it leads. With
+    REDIS_MIN_REPLICAS=1 it refuses writes (NOREPLICAS) instead of taking ones no replica will
+    ever have; the registry's client, still connected to it, asks the Sentinels again on that
+    refusal and writes to the new master, where before it failed until a Sentinel got round to
+    demoting the old one (up to 10 s later)."""
+    with LocalSentinelRedis(
+        tmp_path / "sentinel", MASTER_NAME, replicas=2, min_replicas=1
+    ) as group:
+        first = group.servers[0]
+        access = RedisAccess(sentinels=",".join(group.sentinels), master_name=MASTER_NAME)
+
+        async def main() -> None:
+            registry = RedisRegistry(redis_client(access), "deposed", "n1", wait_replicas=1)
+            try:
+                assert await registry.claim("device", False) is not None  # connected to `first`
+                os.kill(first.pid or 0, signal.SIGSTOP)
+                try:
+                    new = await asyncio.to_thread(group.wait_for_new_master, first.addr, 20)
+                    wait_until(
+                        lambda: _failover_done(group, new),
+                        20,
+                        "the failover finished: every Sentinel names the new master, whose "
+                        "replica follows it",
+                        retrying=(redis.RedisError,),
+                    )
+                finally:
+                    os.kill(first.pid or 0, signal.SIGCONT)
+                with first.client() as old:
+                    assert old.info("replication")["role"] == "master"  # not demoted yet
+                    with pytest.raises(redis.ResponseError, match="NOREPLICAS"):
+                        old.set("taken-by-the-deposed-master", "1")
+                try:
+                    claim = await registry.claim("device", False)
+                except StoreUnavailable as exc:
+                    # The retried pipeline reached the new master, which has not got the
+                    # registry's scripts (they are not replicated): the next call loads them.
+                    assert "No matching script" in str(exc), exc
+                    claim = await registry.claim("device", False)
+                assert claim is not None and claim.previous_node == "n1"
+            finally:
+                await registry.close()
+
+        run_and_collect(main())
+
+
+def _failover_done(group: LocalSentinelRedis, addr: str) -> bool:
+    """Every Sentinel's SENTINEL MASTERS names `addr` (the leader keeps naming the old master
+    there until it has reconfigured the replicas), and `addr` has a replica connected."""
+    for sentinel in group.sentinel_processes:
+        with sentinel.client() as client:
+            master = client.sentinel_master(MASTER_NAME)
+        if f"{master['ip']}:{master['port']}" != addr:
+            return False
+    server = next(s for s in group.servers if s.addr == addr)
+    with server.client() as client:
+        return int(client.info("replication").get("connected_slaves", 0)) >= 1

@@ -38,15 +38,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NemesisCluster
         cluster.stop()
 
 
-KNOWN = {
-    "redis-paused": "found by this harness, not fixed yet, and not every run: across the "
-    "Sentinel failover a persistent session can be gone when its client comes back (CONNACK "
-    "session present 0): its subscriptions with it, so what was published meanwhile never "
-    "reaches it",
-}
-"""Faults whose run breaks a rule today, in some runs, for the reason given: reported as an
-expected failure when it does (only a broken rule counts as one: a cluster that does not start
-fails the test), and as passing when that run did not hit it."""
+KNOWN: dict[str, str] = {}
+"""Faults whose run breaks a rule today, in some runs, for the reason given (none now: the Redis
+failover's lost sessions and messages are fixed): reported as an expected failure when it does
+(only a broken rule counts as one: a cluster that does not start fails the test), and as
+passing when that run did not hit it."""
 
 
 class RuleBroken(AssertionError):
