@@ -12,6 +12,7 @@ and the fault tests' shorter `interest_grace`; a fault held 10 s is one the clus
 from __future__ import annotations
 
 import secrets
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -27,6 +28,8 @@ NODES = ("n1", "n2", "n3")
 MQTT_PORT = 1883
 PEER_PORT = 18830
 NODE_TIMEOUT = 6.0
+BROKER_DISK_MIB = 512
+"""The broker's store: a tmpfs this size (its files are sparse and mapped: a few MiB used)."""
 
 
 class NemesisCluster:
@@ -39,6 +42,9 @@ class NemesisCluster:
         self.mq: LocalRocketMQ | None = None
         self.nodes: dict[str, BridgeProcess] = {}
         self.lb: LocalHAProxy | None = None
+        self.broker_disk: Path | None = None
+        """The broker's store directory, a tmpfs of its own."""
+        self._mounted: list[Path] = []
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> NemesisCluster:
@@ -61,6 +67,7 @@ class NemesisCluster:
                 password=secrets.token_urlsafe(18), sentinel_password=secrets.token_urlsafe(18)
             ),
         ).start()
+        self.broker_disk = self._mount_broker_disk(self.work_dir / "mq" / "store")
         self.mq = LocalRocketMQ(
             self.work_dir / "mq", host=net.addr("mq"), netns=net.netns("mq"), timer=False, acl=True
         ).start()
@@ -75,6 +82,25 @@ class NemesisCluster:
         ).start()
         for node_id in NODES:
             self.lb.wait_for_status(self.node_address(node_id), "UP", 15)
+
+    def _mount_broker_disk(self, store: Path) -> Path:
+        """The broker's store on a tmpfs of its own (`BROKER_DISK_MIB`), so a fault can fill it
+        (`faults.broker-disk-full`) without filling the machine's disk."""
+        store.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size={BROKER_DISK_MIB}m,mode=0755",
+                "tmpfs",
+                str(store),
+            ],
+            check=True,
+        )
+        self._mounted.append(store)
+        return store
 
     def _node(self, node_id: str) -> BridgeProcess:
         assert self.redis is not None and self.mq is not None
@@ -117,6 +143,9 @@ class NemesisCluster:
             self.mq.stop(graceful=False)
         if self.redis is not None:
             self.redis.stop()
+        for mounted in self._mounted:
+            subprocess.run(["umount", "-l", str(mounted)], check=False)
+        self._mounted.clear()
         self.net.stop()
 
     # -- addresses -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .cluster import NemesisCluster
 from .net import Network
@@ -81,6 +82,40 @@ class _Pause:
             self.paused = None
 
 
+class _DiskFull:
+    """A file that fills the broker's disk to `FULL` at begin, removed at end."""
+
+    FULL = 0.95
+    """Past RocketMQ's diskSpaceWarningLevelRatio (90%): the broker refuses messages. The
+    5% left is far more than the load writes while the fault lasts, so the broker's mapped
+    files never meet a disk that is really full."""
+
+    def __init__(self) -> None:
+        self.filler: Path | None = None
+
+    def begin(self, cluster: NemesisCluster) -> None:
+        assert cluster.broker_disk is not None
+        stat = os.statvfs(cluster.broker_disk)
+        total = stat.f_blocks * stat.f_frsize
+        used = total - stat.f_bavail * stat.f_frsize
+        size = max(0, int(total * self.FULL) - used)
+        self.filler = cluster.broker_disk / "nemesis-filler"
+        chunk = b"\0" * (1 << 20)
+        with open(self.filler, "wb") as out:
+            while size > 0:
+                size -= out.write(chunk[: min(size, len(chunk))])
+
+    def end(self, cluster: NemesisCluster) -> None:
+        if self.filler is not None:
+            self.filler.unlink(missing_ok=True)
+            self.filler = None
+
+
+def _disk_full(name: str, what: str) -> Fault:
+    full = _DiskFull()
+    return Fault(name, what, full.begin, full.end)
+
+
 def _pause(name: str, what: str, pid_of: Callable[[NemesisCluster], int]) -> Fault:
     pause = _Pause(pid_of)
     return Fault(name, what, pause.begin, pause.end)
@@ -120,6 +155,10 @@ FAULTS: dict[str, Fault] = {
         _pause("broker-paused", "the RocketMQ broker frozen (SIGSTOP), then resumed", _broker_pid),
         _pause(
             "redis-paused", "the Redis master frozen (SIGSTOP), then resumed", _redis_master_pid
+        ),
+        _disk_full(
+            "broker-disk-full",
+            "the broker's disk filled to 95% (it refuses messages past 90%), then freed",
         ),
     )
 }

@@ -23,9 +23,11 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
-BEFORE_S = 3.0
-HOLD_S = 10.0
+BEFORE_S = 2.0
+HOLD_S = 8.0
 """Longer than node_timeout (6 s): the cluster has to act on each fault."""
+TAIL_S = 3.0
+"""Load after the cluster serves again, before the clients finish."""
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,9 @@ class RuleBroken(AssertionError):
 def test_fault_loses_nothing_acknowledged_and_never_serves_a_client_twice(
     cluster: NemesisCluster, name: str
 ) -> None:
-    result = run(cluster, [(FAULTS[name], BEFORE_S, HOLD_S)], tag=name.replace("-", "")[:12])
+    result = run(
+        cluster, [(FAULTS[name], BEFORE_S, HOLD_S)], tag=name.replace("-", "")[:12], tail_s=TAIL_S
+    )
     print(f"\n{name}: {result.report()}")
     if not result.verdict.ok:
         raise RuleBroken(f"{result.report()}\n{cluster.logs()}")
