@@ -64,6 +64,27 @@ def first_after_resume(node: BridgeProcess, level: int = 5) -> tuple[float, list
     return took, [p for p in got if p.payload != b"probe"]
 
 
+BACKLOG = [f"m{i}".encode() for i in range(5)]
+
+
+def left_offline(node: BridgeProcess, publishing: BridgeProcess, root: str) -> RawClient5:
+    """The session "resumer" subscribes to `root/#` on `node` and leaves; a publisher
+    connected to `publishing` is returned."""
+    publisher = RawClient5(publishing.port)
+    publisher.connect(f"pub-{root}")
+    sub = RawClient5(node.port)
+    assert sub.connect("resumer", False, properties=KEEP).return_code == 0
+    assert sub.subscribe_many(Subscription(f"{root}/#", 2)) == [2]
+    sub.disconnect()
+    return publisher
+
+
+def publish_backlog(publisher: RawClient5, root: str) -> None:
+    """BACKLOG, published at QoS 1 to `root/x` while the session is offline."""
+    for i, payload in enumerate(BACKLOG):
+        publisher.publish(f"{root}/x", payload, 1, packet_id=i + 1)
+
+
 def holding_two_in_flight(node: BridgeProcess, level: int, root: str) -> RawClient:
     """The session "resumer" on `node` subscribes to `root/#`, publishes a QoS 1 and a QoS 2
     message there and receives both without acknowledging them; its connection is returned."""
@@ -128,21 +149,15 @@ def test_the_offline_backlog_comes_at_once_on_a_node_that_never_held_the_session
     """The node that held the session is `left` live, stopped (it drains) or killed -9 before
     the session resumes on a third node."""
     a, b, c = three_nodes(cluster)
-    publisher = RawClient5(b.port)
-    publisher.connect("pub-backlog")
-    sub = RawClient5(a.port)
-    assert sub.connect("resumer", False, properties=KEEP).return_code == 0
-    assert sub.subscribe_many(Subscription("backlog/#", 2)) == [2]
-    sub.disconnect()
-    for i in range(5):
-        publisher.publish("backlog/x", f"m{i}".encode(), 1, packet_id=i + 1)
+    publisher = left_offline(a, b, "backlog")
+    publish_backlog(publisher, "backlog")
     if left == "stopped":
         a.stop()
     elif left == "killed":
         a.kill()
     took, got = first_after_resume(c)
     print(f"first backlog message on another node ({left} node left) after {took * 1000:.1f} ms")
-    assert [p.payload for p in got] == [f"m{i}".encode() for i in range(5)]
+    assert [p.payload for p in got] == BACKLOG
 
 
 def test_a_session_whose_owner_moved_by_a_refused_claim_resumes_on_that_node_with_its_backlog(
@@ -154,12 +169,7 @@ def test_a_session_whose_owner_moved_by_a_refused_claim_resumes_on_that_node_wit
     it). The session then resumes on b: with what it subscribed and what was published
     meanwhile, not afresh (session present 0, the backlog never delivered)."""
     a, b, _c = three_nodes(cluster)
-    publisher = RawClient5(a.port)
-    publisher.connect("pub-refused-claim")
-    sub = RawClient5(a.port)
-    assert sub.connect("resumer", False, properties=KEEP).return_code == 0
-    assert sub.subscribe_many(Subscription("refused/#", 2)) == [2]
-    sub.disconnect()
+    publisher = left_offline(a, a, "refused")
 
     async def claim_for_b() -> None:
         registry = RedisRegistry(redis_client(RedisAccess(url=redis_server.url)), cluster.name, "b")
@@ -169,9 +179,8 @@ def test_a_session_whose_owner_moved_by_a_refused_claim_resumes_on_that_node_wit
             await registry.close()
 
     asyncio.run(claim_for_b())
-    for i in range(5):
-        publisher.publish("refused/x", f"m{i}".encode(), 1, packet_id=i + 1)
+    publish_backlog(publisher, "refused")
     took, got = first_after_resume(b)
     print(f"first backlog message after a refused claim after {took * 1000:.1f} ms")
-    assert [p.payload for p in got] == [f"m{i}".encode() for i in range(5)]
+    assert [p.payload for p in got] == BACKLOG
     b.wait_for_log("resuming the registry's copy")
