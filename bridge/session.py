@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
@@ -371,6 +371,23 @@ class Session:
         if len(sent) > window:
             del sent[next(iter(sent))]
         return True
+
+    def qos2_copies_sent(self) -> list[tuple[str, int]]:
+        """What `first_copy` remembers, oldest first: (key, seq) of the last QoS 2 messages
+        sent. It goes with the session to a node that takes it over: a second stored copy of a
+        message can be read there after the first was sent here (both landed late, after a
+        partition healed), and only this memory keeps it from going out twice."""
+        return list(self._qos2_sent.items()) if self._qos2_sent else []
+
+    def remember_qos2_copies(self, sent: Iterable[tuple[str, int]], window: int) -> None:
+        """Take over what another node's `qos2_copies_sent` said, as the oldest entries."""
+        if window <= 0:
+            return
+        merged = dict(sent)
+        merged.update(self._qos2_sent or {})
+        while len(merged) > window:
+            del merged[next(iter(merged))]
+        self._qos2_sent = merged or None
 
     def forget_inflight(self) -> list[InFlight]:
         """Drop everything in flight (clean session end); returns what was dropped."""

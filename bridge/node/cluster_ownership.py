@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.counters import Metrics
 from bridge.mqtt.reasons import ReasonCode
@@ -175,6 +175,7 @@ class ClusterOwnership:
             # will whose session this connection resumes is not published (MQTT-3.1.3-9).
             self.spawn(self.wills.publish(client_id, will, clear_online=False))
         records = dict(claim.records)
+        handed: dict[str, Any] = {}
         if state:
             handed = json.loads(state)
             records["subs"], records["off"] = handed["subs"].encode(), handed["off"].encode()
@@ -184,6 +185,10 @@ class ClusterOwnership:
         if "subs" in records and not claim.was_clean:
             claim.records = records
             session = self.adopt(client_id, claim, sent_unknown=False)
+            # Which QoS 2 messages the old node sent (a node of an older version says nothing).
+            session.remember_qos2_copies(
+                ((str(k), int(v)) for k, v in handed.get("q2", ())), self.config.qos2_copy_window
+            )
             if not state:
                 # The old node did not answer, or had no session to hand over (its claim was
                 # applied while it was told it failed: `_recover_own_claim`): the registry's
@@ -269,6 +274,7 @@ class ClusterOwnership:
                 {
                     "subs": session.encode_subscriptions().decode(),
                     "off": session.encode_offsets().decode(),
+                    "q2": session.qos2_copies_sent(),
                 },
                 separators=(",", ":"),
             ).encode()

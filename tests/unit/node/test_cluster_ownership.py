@@ -113,10 +113,12 @@ def ownership(
 
 def test_release_hands_a_persistent_session_over_and_closes_its_connection_here() -> None:
     session = Session(client_id="phone", persistent=True)
+    session.first_copy("n1-a-9", 12, window=8)
     link = Link()
     owner, cluster, here, wills = ownership({"phone": 3}, {"phone": session}, {"phone": link})
     state = owner.release("phone", 4)
-    assert set(json.loads(state)) == {"subs", "off"}
+    assert set(json.loads(state)) == {"subs", "off", "q2"}
+    assert json.loads(state)["q2"] == [["n1-a-9", 12]]  # the QoS 2 copies it was sent
     assert wills.cancelled == ["phone"] and link.will is None
     assert here.detached == [link] and here.discarded == ["phone"]
     assert link.closed and link.closed[0][1] is True
@@ -181,7 +183,8 @@ class Arrivals(Membership):
 
     async def request_release(self, peer: str, client_id: str, epoch: int) -> bytes | None:
         self.held_during_release = dict(self.held)
-        return json.dumps({"subs": '{"subs": {"load/#": 1}}', "off": "{}"}).encode()
+        handed = {"subs": '{"subs": {"load/#": 1}}', "off": "{}", "q2": [["n2-b-4", 30]]}
+        return json.dumps(handed).encode()
 
     def hold_arriving(self, filters: set[str]) -> None:
         self.held.update(filters)
@@ -196,12 +199,19 @@ def test_a_session_claimed_from_another_node_keeps_its_filters_held_until_adopte
     cluster = Arrivals(b'{"subs": {"load/#": 1, "alerts/+": 0}}')
     owner, *_ = ownership({}, {}, {})
     owner.cluster = cluster  # type: ignore[assignment]
-    adopted: list[str] = []
-    owner.adopt = lambda client_id, claim, **_: adopted.append(client_id)  # type: ignore[method-assign]
+    adopted: list[Session] = []
+
+    def adopt(client_id: str, claim: Claim, **_: Any) -> Session:
+        adopted.append(Session(client_id=client_id, persistent=True))
+        return adopted[-1]
+
+    owner.adopt = adopt  # type: ignore[method-assign]
     taken = asyncio.run(owner.take_over(Link(), "keeper", False, True, None))  # type: ignore[arg-type]
-    assert taken is True and adopted == ["keeper"]
+    assert taken is True and [s.client_id for s in adopted] == ["keeper"]
     assert cluster.held_during_release == {"load/#": 1, "alerts/+": 1}
     assert +cluster.held == Counter()  # let go once adopted
+    # What the old node said it sent of QoS 2 holds a second stored copy back here.
+    assert not adopted[0].first_copy("n2-b-4", 77, window=8)
 
 
 class OwnClaim(Membership):

@@ -298,3 +298,24 @@ def test_asking_about_what_a_session_never_had_answers_nothing():
 def test_a_message_in_flight_keeps_what_it_was_made_with():
     out = InFlight(5, "q", 3, 9, 2, "t/1", b"x", True, Phase.AWAITING_PUBCOMP, "m")
     assert (out.topic, out.payload, out.retain, out.message) == ("t/1", b"x", True, "m")
+
+
+def test_the_qos2_copies_a_session_was_sent_go_with_it_and_hold_back_a_second_copy():
+    """Found by the nemesis: two stored copies of one QoS 2 message (two nodes' sends that both
+    timed out in a partition and both landed when it healed), the first sent by the node that
+    held the session, the second read by the node it moved to, which sent it again."""
+    here = Session("roam", persistent=True)
+    assert here.first_copy("n3-1-7", seq=40, window=8)
+    moved = Session("roam", persistent=True)
+    moved.remember_qos2_copies(here.qos2_copies_sent(), window=8)
+    assert not moved.first_copy("n3-1-7", seq=90, window=8)  # the second copy
+    assert moved.first_copy("n3-1-7", seq=40, window=8)  # the first one again (a resend)
+
+
+def test_copies_taken_over_count_as_the_oldest_and_the_window_stays_bounded():
+    session = Session("roam", persistent=True)
+    session.first_copy("sent-here", seq=5, window=3)
+    session.remember_qos2_copies([("a", 1), ("b", 2), ("c", 3)], window=3)
+    assert [k for k, _ in session.qos2_copies_sent()] == ["b", "c", "sent-here"]
+    session.remember_qos2_copies([("d", 4)], window=0)
+    assert len(session.qos2_copies_sent()) == 3
