@@ -134,10 +134,13 @@ class Wills:
 
         A store that cannot take it now (Redis or the broker away) is asked again, with pauses
         growing to `RETRY_MAX`: the client is gone and cannot send its will again, so it is the
-        server's to deliver. It stops when the will is stored; when the record's write is refused
-        because another node took the client over (that node's claim took the online record and
-        the will in it: it publishes the will); or when a send may have stored it without saying
-        so (sending it again could publish it twice)."""
+        server's to deliver. It stops when the will is stored; or when the record's write is
+        refused because another node took the client over (that node's claim took the online
+        record and the will in it: it publishes the will). A send that may have stored it
+        without saying so (a broker that did not answer) is settled as a QoS 2 resend is: the
+        store is asked whether it holds the will's key, and it is sent again, under that key,
+        only if it does not (`_stored_meanwhile`). A store that cannot be asked leaves it at
+        that rather than risk publishing it twice."""
         self.metrics.inc("wills_published")
         log.info(
             "client %s: publishing will to '%s'", client_text(client_id), client_text(message.topic)
@@ -145,6 +148,8 @@ class Wills:
         meta = [MetaUpdate(KIND_ONLINE, client_id, None)] if clear_online else []
         if message.retain:
             meta.extend(self.publisher.retained.updates(message))
+        if not message.key:
+            message.key = self.publisher.stamper.next_key()  # to look it up after a failure
         pause = RETRY_FIRST
         while True:
             try:
@@ -157,10 +162,9 @@ class Wills:
                 return
             except StoreUnavailable as exc:
                 if exc.maybe_stored and not isinstance(exc, RecordsNotWritten):
-                    log.error(
-                        "client %s: will perhaps not stored (not sent again): %s", client_id, exc
-                    )
-                    return
+                    stored = await self._stored_meanwhile(client_id, message, exc)
+                    if stored is not False:
+                        return
                 self.metrics.inc("wills_retried")
                 log.warning(
                     "client %s: will not stored, store unavailable (trying again in %.1f s): %s",
@@ -170,3 +174,33 @@ class Wills:
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY_MAX)
+
+    async def _stored_meanwhile(
+        self, client_id: str, message: Message, failure: StoreUnavailable
+    ) -> bool | None:
+        """Whether the will whose send ended in `failure` (perhaps stored) is in the store:
+        asked until the store answers, with pauses growing to `RETRY_MAX`. None when the store
+        cannot look a message up by its key (a store whose writes are atomic with their
+        records never leaves this doubt; should one, sending again could publish it twice)."""
+        store = self.publisher.store
+        if store.traits.atomic_meta:
+            log.error("client %s: will perhaps not stored (not sent again): %s", client_id, failure)
+            return None
+        pause = RETRY_FIRST
+        while True:
+            try:
+                found = await store.find_key(message.topic, message.key)
+            except StoreUnavailable as exc:
+                log.warning(
+                    "client %s: cannot tell whether its will was stored (asking again in %.1f "
+                    "s): %s",
+                    client_id,
+                    pause,
+                    exc,
+                )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_MAX)
+                continue
+            if found:
+                log.info("client %s: its will was stored before the failure", client_id)
+            return found
