@@ -150,7 +150,7 @@ class Wills:
             meta.extend(self.publisher.retained.updates(message))
         if not message.key:
             message.key = self.publisher.stamper.next_key()  # to look it up after a failure
-        pause = RETRY_FIRST
+        pauses = _Pauses()
         while True:
             try:
                 await self.publisher.route(message, meta=meta)
@@ -169,11 +169,10 @@ class Wills:
                 log.warning(
                     "client %s: will not stored, store unavailable (trying again in %.1f s): %s",
                     client_id,
-                    pause,
+                    pauses.next,
                     exc,
                 )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RETRY_MAX)
+            await pauses.wait()
 
     async def _stored_meanwhile(
         self, client_id: str, message: Message, failure: StoreUnavailable
@@ -186,21 +185,25 @@ class Wills:
         if store.traits.atomic_meta:
             log.error("client %s: will perhaps not stored (not sent again): %s", client_id, failure)
             return None
-        pause = RETRY_FIRST
+        pauses = _Pauses()
         while True:
             try:
                 found = await store.find_key(message.topic, message.key)
             except StoreUnavailable as exc:
-                log.warning(
-                    "client %s: cannot tell whether its will was stored (asking again in %.1f "
-                    "s): %s",
-                    client_id,
-                    pause,
-                    exc,
-                )
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, RETRY_MAX)
+                log.warning("client %s: was its will stored? Asking again: %s", client_id, exc)
+                await pauses.wait()
                 continue
             if found:
                 log.info("client %s: its will was stored before the failure", client_id)
             return found
+
+
+class _Pauses:
+    """The pauses between tries: `RETRY_FIRST`, doubling up to `RETRY_MAX`."""
+
+    def __init__(self) -> None:
+        self.next = RETRY_FIRST
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.next)
+        self.next = min(self.next * 2, RETRY_MAX)
