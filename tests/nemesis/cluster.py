@@ -5,6 +5,9 @@ namespace where the clients are.
     hosts   redis: master, two replicas, 3 Sentinels    mq: NameServer and broker
             n1, n2, n3: a bridge node each              root: HAProxy, the test's clients
 
+n1's wall clock can be moved (libfaketime) and the broker's store is a tmpfs of its own, for the
+faults that jump a clock and fill a disk.
+
 The nodes run with the default `node_timeout` (6 s: a node silent that long is taken for dead)
 and the fault tests' shorter `interest_grace`; a fault held 10 s is one the cluster must act on.
 """
@@ -28,6 +31,11 @@ NODES = ("n1", "n2", "n3")
 MQTT_PORT = 1883
 PEER_PORT = 18830
 NODE_TIMEOUT = 6.0
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+CLOCK_NODE = "n1"
+"""The node whose wall clock the nemesis can move (`set_clock`): it runs under libfaketime,
+which reads the offset from a file at most once a second; its monotonic clock is left alone,
+as a real clock step leaves it."""
 BROKER_DISK_MIB = 512
 """The broker's store: a tmpfs this size (its files are sparse and mapped: a few MiB used)."""
 
@@ -45,6 +53,7 @@ class NemesisCluster:
         self.broker_disk: Path | None = None
         """The broker's store directory, a tmpfs of its own."""
         self._mounted: list[Path] = []
+        self.clock_file = work_dir / f"{CLOCK_NODE}-clock"
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> NemesisCluster:
@@ -126,13 +135,30 @@ class NemesisCluster:
             # The clients are the test's own, on a network that exists only on this machine.
             "allow_anonymous_public=true",
         ]
+        faked: list[str] = []
+        if node_id == CLOCK_NODE:
+            self.set_clock(0)
+            faked = [
+                "env",
+                f"LD_PRELOAD={LIBFAKETIME}",
+                f"FAKETIME_TIMESTAMP_FILE={self.clock_file}",
+                "FAKETIME_CACHE_DURATION=1",
+                "FAKETIME_DONT_FAKE_MONOTONIC=1",
+            ]
         return BridgeProcess(
             data_dir,
             *settings,
             port=MQTT_PORT,
             host=host,
-            wrap=self.net.command(node_id, []),
+            wrap=self.net.command(node_id, faked),
         )
+
+    def set_clock(self, seconds: int) -> None:
+        """CLOCK_NODE's wall clock runs `seconds` off the machine's from its next reading of
+        the offset (within a second)."""
+        tmp = self.clock_file.with_suffix(".tmp")
+        tmp.write_text(f"{seconds:+d}\n")
+        tmp.replace(self.clock_file)
 
     def stop(self) -> None:
         for node in self.nodes.values():

@@ -111,6 +111,17 @@ class _DiskFull:
             self.filler = None
 
 
+HOUR = 3600
+
+
+def _clock_ahead(cluster: NemesisCluster) -> None:
+    cluster.set_clock(HOUR)
+
+
+def _clock_back(cluster: NemesisCluster) -> None:
+    cluster.set_clock(0)
+
+
 def _disk_full(name: str, what: str) -> Fault:
     full = _DiskFull()
     return Fault(name, what, full.begin, full.end)
@@ -155,6 +166,12 @@ FAULTS: dict[str, Fault] = {
         _pause("broker-paused", "the RocketMQ broker frozen (SIGSTOP), then resumed", _broker_pid),
         _pause(
             "redis-paused", "the Redis master frozen (SIGSTOP), then resumed", _redis_master_pid
+        ),
+        Fault(
+            "node-clock-jump",
+            "n1's wall clock jumps an hour forward, and an hour back at the end",
+            _clock_ahead,
+            _clock_back,
         ),
         _disk_full(
             "broker-disk-full",
