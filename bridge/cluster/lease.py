@@ -49,16 +49,11 @@ class Lease:
         self.fenced = False
         """Serving stopped: the lease may have lapsed while a member could not reach us."""
 
-    def renewed(self, sent: float, now: float | None = None) -> bool:
-        """A heartbeat sent at `sent` went through. True if that ends a fence: only one sent
-        recently enough does (one sent before a cut and answered after it leaves the lease as
-        short as it was, and the fence would only start again)."""
+    def renewed(self, sent: float) -> bool:
+        """A heartbeat sent at `sent` went through. True if that ends a fence."""
         self.renewed_from = max(self.renewed_from, sent)
-        now = time.monotonic() if now is None else now
-        if not self.fenced or now >= self.renewed_from + self.node_timeout - self.margin:
-            return False
-        self.fenced = False
-        return True
+        ended, self.fenced = self.fenced, False
+        return ended
 
     def must_fence(self, now: float, cut_off: bool) -> bool:
         """Whether to stop serving now: the lease is about to lapse and some member cannot ask

@@ -40,16 +40,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NemesisCluster
         cluster.stop()
 
 
-KNOWN: dict[str, str] = {
-    "node-cut-from-cluster": "found by this harness, not fixed yet, and not every run: the cut "
-    "node stops serving (its lease), its clients' sessions are taken over from the registry's "
-    "copy, which does not carry the keys of the QoS 2 messages they were sent, and a second "
-    "stored copy of one (a publisher's resend whose first send timed out and landed) can go "
-    "out again: a QoS 2 message delivered twice",
-}
-"""Faults whose run breaks a rule today, in some runs, for the reason given: reported as an
-expected failure when it does (only a broken rule counts as one: a cluster that does not start
-fails the test), and as passing when that run did not hit it."""
+KNOWN: dict[str, str] = {}
+"""Faults whose run breaks a rule today, in some runs, for the reason given (none now: the Redis
+failover's lost sessions and messages are fixed): reported as an expected failure when it does
+(only a broken rule counts as one: a cluster that does not start fails the test), and as
+passing when that run did not hit it."""
 
 
 class RuleBroken(AssertionError):
