@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.clients import RawClient
+from tests.support.disks import fill
 from tests.support.load import Qos1Publisher, Qos1Subscriber, finish
 from tests.support.processes import BridgeProcess
 from tests.support.waiting import wait_until
@@ -36,7 +37,7 @@ LEFT_FREE = 384 * 1024
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of DISK_MIB MiB (root only: mount)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        pytest.fail("mounting a tmpfs needs root (as the nemesis tests do)")
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(
@@ -47,18 +48,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def fill(disk: Path, leave: int) -> Path:
-    """Write a file that leaves `leave` bytes of `disk` free."""
-    filler = disk / "filler"
-    stat = os.statvfs(disk)
-    size = stat.f_bavail * stat.f_frsize - leave
-    chunk = b"\0" * (1 << 20)
-    with open(filler, "wb") as out:
-        while size > 0:
-            size -= out.write(chunk[: min(size, len(chunk))])
-    return filler
 
 
 def test_a_full_disk_acknowledges_nothing_unstored_resumes_by_itself_and_keeps_the_log_whole(

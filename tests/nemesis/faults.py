@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.disks import fill
+
 from .cluster import NemesisCluster
 from .net import Network
 
@@ -97,13 +99,7 @@ class _DiskFull:
         assert cluster.broker_disk is not None
         stat = os.statvfs(cluster.broker_disk)
         total = stat.f_blocks * stat.f_frsize
-        used = total - stat.f_bavail * stat.f_frsize
-        size = max(0, int(total * self.FULL) - used)
-        self.filler = cluster.broker_disk / "nemesis-filler"
-        chunk = b"\0" * (1 << 20)
-        with open(self.filler, "wb") as out:
-            while size > 0:
-                size -= out.write(chunk[: min(size, len(chunk))])
+        self.filler = fill(cluster.broker_disk, int(total * (1 - self.FULL)), "nemesis-filler")
 
     def end(self, cluster: NemesisCluster) -> None:
         if self.filler is not None:
