@@ -26,6 +26,12 @@ from bridge.router.queues import client_queue, filter_queue
 
 PACKET_ID_SPACE = 65535
 
+COMPLETED_ABOVE_LIMIT = 1024
+"""How many QoS 2 messages completed above an unacknowledged one a session remembers
+(`Session._completed_above`). Only a client that leaves one message unacknowledged while it
+completes a thousand later ones reaches it; past it the oldest is forgotten (a restore may then
+send that one again), so what such a client makes the server keep and write stays bounded."""
+
 
 def packet_id_for(seq: int) -> int:
     """The outbound packet id of the message at store position `seq` (1..65535)."""
@@ -139,7 +145,8 @@ class Session:
     """
 
     __slots__ = (
-        "_inbound_qos2", "_inflight", "_options", "_qos2_sent", "_resend_below", "_shared",
+        "_completed_above", "_inbound_qos2", "_inflight", "_options", "_qos2_sent",
+        "_resend_below", "_shared",
         "_subscriptions", "client_id", "connected", "cursors", "disconnected_at",
         "dropped_queue_full", "dropped_retention", "expiry", "offline_mono", "owner", "persistent",
         "read_verdicts", "reads_judged", "released",
@@ -180,6 +187,13 @@ class Session:
         self.released: set[int] | None = None
         """Seqs of QoS 2 messages whose PUBREC arrived (PUBREL phase), durable when persistent;
         None until the first (an empty set is 216 bytes, and most sessions never see QoS 2)."""
+        self._completed_above: dict[int, tuple[str, int]] | None = None
+        """Seq -> (queue, offset) of QoS 2 messages PUBCOMPed while an older message of their
+        queue was still unacknowledged (a QoS 1 message sent before, a resend): the committed
+        offset a restore resumes at lies below them, and the client, which forgot their packet
+        ids at PUBCOMP, would take their PUBLISH again as new. Written with the PUBREL-phase
+        set (`encode_offsets`) until the committed offset passes them. Persistent sessions
+        only."""
         self._inbound_qos2: dict[int, Any] | None = None
         self._qos2_sent: dict[str, int] | None = None
         """Key -> seq of the last QoS 2 messages sent to the client, oldest first."""
@@ -347,11 +361,42 @@ class Session:
         self.drop_inflight(packet_id)
         if self.released is not None:
             self.released.discard(out.seq)
+        if self.persistent and out.offset > self.committed(out.queue):
+            done = self._completed_above = _put(
+                self._completed_above, out.seq, (out.queue, out.offset)
+            )
+            if len(done) > COMPLETED_ABOVE_LIMIT:
+                del done[next(iter(done))]
         return out
 
     def was_released(self, seq: int) -> bool:
         """Whether the QoS 2 message at `seq` is in its PUBREL phase (its PUBREC arrived)."""
         return self.released is not None and seq in self.released
+
+    def _pubrel_phase(self) -> list[int]:
+        """The seqs a restore must not send as PUBLISH again: those in their PUBREL phase and
+        those completed above their queue's committed offset (the latter dropped here once
+        the committed offset passed them or their queue is no longer read). A restore puts
+        both in `released`, so each gets a PUBREL, which the client answers with PUBCOMP
+        whether or not it still knows the id (MQTT-4.3.3)."""
+        seqs = set(self.released or ())
+        done = self._completed_above
+        if done:
+            committed: dict[str, int] = {}
+            for seq, (queue, offset) in list(done.items()):
+                if queue not in self.cursors:
+                    del done[seq]
+                    continue
+                low = committed.get(queue)
+                if low is None:
+                    low = committed[queue] = self.committed(queue)
+                if offset < low:
+                    del done[seq]
+                else:
+                    seqs.add(seq)
+            if not done:
+                self._completed_above = None
+        return sorted(seqs)
 
     def first_copy(self, key: str, seq: int, window: int) -> bool:
         """Whether the QoS 2 message `key` stored at `seq` may be sent: False for a second
@@ -392,6 +437,7 @@ class Session:
     def forget_inflight(self) -> list[InFlight]:
         """Drop everything in flight (clean session end); returns what was dropped."""
         inflight, self._inflight = self._inflight, None
+        self._completed_above = None
         return [] if inflight is None else list(inflight.values())
 
     def went_offline(self, seconds_ago: float = 0.0) -> None:
@@ -439,15 +485,16 @@ class Session:
         return json.dumps(record, separators=(",", ":")).encode()
 
     def encode_offsets(self) -> bytes:
-        """Read positions, committed positions, the QoS 2 PUBREL-phase set and when the client
-        went offline (so session expiry survives a restart)."""
+        """Read positions, committed positions, the QoS 2 messages not to be sent again
+        (`_pubrel_phase`) and when the client went offline (so session expiry survives a
+        restart)."""
         committed = {queue: self.committed(queue) for queue in self.cursors}
         sent = dict(self.cursors)
         return json.dumps(
             {
                 "c": committed,
                 "s": sent,
-                "rel": sorted(self.released or ()),
+                "rel": self._pubrel_phase(),
                 "d": 0.0 if self.connected else self.disconnected_at,
             },
             separators=(",", ":"),

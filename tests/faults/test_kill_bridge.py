@@ -5,6 +5,7 @@ so what is tested is the bridge's half of the contract."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -248,3 +249,46 @@ def test_qos2_publish_resent_after_a_crash_that_ate_the_pubrec_is_stored_once(br
     subscriber.connect()
     subscriber.receive(until=2, timeout=2.0)
     assert subscriber.delivered == Counter({"only-once": 1})
+
+
+def test_a_qos2_message_completed_while_an_older_qos1_one_waits_is_not_resent_after_kill_9(bridge):
+    """The subscriber completes a QoS 2 message while the QoS 1 message before it on the same
+    queue still awaits its PUBACK. After a kill -9 the session resumes at the QoS 1 one (sent
+    again, DUP=1); the QoS 2 one gets only a PUBREL: its packet id was forgotten at PUBCOMP,
+    so a PUBLISH of it would be a second delivery."""
+    subscriber = RawClient(bridge.port)
+    subscriber.connect("sub", clean_session=False)
+    assert subscriber.subscribe("plant/#", 2) == [2]
+    publisher = RawClient(bridge.port)
+    publisher.connect("pub")
+    publisher.publish("plant/x", b"first-qos1", 1, packet_id=1)
+    publisher.publish("plant/x", b"then-qos2", 2, packet_id=2)
+    publisher.disconnect()
+
+    first = subscriber.recv()
+    assert isinstance(first, Publish) and first.payload == b"first-qos1", first  # no PUBACK
+    second = subscriber.recv()
+    assert isinstance(second, Publish) and second.payload == b"then-qos2", second
+    subscriber.send(Pubrec(second.packet_id or 0))
+    pubrel = subscriber.recv()
+    assert isinstance(pubrel, Pubrel) and pubrel.packet_id == second.packet_id, pubrel
+    subscriber.send(Pubcomp(pubrel.packet_id))
+    time.sleep(1.0)  # several offset flushes (every 0.2 s by default)
+    bridge.kill()
+    subscriber.close()
+    bridge.start()
+
+    subscriber = RawClient(bridge.port)
+    assert subscriber.connect("sub", clean_session=False).session_present is True
+    publishes = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            packet = subscriber.recv(timeout=1.5)
+            if isinstance(packet, Publish):
+                publishes.append((packet.payload, packet.dup))
+                if packet.qos == 1:
+                    subscriber.send(Puback(packet.packet_id or 0))
+            elif isinstance(packet, Pubrel):
+                subscriber.send(Pubcomp(packet.packet_id))
+    subscriber.disconnect()
+    assert publishes == [(b"first-qos1", True)]

@@ -319,3 +319,34 @@ def test_copies_taken_over_count_as_the_oldest_and_the_window_stays_bounded():
     assert [k for k, _ in session.qos2_copies_sent()] == ["b", "c", "sent-here"]
     session.remember_qos2_copies([("d", 4)], window=0)
     assert len(session.qos2_copies_sent()) == 3
+
+
+def test_a_qos2_message_completed_above_an_unacknowledged_one_is_not_sent_again_after_a_restore():
+    """The client may forget a QoS 2 packet id once it has PUBCOMPed: a restore that resumes
+    below such a message (an older one of its queue still unacknowledged) must not send its
+    PUBLISH again, only a PUBREL the client answers with PUBCOMP."""
+    session = Session("dev", persistent=True, subscriptions={"a/#": 2})
+    session.cursors = {"f:a/#": 12}
+    session.track(sent_message(1, "f:a/#", 9, 1, seq=900))  # QoS 1, not yet acknowledged
+    session.track(sent_message(2, "f:a/#", 10, 2, seq=901))
+    session.track(sent_message(3, "f:a/#", 11, 2, seq=902))
+    session.on_pubrec(2)
+    session.on_pubcomp(2)  # done above the unacknowledged offset 9
+    session.on_pubrec(3)  # in its PUBREL phase
+    restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
+    assert restored.cursors == {"f:a/#": 9}
+    assert restored.was_released(901) and restored.was_released(902)
+
+
+def test_a_completed_qos2_message_is_forgotten_once_everything_below_it_is_acknowledged():
+    session = Session("dev", persistent=True, subscriptions={"a/#": 2})
+    session.cursors = {"f:a/#": 12}
+    session.track(sent_message(1, "f:a/#", 9, 1, seq=900))
+    session.track(sent_message(2, "f:a/#", 10, 2, seq=901))
+    session.on_pubrec(2)
+    session.on_pubcomp(2)
+    session.on_puback(1)
+    restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
+    assert restored.cursors == {"f:a/#": 12}
+    assert not restored.was_released(901)
+    assert session.encode_offsets() == restored.encode_offsets()  # nothing left to carry
