@@ -158,14 +158,29 @@ class ClusterOwnership:
             arriving = session_filters(claim.records["subs"])
         cluster.hold_arriving(arriving)
         try:
-            return await self._receive(client_id, claim, previous, clean)
+            received = await self._receive(client_id, claim, previous, clean)
         finally:
             cluster.release_arriving(arriving)
+        if received is None:
+            log.info(
+                "client %s: a newer claim took the ClientId while this connection waited for "
+                "its previous node; closing this one",
+                client_id,
+            )
+            self.metrics.inc("claims_superseded")
+            self.admission.refuse(
+                conn, ReasonCode.SERVER_UNAVAILABLE, "superseded by a newer claim", conn.level
+            )
+        return received
 
-    async def _receive(self, client_id: str, claim: Claim, previous: str, clean: bool) -> bool:
+    async def _receive(
+        self, client_id: str, claim: Claim, previous: str, clean: bool
+    ) -> bool | None:
         """Have `previous`, which held the client, close its connection and hand over the
         session; publish the old connection's will; adopt the session (True) unless there is
-        none to resume (False)."""
+        none to resume (False). None if, while `previous` was asked, a newer claim took the
+        ClientId (the client connected again, here or elsewhere): the session is that claim's
+        now, and this one must not touch it."""
         cluster = self.cluster
         state = await cluster.request_release(previous, client_id, claim.epoch)
         will = will_of(claim.online)
@@ -174,6 +189,10 @@ class ClusterOwnership:
             # that took the online record (atomically, in the claim) publishes it. A delayed
             # will whose session this connection resumes is not published (MQTT-3.1.3-9).
             self.spawn(self.wills.publish(client_id, will, clear_online=False))
+        if cluster.registry.epochs.get(client_id) != claim.epoch:
+            # Its answer (or the registry's copy, when there is none) is older than what the
+            # newer claim adopted: taking it would replace the session that claim serves.
+            return None
         records = dict(claim.records)
         handed: dict[str, Any] = {}
         if state:

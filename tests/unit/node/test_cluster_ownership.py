@@ -8,6 +8,8 @@ import json
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from bridge.cluster.registry import Claim
 from bridge.config import Config
 from bridge.counters import Metrics
@@ -177,6 +179,7 @@ class Arrivals(Membership):
         claim = Claim(epoch=2, previous_node="node-b", records={"subs": subs, "off": b"{}"})
 
         async def claim_it(client_id: str, clean: bool, identity: str | None = None) -> Claim:
+            self.registry.epochs[client_id] = claim.epoch  # as Registry.claim does
             return claim
 
         self.registry.claim = claim_it  # type: ignore[attr-defined]
@@ -261,3 +264,62 @@ def test_a_session_held_here_is_resumed_here_and_not_adopted_again() -> None:
 def test_a_clean_session_this_node_owned_is_not_resumed_from_the_registry() -> None:
     taken, adopted, _ = take_over_own_claim(OwnClaim({"subs": b"{}"}, was_clean=True), {})
     assert taken is False and adopted == []
+
+
+class SlowHolder(Membership):
+    """node-b holds the client and answers the Release late; meanwhile the client connects
+    again here, and that newer claim (`newer`) adopts the session."""
+
+    def __init__(self, newer: int) -> None:
+        super().__init__({})
+        self.newer = newer
+        self.resumed = Session(client_id="roamer", persistent=True)
+        self.sessions: dict[str, Session] = {}
+        claim = Claim(epoch=7, previous_node="node-b", records={"subs": b'{"subs": {}}'})
+
+        async def claim_it(client_id: str, clean: bool, identity: str | None = None) -> Claim:
+            self.registry.epochs[client_id] = claim.epoch
+            return claim
+
+        self.registry.claim = claim_it  # type: ignore[attr-defined]
+
+    async def request_release(self, peer: str, client_id: str, epoch: int) -> bytes | None:
+        # While node-b is asked, the client's next CONNECT claims it again (epoch 8, say) and
+        # resumes the session here: the table holds what that connection is served from.
+        self.registry.epochs[client_id] = self.newer
+        self.sessions[client_id] = self.resumed
+        return None
+
+    def hold_arriving(self, filters: set[str]) -> None:
+        pass
+
+    def release_arriving(self, filters: set[str]) -> None:
+        pass
+
+
+class Refusals:
+    def __init__(self) -> None:
+        self.refused: list[int] = []
+
+    def refuse(self, conn: Any, code: int, reason: str, level: int, *_: Any) -> None:
+        self.refused.append(code)
+
+
+def test_a_claim_overtaken_while_its_previous_node_was_asked_leaves_the_newer_session_alone() -> (
+    None
+):
+    """Found by the nemesis: a CONNECT waited for a silent node while the client connected
+    again and was served; when the wait ended, the older claim replaced that session with the
+    registry's older copy, and the next connection got about 300 QoS 2 messages again."""
+    cluster = SlowHolder(newer=8)
+    owner, *_ = ownership({}, cluster.sessions, {})
+    owner.cluster = cluster  # type: ignore[assignment]
+    owner.spawn = lambda coro: coro.close()  # type: ignore[assignment, func-returns-value]
+    owner.admission = refusals = Refusals()  # type: ignore[assignment]
+    owner.adopt = lambda *a, **k: pytest.fail("adopted by the overtaken claim")  # type: ignore[method-assign]
+    link = Link()
+    link.level = 4  # type: ignore[attr-defined]
+    taken = asyncio.run(owner.take_over(link, "roamer", False, True, None))  # type: ignore[arg-type]
+    assert taken is None and refusals.refused
+    assert cluster.sessions == {"roamer": cluster.resumed}
+    assert owner.metrics.get("claims_superseded") == 1
