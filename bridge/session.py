@@ -489,7 +489,12 @@ class Session:
         (`_pubrel_phase`) and when the client went offline (so session expiry survives a
         restart)."""
         committed = {queue: self.committed(queue) for queue in self.cursors}
-        sent = dict(self.cursors)
+        # What may have been sent reaches past the cursor when this session came from a node
+        # whose sends are unknown and was not read that far yet: the marks go on with it.
+        marks = self._resend_below or {}
+        sent = {
+            queue: max(cursor, marks.get(queue, cursor)) for queue, cursor in self.cursors.items()
+        }
         return json.dumps(
             {
                 "c": committed,

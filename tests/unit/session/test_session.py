@@ -350,3 +350,14 @@ def test_a_completed_qos2_message_is_forgotten_once_everything_below_it_is_ackno
     assert restored.cursors == {"f:a/#": 12}
     assert not restored.was_released(901)
     assert session.encode_offsets() == restored.encode_offsets()  # nothing left to carry
+
+
+def test_resend_marks_past_the_cursor_go_with_the_session_to_its_next_node():
+    """A session taken from a node whose sends are unknown marks its queues up to their ends
+    for DUP; handed on before it read that far, the next node must mark them too."""
+    session = Session("dev", persistent=True, subscriptions={"a/#": 1})
+    session.cursors = {"f:a/#": 5, "c:dev": 2}
+    session.resend_below = {"f:a/#": 12}
+    restored = Session.restore("dev", session.encode_subscriptions(), session.encode_offsets())
+    assert restored.cursors == {"f:a/#": 5, "c:dev": 2}
+    assert restored.resend_below == {"f:a/#": 12, "c:dev": 2}
