@@ -25,8 +25,9 @@ from bridge.cluster.announce import Announcer
 from bridge.cluster.confirm import Confirmations
 from bridge.cluster.interest import FRAMES as INTEREST_FRAMES
 from bridge.cluster.interest import Interest
+from bridge.cluster.lease import Lease, wait_for_holder
 from bridge.cluster.peer_auth import peer_auth
-from bridge.cluster.peers import PeerLink, advertise_address, dial, listen
+from bridge.cluster.peers import PING_INTERVAL, PeerLink, advertise_address, dial, listen
 from bridge.cluster.registry import RedisRegistry
 from bridge.cluster.releases import Releases
 from bridge.cluster.takeover import take_over_node, try_take_over
@@ -39,6 +40,10 @@ if TYPE_CHECKING:
     from bridge.storage.base import Message
 
 log = logging.getLogger("bridge.cluster")
+
+LINK_QUIET = 1.5 * PING_INTERVAL
+"""A link silent this long counts as cut for the lease (`bridge.cluster.lease`): the peer
+may be claiming this node's clients without being heard."""
 
 
 class Cluster:
@@ -86,6 +91,8 @@ class Cluster:
         self._membership: asyncio.Task[None] | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._judge_after = 0.0
+        self.lease = Lease(config.node_timeout)
+        """This node's lease on its clients (`bridge.cluster.lease`)."""
         self.advertise = ""
         self._started = False
         self.leaving = False
@@ -191,17 +198,42 @@ class Cluster:
             "started": self.started_at,
             "features": list(wire.FEATURES),
         }
+        sent = time.monotonic()
         lapsed = await self.registry.heartbeat(info, self.config.node_timeout)
-        if lapsed and self._started:
-            # Others may have judged this node dead and taken its sessions: let go of those.
+        if self.lease.renewed(sent):
+            log.warning("heartbeat through to Redis again: this node serves clients again")
+        cut_off = self._cut_off()
+        if (lapsed or cut_off) and self._started:
+            # Others may have judged this node dead and taken its sessions, or claimed them
+            # without being able to ask it over a link: let go of those.
             lost = await self.registry.lost_clients()
             if lost:
                 log.warning(
-                    "this node's heartbeat lapsed and %d of its sessions were taken over by "
-                    "other nodes; closing them here",
+                    "%s %d of its sessions were taken over by other nodes; closing them here",
+                    "this node's heartbeat lapsed and"
+                    if lapsed
+                    else "this node has no link to every member, and",
                     len(lost),
                 )
                 self.node.lost_ownership(lost)
+
+    def _cut_off(self) -> bool:
+        """Whether some live member may not reach this node (it could not ask it to let a
+        client go): it has no link, or its link has been silent for `LINK_QUIET` (each side
+        pings every `PING_INTERVAL`; a cut link is closed only after `DEAD_AFTER`)."""
+        now = time.monotonic()
+        for peer in self.members:
+            if peer == self.node_id:
+                continue
+            link = self.links.get(peer)
+            if link is None or now - link.last_heard > LINK_QUIET:
+                return True
+        return False
+
+    async def wait_for_holder(self, holder: str, client_id: str) -> bool:
+        """A Release `holder` did not answer: wait until it cannot be serving the client
+        (`bridge.cluster.lease.wait_for_holder`)."""
+        return await wait_for_holder(self.registry, holder, client_id, self.config.node_timeout)
 
     async def _membership_loop(self) -> None:
         interval = max(0.2, self.config.node_timeout / 6)
@@ -239,7 +271,17 @@ class Cluster:
             now = time.monotonic()
             for link in list(self.links.values()):
                 link.check_alive(now)
-            cut_off = any(peer not in self.links for peer in self.members if peer != self.node_id)
+            cut_off = self._cut_off()
+            serving = self.holds_sessions and self._started and not self.leaving
+            if serving and self.lease.must_fence(now, cut_off):
+                log.error(
+                    "no heartbeat through to Redis for %.1f s, and a member may not reach "
+                    "this node: it stops serving its clients until a heartbeat goes through "
+                    "(another node may be taking them over)",
+                    now - self.lease.renewed_from,
+                )
+                self.stats["fences"] += 1
+                self.node.fence_clients()
             if cut_off and not self.leaving and self.announcer.refresh_due(now):
                 # A live peer we have no link to cannot tell us what it stores for our readers.
                 self.announcer.refresh_soon()

@@ -66,6 +66,11 @@ class ClusterHost(Protocol):
         """Another node took the client over: let it go, hand over its state."""
         ...
 
+    def fence_clients(self) -> None:
+        """This node's lease on its clients may lapse (`bridge.cluster.lease`): close every
+        client connection."""
+        ...
+
     def lost_ownership(self, client_ids: list[str]) -> None:
         """Writes for these clients were refused: another node owns them now."""
         ...

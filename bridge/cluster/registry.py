@@ -444,6 +444,15 @@ class RedisRegistry:
         )
         return bool(lapsed)
 
+    async def lease_of(self, node_id: str) -> tuple[int | None, int]:
+        """(when `node_id`'s heartbeat expires, Redis's clock now), in ms by Redis's clock;
+        None if it has none (`bridge.cluster.lease`)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zscore(f"{self.prefix}:nodes", node_id)
+            pipe.time()
+            score, (seconds, micros) = await pipe.execute()
+        return (None if score is None else int(score), seconds * 1000 + micros // 1000)
+
     async def lost_clients(self) -> list[str]:
         """Clients this node holds whose epoch in Redis is no longer its own (taken over while
         this node was thought dead); they are forgotten here."""

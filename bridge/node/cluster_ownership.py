@@ -50,6 +50,11 @@ class Membership(Protocol):
         had none, None if it could not be asked."""
         ...
 
+    async def wait_for_holder(self, holder: str, client_id: str) -> bool:
+        """An unanswered Release: wait until `holder` cannot be serving the client
+        (`bridge.cluster.lease`)."""
+        ...
+
     def handed_to(self, peer: str, state: bytes) -> None:
         """A session went to `peer` (`ANY_PEER` if which one is not known)."""
         ...
@@ -183,6 +188,9 @@ class ClusterOwnership:
         now, and this one must not touch it."""
         cluster = self.cluster
         state = await cluster.request_release(previous, client_id, claim.epoch)
+        if state is None:
+            # Unanswered: serve the client only once the old node cannot be serving it too.
+            await cluster.wait_for_holder(previous, client_id)
         will = will_of(claim.online)
         if will is not None and (clean or not delay_of(claim.online)):
             # The old connection ends without DISCONNECT: its will is due, and only the node

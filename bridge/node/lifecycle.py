@@ -208,6 +208,12 @@ class SessionLifecycle:
         conn.client_id = client_id
         conn.keepalive = keepalive
         handed_over = False
+        if self.cluster is not None and self.cluster.lease.fenced:
+            # Its lease may have lapsed: another node may be serving this client already.
+            self.admission.refuse(
+                conn, ReasonCode.SERVER_UNAVAILABLE, "this node is cut off from the cluster", level
+            )
+            return None
         if self.ownership is not None:
             outcome = await self.ownership.take_over(
                 conn, client_id, packet.clean_session, persistent, identity

@@ -457,6 +457,16 @@ class Node:
 
     # -- the roles of housekeeping (SessionOwner) and of the cluster (ClusterHost) ---------------
 
+    def fence_clients(self) -> None:
+        """This node's lease on its clients may lapse (`bridge.cluster.lease`): close every
+        client connection, as if each had gone away (a will is due, and is published here only
+        if no other node took the client over meanwhile: `bridge.node.wills`)."""
+        for conn in list(self.connections.values()):
+            conn.close(
+                "this node is cut off from the cluster: reconnect (through another node)",
+                reason_code=ReasonCode.SERVER_BUSY,
+            )
+
     def lost_ownership(self, client_ids: list[str]) -> None:
         """Writes for these clients were refused: another node owns them now. Let go."""
         assert self.ownership is not None

@@ -147,6 +147,11 @@ FAULTS: dict[str, Fault] = {
             lambda net: [net.cut("n1", "n2")],
         ),
         _cut(
+            "node-cut-from-cluster",
+            "n1 reaches neither Redis nor its peers; its clients and the broker still reach it",
+            lambda net: [net.cut("n1", "redis"), net.cut("n1", "n2"), net.cut("n1", "n3")],
+        ),
+        _cut(
             "node-isolated",
             "n1 reaches nothing: not Redis, RocketMQ, its peers nor the balancer",
             lambda net: net.isolate("n1"),

@@ -41,10 +41,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NemesisCluster
 
 
 KNOWN: dict[str, str] = {}
-"""Faults whose run breaks a rule today, in some runs, for the reason given (none now: the Redis
-failover's lost sessions and messages are fixed): reported as an expected failure when it does
-(only a broken rule counts as one: a cluster that does not start fails the test), and as
-passing when that run did not hit it."""
+"""Faults whose run breaks a rule today, in some runs, for the reason given (none now): reported
+as an expected failure when it does (only a broken rule counts as one: a cluster that does not
+start fails the test), and as passing when that run did not hit it."""
 
 
 class RuleBroken(AssertionError):

@@ -6,6 +6,7 @@ the node as a `Message`."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from typing import Any
 
@@ -56,6 +57,7 @@ class Link:
         self.peer_id = peer_id
         self.peer_boot = boot
         self.sent: list[bytes] = []
+        self.last_heard = time.monotonic()  # a live link (the lease asks)
 
     def send_droppable(self, data: bytes) -> bool:
         self.sent.append(data)

@@ -290,6 +290,9 @@ class SlowHolder(Membership):
         self.sessions[client_id] = self.resumed
         return None
 
+    async def wait_for_holder(self, holder: str, client_id: str) -> bool:
+        return True  # node-b's lease lapsed
+
     def hold_arriving(self, filters: set[str]) -> None:
         pass
 
