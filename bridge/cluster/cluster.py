@@ -280,7 +280,7 @@ class Cluster:
                     "(another node may be taking them over)",
                     now - self.lease.renewed_from,
                 )
-                self.stats["fences"] += 1
+                self.node.metrics.inc("lease_fences")
                 self.node.fence_clients()
             if cut_off and not self.leaving and self.announcer.refresh_due(now):
                 # A live peer we have no link to cannot tell us what it stores for our readers.

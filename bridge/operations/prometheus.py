@@ -99,6 +99,8 @@ NODE_COUNTERS = {
     "sessions_released": "sessions handed to another node that took the client over",
     "sessions_recovered_from_registry": "persistent sessions resumed from the registry's copy "
     "because a claim of this node had been applied while refused (Redis failover)",
+    "lease_fences": "times this node stopped serving its clients: no heartbeat through to "
+    "Redis for nearly node_timeout while a member could not reach it (its lease could lapse)",
     "claims_superseded": "CONNECTs closed because a newer claim took their ClientId while "
     "they waited for its previous node",
     "wills_published": "wills published (the client went away without DISCONNECT)",
