@@ -50,8 +50,17 @@ async def follow_changes(
                 raise asyncio.CancelledError
             await subscribed(first)
             first = False
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
+            while True:
+                response = await pubsub.parse_response(block=True)
+                if response is None:
+                    # A blocking read answers None only when its socket failed with a
+                    # time-out (ETIMEDOUT after a long network cut): redis-py (8.1) turns that
+                    # into "no message", and `listen()` would read the dead socket again at
+                    # once, for ever, without yielding (a node spun at 100% CPU, serving
+                    # nothing). Start over on a new connection instead.
+                    raise ConnectionError(f"the connection following {channel} timed out")
+                message = await pubsub.handle_message(response)
+                if message is not None and message.get("type") == "message":
                     await changed()
         except redis_errors(OSError) as exc:
             failed()
