@@ -41,6 +41,7 @@ COMPILED = [
     "bridge/node/delivery.py",
     "bridge/node/congestion.py",
     "bridge/node/flow.py",
+    "bridge/node/stalls.py",
     "bridge/storage/message.py",
     "bridge/storage/records.py",
     "bridge/storage/filelog/files.py",

@@ -126,6 +126,9 @@ class Cluster:
         self._started = True
         self._membership = loop.create_task(self._membership_loop())
         self._keeper = loop.create_task(self._keep_links())
+        # The keeper ticks every half second. A pause shorter than the margin cannot carry the
+        # lease past its lapse in Redis (that is what the margin is for).
+        self.node.stalls.watch(loop.time(), max(1.0, self.lease.margin), self.after_stall)
 
     async def wait_synced(self, timeout: float) -> bool:
         """Until every alive member has replayed its interest to this node over a link (True)
@@ -266,25 +269,45 @@ class Cluster:
     async def _keep_links(self) -> None:
         """Ping and check the links every half second, apart from the membership loop (whose
         Redis calls may each take `redis_timeout` while Redis is away)."""
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(0.5)
+            stalls = self.node.stalls
+            if loop.time() - stalls.ticked > stalls.limit:
+                stalls.stalled(loop.time())  # unless a connection noticed the pause first
+            else:
+                stalls.tick(loop.time())
             now = time.monotonic()
             for link in list(self.links.values()):
                 link.check_alive(now)
             cut_off = self._cut_off()
-            serving = self.holds_sessions and self._started and not self.leaving
-            if serving and self.lease.must_fence(now, cut_off):
-                log.error(
-                    "no heartbeat through to Redis for %.1f s, and a member may not reach "
-                    "this node: it stops serving its clients until a heartbeat goes through "
-                    "(another node may be taking them over)",
-                    now - self.lease.renewed_from,
-                )
-                self.node.metrics.inc("lease_fences")
-                self.node.fence_clients()
+            self._fence_if_lapsing(now, cut_off, "a member may not reach this node")
             if cut_off and not self.leaving and self.announcer.refresh_due(now):
                 # A live peer we have no link to cannot tell us what it stores for our readers.
                 self.announcer.refresh_soon()
+
+    def after_stall(self, gap: float) -> bool:
+        """This process did not run for `gap` seconds (`bridge.node.stalls`): nobody could ask
+        it to let a client go meanwhile, as if it had been cut off. True if it stopped serving."""
+        return self._fence_if_lapsing(
+            time.monotonic(), True, f"this process did not run for {gap:.1f} s"
+        )
+
+    def _fence_if_lapsing(self, now: float, cut_off: bool, why: str) -> bool:
+        """Stop serving if the lease may lapse while a taker could not ask this node
+        (`bridge.cluster.lease`). True if it stopped now."""
+        serving = self.holds_sessions and self._started and not self.leaving
+        if not serving or not self.lease.must_fence(now, cut_off):
+            return False
+        log.error(
+            "no heartbeat through to Redis for %.1f s, and %s: it stops serving its clients "
+            "until a heartbeat goes through (another node may be taking them over)",
+            now - self.lease.renewed_from,
+            why,
+        )
+        self.node.metrics.inc("lease_fences")
+        self.node.fence_clients()
+        return True
 
     def _redis_trouble(self, exc: BaseException) -> None:
         # Others' heartbeats failed too: judge nobody dead until everyone had time to beat.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from bridge.cluster.registry import Claim
     from bridge.counters import Metrics
+    from bridge.node.stalls import StallWatch
     from bridge.router.shared import SharedSubscriptions
     from bridge.router.trie import SubscriptionTrie
     from bridge.storage.base import Message
@@ -28,6 +29,8 @@ class ClusterHost(Protocol):
     shared: SharedSubscriptions
     """The node's shared groups; remote members go in under their ClientIds."""
     metrics: Metrics
+    stalls: StallWatch
+    """Watched for pauses of this process while the cluster runs (`bridge.node.stalls`)."""
 
     def spawn(self, coro: Coroutine[Any, Any, Any], /) -> asyncio.Task[Any]:
         """Run background work whose failures are logged."""

@@ -42,6 +42,7 @@ from bridge.node.deadlines import NONE
 from bridge.node.flow import PAUSED_BY_RATE, PAUSED_FOR_TURN, ConnectionFlow
 from bridge.node.qos0_flow import DROP
 from bridge.node.roles import Drain
+from bridge.node.stalls import StallWatch
 from bridge.storage.base import Message
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class Connection(asyncio.Protocol):
     # fmt: off
     __slots__ = (
         "_connecting", "_deadline", "_flush_handle", "_graceful", "_held", "_holds", "_inbound",
-        "_keepalive_limit", "_last_rx", "_outbox", "_paused_writing", "auth", "cert_cn",
+        "_keepalive_limit", "_last_rx", "_outbox", "_paused_writing", "_stalls", "auth", "cert_cn",
         "client_id", "close_reason",
         "closed", "connected_at", "decoder", "delivery", "detached", "flow", "keepalive", "level",
         "listener", "loop", "max_packet_out", "metrics", "msgs_in", "msgs_out", "node",
@@ -77,6 +78,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, node: Node) -> None:
         self.node = node
         self.metrics: Metrics = node.metrics  # per packet, not looked up on the (interpreted) node
+        self._stalls: StallWatch = node.stalls  # asked at every read and write, the same way
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -160,7 +162,10 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self._last_rx = self.loop.time()
+        self._last_rx = now = self.loop.time()
+        stalls = self._stalls
+        if now - stalls.ticked > stalls.limit and stalls.stalled(now):
+            return  # this process was paused, and this node stopped serving meanwhile
         self.metrics.bytes_in += len(data)
         if len(data) >= READ_TURN and not self.flow.pauses:
             self.hold_reading(PAUSED_FOR_TURN)
@@ -312,6 +317,10 @@ class Connection(asyncio.Protocol):
         held = self._outbox
         if held is None or self.transport is None:
             return
+        stalls = self._stalls
+        now = self.loop.time()
+        if now - stalls.ticked > stalls.limit and stalls.stalled(now):
+            return  # this process was paused, and this node stopped serving meanwhile
         self._outbox = None
         data = held if isinstance(held, bytes) else held.joined()
         self.transport.write(data)
@@ -399,12 +408,16 @@ class Connection(asyncio.Protocol):
         log_it: bool = True,
         reason_code: int | None = None,
         server_reference: str = "",
+        discard_queued: bool = False,
     ) -> None:
         """Close the connection after flushing what is queued; log why, naming the client. A v5
         client is first sent DISCONNECT with `reason_code`, the reason as Reason String and
-        the `server_reference` to use instead, if any."""
+        the `server_reference` to use instead, if any. With `discard_queued` what this loop turn
+        queued is dropped instead (it was decided before this node stopped serving)."""
         if self.closed:
             return
+        if discard_queued:
+            self._outbox = None
         if reason_code is not None and self.v5 is not None:
             self.send(disconnect_saying(reason_code, reason, server_reference))
         self.closed = True

@@ -54,6 +54,8 @@ class Link(Protocol):
         log_it: bool = True,
         reason_code: int | None = None,
         server_reference: str = "",
+        discard_queued: bool = False,
     ) -> None:
-        """Close (a v5 client first gets DISCONNECT with `reason_code`), logging why."""
+        """Close (a v5 client first gets DISCONNECT with `reason_code`), logging why; with
+        `discard_queued`, what was queued and not yet written is dropped."""
         ...

@@ -46,6 +46,7 @@ from bridge.node.publish import Publisher
 from bridge.node.qos0_flow import Qos0Flow
 from bridge.node.quotas import Quota
 from bridge.node.retained import RetainedMessages
+from bridge.node.stalls import StallWatch
 from bridge.node.stamp import Stamper
 from bridge.node.subscriptions import Subscriptions
 from bridge.operations.metering import Meter
@@ -126,6 +127,9 @@ class Node:
         (`bridge.listeners.faults`)."""
         self.deadlines = Deadlines()
         """The connections' CONNECT and keepalive deadlines, on one loop timer."""
+        self.stalls = StallWatch()
+        """Notices a pause of this process before its connections act on what waited
+        (`bridge.node.stalls`); watched by the cluster."""
         self._read_cached = store.read_cached if store.traits.cached_reads else None
         """The store's read from memory (if it has one), one bound method for every delivery."""
         self.accepting = True
@@ -465,6 +469,7 @@ class Node:
             conn.close(
                 "this node is cut off from the cluster: reconnect (through another node)",
                 reason_code=ReasonCode.SERVER_BUSY,
+                discard_queued=True,
             )
 
     def lost_ownership(self, client_ids: list[str]) -> None:

@@ -141,9 +141,10 @@ class ClientLink(Protocol):
         taken_over: bool = False,
         log_it: bool = True,
         reason_code: int | None = None,
+        discard_queued: bool = False,
     ) -> None:
-        """Close after flushing what is queued, logging why (a v5 client first gets
-        DISCONNECT with `reason_code`, if one is given)."""
+        """Close after flushing what is queued (or dropping it, with `discard_queued`), logging
+        why (a v5 client first gets DISCONNECT with `reason_code`, if one is given)."""
         ...
 
     def hold_acks(self, reason: str) -> None:
