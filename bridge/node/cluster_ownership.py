@@ -18,10 +18,11 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bridge.counters import Metrics
 from bridge.mqtt.reasons import ReasonCode
+from bridge.node.let_go import LetGo
 from bridge.node.registry_entries import RegistryEntries
 from bridge.node.roles import ClientLink, Spawner
 from bridge.node.wills import delay_of
@@ -129,6 +130,9 @@ class ClusterOwnership:
         """The end of a queue's part as the store knows it (`MessageStore.end_offset`)."""
         self.spawn = spawn
         self.registry_entries = RegistryEntries(sessions, spawn)
+        self.let_go = LetGo()
+        """The state of sessions let go when the registry refused this node's writes for them
+        (`bridge.node.let_go`)."""
 
     async def take_over(
         self, conn: ClientLink, client_id: str, clean: bool, persistent: bool, identity: str | None
@@ -156,6 +160,7 @@ class ClusterOwnership:
             return False
         if previous == self.node_id:
             return self._recover_own_claim(client_id, claim)
+        self.let_go.pop(client_id)  # the registry names a later owner: what it kept is older
         # From the claim on, the previous owner may be declared gone and its interest forgotten
         # before the session is adopted here: hold its filters meanwhile.
         arriving: set[str] = set()
@@ -201,30 +206,23 @@ class ClusterOwnership:
             # Its answer (or the registry's copy, when there is none) is older than what the
             # newer claim adopted: taking it would replace the session that claim serves.
             return None
-        records = dict(claim.records)
-        handed: dict[str, Any] = {}
-        if state:
-            handed = json.loads(state)
-            records["subs"], records["off"] = handed["subs"].encode(), handed["off"].encode()
         session = self.sessions.get(client_id)
         if session is not None:
             self.here.discard(session, [])  # a stale copy from before
-        if "subs" in records and not claim.was_clean:
-            claim.records = records
-            session = self.adopt(client_id, claim, sent_unknown=False)
-            # Which QoS 2 messages the old node sent (a node of an older version says nothing).
-            session.remember_qos2_copies(
-                ((str(k), int(v)) for k, v in handed.get("q2", ())), self.config.qos2_copy_window
-            )
-            if not state:
-                # The old node did not answer, or had no session to hand over (its claim was
-                # applied while it was told it failed: `_recover_own_claim`): the registry's
-                # copy was written by whichever node held the session last, and may predate
-                # what that node sent.
-                await self.refresh_queue_ends(client_id)
-                self.assume_sent(session)
+        if claim.was_clean:
+            return False
+        if state:
+            self._adopt_handed(client_id, claim, state)
             return True
-        return False
+        if "subs" not in claim.records:
+            return False
+        session = self.adopt(client_id, claim, sent_unknown=False)
+        # The old node did not answer, or had no session to hand over (its claim was applied
+        # while it was told it failed: `_recover_own_claim`): the registry's copy was written by
+        # whichever node held the session last, and may predate what that node sent.
+        await self.refresh_queue_ends(client_id)
+        self.assume_sent(session)
+        return True
 
     def _recover_own_claim(self, client_id: str, claim: Claim) -> bool:
         """The registry says this node owned the client before this claim. If its session is
@@ -235,8 +233,16 @@ class ClusterOwnership:
         node that served the session let it go when its next write was refused. The
         registry's copy is then the session: adopt it (True), its sends unknown, as from a
         node that did not answer. Starting afresh here would drop a persistent session and
-        everything published to it meanwhile."""
-        if client_id in self.sessions or "subs" not in claim.records or claim.was_clean:
+        everything published to it meanwhile.
+
+        Where this node let the session go itself (its claim was lost in a failover after it
+        had served the session under it), what it kept of it is resumed instead."""
+        kept = self.let_go.pop(client_id)
+        if client_id in self.sessions or claim.was_clean:
+            return False
+        if kept:
+            return self._resume_let_go(client_id, claim, kept)
+        if "subs" not in claim.records:
             return False
         log.warning(
             "client %s: the registry names this node its owner but its session is not here "
@@ -247,6 +253,34 @@ class ClusterOwnership:
         self.metrics.inc("sessions_recovered_from_registry")
         self.spawn(self._learn_ends_after_move(session, sent_unknown=True))
         return True
+
+    def _resume_let_go(self, client_id: str, claim: Claim, kept: bytes) -> bool:
+        """The registry names this node the client's owner under an epoch older than the one
+        it served the session under since, and the session was let go when its writes were
+        refused: a Redis failover lost that claim (`bridge.node.let_go`). Resume the session as
+        this node last served it (True)."""
+        log.warning(
+            "client %s: this node's claim of it was lost in a Redis failover; resuming the "
+            "session as this node last served it",
+            client_id,
+        )
+        session = self._adopt_handed(client_id, claim, kept)
+        self.metrics.inc("sessions_recovered_after_rollback")
+        self.spawn(self._learn_ends_after_move(session, sent_unknown=False))
+        return True
+
+    def _adopt_handed(self, client_id: str, claim: Claim, state: bytes) -> Session:
+        """Adopt a session from a state `release` encoded (a Release's answer, or one kept)."""
+        handed = json.loads(state)
+        records = dict(claim.records)
+        records["subs"], records["off"] = handed["subs"].encode(), handed["off"].encode()
+        claim.records = records
+        session = self.adopt(client_id, claim, sent_unknown=False)
+        # Which QoS 2 messages the old node sent (a node of an older version says nothing).
+        session.remember_qos2_copies(
+            ((str(k), int(v)) for k, v in handed.get("q2", ())), self.config.qos2_copy_window
+        )
+        return session
 
     def adopt(self, client_id: str, claim: Claim, *, sent_unknown: bool = True) -> Session:
         """Hold a persistent session taken over from another node (offline until it connects).
@@ -296,7 +330,11 @@ class ClusterOwnership:
             return b""  # taken back by this node since: the request is stale
         session = self.sessions.get(client_id)
         state = b""
-        if session is not None and session.persistent:
+        if session is None:
+            # The registry sent the taker here: what this node kept of a session it let go is
+            # the latest there is (`bridge.node.let_go`).
+            state = self.let_go.pop(client_id)
+        elif session.persistent:
             state = json.dumps(
                 {
                     "subs": session.encode_subscriptions().decode(),
@@ -326,7 +364,9 @@ class ClusterOwnership:
         for client_id in client_ids:
             if client_id not in self.cluster.registry.epochs:
                 log.warning("client %s: owned by another node now; dropped here", client_id)
-                self.cluster.handed_to(ANY_PEER, self.release(client_id))
+                state = self.release(client_id)
+                self.let_go.keep(client_id, state)
+                self.cluster.handed_to(ANY_PEER, state)
 
     async def end_in_registry(self, client_id: str) -> None:
         """The session is gone here: remove the ClientId's entry from the registry (retried

@@ -99,6 +99,8 @@ NODE_COUNTERS = {
     "sessions_released": "sessions handed to another node that took the client over",
     "sessions_recovered_from_registry": "persistent sessions resumed from the registry's copy "
     "because a claim of this node had been applied while refused (Redis failover)",
+    "sessions_recovered_after_rollback": "persistent sessions resumed as this node last served "
+    "them after a Redis failover lost its claim of them (`bridge.node.let_go`)",
     "lease_fences": "times this node stopped serving its clients: no heartbeat through to "
     "Redis for nearly node_timeout while a member could not reach it (its lease could lapse)",
     "claims_superseded": "CONNECTs closed because a newer claim took their ClientId while "

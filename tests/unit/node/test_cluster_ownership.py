@@ -326,3 +326,53 @@ def test_a_claim_overtaken_while_its_previous_node_was_asked_leaves_the_newer_se
     assert taken is None and refusals.refused
     assert cluster.sessions == {"roamer": cluster.resumed}
     assert owner.metrics.get("claims_superseded") == 1
+
+
+def let_go_of(owner: ClusterOwnership, client_id: str) -> Session:
+    """A persistent session of `client_id` this node served (a QoS 2 message sent as packet id
+    12), let go when the registry refused its writes."""
+    session = Session(client_id=client_id, persistent=True)
+    session.cursors = {"f/0": 41}
+    session.first_copy("n1-a-9", 12, window=8)
+    owner.sessions[client_id] = session  # type: ignore[index]
+    owner.lost_ownership([client_id])
+    assert client_id not in owner.sessions
+    return session
+
+
+def test_a_session_let_go_is_handed_to_the_taker_the_registry_sends_here_once() -> None:
+    """Found by the nemesis: a Redis failover lost this node's claim, so the registry named it
+    the owner again under its older epoch; the taker the registry sent here was answered "no
+    session", resumed the registry's older copy and sent 64 completed QoS 2 messages again."""
+    owner, *_ = ownership({}, {}, {})
+    let_go_of(owner, "roamer")
+    state = json.loads(owner.release("roamer", 12))
+    assert state["q2"] == [["n1-a-9", 12]] and json.loads(state["off"])
+    assert owner.release("roamer", 13) == b""  # handed over: the taker's now
+
+
+def test_a_session_let_go_is_resumed_as_served_when_the_client_comes_back_here() -> None:
+    owner, *_ = ownership({}, {}, {})
+    served = let_go_of(owner, "roamer")
+    owner.cluster = OwnClaim({"subs": b'{"subs": {"older/#": 1}}', "off": b"{}"})  # type: ignore[assignment]
+    adopted: list[Claim] = []
+
+    def adopt(client_id: str, claim: Claim, **_: Any) -> Session:
+        adopted.append(claim)
+        return Session(client_id=client_id, persistent=True)
+
+    owner.adopt = adopt  # type: ignore[method-assign]
+    owner.spawn = lambda coro: coro.close()  # type: ignore[assignment, func-returns-value]
+    taken = asyncio.run(owner.take_over(Link(), "roamer", False, True, None))  # type: ignore[arg-type]
+    assert taken is True and len(adopted) == 1
+    assert adopted[0].records["off"] == served.encode_offsets()  # not the registry's copy
+    assert owner.metrics.snapshot()["sessions_recovered_after_rollback"] == 1
+
+
+def test_what_was_let_go_is_forgotten_once_the_registry_names_a_later_owner() -> None:
+    owner, *_ = ownership({}, {}, {})
+    let_go_of(owner, "keeper")
+    owner.cluster = Arrivals(b'{"subs": {"load/#": 1}}')  # type: ignore[assignment]
+    owner.adopt = lambda client_id, claim, **_: Session(client_id=client_id, persistent=True)  # type: ignore[method-assign, assignment, return-value]
+    asyncio.run(owner.take_over(Link(), "keeper", False, True, None))  # type: ignore[arg-type]
+    assert len(owner.let_go) == 0
