@@ -28,7 +28,7 @@ from bridge.node.roles import ClientLink, Spawner
 from bridge.node.wills import delay_of
 from bridge.router.queues import ANY_PEER
 from bridge.session import Session
-from bridge.state import session_filters, will_of
+from bridge.state import Unsettled, session_filters, will_of
 from bridge.storage.base import MetaUpdate, SessionBound, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -280,6 +280,10 @@ class ClusterOwnership:
         session.remember_qos2_copies(
             ((str(k), int(v)) for k, v in handed.get("q2", ())), self.config.qos2_copy_window
         )
+        # The QoS 2 packet ids it received and holds until PUBREL, as it knew them: the
+        # registry's markers can be older (a failover that lost this node's writes).
+        for packet_id, marker in handed.get("in", {}).items():
+            self.here.restore_qos2_marker(session, int(packet_id), marker.encode())
         return session
 
     def adopt(self, client_id: str, claim: Claim, *, sent_unknown: bool = True) -> Session:
@@ -340,6 +344,7 @@ class ClusterOwnership:
                     "subs": session.encode_subscriptions().decode(),
                     "off": session.encode_offsets().decode(),
                     "q2": session.qos2_copies_sent(),
+                    "in": inbound_markers(session),
                 },
                 separators=(",", ":"),
             ).encode()
@@ -372,3 +377,17 @@ class ClusterOwnership:
         """The session is gone here: remove the ClientId's entry from the registry (retried
         while Redis cannot be reached: `RegistryEntries`)."""
         await self.registry_entries.end(self.cluster.registry, client_id)
+
+
+def inbound_markers(session: Session) -> dict[str, str]:
+    """The QoS 2 packet ids the session holds until PUBREL, as handed to the next node: the
+    marker of a message whose store is unsettled, "" for one stored (`Unsettled.decode` reads
+    it as stored). One whose store is still running here is left out: the next node's
+    registry marker stands for it."""
+    markers: dict[str, str] = {}
+    for packet_id, held in session.inbound_qos2.items():
+        if held is None:
+            markers[str(packet_id)] = ""
+        elif isinstance(held, Unsettled):
+            markers[str(packet_id)] = held.encode().decode()
+    return markers

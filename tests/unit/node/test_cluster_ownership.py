@@ -16,6 +16,7 @@ from bridge.counters import Metrics
 from bridge.node.cluster_ownership import ClusterOwnership
 from bridge.router.queues import ANY_PEER
 from bridge.session import Session
+from bridge.state import Unsettled
 from bridge.storage.base import MetaUpdate
 
 
@@ -50,12 +51,13 @@ class Here:
         self.sessions = sessions
         self.detached: list[Any] = []
         self.discarded: list[str] = []
+        self.markers: list[tuple[int, bytes]] = []
 
     def restore(self, client_id: str, subs: bytes, offsets: bytes | None, was_online: bool) -> Any:
         raise AssertionError("not asked in these tests")
 
     def restore_qos2_marker(self, session: Session, packet_id: int, value: bytes) -> None:
-        raise AssertionError("not asked in these tests")
+        self.markers.append((packet_id, value))
 
     def detach(self, conn: Any) -> bool:
         self.detached.append(conn)
@@ -119,7 +121,7 @@ def test_release_hands_a_persistent_session_over_and_closes_its_connection_here(
     link = Link()
     owner, cluster, here, wills = ownership({"phone": 3}, {"phone": session}, {"phone": link})
     state = owner.release("phone", 4)
-    assert set(json.loads(state)) == {"subs", "off", "q2"}
+    assert set(json.loads(state)) == {"subs", "off", "q2", "in"}
     assert json.loads(state)["q2"] == [["n1-a-9", 12]]  # the QoS 2 copies it was sent
     assert wills.cancelled == ["phone"] and link.will is None
     assert here.detached == [link] and here.discarded == ["phone"]
@@ -334,6 +336,8 @@ def let_go_of(owner: ClusterOwnership, client_id: str) -> Session:
     session = Session(client_id=client_id, persistent=True)
     session.cursors = {"f/0": 41}
     session.first_copy("n1-a-9", 12, window=8)
+    session.hold_qos2_in(7, None)  # received as packet id 7 and stored; no PUBREL yet
+    session.hold_qos2_in(8, Unsettled("nem/x", "n1-a-10"))  # its send's outcome unknown
     owner.sessions[client_id] = session  # type: ignore[index]
     owner.lost_ownership([client_id])
     assert client_id not in owner.sessions
@@ -348,11 +352,12 @@ def test_a_session_let_go_is_handed_to_the_taker_the_registry_sends_here_once() 
     let_go_of(owner, "roamer")
     state = json.loads(owner.release("roamer", 12))
     assert state["q2"] == [["n1-a-9", 12]] and json.loads(state["off"])
+    assert state["in"] == {"7": "", "8": Unsettled("nem/x", "n1-a-10").encode().decode()}
     assert owner.release("roamer", 13) == b""  # handed over: the taker's now
 
 
 def test_a_session_let_go_is_resumed_as_served_when_the_client_comes_back_here() -> None:
-    owner, *_ = ownership({}, {}, {})
+    owner, _, here, _ = ownership({}, {}, {})
     served = let_go_of(owner, "roamer")
     owner.cluster = OwnClaim({"subs": b'{"subs": {"older/#": 1}}', "off": b"{}"})  # type: ignore[assignment]
     adopted: list[Claim] = []
@@ -366,6 +371,9 @@ def test_a_session_let_go_is_resumed_as_served_when_the_client_comes_back_here()
     taken = asyncio.run(owner.take_over(Link(), "roamer", False, True, None))  # type: ignore[arg-type]
     assert taken is True and len(adopted) == 1
     assert adopted[0].records["off"] == served.encode_offsets()  # not the registry's copy
+    # The QoS 2 ids it holds until PUBREL, the stored one and the unsettled one: a resend of
+    # either is not stored again (the registry's markers may have been rolled back).
+    assert [packet_id for packet_id, _ in here.markers] == [7, 8]
     assert owner.metrics.snapshot()["sessions_recovered_after_rollback"] == 1
 
 
