@@ -338,6 +338,12 @@ class ClusterOwnership:
             # The registry sent the taker here: what this node kept of a session it let go is
             # the latest there is (`bridge.node.let_go`).
             state = self.let_go.pop(client_id)
+            if state:
+                log.warning(
+                    "client %s: handing on the session this node let go when the registry "
+                    "refused its writes (a Redis failover may have rolled its claim back)",
+                    client_id,
+                )
         elif session.persistent:
             state = json.dumps(
                 {
