@@ -202,10 +202,13 @@ def _password(value: str, path: str, name: str) -> str:
     return password
 
 
-def async_client(access: RedisAccess, **extra: Any) -> aioredis.Redis:
+def async_client(
+    access: RedisAccess, *, watch_failovers: bool = False, **extra: Any
+) -> aioredis.Redis:
     """A redis-py asyncio client: through Sentinel when `access.sentinels` is set (it follows
     a failover to the new master), else to `access.url`. `extra` adds connection keywords
-    (retries)."""
+    (retries). `watch_failovers`: with Sentinel, no command goes to a master the Sentinels are
+    deposing (`bridge.cluster.failover_watch`; the registry's writes)."""
     from redis import asyncio as aioredis
     from redis.asyncio.retry import Retry
     from redis.asyncio.sentinel import Sentinel
@@ -224,6 +227,12 @@ def async_client(access: RedisAccess, **extra: Any) -> aioredis.Redis:
         options["connection_class"] = (
             FollowingSSLConnection if access.uses_tls else FollowingConnection
         )
+        if watch_failovers:
+            from bridge.cluster.failover_watch import FailoverWatch
+
+            options["failover_watch"] = FailoverWatch(
+                access.master_name, access.sentinel_hosts(), access.sentinel_options()
+            )
         return sentinel.master_for(access.master_name, **options)
     return aioredis.Redis.from_url(access.tls_url(), **(access.server_options() | extra))
 
@@ -234,6 +243,9 @@ async def close_client(client: aioredis.Redis) -> None:
     closing the client alone leaves the pool's connections to the master open."""
     await client.aclose()
     await client.connection_pool.disconnect()
+    watch = client.connection_pool.connection_kwargs.get("failover_watch")
+    if watch is not None:
+        await watch.stop()
     manager = getattr(client.connection_pool, "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
         await sentinel.aclose()

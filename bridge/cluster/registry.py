@@ -165,8 +165,9 @@ class Claim:
 
 def redis_client(access: RedisAccess) -> aioredis.Redis:
     """The registry's redis-py asyncio client (`bridge.cluster.redis_access.async_client`: the
-    credentials, TLS and Sentinel of the settings), retrying a command whose connection broke."""
-    return async_client(access, **_retrying())
+    credentials, TLS and Sentinel of the settings), retrying a command whose connection broke,
+    and writing nothing to a master the Sentinels are deposing."""
+    return async_client(access, watch_failovers=True, **_retrying())
 
 
 def _retrying() -> dict[str, Any]:

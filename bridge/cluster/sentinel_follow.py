@@ -21,12 +21,15 @@ Imported only when a Sentinel client is built (`bridge.cluster.redis_access.asyn
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+
+if TYPE_CHECKING:
+    from bridge.cluster.failover_watch import FailoverWatch
 
 NO_REPLICAS = "NOREPLICAS"
 
@@ -41,9 +44,25 @@ class FollowingConnection(SentinelManagedConnection):
     and whenever it connects again."""
 
     def __init__(self, **kwargs: Any) -> None:
+        self.failover_watch: FailoverWatch | None = kwargs.pop("failover_watch", None)
+        """The registry's: no write while the Sentinels depose the master
+        (`bridge.cluster.failover_watch`)."""
         super().__init__(**kwargs)
         self._addressed = False
         """`connect_to` has just asked the Sentinels: the address is fresh."""
+        self._sent_in = 0
+        """The watch's generation when the last command was sent."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        watch = self.failover_watch
+        if watch is not None and self.connection_pool.is_master:
+            watch.start()
+            if watch.suspected:
+                raise RedisConnectionError(
+                    "the Sentinels are deposing the master: no write until the failover ends"
+                )
+            self._sent_in = watch.generation
+        await super().send_packed_command(command, check_health)
 
     async def connect_to(self, address: Any) -> None:
         self._addressed = True
@@ -62,7 +81,7 @@ class FollowingConnection(SentinelManagedConnection):
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await super().read_response(*args, **kwargs)
+            response = await super().read_response(*args, **kwargs)
         except ResponseError as exc:
             if not (self.connection_pool.is_master and refused_for_replicas(exc)):
                 raise
@@ -71,6 +90,14 @@ class FollowingConnection(SentinelManagedConnection):
                 "the master has no replica to confirm writes (NOREPLICAS); asking the "
                 "Sentinels for the master again"
             ) from exc
+        watch = self.failover_watch
+        if watch is not None and watch.generation != self._sent_in:
+            # Sent before the Sentinels judged the master down, answered after: the master may
+            # have taken it while being deposed, and the failover may roll it back.
+            self._sent_in = watch.generation
+            await self.disconnect()
+            raise RedisConnectionError("the Sentinels judged the master down while it answered")
+        return response
 
 
 class FollowingSSLConnection(FollowingConnection, SSLConnection):

@@ -457,3 +457,69 @@ def _failover_done(group: LocalSentinelRedis, addr: str) -> bool:
     server = next(s for s in group.servers if s.addr == addr)
     with server.client() as client:
         return int(client.info("replication").get("connected_slaves", 0)) >= 1
+
+
+def _judged_down(group: LocalSentinelRedis) -> bool:
+    """Whether some Sentinel takes the master for objectively down."""
+    for sentinel in group.sentinel_processes:
+        with sentinel.client() as client:
+            if "o_down" in str(client.sentinel_master(MASTER_NAME)["flags"]):
+                return True
+    return False
+
+
+@pytest.mark.fault
+def test_no_claim_is_confirmed_by_a_master_that_wakes_up_while_it_is_being_deposed(
+    tmp_path: Path,
+) -> None:
+    """The nemesis's QoS 2 messages delivered twice: the master, frozen, wakes up just as the
+    Sentinels judge it down. While they promote one replica, the other still follows it and
+    answers WAIT, so the claims it takes count as written, until that replica is pointed at
+    the new master and they are gone. The registry's client follows the Sentinels' events and
+    writes nothing to a master they are deposing: every claim it confirmed is on the new one."""
+    with LocalSentinelRedis(
+        tmp_path / "sentinel", MASTER_NAME, replicas=2, min_replicas=1
+    ) as group:
+        first = group.servers[0]
+        access = RedisAccess(sentinels=",".join(group.sentinels), master_name=MASTER_NAME)
+
+        async def main() -> tuple[list[str], list[str]]:
+            registry = RedisRegistry(redis_client(access), "rollback", "n1", wait_replicas=1)
+            confirmed: list[str] = []
+            try:
+                assert await registry.claim("before", False) is not None
+                await asyncio.sleep(0.5)  # subscribed to the Sentinels' events meanwhile
+                os.kill(first.pid or 0, signal.SIGSTOP)
+                try:
+                    await asyncio.to_thread(
+                        wait_until,
+                        lambda: _judged_down(group),
+                        20,
+                        "a Sentinel judging the master down",
+                        retrying=(redis.RedisError,),
+                    )
+                finally:
+                    os.kill(first.pid or 0, signal.SIGCONT)
+                for number in range(400):  # about 4 s of claims, through the failover
+                    with contextlib.suppress(StoreUnavailable):
+                        await registry.claim(f"device-{number}", False)
+                        confirmed.append(f"device-{number}")
+                    await asyncio.sleep(0.01)
+                new = await asyncio.to_thread(group.wait_for_new_master, first.addr, 20)
+                await asyncio.to_thread(
+                    wait_until,
+                    lambda: _failover_done(group, new),
+                    20,
+                    "every Sentinel naming the new master, its replica following it",
+                    retrying=(redis.RedisError,),
+                )
+                server = next(s for s in group.servers if s.addr == new)
+                with server.client() as client:
+                    missing = [c for c in confirmed if not client.exists(registry.client_key(c))]
+            finally:
+                await registry.close()
+            return confirmed, missing
+
+        confirmed, missing = run_and_collect(main())
+        assert confirmed, "no claim got through after the failover"
+        assert not missing, f"{len(missing)} of {len(confirmed)} confirmed claims rolled back"
