@@ -65,6 +65,8 @@ class FailoverWatch:
         """Counts the gates closed: a command sent in an earlier one and answered later may
         have been taken by a master being deposed."""
         self._failing_over = False
+        self._master = ""
+        """The master the last `+switch-master` named ("ip:port"; "" before any)."""
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -84,11 +86,14 @@ class FailoverWatch:
         if channel == "+switch-master":
             # "<name> <old ip> <old port> <new ip> <new port>"
             if words and words[0] == self.master_name:
-                self._open(f"failover ended: the master is {':'.join(words[3:5])}")
+                self._master = ":".join(words[3:5])
+                self._open(f"failover ended: the master is {self._master}")
             return
         # "master <name> <ip> <port> ..."
-        if len(words) < 2 or words[0] != "master" or words[1] != self.master_name:
+        if len(words) < 4 or words[0] != "master" or words[1] != self.master_name:
             return
+        if self._master and ":".join(words[2:4]) != self._master:
+            return  # a slower Sentinel's news of the master deposed already
         if channel == "+odown":
             self._close()
         elif channel == "+try-failover":

@@ -60,3 +60,13 @@ def test_a_gate_nobody_reopens_opens_by_itself(monkeypatch: pytest.MonkeyPatch) 
     assert watch.suspected
     now[0] += 2
     assert not watch.suspected
+
+
+def test_a_slower_sentinels_news_of_the_deposed_master_does_not_close_writes_again() -> None:
+    watch = FailoverWatch("mqtt-bridge")
+    watch.event("+odown", ODOWN)
+    watch.event("+switch-master", "mqtt-bridge 10.0.0.1 6379 10.0.0.2 6379")
+    watch.event("+odown", ODOWN)  # about 10.0.0.1, the old master
+    assert not watch.suspected
+    watch.event("+odown", "master mqtt-bridge 10.0.0.2 6379 #quorum 2/2")
+    assert watch.suspected
