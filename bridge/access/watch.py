@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bridge.cluster.pubsub_read import published
 from bridge.cluster.redis_errors import redis_errors
 from bridge.private_files import make_private_dir, open_private
 
@@ -50,18 +51,10 @@ async def follow_changes(
                 raise asyncio.CancelledError
             await subscribed(first)
             first = False
-            while True:
-                response = await pubsub.parse_response(block=True)
-                if response is None:
-                    # A blocking read answers None only when its socket failed with a
-                    # time-out (ETIMEDOUT after a long network cut): redis-py (8.1) turns that
-                    # into "no message", and `listen()` would read the dead socket again at
-                    # once, for ever, without yielding (a node spun at 100% CPU, serving
-                    # nothing). Start over on a new connection instead.
-                    raise ConnectionError(f"the connection following {channel} timed out")
-                message = await pubsub.handle_message(response)
-                if message is not None and message.get("type") == "message":
-                    await changed()
+            # Not `listen()`: a connection that timed out is started over on a new one
+            # (`bridge.cluster.pubsub_read`).
+            async for _ in published(pubsub, channel):
+                await changed()
         except redis_errors(OSError) as exc:
             failed()
             log.warning("not listening for %s changes in Redis (%s); retrying", what, exc)

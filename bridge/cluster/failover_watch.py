@@ -28,6 +28,8 @@ import logging
 import time
 from typing import Any
 
+from bridge.cluster.pubsub_read import published
+
 log = logging.getLogger("bridge.cluster")
 
 GATE_MAX = 30.0
@@ -147,15 +149,8 @@ class FailoverWatch:
             pubsub = client.pubsub()
             try:
                 await pubsub.subscribe(*CHANNELS)
-                while True:
-                    response = await pubsub.parse_response(block=True)
-                    if response is None:
-                        # A socket that failed with a time-out reads as "no message" in
-                        # redis-py (`bridge.access.watch.follow_changes` says more).
-                        raise ConnectionError(f"Sentinel {host}:{port}: events timed out")
-                    message = await pubsub.handle_message(response)
-                    if message is not None and message.get("type") == "message":
-                        self.event(_text(message["channel"]), _text(message["data"]))
+                async for message in published(pubsub, f"Sentinel {host}:{port}'s events"):
+                    self.event(_text(message["channel"]), _text(message["data"]))
             except (RedisError, OSError) as exc:
                 log.debug("Sentinel %s:%s events not followed: %r", host, port, exc)
             finally:

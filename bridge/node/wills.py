@@ -151,9 +151,13 @@ class Wills:
         if not message.key:
             message.key = self.publisher.stamper.next_key()  # to look it up after a failure
         pauses = _Pauses()
+        tries = 0
         while True:
+            tries += 1
             try:
                 await self.publisher.route(message, meta=meta)
+                if tries > 1:
+                    log.info("client %s: will stored at try %d", client_id, tries)
                 return
             except StaleOwner:
                 log.info(
