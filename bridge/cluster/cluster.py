@@ -288,17 +288,24 @@ class Cluster:
 
     def after_stall(self, gap: float) -> bool:
         """This process did not run for `gap` seconds (`bridge.node.stalls`): nobody could ask
-        it to let a client go meanwhile, as if it had been cut off. True if it stopped serving."""
-        return self._fence_if_lapsing(
-            time.monotonic(), True, f"this process did not run for {gap:.1f} s"
-        )
-
-    def _fence_if_lapsing(self, now: float, cut_off: bool, why: str) -> bool:
-        """Stop serving if the lease may lapse while a taker could not ask this node
-        (`bridge.cluster.lease`). True if it stopped now."""
-        serving = self.holds_sessions and self._started and not self.leaving
-        if not serving or not self.lease.must_fence(now, cut_off):
+        it to let a client go meanwhile. True if its lease may have lapsed then, and it stopped
+        serving."""
+        now = time.monotonic()
+        if not self._serving() or not self.lease.lapsed_meanwhile(now):
             return False
+        self._fence(now, f"this process did not run for {gap:.1f} s")
+        return True
+
+    def _fence_if_lapsing(self, now: float, cut_off: bool, why: str) -> None:
+        """Stop serving if the lease may lapse while a taker could not ask this node
+        (`bridge.cluster.lease`)."""
+        if self._serving() and self.lease.must_fence(now, cut_off):
+            self._fence(now, why)
+
+    def _serving(self) -> bool:
+        return self.holds_sessions and self._started and not self.leaving
+
+    def _fence(self, now: float, why: str) -> None:
         log.error(
             "no heartbeat through to Redis for %.1f s, and %s: it stops serving its clients "
             "until a heartbeat goes through (another node may be taking them over)",
@@ -307,7 +314,6 @@ class Cluster:
         )
         self.node.metrics.inc("lease_fences")
         self.node.fence_clients()
-        return True
 
     def _redis_trouble(self, exc: BaseException) -> None:
         # Others' heartbeats failed too: judge nobody dead until everyone had time to beat.

@@ -74,3 +74,12 @@ def test_a_holder_that_never_lapses_nor_renews_is_waited_for_only_so_long() -> N
 def test_a_node_with_no_heartbeat_at_all_is_not_waited_for() -> None:
     registry = Leases([None])
     assert wait(registry) is True and registry.reads == 1
+
+
+def test_a_pause_stops_serving_only_if_the_lease_may_have_lapsed_in_it() -> None:
+    """A loop held up 2.8 s by a busy machine (heartbeat 4.4 s old, node_timeout 6 s) went on
+    serving before the pause check, and must: no taker serves before the lease lapses."""
+    lease = Lease(node_timeout=6.0, now=100.0)
+    assert not lease.lapsed_meanwhile(now=104.4)
+    assert lease.lapsed_meanwhile(now=105.6) and lease.fenced
+    assert not lease.lapsed_meanwhile(now=107.0)  # once per fence
