@@ -272,11 +272,7 @@ class Cluster:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(0.5)
-            stalls = self.node.stalls
-            if loop.time() - stalls.ticked > stalls.limit:
-                stalls.stalled(loop.time())  # unless a connection noticed the pause first
-            else:
-                stalls.tick(loop.time())
+            self.node.stalls.turned(loop.time())  # unless a connection noticed a pause first
             now = time.monotonic()
             for link in list(self.links.values()):
                 link.check_alive(now)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from bridge.access.reads import may_read
 from bridge.counters import Metrics
 from bridge.listeners import delivery_acks
+from bridge.listeners.closing import end_socket
 from bridge.listeners.control import HANDLERS
 from bridge.listeners.enhanced_auth import Authentication
 from bridge.listeners.faults import close_for_fault, close_for_protocol_error
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bridge.connection")
 
-LINGER_SECONDS = 1.0
-"""How long a closed connection still reads after telling the client why (see `close`)."""
 SOCKET_HIGH_WATER: Final = 256 * 1024
 READ_TURN: Final = 64 * 1024
 """A read this large is the client's last this loop turn (libuv reads up to 32 x 256 KiB):
@@ -433,15 +432,7 @@ class Connection(asyncio.Protocol):
                 self._flush_handle.cancel()
             told = self._outbox is not None
             self._flush()  # what is queued (a CONNACK with a refusal code) still goes out
-            if told and _can_write_eof(transport):
-                # Half-close and read (and drop) what the client still sends for a moment: a
-                # client that writes after our last packet would otherwise get a reset, which
-                # can discard the DISCONNECT or CONNACK that says why before it reads it.
-                transport.write_eof()
-                transport.resume_reading()
-                self.loop.call_later(LINGER_SECONDS, transport.close)
-            else:
-                transport.close()
+            end_socket(transport, self.loop, told)  # lingering, so that the client reads it
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -570,10 +561,3 @@ class Connection(asyncio.Protocol):
         self.node.lifecycle.disconnected(self, graceful=self._graceful)
         self._graceful = True
         self.close("DISCONNECT", log_it=False)
-
-
-def _can_write_eof(transport: asyncio.Transport) -> bool:
-    try:
-        return transport.can_write_eof()
-    except NotImplementedError:  # a transport of our own (WebSocket) that cannot
-        return False

@@ -45,6 +45,14 @@ class StallWatch:
         """The loop turned on time (a timer of a known period ran)."""
         self.ticked = now
 
+    def turned(self, now: float) -> None:
+        """The ticking timer ran (`now`): a tick, or, late by more than `limit` with no
+        connection having noticed yet, a stall told as one."""
+        if now - self.ticked > self.limit:
+            self.stalled(now)
+        else:
+            self.tick(now)
+
     def stalled(self, now: float) -> bool:
         """Called when `now - ticked > limit`. True if this node stopped serving: the caller
         must not act on what it read or write what it queued."""

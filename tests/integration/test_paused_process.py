@@ -34,10 +34,7 @@ async def ticking(server: Server) -> None:
     stalls = server.node.stalls
     while True:
         await asyncio.sleep(0.05)
-        if loop.time() - stalls.ticked > stalls.limit:
-            stalls.stalled(loop.time())
-        else:
-            stalls.tick(loop.time())
+        stalls.turned(loop.time())
 
 
 async def answers(reader: asyncio.StreamReader, seconds: float) -> list[object]:
