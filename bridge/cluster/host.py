@@ -78,8 +78,9 @@ class ClusterHost(Protocol):
         """Writes for these clients were refused: another node owns them now."""
         ...
 
-    async def publish_orphan_will(self, client_id: str, will: Message) -> None:
-        """Publish the will of a client whose node died."""
+    async def publish_orphan_will(self, client_id: str, will: Message, maybe_sent: bool) -> None:
+        """Publish the will of a client whose node died; `maybe_sent`: that node had begun
+        publishing it (`bridge.node.wills.publication_begun`)."""
         ...
 
     async def clear_online(self, client_id: str) -> None:

@@ -70,7 +70,7 @@ class Connection(asyncio.Protocol):
         "closed", "connected_at", "decoder", "delivery", "detached", "flow", "keepalive", "level",
         "listener", "loop", "max_packet_out", "metrics", "msgs_in", "msgs_out", "node",
         "payload_in", "payload_out", "peer", "preauth", "receive_maximum", "session",
-        "shared_encoding", "transport", "username", "v5", "will",
+        "shared_encoding", "transport", "username", "v5", "will", "will_key",
     )
     # fmt: on
 
@@ -90,6 +90,8 @@ class Connection(asyncio.Protocol):
         self.delivery: Drain | None = None
         """The task sending the session's stored messages, set by the node once connected."""
         self.will: Will | None = None
+        self.will_key = ""
+        """The key the will is published under (the one the client's online record names)."""
         self.decoder = Decoder(max_packet_size=node.config.max_packet_size)
         self.closed = False
         self.detached = False

@@ -25,7 +25,7 @@ from bridge.mqtt.reasons import ReasonCode
 from bridge.node.let_go import LetGo
 from bridge.node.registry_entries import RegistryEntries
 from bridge.node.roles import ClientLink, Spawner
-from bridge.node.wills import delay_of
+from bridge.node.wills import delay_of, publication_begun
 from bridge.router.queues import ANY_PEER
 from bridge.session import Session
 from bridge.state import Unsettled, session_filters, will_of
@@ -201,7 +201,14 @@ class ClusterOwnership:
             # The old connection ends without DISCONNECT: its will is due, and only the node
             # that took the online record (atomically, in the claim) publishes it. A delayed
             # will whose session this connection resumes is not published (MQTT-3.1.3-9).
-            self.spawn(self.wills.publish(client_id, will, clear_online=False))
+            self.spawn(
+                self.wills.publish(
+                    client_id,
+                    will,
+                    clear_online=False,
+                    maybe_sent=publication_begun(claim.online),
+                )
+            )
         if cluster.registry.epochs.get(client_id) != claim.epoch:
             # Its answer (or the registry's copy, when there is none) is older than what the
             # newer claim adopted: taking it would replace the session that claim serves.

@@ -251,11 +251,8 @@ class SessionLifecycle:
         conn.will = packet.will
         self.connections[client_id] = conn
         self.metrics.inc("connections_accepted")
-        updates.append(
-            MetaUpdate(
-                KIND_ONLINE, client_id, self.wills.online_record(client_id, conn.peer, packet.will)
-            )
-        )
+        online, conn.will_key = self.wills.online_record(client_id, conn.peer, packet.will)
+        updates.append(MetaUpdate(KIND_ONLINE, client_id, online))
         if persistent and expiry is not None:
             updates.append(MetaUpdate(KIND_SESSION, client_id, session.encode_subscriptions()))
         own_queue = client_queue(client_id)
@@ -421,7 +418,7 @@ class SessionLifecycle:
         will = conn.will
         if not graceful and will is not None:
             expiry = 0.0 if not session.persistent else session.expiry
-            self.wills.due(client_id, will, expiry)
+            self.wills.due(client_id, will, expiry, conn.will_key)
         else:
             self.spawn(self.persist_quietly([MetaUpdate(KIND_ONLINE, client_id, None)]))
         self.subscriptions.redispatch_shared(session)
@@ -492,7 +489,7 @@ class SessionLifecycle:
     # -- wills ---------------------------------------------------------------------------------
 
     async def publish_will(
-        self, client_id: str, message: Message, *, clear_online: bool = True
+        self, client_id: str, message: Message, *, maybe_sent: bool = False
     ) -> None:
-        """Publish a will once: the online record is deleted in the same atomic append."""
-        await self.wills.publish(client_id, message, clear_online=clear_online)
+        """Publish a will once, and end its client's online record (`Wills.publish`)."""
+        await self.wills.publish(client_id, message, maybe_sent=maybe_sent)

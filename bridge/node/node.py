@@ -49,6 +49,7 @@ from bridge.node.retained import RetainedMessages
 from bridge.node.stalls import StallWatch
 from bridge.node.stamp import Stamper
 from bridge.node.subscriptions import Subscriptions
+from bridge.node.wills import publication_begun
 from bridge.operations.metering import Meter
 from bridge.operations.systopics import SysTopics
 from bridge.router.plan import ConnectionTable
@@ -316,7 +317,7 @@ class Node:
             will = will_of(data)
             if will is not None:
                 log.info("publishing the will of %s, connected when the node stopped", client_id)
-                await lifecycle.publish_will(client_id, will)
+                await lifecycle.publish_will(client_id, will, maybe_sent=publication_begun(data))
             else:
                 await store.put_meta([MetaUpdate(KIND_ONLINE, client_id, None)])
         log.info(
@@ -491,9 +492,10 @@ class Node:
         assert self.ownership is not None
         return self.ownership.release(client_id, epoch)
 
-    async def publish_orphan_will(self, client_id: str, will: Message) -> None:
-        """Publish the will of a client whose node died (its online record goes with it)."""
-        await self.lifecycle.publish_will(client_id, will)
+    async def publish_orphan_will(self, client_id: str, will: Message, maybe_sent: bool) -> None:
+        """Publish the will of a client whose node died (its online record goes with it);
+        `maybe_sent`: that node had begun publishing it."""
+        await self.lifecycle.publish_will(client_id, will, maybe_sent=maybe_sent)
 
     async def clear_online(self, client_id: str) -> None:
         """Delete a client's online record (a dead node's client that left no will)."""

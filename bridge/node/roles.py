@@ -51,6 +51,7 @@ class ClientLink(Protocol):
     """The task sending its session's stored messages, once connected (set and cleared by the
     node's `SessionLifecycle`)."""
     will: Will | None
+    will_key: str
     closed: bool
     detached: bool
     close_reason: str

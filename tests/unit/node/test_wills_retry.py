@@ -1,5 +1,6 @@
 """A will the store cannot take now is stored later, once: the client cannot send it again.
-(The nemesis found a will lost when its client died as the Redis master froze.)"""
+(The nemesis found a will lost when its client died as the Redis master froze, and another
+when the broker's disk was full and the node was taken over before it could try again.)"""
 
 from __future__ import annotations
 
@@ -9,9 +10,17 @@ from typing import Any
 
 import pytest
 
+from bridge.mqtt.packets import Will
 from bridge.node import wills as wills_module
-from bridge.node.wills import Wills
-from bridge.storage.base import Message, RecordsNotWritten, StaleOwner, StoreUnavailable
+from bridge.node.wills import Wills, publication_begun
+from bridge.state import KIND_ONLINE, will_of
+from bridge.storage.base import (
+    Message,
+    MetaUpdate,
+    RecordsNotWritten,
+    StaleOwner,
+    StoreUnavailable,
+)
 
 
 class Counts:
@@ -30,6 +39,10 @@ class KeyedStore:
         self.found = found
         self.asked: list[tuple[str, str]] = []
         self.traits = SimpleNamespace(atomic_meta=atomic)
+        self.put: list[MetaUpdate] = []
+
+    async def put_meta(self, updates: list[MetaUpdate]) -> None:
+        self.put.extend(updates)
 
     async def find_key(self, topic: str, key: str) -> bool:
         self.asked.append((topic, key))
@@ -61,13 +74,14 @@ def publish(
     failures: list[BaseException],
     monkeypatch: pytest.MonkeyPatch,
     store: KeyedStore | None = None,
+    maybe_sent: bool = False,
 ) -> tuple[Any, ...]:
     monkeypatch.setattr(wills_module, "RETRY_FIRST", 0.001)
     monkeypatch.setattr(wills_module, "RETRY_MAX", 0.002)
     publisher, metrics = FlakyPublisher(failures, store or KeyedStore([])), Counts()
     wills = Wills(publisher=publisher, metrics=metrics, spawn=None)  # type: ignore[arg-type]
     will = Message(topic="dead/c1", payload=b"gone", qos=1)
-    asyncio.run(wills.publish("c1", will))
+    asyncio.run(wills.publish("c1", will, maybe_sent=maybe_sent))
     return publisher, metrics
 
 
@@ -75,10 +89,72 @@ def test_a_will_the_store_could_not_take_is_stored_when_it_can_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     down = [StoreUnavailable("Redis timed out") for _ in range(3)]
-    publisher, metrics = publish(down, monkeypatch)
+    store = KeyedStore([], atomic=True)
+    publisher, metrics = publish(down, monkeypatch, store)
     assert publisher.attempts == 4 and len(publisher.routed) == 1
     assert [u.value for u in publisher.routed[0][1]] == [None]  # the online record goes with it
     assert metrics.counts["wills_retried"] == 3
+
+
+def test_a_will_whose_send_fails_stays_in_its_record_until_it_is_stored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where records are written apart from the message (RocketMQ with Redis), each try first
+    rewrites the online record as being published, with the will and its key; the record is
+    deleted only once the will is stored. Found by the nemesis: the record deleted before a
+    send the full disk refused left a node that took the client over no will to publish."""
+    store = KeyedStore([])
+    publisher, _ = publish([StoreUnavailable("the broker's disk is full")], monkeypatch, store)
+    assert publisher.attempts == 2 and len(publisher.routed) == 1
+    (record,) = publisher.routed[0][1]
+    assert record.kind == KIND_ONLINE and publication_begun(record.value)
+    will = will_of(record.value)
+    assert will is not None and will.key == "n1-boot-1" and will.payload == b"gone"
+    assert [(u.kind, u.value) for u in store.put] == [(KIND_ONLINE, None)]
+
+
+def test_a_will_taken_over_after_its_publication_began_is_not_sent_again_if_stored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = KeyedStore([True])
+    publisher, _ = publish([], monkeypatch, store, maybe_sent=True)
+    assert publisher.attempts == 0 and store.asked == [("dead/c1", "n1-boot-1")]
+    assert [(u.kind, u.value) for u in store.put] == [(KIND_ONLINE, None)]
+
+
+def test_a_will_taken_over_after_its_publication_began_is_sent_if_not_stored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = KeyedStore([False])
+    publisher, _ = publish([], monkeypatch, store, maybe_sent=True)
+    assert publisher.attempts == 1 and len(publisher.routed) == 1
+
+
+def test_a_will_is_published_under_the_key_its_online_record_names() -> None:
+    """So that a node taking the record over can look the will up in the store."""
+    keys = iter(["n1-boot-7", "n1-boot-8"])
+    stamper = SimpleNamespace(
+        node_id="n1",
+        stamp=lambda topic, payload, qos, retain, publisher: Message(
+            topic=topic, payload=payload, qos=qos, retain=retain, key=next(keys)
+        ),
+    )
+    publisher = SimpleNamespace(stamper=stamper)
+    spawned: list[Any] = []
+    wills = Wills(publisher=publisher, metrics=Counts(), spawn=spawned.append)  # type: ignore[arg-type]
+    record, key = wills.online_record("c1", "10.0.0.1:5000", Will("dead/c1", b"gone", 1))
+    recorded = will_of(record)
+    assert recorded is not None and recorded.key == key == "n1-boot-7"
+    captured: list[Message] = []
+
+    async def publish(client_id: str, message: Message, **_: Any) -> None:
+        captured.append(message)
+
+    wills.publish = publish  # type: ignore[method-assign]
+    wills.due("c1", Will("dead/c1", b"gone", 1), None, key)
+    asyncio.run(spawned[0])
+    assert [m.key for m in captured] == ["n1-boot-7"]
+    assert not publication_begun(record)
 
 
 def test_a_will_of_a_client_another_node_took_over_is_left_to_that_node(
