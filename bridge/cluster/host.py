@@ -78,9 +78,11 @@ class ClusterHost(Protocol):
         """Writes for these clients were refused: another node owns them now."""
         ...
 
-    async def publish_orphan_will(self, client_id: str, will: Message, maybe_sent: bool) -> None:
-        """Publish the will of a client whose node died; `maybe_sent`: that node had begun
-        publishing it (`bridge.node.wills.publication_begun`)."""
+    async def publish_orphan_will(
+        self, client_id: str, will: Message, online: bytes | None
+    ) -> None:
+        """Publish the will of a client whose node died, taken from its `online` record (which
+        says whether that node had begun publishing it)."""
         ...
 
     async def clear_online(self, client_id: str) -> None:

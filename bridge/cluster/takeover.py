@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Protocol
 from redis.exceptions import RedisError
 
 from bridge.cluster import wire
-from bridge.node.wills import publication_begun
 from bridge.state import session_filters, will_of
 from bridge.storage.base import StoreUnavailable
 
@@ -74,7 +73,7 @@ async def take_over_node(cluster: TakingOver, dead: str) -> None:
         will = will_of(claim.online)
         if will is not None:
             wills += 1
-            await node.publish_orphan_will(client_id, will, publication_begun(claim.online))
+            await node.publish_orphan_will(client_id, will, claim.online)
         elif claim.online is not None:
             await node.clear_online(client_id)
         if claim.was_clean or "subs" not in claim.records:

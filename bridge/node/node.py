@@ -492,10 +492,12 @@ class Node:
         assert self.ownership is not None
         return self.ownership.release(client_id, epoch)
 
-    async def publish_orphan_will(self, client_id: str, will: Message, maybe_sent: bool) -> None:
+    async def publish_orphan_will(
+        self, client_id: str, will: Message, online: bytes | None
+    ) -> None:
         """Publish the will of a client whose node died (its online record goes with it);
-        `maybe_sent`: that node had begun publishing it."""
-        await self.lifecycle.publish_will(client_id, will, maybe_sent=maybe_sent)
+        looked up in the store first if that node had begun publishing it."""
+        await self.lifecycle.publish_will(client_id, will, maybe_sent=publication_begun(online))
 
     async def clear_online(self, client_id: str) -> None:
         """Delete a client's online record (a dead node's client that left no will)."""
