@@ -3,18 +3,26 @@ bytes free."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 
 def fill(disk: Path, leave: int, name: str = "filler") -> Path:
     """Write `disk/name` so that `leave` bytes of `disk` stay free (none written if fewer are
-    free already); return its path."""
+    free already); return its path. A process writing to the disk meanwhile may fill it first:
+    then the filler ends where the disk did (the disk is full, as asked, with less left)."""
     filler = disk / name
     stat = os.statvfs(disk)
     size = stat.f_bavail * stat.f_frsize - leave
     chunk = b"\0" * (1 << 20)
-    with open(filler, "wb") as out:
+    with open(filler, "wb", buffering=0) as out:
         while size > 0:
-            size -= out.write(chunk[: min(size, len(chunk))])
+            try:
+                written = out.write(chunk[: min(size, len(chunk))])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+            size -= written or 0
     return filler
