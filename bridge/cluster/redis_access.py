@@ -311,9 +311,11 @@ def explain(exc: BaseException, access: RedisAccess) -> str | None:
         )
     if "SSL" in text or isinstance(exc.__context__, ssl.SSLError):
         return _tls_failure(text)
-    if access.uses_tls and not access.tls_certfile and "reset by peer" in text:
+    closed = "reset by peer" in text or "closed by the server" in text
+    if access.uses_tls and not access.tls_certfile and closed:
         # TLS 1.3: a server that wants a client certificate says so after the client's side
-        # of the handshake is done, often as a bare reset.
+        # of the handshake is done, often as a bare reset, or as the end of the connection
+        # when the client's first command is written before the server's alert arrives.
         return (
             "redis_tls_certfile/redis_tls_keyfile: Redis closed the TLS connection; it may "
             "want a client certificate (tls-auth-clients)"

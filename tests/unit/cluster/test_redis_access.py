@@ -122,6 +122,13 @@ def test_the_command_line_tools_read_the_settings_from_the_environment(tmp_path:
             RedisAccess(tls=True),
             "redis_tls_certfile/redis_tls_keyfile:",
         ),
+        (
+            # The same refusal when the first command went out before the server's alert
+            # (seen in CI under load).
+            ConnectionError("Connection closed by the server before write"),
+            RedisAccess(tls=True),
+            "redis_tls_certfile/redis_tls_keyfile:",
+        ),
     ],
 )
 def test_a_refusal_is_explained_by_the_setting_to_fix(
