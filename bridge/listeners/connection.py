@@ -1,11 +1,14 @@
-"""One client connection: bytes in -> codec -> node; node -> bytes out. Keepalive, flow control.
+"""One client connection: bytes in -> codec -> node; node -> bytes out, and flow control.
 
 `Connection` is an `asyncio.Protocol`; the MQTT rules live in the codec (`bridge.mqtt`), the
 session (`bridge.session`) and the node (`bridge.node`). This module owns what is specific to a
 socket: reading it (no more than a read's worth per loop turn), writing to it (one write per
 loop turn, of a `bridge.listeners.outbox.Outbox`), telling its flow control
 (`bridge.node.flow.ConnectionFlow`) what happened, pausing deliveries when the client reads
-slower than we write, CONNECT, and closing with a log line that names the client and the fault.
+slower than we write, holding a client's packets while something they depend on runs, and
+closing with a log line that names the client and the fault. How a client gets in and stays in
+(its CONNECT, the CONNACK's and the keepalive's deadlines, DISCONNECT) is
+`bridge.listeners.connecting`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from bridge.access.reads import may_read
 from bridge.counters import Metrics
-from bridge.listeners import delivery_acks
+from bridge.listeners import connecting, delivery_acks
 from bridge.listeners.closing import end_socket
 from bridge.listeners.control import HANDLERS
 from bridge.listeners.enhanced_auth import Authentication
@@ -25,7 +28,7 @@ from bridge.listeners.inbound import Inbound
 from bridge.listeners.outbox import WRITE_AT, Outbox
 from bridge.listeners.preauth import PreAuth
 from bridge.listeners.tls import peer_cert_cn
-from bridge.listeners.v5 import NO_LIMIT, Version5, connack_accepting, disconnect_saying
+from bridge.listeners.v5 import NO_LIMIT, Version5, disconnect_saying
 from bridge.mqtt import codec
 from bridge.mqtt.codec import Decoder
 from bridge.mqtt.errors import MQTTProtocolError
@@ -64,13 +67,13 @@ class Connection(asyncio.Protocol):
     # Slots, not a __dict__: a node holds tens of thousands of idle connections.
     # fmt: off
     __slots__ = (
-        "_connecting", "_deadline", "_flush_handle", "_graceful", "_held", "_holds", "_inbound",
-        "_keepalive_limit", "_last_rx", "_outbox", "_paused_writing", "_stalls", "auth", "cert_cn",
-        "client_id", "close_reason",
-        "closed", "connected_at", "decoder", "delivery", "detached", "flow", "keepalive", "level",
-        "listener", "loop", "max_packet_out", "metrics", "msgs_in", "msgs_out", "node",
-        "payload_in", "payload_out", "peer", "preauth", "receive_maximum", "session",
-        "shared_encoding", "transport", "username", "v5", "will", "will_key",
+        "_flush_handle", "_held", "_holds", "_inbound", "_outbox", "_paused_writing", "_stalls",
+        "auth", "cert_cn", "client_id", "close_reason", "closed", "connected_at", "connecting",
+        "deadline", "decoder", "delivery", "detached", "flow", "graceful", "keepalive",
+        "keepalive_limit", "last_rx", "level", "listener", "loop", "max_packet_out", "metrics",
+        "msgs_in", "msgs_out", "node", "payload_in", "payload_out", "peer", "preauth",
+        "receive_maximum", "session", "shared_encoding", "transport", "username", "v5", "will",
+        "will_key",
     )
     # fmt: on
 
@@ -95,8 +98,10 @@ class Connection(asyncio.Protocol):
         self.decoder = Decoder(max_packet_size=node.config.max_packet_size)
         self.closed = False
         self.detached = False
-        self._graceful = False
-        self._connecting = False
+        self.graceful = False
+        """True once the client ended its session's connection with DISCONNECT (no will)."""
+        self.connecting = False
+        """True while the login of its CONNECT runs: later packets are held meanwhile."""
         self._held: list[Any] | None = None
         self._holds = 0
         self._outbox: bytes | Outbox | None = None
@@ -126,9 +131,11 @@ class Connection(asyncio.Protocol):
         0x93, as MQTT-3.3.4-9 says)."""
         self.auth: Authentication | None = None
         """The MQTT 5.0 enhanced authentication of the connection (None: none)."""
-        self._keepalive_limit = 0.0
-        self._last_rx = 0.0
-        self._deadline = NONE
+        self.keepalive_limit = 0.0
+        """Seconds without a packet after which the client is gone (0: no keepalive yet)."""
+        self.last_rx = 0.0
+        """Loop time of the last read (or of reading again after a pause)."""
+        self.deadline = NONE
         """Its bucket in the node's `Deadlines`: the CONNACK's, then the keepalive's."""
         self.preauth: PreAuth | None = None
         """What the client may make us hold until its CONNACK (None: logged in, or refused)."""
@@ -156,14 +163,14 @@ class Connection(asyncio.Protocol):
         self.cert_cn = peer_cert_cn(tcp)
         tcp.set_write_buffer_limits(high=min(SOCKET_HIGH_WATER, self.node.config.write_buffer_high))
         self.node.connection_count += 1
-        self._last_rx = now = self.loop.time()
-        self._deadline = self.node.deadlines.add(self, now + self.node.config.connect_timeout)
+        self.last_rx = now = self.loop.time()
+        self.deadline = self.node.deadlines.add(self, now + self.node.config.connect_timeout)
         self.preauth = PreAuth.arrive(self)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self._last_rx = now = self.loop.time()
+        self.last_rx = now = self.loop.time()
         stalls = self._stalls
         if now - stalls.ticked > stalls.limit and stalls.stalled(now):
             return  # this process was paused, and this node stopped serving meanwhile
@@ -193,7 +200,7 @@ class Connection(asyncio.Protocol):
             if type(packet) is Auth and self.auth is not None and self.auth.waiting:
                 self.auth.on_auth(packet)  # the answer an exchange waits for, never held
                 continue
-            if self._connecting or self._holds:
+            if self.connecting or self._holds:
                 if self._held is None:
                     self._held = []
                 self._held.append(packet)
@@ -203,7 +210,7 @@ class Connection(asyncio.Protocol):
             close_for_protocol_error(self, error, self.decoder.protocol_level)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._deadline = self.node.deadlines.remove(self, self._deadline)
+        self.deadline = self.node.deadlines.remove(self, self.deadline)
         if self.preauth is not None:
             self.preauth.leave()
             self.preauth = None
@@ -215,13 +222,13 @@ class Connection(asyncio.Protocol):
         self.flow.closed()
         if not self.closed:
             self.closed = True
-            if self.session is not None and not self._graceful:
+            if self.session is not None and not self.graceful:
                 reason = f"connection lost: {exc}" if exc else "connection closed by client"
                 self.close_reason = reason
                 log.info("client %s (%s): %s", self.client_id, self.peer, reason)
         self.node.connection_count -= 1
         self.node.qos0_flow.gone(self)
-        self.node.lifecycle.disconnected(self, graceful=self._graceful)
+        self.node.lifecycle.disconnected(self, graceful=self.graceful)
 
     def pause_writing(self) -> None:
         self._paused_writing = True
@@ -242,7 +249,7 @@ class Connection(asyncio.Protocol):
     def release_reading(self, reason: int) -> None:
         """End one reason to stop reading; with none left, read on."""
         if self.flow.release(reason):
-            self._last_rx = self.loop.time()  # a client that was not read was not silent
+            self.last_rx = self.loop.time()  # a client that was not read was not silent
 
     def limit_publishes(self, messages_per_second: float, bytes_per_second: float) -> None:
         """Pace what the client sends to these rates (0: unlimited) by reading it later."""
@@ -349,23 +356,8 @@ class Connection(asyncio.Protocol):
     def start_v5(
         self, connect_props: dict[int, Any], chosen: dict[int, Any], session_present: bool
     ) -> None:
-        """Accept a v5 CONNECT: take the client's limits, answer CONNACK with the server's
-        (and what it `chosen` differently from what the client asked)."""
-        config = self.node.config
-        v5 = self.v5 = Version5(connect_props, config.topic_alias_maximum)
-        self.shared_encoding = 0 if v5.alias_out_max else 5
-        self.max_packet_out = v5.maximum_packet_size
-        auth = self.auth
-        self.send(
-            connack_accepting(
-                session_present=session_present,
-                receive_maximum=self.receive_maximum,
-                maximum_packet_size=config.max_packet_size,
-                topic_alias_maximum=config.topic_alias_maximum,
-                chosen=chosen,
-                auth=None if auth is None else (auth.method, auth.final),
-            )
-        )
+        """Accept a v5 CONNECT and answer CONNACK (`bridge.listeners.connecting.accept_v5`)."""
+        connecting.accept_v5(self, connect_props, chosen, session_present)
 
     def encode_message(
         self,
@@ -427,7 +419,7 @@ class Connection(asyncio.Protocol):
         if log_it:
             level = logging.INFO if taken_over else logging.WARNING
             log.log(level, "client %s (%s): closing: %s", self.client_id or "-", self.peer, reason)
-        self._deadline = self.node.deadlines.remove(self, self._deadline)
+        self.deadline = self.node.deadlines.remove(self, self.deadline)
         transport = self.transport
         if transport is not None:
             if self._flush_handle is not None:
@@ -442,7 +434,7 @@ class Connection(asyncio.Protocol):
         try:
             if self.session is None:
                 if isinstance(packet, Connect):
-                    self._start_connect(packet)
+                    connecting.start(self, packet)
                 else:
                     first = type(packet).__name__
                     fault = f"first packet is {first}, not CONNECT (MQTT-3.1.0-1)"
@@ -476,32 +468,6 @@ class Connection(asyncio.Protocol):
             )
             self.close("internal error", reason_code=ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
 
-    def _start_connect(self, packet: Connect) -> None:
-        self.level = packet.protocol_level
-        self._connecting = True
-        if self.preauth is not None:
-            self.preauth.deciding()  # at once: the login's task starts a loop turn later
-        self.node.spawn(self._connect(packet))
-
-    async def _connect(self, packet: Connect) -> None:
-        preauth = self.preauth
-        try:
-            session = None if preauth is None else await preauth.log_in(packet)
-        finally:
-            self._connecting = False
-        if session is None or self.closed:
-            return
-        self.preauth = None
-        self._deadline = self.node.deadlines.remove(self, self._deadline)
-        limits = self.node.limits.current
-        if limits.paces_publishes:
-            self.limit_publishes(limits.client_publish_rate, limits.client_publish_bytes_rate)
-        keepalive = self.keepalive  # granted by the lifecycle (capped by max_keepalive)
-        if keepalive:
-            self._keepalive_limit = keepalive * 1.5
-            self._deadline = self.node.deadlines.add(self, self.loop.time() + self._keepalive_limit)
-        self._handle_held()
-
     def hold(self) -> None:
         """Keep further packets of this client unhandled until `release` (while the node
         finishes something later packets depend on, e.g. the start offsets of a SUBSCRIBE)."""
@@ -510,35 +476,18 @@ class Connection(asyncio.Protocol):
     def release(self) -> None:
         """End one `hold`; handle the packets held meanwhile, in order."""
         self._holds -= 1
-        self._handle_held()
+        self.handle_held()
 
-    def _handle_held(self) -> None:
+    def handle_held(self) -> None:
         held = self._held
-        while held and not self._holds and not self._connecting and not self.closed:
+        while held and not self._holds and not self.connecting and not self.closed:
             self._handle(held.pop(0))
         if held is self._held and not held:
             self._held = None  # (an idle client keeps no list)
 
     def deadline_due(self) -> None:
-        """No CONNACK within `connect_timeout`, or the keepalive may have lapsed."""
-        self._deadline = NONE
-        if self.closed:
-            return
-        if not self._keepalive_limit:
-            if self.session is None and self.preauth is not None:
-                self.preauth.timed_out(self._connecting)
-            return
-        now = self.loop.time()
-        # A client that is not read is not silent (`release_reading` notes when it is read again).
-        idle = 0.0 if self.flow.pauses else now - self._last_rx
-        if idle >= self._keepalive_limit:
-            self.node.metrics.inc("keepalive_timeouts")
-            self.close(
-                f"keepalive timeout: nothing received for {idle:.1f} s (MQTT-3.1.2-24)",
-                reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT,
-            )
-            return
-        self._deadline = self.node.deadlines.add(self, now - idle + self._keepalive_limit)
+        """The CONNACK's or the keepalive's deadline (`bridge.listeners.connecting`)."""
+        connecting.deadline_due(self)
 
     def hold_acks(self, reason: str) -> None:
         """Hold this client's PUBACKs/PUBRECs, in order (see `Inbound.hold_acks`)."""
@@ -549,17 +498,5 @@ class Connection(asyncio.Protocol):
         self.inbound.release_acks(reason)
 
     def disconnect_received(self, packet: Disconnect) -> None:
-        """The client said DISCONNECT: a v5 client may change its session expiry with it (or
-        be refused for asking wrongly); then the session's connection ends, gracefully unless
-        the reason code asks for the will."""
-        assert self.session is not None
-        if self.v5 is not None and not self.node.lifecycle.disconnect_v5(
-            self, self.session, packet
-        ):
-            return
-        # DISCONNECT with reason 0x04 asks for the will to be published all the same.
-        self._graceful = packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL
-        log.debug("client %s: DISCONNECT", self.client_id)
-        self.node.lifecycle.disconnected(self, graceful=self._graceful)
-        self._graceful = True
-        self.close("DISCONNECT", log_it=False)
+        """The client said DISCONNECT (`bridge.listeners.connecting.disconnect_received`)."""
+        connecting.disconnect_received(self, packet)
