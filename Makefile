@@ -111,7 +111,7 @@ lint: install
 	bridge/node/delayed.py bridge/storage/base.py bridge/storage/message.py bridge/fields.py \
 	bridge/listeners/v5.py bridge/listeners/link.py bridge/listeners/enhanced_auth.py \
 	bridge/listeners/inbound.py bridge/listeners/delivery_acks.py bridge/listeners/preauth.py \
-bridge/listeners/connecting.py \
+bridge/listeners/connecting.py bridge/operations/admin_clients.py \
 	bridge/access/login_queue.py bridge/access/login_guard.py \
 	bridge/access/ratelimit.py bridge/access/watch.py bridge/listeners/origins.py bridge/node/flow.py \
 		bridge/logtext.py bridge/private_files.py bridge/listeners/exposure.py \

@@ -12,29 +12,26 @@ request head (`admin_listener`), request bodies in size, time and JSON nesting (
 Handlers read the node's tables directly: they run on the node's event loop, so what they read is
 consistent up to their next `await`, as for everything else the node does.
 
-In a cluster a client is inspected or kicked where its session lives. A node that does not hold
-it asks the registry which node owns it and forwards the request to that node's admin API (the
-address every node publishes in its heartbeat). A forwarded request is a node call: signed with
-the cluster secret for that one node (`admin_node_calls`), never carrying the operator's token,
-accepted only on the routes marked `node_calls`, and answered locally, never forwarded again.
+Groups of endpoints live in modules of their own, each a part of this API (`Route.part`): the
+clients (`admin_clients`), topics, limits, bans, the console and access. In a cluster a client is
+inspected or kicked where its session lives: `admin_clients` forwards the request to the owning
+node as a node call, signed with the cluster secret for that one node (`admin_node_calls`) and
+never carrying the operator's token; a node call is accepted only on the routes marked
+`node_calls`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import aiohttp
 from aiohttp import web
-from yarl import URL
 
 from bridge import __version__
 from bridge.cluster.credential import read_cluster_secrets
@@ -42,10 +39,11 @@ from bridge.cluster.redis_errors import redis_errors
 from bridge.operations.admin_access import AccessAPI
 from bridge.operations.admin_bans import BansAPI
 from bridge.operations.admin_bodies import publish_body_limit
+from bridge.operations.admin_clients import ClientsAPI
 from bridge.operations.admin_console import ConsoleAPI
 from bridge.operations.admin_limits import LimitsAPI
 from bridge.operations.admin_listener import HTTP_LOG, AdminConnections, AdminSite
-from bridge.operations.admin_node_calls import NodeCalls, forwarded_by
+from bridge.operations.admin_node_calls import NodeCalls
 from bridge.operations.admin_openapi import openapi_document
 from bridge.operations.admin_requests import (
     API_PREFIX,
@@ -53,27 +51,21 @@ from bridge.operations.admin_requests import (
     Route,
     advertised,
     error_response,
-    keyset_page,
-    page_limit,
     query_params,
     write_token_file,
 )
 from bridge.operations.admin_topics import TopicsAPI
 from bridge.operations.metering import CLIENT, USER
-from bridge.operations.node_calls import WINDOW, is_node_call
+from bridge.operations.node_calls import is_node_call
 from bridge.settings import parse_listen
 
 if TYPE_CHECKING:
-    from bridge.listeners.connection import Connection
     from bridge.node import Node
     from bridge.operations.served import Served
-    from bridge.session import Session
 
 log = logging.getLogger("bridge.admin")
 
-FORWARD_TIMEOUT = 5.0
 TOKEN_FILE = "admin-token"
-PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _CHALLENGE = 'Bearer realm="mqtt-bridge"'
@@ -87,9 +79,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/metrics", "metrics"),
     Route("GET", "/nodes", "nodes"),
     Route("GET", "/connections/count", "connection_count"),
-    Route("GET", "/clients", "list_clients"),
-    Route("GET", "/clients/{clientid:.+}", "get_client", node_calls=True),
-    Route("DELETE", "/clients/{clientid:.+}", "kick_client", node_calls=True),
+    Route("GET", "/clients", "list_clients", part="clients"),
+    Route("GET", "/clients/{clientid:.+}", "get_client", part="clients", node_calls=True),
+    Route("DELETE", "/clients/{clientid:.+}", "kick_client", part="clients", node_calls=True),
     Route("GET", "/subscriptions", "list_subscriptions", part="topics"),
     Route("GET", "/retained", "list_retained", part="topics"),
     Route("GET", "/retained/{topic:.*}", "get_retained", part="topics"),
@@ -129,7 +121,6 @@ class AdminAPI:
         self.started = time.time()
         self.advertise = ""
         self._runner: web.AppRunner | None = None
-        self._http: aiohttp.ClientSession | None = None
         self._public = {r.prefix + r.path for r in ROUTES if r.public}
         self.admin_connections = AdminConnections(
             self.config.admin_header_timeout, self.config.admin_max_connections
@@ -151,6 +142,7 @@ class AdminAPI:
             middlewares=[self._errors_and_auth],
             client_max_size=publish_body_limit(self.config.max_packet_size),
         )
+        self.clients = ClientsAPI(self)
         self.topics = TopicsAPI(self)
         self.limits = LimitsAPI(self)
         self.bans = BansAPI(self)
@@ -187,7 +179,7 @@ class AdminAPI:
         await AdminSite(self._runner, host, port, self.admin_connections).start()
         bound = self._runner.addresses[0][1] if self._runner.addresses else port
         self.advertise = advertised(self.config.admin_listen, bound)
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
+        self.clients.start()
         self.started = time.time()
         self.ready = True
         log.info(
@@ -200,9 +192,7 @@ class AdminAPI:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self.clients.stop()
 
     # -- errors and authorization ----------------------------------------------------------------
 
@@ -375,154 +365,6 @@ class AdminAPI:
         )
         return web.json_response({"node": local, "cluster": total})
 
-    # -- clients ---------------------------------------------------------------------------------
-
-    async def get_client(self, request: web.Request) -> web.Response:
-        """A client's session and connection, from the node that holds it."""
-        query_params(request, ())
-        client_id = request.match_info["clientid"]
-        elsewhere = await self._answer_of_owner(request, client_id)
-        if elsewhere is not None:
-            return elsewhere
-        session = self.node.sessions.get(client_id)
-        if session is None:
-            raise ApiError(404, f"unknown client {client_id!r}")
-        return web.json_response(self._client_detail(session))
-
-    async def kick_client(self, request: web.Request) -> web.Response:
-        """Close a client's connection as a network failure would: its will is published."""
-        query_params(request, ())
-        client_id = request.match_info["clientid"]
-        elsewhere = await self._answer_of_owner(request, client_id)
-        if elsewhere is not None:
-            return elsewhere
-        if self.node.kick(client_id, "kicked by the admin API"):
-            log.info("admin API: kicked client %s", client_id)
-            return web.json_response(
-                {"kicked": True, "client_id": client_id, "node": self.node.node_id}
-            )
-        if client_id in self.node.sessions:
-            raise ApiError(409, f"client {client_id!r} is not connected")
-        raise ApiError(404, f"unknown client {client_id!r}")
-
-    async def list_clients(self, request: web.Request) -> web.Response:
-        """This node's sessions (connected or not) by ClientId, a page at a time."""
-        params = query_params(request, ("limit", "after"))
-        limit = page_limit(params)
-        sessions = self.node.sessions
-        page, next_after = keyset_page(sorted(sessions), params.get("after"), limit)
-        items = [self._client_summary(sessions[client_id]) for client_id in page]
-        return web.json_response({"node": self.node.node_id, "items": items, "next": next_after})
-
-    def _client_summary(self, session: Session) -> dict[str, Any]:
-        conn = self.node.connections.get(session.client_id)
-        return {
-            "client_id": session.client_id,
-            "connected": conn is not None,
-            "peer": conn.peer if conn is not None else None,
-            "persistent": session.persistent,
-            "subscriptions": len(session.subscriptions) + len(session.shared),
-            "inflight": len(session.inflight),
-            "queued": self._queue_depth(session),
-        }
-
-    def _client_detail(self, session: Session) -> dict[str, Any]:
-        node = self.node
-        conn = node.connections.get(session.client_id)
-        detail: dict[str, Any] = {
-            "client_id": session.client_id,
-            "node": node.node_id,
-            "connected": conn is not None,
-            "peer": None,
-            "ip": None,
-            "connected_at": None,
-            "disconnected_at": None if conn is not None else session.disconnected_at or None,
-            "username": None,
-            "protocol": None,
-            "keepalive": None,
-            "clean_session": not session.persistent,
-            "persistent": session.persistent,
-            "subscriptions": {**session.subscriptions, **session.shared},
-            "inflight": len(session.inflight),
-            "queued": self._queue_depth(session),
-            "dropped_queue_full": session.dropped_queue_full,
-            "dropped_retention": session.dropped_retention,
-        }
-        if conn is not None:
-            # The node's table holds the listeners' connections (it types them by the narrow
-            # role it uses); here the whole connection is read.
-            detail.update(self._connection_fields(cast("Connection", conn)))
-        return detail
-
-    def _connection_fields(self, conn: Connection) -> dict[str, Any]:
-        level = conn.decoder.protocol_level
-        keepalive = conn.keepalive
-        return {
-            "peer": conn.peer,
-            "ip": conn.peer.rpartition(":")[0] or None,
-            "connected_at": conn.connected_at or None,
-            "username": conn.username,
-            "protocol": PROTOCOLS.get(level, f"level {level}"),
-            "keepalive": keepalive,
-        }
-
-    def _queue_depth(self, session: Session) -> int:
-        """Messages waiting to be sent to the session (beyond those in flight)."""
-        end_offset = self.node.store.end_offset
-        return sum(max(0, end_offset(q) - cursor) for q, cursor in session.cursors.items())
-
-    async def _answer_of_owner(self, request: web.Request, client_id: str) -> web.Response | None:
-        """If another cluster member owns `client_id`, its answer to this request; None if the
-        client is connected here, owned by this node or nobody, or the request was forwarded
-        here already (it is answered here, never forwarded twice)."""
-        cluster = self.server.cluster
-        if (
-            cluster is None
-            or client_id in self.node.connections
-            or forwarded_by(request) is not None
-        ):
-            return None
-        owner = await self.registry_call(cluster.registry.owner(client_id))
-        if not owner or owner == self.node.node_id:
-            return None
-        return await self._forward(request, owner, client_id)
-
-    async def _forward(self, request: web.Request, owner: str, client_id: str) -> web.Response:
-        """Answer with what the owning node's admin API answers to the same request."""
-        cluster = self.server.cluster
-        assert cluster is not None and self._http is not None
-        alive, _dead = await self.registry_call(cluster.registry.members())
-        if owner not in alive:
-            raise ApiError(
-                503,
-                f"client {client_id!r} is held by node {owner}, which is not alive (its "
-                "sessions are being taken over)",
-            )
-        address = alive[owner].get("admin")
-        if not address:
-            raise ApiError(503, f"node {owner} does not serve the admin API")
-        if not self.node_calls.can_call:
-            raise ApiError(
-                503,
-                f"client {client_id!r} is held by node {owner}, and this node has no "
-                "cluster secret to call it with",
-            )
-        url = URL(f"http://{address}{API_PREFIX}/clients/{quote(client_id, safe='')}", encoded=True)
-        headers = self.node_calls.signed_headers(request.method, url, owner)
-        try:
-            async with self._http.request(request.method, url, headers=headers) as response:
-                body = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ApiError(503, f"node {owner} ({address}) did not answer: {exc!r}") from None
-        if status == 401:
-            raise ApiError(
-                503,
-                f"node {owner} refused this node's call ({_error_of(body)}): every node needs "
-                f"the same cluster secret and clocks within {WINDOW:.0f} s of each other",
-            )
-        return web.Response(body=body, status=status, content_type="application/json")
-
     async def registry_call(self, call: Coroutine[Any, Any, T]) -> T:
         """A registry (Redis) call, bounded; 503 if Redis does not answer."""
         try:
@@ -539,15 +381,6 @@ def _http_error_message(request: web.Request, exc: web.HTTPException) -> str:
         return f"method {request.method} not allowed on {request.path} (allowed: {allowed})"
     text = exc.text or ""
     return text if text and not text.startswith(f"{exc.status}:") else exc.reason
-
-
-def _error_of(body: bytes) -> str:
-    """The `error` of a JSON error answer, or a note that there is none."""
-    try:
-        error = json.loads(body).get("error")
-    except (ValueError, AttributeError):
-        error = None
-    return str(error) if error else "no error message"
 
 
 def _allow(exc: web.HTTPException) -> dict[str, str] | None:
