@@ -87,7 +87,7 @@ dist: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/access/auth.py \
+	$(BIN)/mypy bridge/mqtt bridge/router bridge/session.py bridge/access/auth.py bridge/access/hashes.py \
 		bridge/access/passwd.py bridge/access/acl.py bridge/access/ttlcache.py bridge/access/scram.py \
 		bridge/access/explain.py bridge/access/ownership.py bridge/access/reads.py \
 		bridge/access/bans.py bridge/access/banlist.py \

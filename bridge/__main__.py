@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} = {shown(name, getattr(config, name))!r}")
         return 0
     from bridge.access.acl import AclError
-    from bridge.access.auth import AuthConfigError
+    from bridge.access.hashes import AuthConfigError
     from bridge.cluster.peer_auth import PeerTLSConfigError
     from bridge.listeners.server import Server
     from bridge.listeners.tls import TLSConfigError

@@ -32,17 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from bridge.access.acl import Acl, AclError, Rule, parse_rules
-from bridge.access.auth import (
-    AuthConfigError,
-    AuthResult,
-    PasswordFile,
-    VerifiedCache,
-    _verify,
-    decoy_like,
-    parse_hash,
-    parse_redis_scram_value,
-)
+from bridge.access.auth import AuthResult, PasswordFile, parse_redis_scram_value
 from bridge.access.clientids import ClientIdPrefixes
+from bridge.access.hashes import AuthConfigError, VerifiedCache, decoy_like, parse_hash, verify
 from bridge.access.login_guard import FailedLogins
 from bridge.access.login_queue import Lane, LoginQueue, lowest_cpu_priority
 from bridge.access.scram import DEFAULT_ITERATIONS, ScramCredential, ScramServer
@@ -348,14 +340,14 @@ class AccessControl:
         if raw is None:
             decoy = self._redis_decoy
             if decoy is not None:
-                await self.checks.run(source, _verify, decoy, password, wanted=wanted)
+                await self.checks.run(source, verify, decoy, password, wanted=wanted)
             return AuthResult.BAD_CREDENTIALS
         try:
             stored = parse_hash(raw.decode("utf-8", "replace"))
         except AuthConfigError as exc:
             log.error("user %r in Redis has an unusable hash: %s", username, exc)
             return AuthResult.BAD_CREDENTIALS
-        if not await self.checks.run(source, _verify, stored, password, wanted=wanted):
+        if not await self.checks.run(source, verify, stored, password, wanted=wanted):
             return AuthResult.BAD_CREDENTIALS
         cache.remember(key, generation)
         return AuthResult.ACCEPTED

@@ -39,7 +39,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bridge.access.auth import AuthConfigError, hash_password, parse_line, redis_scram_value
+from bridge.access.auth import parse_line, redis_scram_value
+from bridge.access.hashes import AuthConfigError, hash_password
 from bridge.access.scram import make_credential, saslprep
 
 PROG = "python -m bridge.passwd"

@@ -1,5 +1,5 @@
 """A bounded cache whose entries expire: the one behind cached password verifications
-(`bridge.access.auth.VerifiedCache`) and ACL decisions (`bridge.access.acl.Acl`). Pure; not
+(`bridge.access.hashes.VerifiedCache`) and ACL decisions (`bridge.access.acl.Acl`). Pure; not
 thread-safe by itself (the password cache holds a lock around it)."""
 
 from __future__ import annotations

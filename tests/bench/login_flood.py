@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bridge.access.auth import hash_password
+from bridge.access.hashes import hash_password
 from tests.support.hostile_run import rss_bytes
 from tests.support.login_flood import HONEST_PASSWORD, Flood, flood_source_usable, timed_login
 from tests.support.processes import BridgeProcess

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.access.auth import hash_password
+from bridge.access.hashes import hash_password
 from bridge.mqtt.packets import Connect
 from tests.support.admin_http import TOKEN, AdminHttp, start_admin_node
 from tests.support.clients import RawClient

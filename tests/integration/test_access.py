@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.access.auth import hash_password
+from bridge.access.hashes import hash_password
 from bridge.mqtt.packets import (
     SUBACK_FAILURE,
     Connack,

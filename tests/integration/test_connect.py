@@ -222,7 +222,7 @@ def test_topic_longer_than_limit_closes_connection(bridge_factory):
 
 @pytest.fixture
 def password_file(tmp_path):
-    from bridge.access.auth import hash_password
+    from bridge.access.hashes import hash_password
 
     path = tmp_path / "passwords"
     path.write_text(f"device-7:{hash_password('s3cret', n=2**10)}\n")
@@ -265,7 +265,7 @@ def test_sighup_reloads_the_password_file(bridge_factory, password_file):
     import os
     import signal
 
-    from bridge.access.auth import hash_password
+    from bridge.access.hashes import hash_password
 
     node = bridge_factory(f"password_file={password_file}")
     assert connect_with(node.port, "device-8", b"new").return_code == 4

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.access.auth import hash_password
+from bridge.access.hashes import hash_password
 from tests.support.hostile_run import rss_bytes
 from tests.support.login_flood import (
     FLOOD_SECONDS,

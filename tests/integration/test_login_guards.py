@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import scramp
 
-from bridge.access.auth import hash_password
+from bridge.access.hashes import hash_password
 from bridge.mqtt import codec
 from bridge.mqtt.packets import Auth, Connack, Connect, Publish, Suback, Subscribe, Subscription
 from bridge.mqtt.properties import PropertyId as P

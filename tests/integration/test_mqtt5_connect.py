@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.access.auth import hash_password
+from bridge.access.hashes import hash_password
 from bridge.mqtt.packets import Connack, Connect
 from bridge.mqtt.properties import PropertyId
 from bridge.mqtt.reasons import ReasonCode

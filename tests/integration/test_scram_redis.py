@@ -17,8 +17,9 @@ import redis.asyncio
 import scramp
 
 from bridge.access import AccessControl, ScramError, UserStoreUnavailable, passwd
-from bridge.access.auth import AuthResult, hash_password
+from bridge.access.auth import AuthResult
 from bridge.access.control import scram_key, users_key
+from bridge.access.hashes import hash_password
 from bridge.config import Config
 from tests.support.processes import free_port
 from tests.support.redis import LocalRedis

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge.access.auth import hash_password
+from bridge.access.hashes import hash_password
 from bridge.mqtt.packets import Connack, Connect, Puback, Publish
 from tests.support.clients import RawClient
 from tests.support.hostile import HostileClients, Login

@@ -8,15 +8,9 @@ import re
 
 import pytest
 
-from bridge.access import AccessControl, auth
-from bridge.access.auth import (
-    AuthConfigError,
-    AuthResult,
-    PasswordFile,
-    hash_password,
-    parse_hash,
-    verify_password,
-)
+from bridge.access import AccessControl, hashes
+from bridge.access.auth import AuthResult, PasswordFile
+from bridge.access.hashes import AuthConfigError, hash_password, parse_hash, verify_password
 from bridge.checks import load_config
 from bridge.config import Config, ConfigError
 from bridge.mqtt.packets import ConnackCode
@@ -36,15 +30,15 @@ class Clock:
 
 @pytest.fixture
 def scrypt_calls(monkeypatch):
-    """Count the scrypt computations of bridge.access.auth."""
+    """Count the scrypt computations of bridge.access.hashes."""
     calls = []
-    real = auth._scrypt
+    real = hashes._scrypt
 
     def counting(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(auth, "_scrypt", counting)
+    monkeypatch.setattr(hashes, "_scrypt", counting)
     return calls
 
 
@@ -78,7 +72,7 @@ def test_salts_differ_so_equal_passwords_hash_differently():
 def test_new_hashes_are_argon2id_at_a_moderate_cost():
     stored = hash_password("x")  # one real-cost hash
     assert stored.startswith("$argon2id$v=19$m=19456,t=2,p=1$")
-    assert isinstance(parse_hash(stored), auth.Argon2Hash)
+    assert isinstance(parse_hash(stored), hashes.Argon2Hash)
     assert verify_password(stored, b"x")
     assert not verify_password(stored, b"y")
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from bridge.access import passwd
-from bridge.access.auth import AuthResult, PasswordFile, hash_password
+from bridge.access.auth import AuthResult, PasswordFile
+from bridge.access.hashes import hash_password
 from bridge.access.passwd import main
 
 REPO = Path(__file__).resolve().parents[3]

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from bridge.access import AccessControl, passwd
 from bridge.access import scram as scram_module
-from bridge.access.auth import AuthConfigError, AuthResult, PasswordFile, hash_password
+from bridge.access.auth import AuthResult, PasswordFile
+from bridge.access.hashes import AuthConfigError, hash_password
 from bridge.access.scram import (
     ScramCredential,
     ScramError,
