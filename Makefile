@@ -11,7 +11,8 @@ LISTEN ?= 127.0.0.1:1883
 DATA   ?= ./data
 # Four pytest-xdist workers: most tests wait on servers and timers, so on two cores the workers
 # overlap the waits (tests/README.md: how tests are spread over them). PYTEST_ARGS= runs serially.
-PYTEST_ARGS ?= -n 4 --durations=5
+# -rs prints each skipped test's reason, so a run shows that none of them stands for a missing server.
+PYTEST_ARGS ?= -n 4 --durations=5 -rs
 N      ?= 3
 DEMO_ARGS ?=
 

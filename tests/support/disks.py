@@ -24,5 +24,7 @@ def fill(disk: Path, leave: int, name: str = "filler") -> Path:
                 if exc.errno != errno.ENOSPC:
                     raise
                 break
-            size -= written or 0
+            if not written:
+                break  # nothing more goes in: the disk is full whatever statvfs said
+            size -= written
     return filler
